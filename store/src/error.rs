@@ -1,0 +1,26 @@
+//! Typed errors for the store boundary: every variant says which directory or record was involved
+//! and, where the user can act, what to do.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot open capture store at {path}: {source}. If another ctxscope process is running on this directory, query it through its admin API (--admin URL) instead")]
+    Open { path: PathBuf, source: sled::Error },
+    #[error("{path} is not a ctxscope data directory (it holds other files); choose an empty or new --data directory")]
+    Foreign { path: PathBuf },
+    #[error("capture store at {path} has schema version {found}, this ctxscope understands version {expected}; use a matching ctxscope release or a new --data directory")]
+    Schema { path: PathBuf, found: u32, expected: u32 },
+    #[error("capture store at {path} is corrupt: {detail}")]
+    Corrupt { path: PathBuf, detail: String },
+    #[error("store I/O failed: {0}")]
+    Sled(#[from] sled::Error),
+    #[error("cannot decode {kind} record {key}: {source}")]
+    Decode { kind: &'static str, key: String, source: serde_json::Error },
+    #[error("cannot encode {kind} record: {source}")]
+    Encode { kind: &'static str, source: serde_json::Error },
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("bad import line {line}: {detail}")]
+    Import { line: usize, detail: String },
+}

@@ -1,0 +1,114 @@
+//! The portable form of a conversation: self-contained JSONL that `ctxscope export` writes and
+//! `ctxscope import` reads back. Line 1 is a header, then one line per message, then one per turn.
+
+use std::io::{BufRead, Write};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::hash::{from_hex, message_hash};
+use crate::records::*;
+use crate::{Store, StoreError};
+
+pub const EXPORT_FORMAT: &str = "ctxscope-conversation";
+pub const EXPORT_VERSION: u32 = 1;
+
+/// One line of an export file.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ExportLine {
+    Header { format: String, version: u32, conversation: ConversationRecord },
+    Message { hash: HashHex, message: Value },
+    Turn(TurnView),
+}
+
+impl Store {
+    /// Writes conversation `id` as JSONL.
+    pub fn export_conversation(&self, id: u64, out: &mut dyn Write) -> Result<(), StoreError> {
+        let detail = self.conversation_detail(id)?;
+        let io = |e: std::io::Error| StoreError::Import { line: 0, detail: format!("write failed: {e}") };
+        let mut line = |value: &ExportLine| -> Result<(), StoreError> {
+            let bytes = crate::codec::encode("export", value)?;
+            out.write_all(&bytes).map_err(io)?;
+            out.write_all(b"\n").map_err(io)
+        };
+        line(&ExportLine::Header {
+            format: EXPORT_FORMAT.into(),
+            version: EXPORT_VERSION,
+            conversation: detail.conversation.clone(),
+        })?;
+        for (hash, message) in &detail.messages {
+            line(&ExportLine::Message { hash: hash.clone(), message: message.clone() })?;
+        }
+        for turn in detail.turns {
+            line(&ExportLine::Turn(turn))?;
+        }
+        Ok(())
+    }
+
+    /// Reads a JSONL export into a new conversation (fresh ids); returns its id.
+    pub fn import_conversation(&self, input: &mut dyn BufRead) -> Result<u64, StoreError> {
+        let mut header = None;
+        let mut turns = Vec::new();
+        for (n, line) in input.lines().enumerate() {
+            let bad = |detail: String| StoreError::Import { line: n + 1, detail };
+            let line = line.map_err(|e| bad(e.to_string()))?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            match serde_json::from_str::<ExportLine>(&line).map_err(|e| bad(e.to_string()))? {
+                ExportLine::Header { format, version, conversation } => {
+                    if format != EXPORT_FORMAT || version != EXPORT_VERSION {
+                        return Err(bad(format!("unsupported export {format} v{version}")));
+                    }
+                    header = Some(conversation);
+                }
+                ExportLine::Message { hash, message } => {
+                    let (computed, bytes) = message_hash(&message);
+                    if from_hex(&hash) != Some(computed) {
+                        return Err(bad(format!("message {hash} does not match its content")));
+                    }
+                    self.put_message(&computed, &bytes)?;
+                }
+                ExportLine::Turn(view) => turns.push(view),
+            }
+        }
+        let mut conversation =
+            header.ok_or_else(|| StoreError::Import { line: 1, detail: "missing header line".into() })?;
+        conversation.id = self.next_id()?;
+        conversation.name = None;
+        conversation.branch_of = None;
+        let mut previous: Option<(u64, Vec<HashHex>)> = None;
+        for (index, view) in turns.into_iter().enumerate() {
+            let mut turn = view.turn;
+            for hash in view.messages.iter().chain(turn.reply.iter()) {
+                let known = from_hex(hash).map(|h| self.message(&h)).transpose()?.flatten().is_some();
+                if !known {
+                    return Err(StoreError::Import { line: 0, detail: format!("turn {} references missing message {hash}", turn.id) });
+                }
+            }
+            turn.id = self.next_id()?;
+            turn.conversation = conversation.id;
+            turn.index = index as u32;
+            let shared = previous.as_ref().map_or(0, |(_, prev)| common_prefix(prev, &view.messages));
+            turn.base = previous.as_ref().filter(|_| shared > 0).map(|(id, _)| BaseRef { turn: *id, len: shared as u32 });
+            turn.new_messages = view.messages[shared..].to_vec();
+            turn.relation = match &previous {
+                None => Relation::New,
+                Some((id, _)) => Relation::Extend { parent_turn: *id },
+            };
+            let mut with_reply = view.messages.clone();
+            with_reply.extend(turn.reply.clone());
+            self.put_turn(&turn)?;
+            conversation.last_turn = turn.id;
+            previous = Some((turn.id, with_reply));
+        }
+        self.put_conversation(&conversation)?;
+        self.flush()?;
+        Ok(conversation.id)
+    }
+}
+
+fn common_prefix(a: &[HashHex], b: &[HashHex]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}

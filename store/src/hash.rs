@@ -1,0 +1,133 @@
+//! Content addresses: the canonical form of a chat message, its SHA-256, and the prefix hash chain
+//! h_i = H(h_(i-1) || message_hash_i) that threading and prefix comparison are built on.
+
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+/// A 32-byte SHA-256 content address.
+pub type Hash = [u8; 32];
+
+/// The chain's starting value h_0.
+pub const ZERO_HASH: Hash = [0u8; 32];
+
+/// Canonical form of a message: object keys sorted (serde_json's map is ordered), null-valued keys
+/// dropped, content made only of text parts flattened to one string, and an empty `content` beside
+/// `tool_calls` dropped. Two encodings of the same message by different clients hash the same.
+pub fn canonical_message(message: &Value) -> Value {
+    match message {
+        Value::Object(map) => {
+            let mut out = Map::new();
+            for (key, value) in map {
+                if value.is_null() {
+                    continue;
+                }
+                let value = if key == "content" { flatten_content(value) } else { canonical_value(value) };
+                out.insert(key.clone(), value);
+            }
+            let empty_content = matches!(out.get("content"), Some(Value::String(s)) if s.is_empty());
+            if empty_content && out.contains_key("tool_calls") {
+                out.remove("content");
+            }
+            Value::Object(out)
+        }
+        other => canonical_value(other),
+    }
+}
+
+fn canonical_value(value: &Value) -> Value {
+    match value {
+        Value::Object(map) => Value::Object(
+            map.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), canonical_value(v))).collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(canonical_value).collect()),
+        other => other.clone(),
+    }
+}
+
+/// `[{"type":"text","text":"a"},{"type":"text","text":"b"}]` becomes `"ab"`; anything else is kept.
+fn flatten_content(content: &Value) -> Value {
+    if let Value::Array(parts) = content {
+        let mut text = String::new();
+        for part in parts {
+            match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
+                (Some("text"), Some(t)) if part.as_object().map_or(false, |o| o.len() == 2) => text.push_str(t),
+                _ => return canonical_value(content),
+            }
+        }
+        return Value::String(text);
+    }
+    canonical_value(content)
+}
+
+/// SHA-256 of the canonical JSON encoding of a message (already canonical or not).
+pub fn message_hash(message: &Value) -> (Hash, Vec<u8>) {
+    let canonical = canonical_message(message);
+    let bytes = serde_json::to_vec(&canonical).unwrap_or_default();
+    (Sha256::digest(&bytes).into(), bytes)
+}
+
+/// One step of the prefix chain.
+pub fn chain_next(prev: &Hash, message: &Hash) -> Hash {
+    let mut h = Sha256::new();
+    h.update(prev);
+    h.update(message);
+    h.finalize().into()
+}
+
+/// Hex encoding used in JSON output and keys shown to users.
+pub fn to_hex(hash: &Hash) -> String {
+    hash.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Parses a 64-character hex hash.
+pub fn from_hex(text: &str) -> Option<Hash> {
+    if text.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, chunk) in text.as_bytes().chunks(2).enumerate() {
+        let s = std::str::from_utf8(chunk).ok()?;
+        out[i] = u8::from_str_radix(s, 16).ok()?;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn canonical_form_ignores_key_order_nulls_and_text_parts() {
+        let a = json!({"role": "user", "content": "hi", "name": null});
+        let b = json!({"content": [{"type": "text", "text": "h"}, {"type": "text", "text": "i"}], "role": "user"});
+        assert_eq!(message_hash(&a).0, message_hash(&b).0);
+        let c = json!({"role": "user", "content": "hi "});
+        assert_ne!(message_hash(&a).0, message_hash(&c).0);
+    }
+
+    #[test]
+    fn empty_content_beside_tool_calls_is_dropped() {
+        let calls = json!([{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]);
+        let a = json!({"role": "assistant", "content": "", "tool_calls": calls});
+        let b = json!({"role": "assistant", "content": null, "tool_calls": calls});
+        assert_eq!(message_hash(&a).0, message_hash(&b).0);
+    }
+
+    #[test]
+    fn image_parts_are_kept_verbatim() {
+        let m = json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]});
+        assert_eq!(canonical_message(&m)["content"][0]["type"], "image_url");
+    }
+
+    #[test]
+    fn chain_depends_on_order_and_hex_round_trips() {
+        let (x, _) = message_hash(&json!({"role": "user", "content": "x"}));
+        let (y, _) = message_hash(&json!({"role": "user", "content": "y"}));
+        let xy = chain_next(&chain_next(&ZERO_HASH, &x), &y);
+        let yx = chain_next(&chain_next(&ZERO_HASH, &y), &x);
+        assert_ne!(xy, yx);
+        assert_eq!(from_hex(&to_hex(&xy)), Some(xy));
+        assert_eq!(from_hex("zz"), None);
+    }
+}

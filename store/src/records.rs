@@ -1,0 +1,181 @@
+//! The record kinds kept in the store. Their JSON form is the stable output of `ctxscope show --json`
+//! and of the export format (see docs/capture.md); add fields with `#[serde(default)]`, never rename.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// Hex form of a [`crate::Hash`] as it appears in records.
+pub type HashHex = String;
+
+/// Which API shape a request used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Endpoint {
+    ChatCompletions,
+    Completions,
+    AnthropicMessages,
+}
+
+impl Endpoint {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Endpoint::ChatCompletions => "chat_completions",
+            Endpoint::Completions => "completions",
+            Endpoint::AnthropicMessages => "anthropic_messages",
+        }
+    }
+}
+
+/// Token usage as the engine reported it, normalised; `source` names the form it came in.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+    /// Forms seen: `openai`, `llama.cpp_timings`, `ollama`, `anthropic`.
+    #[serde(default)]
+    pub sources: Vec<String>,
+}
+
+/// Token counts computed locally with the configured tokenizer and chat template.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LocalTokens {
+    /// Whole prompt as the engine should see it (template, generation prompt, BOS).
+    pub prompt: u64,
+    /// Per request message, in order.
+    pub per_message: Vec<u32>,
+    /// Tokenizer source (file name).
+    pub tokenizer: String,
+}
+
+/// Timings measured by the proxy, in microseconds from the moment the request arrived.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Timing {
+    /// Upstream response headers received.
+    pub headers_us: Option<u64>,
+    /// First response body byte received.
+    pub ttfb_us: Option<u64>,
+    /// Response body finished (or the exchange ended).
+    pub total_us: u64,
+}
+
+/// How a turn relates to what was captured before it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Relation {
+    /// First turn of a new conversation.
+    New,
+    /// Extends the previous turn's messages (plus its reply, usually).
+    Extend { parent_turn: u64 },
+    /// Sends exactly the messages of an earlier turn again.
+    Regenerate { turn: u64 },
+    /// Shares a prefix with an earlier conversation, then diverges: recorded as a new conversation.
+    Branch { conversation: u64, turn: u64, shared_messages: u32 },
+    /// In a conversation named by header, but does not extend its previous turn.
+    Diverged { previous_turn: u64, shared_messages: u32 },
+}
+
+/// The first `len` messages of this turn are the first `len` of `turn`'s messages followed by its reply.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct BaseRef {
+    pub turn: u64,
+    pub len: u32,
+}
+
+/// One request/response exchange. Message lists are stored as a delta against `base`, so a
+/// conversation's storage grows with its length, not its square.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnRecord {
+    pub id: u64,
+    pub conversation: u64,
+    /// Position in the conversation, from 0.
+    pub index: u32,
+    pub relation: Relation,
+    pub time_unix_ms: u64,
+    pub upstream: String,
+    pub endpoint: Endpoint,
+    pub method: String,
+    pub path: String,
+    pub model: Option<String>,
+    pub status: u16,
+    pub stream: bool,
+    /// Sampling parameters as sent (temperature, top_p, max_tokens, seed, ...).
+    #[serde(default)]
+    pub params: Map<String, Value>,
+    pub base: Option<BaseRef>,
+    /// Hashes of the request messages after the `base` prefix.
+    pub new_messages: Vec<HashHex>,
+    pub message_count: u32,
+    /// Chain hash over all request messages.
+    pub head: HashHex,
+    /// Hash of the reply message, when there was one.
+    pub reply: Option<HashHex>,
+    /// Chain hash over the request messages followed by the reply.
+    pub tail: Option<HashHex>,
+    pub local_tokens: Option<LocalTokens>,
+    pub usage: Option<Usage>,
+    pub timing: Timing,
+    /// SSE events (streaming) or body frames (otherwise) in the response.
+    pub chunks: u32,
+    pub request_bytes: u64,
+    pub response_bytes: u64,
+    pub reply_text: String,
+    pub finish_reason: Option<String>,
+    /// Upstream error text, client disconnect, stream cut short.
+    pub error: Option<String>,
+    /// Things the capture could not fully understand.
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+/// Where a branch left its parent conversation.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct BranchRef {
+    pub conversation: u64,
+    pub turn: u64,
+    pub shared_messages: u32,
+}
+
+/// A thread of turns.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConversationRecord {
+    pub id: u64,
+    /// Name given by header (`x-ctxscope-conversation` or the configured session header).
+    pub name: Option<String>,
+    pub created_unix_ms: u64,
+    pub updated_unix_ms: u64,
+    pub upstream: String,
+    pub model: Option<String>,
+    pub turns: u32,
+    pub last_turn: u64,
+    pub last_head: HashHex,
+    pub last_message_count: u32,
+    pub last_tail: Option<HashHex>,
+    pub branch_of: Option<BranchRef>,
+}
+
+/// Index entry: the first turn whose message list had this chain hash as a prefix of `len` messages.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PrefixEntry {
+    pub conversation: u64,
+    pub turn: u64,
+    pub len: u32,
+}
+
+/// A turn with its full message list resolved, as `show` and export present it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnView {
+    #[serde(flatten)]
+    pub turn: TurnRecord,
+    /// Hashes of all request messages in order.
+    pub messages: Vec<HashHex>,
+}
+
+/// A conversation with its turns and every message they reference.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConversationDetail {
+    pub conversation: ConversationRecord,
+    pub turns: Vec<TurnView>,
+    /// Message hash -> canonical message.
+    pub messages: std::collections::BTreeMap<HashHex, Value>,
+}

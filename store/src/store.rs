@@ -1,0 +1,336 @@
+//! Opening the sled directory (schema and foreign-directory checks) and typed access to each tree.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::codec::{self, decode, encode, id_key, pair_key, trees};
+use crate::hash::{to_hex, Hash};
+use crate::records::*;
+use crate::StoreError;
+
+/// Bumped whenever a record's meaning changes incompatibly.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// How the store is opened.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// sled flushes its write buffer at least this often; a crash loses at most this much.
+    pub flush_every_ms: u64,
+    /// sled page cache size.
+    pub cache_bytes: u64,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions { flush_every_ms: 500, cache_bytes: 64 << 20 }
+    }
+}
+
+/// The capture store. Cheap to clone; all clones share one sled database.
+#[derive(Clone)]
+pub struct Store {
+    path: PathBuf,
+    db: sled::Db,
+    meta: sled::Tree,
+    messages: sled::Tree,
+    turns: sled::Tree,
+    conversations: sled::Tree,
+    conversation_turns: sled::Tree,
+    prefixes: sled::Tree,
+    names: sled::Tree,
+}
+
+impl Store {
+    /// Opens (creating if needed) the store at `path`.
+    pub fn open(path: &Path, options: &StoreOptions) -> Result<Store, StoreError> {
+        check_not_foreign(path)?;
+        let db = sled::Config::new()
+            .path(path)
+            .cache_capacity(options.cache_bytes)
+            .flush_every_ms(Some(options.flush_every_ms.max(1)))
+            .open()
+            .map_err(|source| match source {
+                sled::Error::Corruption { .. } => {
+                    StoreError::Corrupt { path: path.to_path_buf(), detail: source.to_string() }
+                }
+                source => StoreError::Open { path: path.to_path_buf(), source },
+            })?;
+        let tree = |name: &str| db.open_tree(name);
+        let store = Store {
+            path: path.to_path_buf(),
+            meta: tree(trees::META)?,
+            messages: tree(trees::MESSAGES)?,
+            turns: tree(trees::TURNS)?,
+            conversations: tree(trees::CONVERSATIONS)?,
+            conversation_turns: tree(trees::CONVERSATION_TURNS)?,
+            prefixes: tree(trees::PREFIXES)?,
+            names: tree(trees::NAMES)?,
+            db,
+        };
+        store.check_schema()?;
+        Ok(store)
+    }
+
+    fn check_schema(&self) -> Result<(), StoreError> {
+        match self.meta.get(codec::SCHEMA_KEY)? {
+            Some(bytes) => {
+                let found = bytes.as_ref().try_into().map(u32::from_be_bytes).map_err(|_| StoreError::Corrupt {
+                    path: self.path.clone(),
+                    detail: "schema version record is malformed".into(),
+                })?;
+                if found != SCHEMA_VERSION {
+                    return Err(StoreError::Schema { path: self.path.clone(), found, expected: SCHEMA_VERSION });
+                }
+            }
+            None if self.turns.is_empty() && self.messages.is_empty() => {
+                self.meta.insert(codec::SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes())?;
+                self.db.flush()?;
+            }
+            None => {
+                return Err(StoreError::Corrupt { path: self.path.clone(), detail: "records without a schema version".into() })
+            }
+        }
+        Ok(())
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A new unique, increasing id (persisted across restarts).
+    pub fn next_id(&self) -> Result<u64, StoreError> {
+        Ok(self.db.generate_id()? + 1)
+    }
+
+    /// Stores a canonical message once; returns whether it was new.
+    pub fn put_message(&self, hash: &Hash, canonical_json: &[u8]) -> Result<bool, StoreError> {
+        let previous = self.messages.compare_and_swap(hash, None as Option<&[u8]>, Some(canonical_json))?;
+        Ok(previous.is_ok())
+    }
+
+    pub fn message(&self, hash: &Hash) -> Result<Option<Value>, StoreError> {
+        match self.messages.get(hash)? {
+            Some(bytes) => Ok(Some(decode("message", hash, &bytes)?)),
+            None => Ok(None),
+        }
+    }
+
+    pub fn message_count(&self) -> usize {
+        self.messages.len()
+    }
+
+    pub fn put_turn(&self, turn: &TurnRecord) -> Result<(), StoreError> {
+        self.turns.insert(id_key(turn.id), encode("turn", turn)?)?;
+        self.conversation_turns.insert(pair_key(turn.conversation, turn.id), &[])?;
+        Ok(())
+    }
+
+    pub fn turn(&self, id: u64) -> Result<Option<TurnRecord>, StoreError> {
+        get(&self.turns, "turn", &id_key(id))
+    }
+
+    pub fn put_conversation(&self, conversation: &ConversationRecord) -> Result<(), StoreError> {
+        self.conversations.insert(id_key(conversation.id), encode("conversation", conversation)?)?;
+        if let Some(name) = &conversation.name {
+            self.names.insert(name.as_bytes(), &id_key(conversation.id))?;
+        }
+        Ok(())
+    }
+
+    pub fn conversation(&self, id: u64) -> Result<Option<ConversationRecord>, StoreError> {
+        get(&self.conversations, "conversation", &id_key(id))
+    }
+
+    /// The conversation a header named, if it exists.
+    pub fn conversation_by_name(&self, name: &str) -> Result<Option<u64>, StoreError> {
+        Ok(self.names.get(name.as_bytes())?.and_then(|v| codec::key_id(&v)))
+    }
+
+    /// All conversations, most recently updated first.
+    pub fn conversations(&self) -> Result<Vec<ConversationRecord>, StoreError> {
+        let mut all = Vec::new();
+        for item in self.conversations.iter() {
+            let (key, value) = item?;
+            all.push(decode::<ConversationRecord>("conversation", &key, &value)?);
+        }
+        all.sort_by(|a, b| b.updated_unix_ms.cmp(&a.updated_unix_ms).then(b.id.cmp(&a.id)));
+        Ok(all)
+    }
+
+    /// Turn ids of a conversation in order.
+    pub fn conversation_turn_ids(&self, conversation: u64) -> Result<Vec<u64>, StoreError> {
+        let mut ids = Vec::new();
+        for item in self.conversation_turns.scan_prefix(id_key(conversation)) {
+            let (key, _) = item?;
+            if let Some(id) = key.get(8..16).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes) {
+                ids.push(id);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Records `entry` for a chain hash unless one is there already; returns whether it was new.
+    pub fn put_prefix_if_absent(&self, chain: &Hash, entry: &PrefixEntry) -> Result<bool, StoreError> {
+        let bytes = encode("prefix", entry)?;
+        Ok(self.prefixes.compare_and_swap(chain, None as Option<&[u8]>, Some(bytes))?.is_ok())
+    }
+
+    pub fn prefix(&self, chain: &Hash) -> Result<Option<PrefixEntry>, StoreError> {
+        get(&self.prefixes, "prefix", chain)
+    }
+
+    /// Hashes of a turn's request messages, resolved through its `base` chain.
+    pub fn turn_messages(&self, turn: &TurnRecord) -> Result<Vec<HashHex>, StoreError> {
+        let mut memo = HashMap::new();
+        self.resolve(turn, &mut memo)
+    }
+
+    fn resolve(&self, turn: &TurnRecord, memo: &mut HashMap<u64, Vec<HashHex>>) -> Result<Vec<HashHex>, StoreError> {
+        // Walk the base chain iteratively: collect ancestors until one is memoised or has no base.
+        let mut stack = vec![turn.clone()];
+        loop {
+            let top = stack.last().map(|t| t.base).unwrap_or(None);
+            match top {
+                Some(base) if !memo.contains_key(&base.turn) => {
+                    if stack.len() > 100_000 {
+                        return Err(StoreError::Corrupt { path: self.path.clone(), detail: "turn base chain loops".into() });
+                    }
+                    let parent = self.turn(base.turn)?.ok_or_else(|| StoreError::NotFound(format!("turn {}", base.turn)))?;
+                    stack.push(parent);
+                }
+                _ => break,
+            }
+        }
+        let mut result = Vec::new();
+        while let Some(t) = stack.pop() {
+            let mut messages = match t.base {
+                Some(base) => {
+                    let parent = memo.get(&base.turn).cloned().unwrap_or_default();
+                    parent.into_iter().take(base.len as usize).collect::<Vec<_>>()
+                }
+                None => Vec::new(),
+            };
+            messages.extend(t.new_messages.iter().cloned());
+            result = messages.clone();
+            if let Some(reply) = &t.reply {
+                messages.push(reply.clone());
+            }
+            memo.insert(t.id, messages);
+        }
+        Ok(result)
+    }
+
+    /// A conversation with every turn's message list and every referenced message.
+    pub fn conversation_detail(&self, id: u64) -> Result<ConversationDetail, StoreError> {
+        let conversation = self.conversation(id)?.ok_or_else(|| StoreError::NotFound(format!("conversation {id}")))?;
+        let mut memo = HashMap::new();
+        let mut turns = Vec::new();
+        let mut messages = BTreeMap::new();
+        for turn_id in self.conversation_turn_ids(id)? {
+            let Some(turn) = self.turn(turn_id)? else { continue };
+            let list = self.resolve(&turn, &mut memo)?;
+            for hash in list.iter().chain(turn.reply.iter()) {
+                if !messages.contains_key(hash) {
+                    let value = crate::hash::from_hex(hash).map(|h| self.message(&h)).transpose()?.flatten();
+                    messages.insert(hash.clone(), value.unwrap_or(Value::Null));
+                }
+            }
+            turns.push(TurnView { turn, messages: list });
+        }
+        Ok(ConversationDetail { conversation, turns, messages })
+    }
+
+    /// Removes a conversation's turns and index entries (messages are swept by retention).
+    pub fn delete_conversation(&self, id: u64) -> Result<usize, StoreError> {
+        let ids = self.conversation_turn_ids(id)?;
+        for turn_id in &ids {
+            self.turns.remove(id_key(*turn_id))?;
+            self.conversation_turns.remove(pair_key(id, *turn_id))?;
+        }
+        if let Some(conv) = self.conversation(id)? {
+            if let Some(name) = conv.name {
+                self.names.remove(name.as_bytes())?;
+            }
+        }
+        self.conversations.remove(id_key(id))?;
+        let mut stale = Vec::new();
+        for item in self.prefixes.iter() {
+            let (key, value) = item?;
+            if decode::<PrefixEntry>("prefix", &key, &value)?.conversation == id {
+                stale.push(key);
+            }
+        }
+        for key in stale {
+            self.prefixes.remove(key)?;
+        }
+        Ok(ids.len())
+    }
+
+    /// Deletes every message no remaining turn references; returns how many went.
+    pub fn sweep_messages(&self) -> Result<usize, StoreError> {
+        let mut live = std::collections::HashSet::new();
+        for item in self.turns.iter() {
+            let (key, value) = item?;
+            let turn: TurnRecord = decode("turn", &key, &value)?;
+            live.extend(turn.new_messages);
+            live.extend(turn.reply);
+        }
+        let mut removed = 0;
+        for item in self.messages.iter() {
+            let (key, _) = item?;
+            let hex = key.iter().map(|b| format!("{b:02x}")).collect::<String>();
+            if !live.contains(&hex) {
+                self.messages.remove(key)?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Forces buffered writes to disk.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush()?;
+        Ok(())
+    }
+
+    pub fn size_on_disk(&self) -> u64 {
+        self.db.size_on_disk().unwrap_or(0)
+    }
+
+    /// Hex of a hash, re-exported for callers building records.
+    pub fn hex(hash: &Hash) -> HashHex {
+        to_hex(hash)
+    }
+}
+
+fn get<T: serde::de::DeserializeOwned>(tree: &sled::Tree, kind: &'static str, key: &[u8]) -> Result<Option<T>, StoreError> {
+    match tree.get(key)? {
+        Some(bytes) => Ok(Some(decode(kind, key, &bytes)?)),
+        None => Ok(None),
+    }
+}
+
+/// A directory that holds files but no sled database is someone else's: refuse it.
+fn check_not_foreign(path: &Path) -> Result<(), StoreError> {
+    if path.is_file() {
+        return Err(StoreError::Foreign { path: path.to_path_buf() });
+    }
+    let Ok(mut entries) = std::fs::read_dir(path) else { return Ok(()) };
+    let non_empty = entries.next().is_some();
+    if non_empty && !path.join("conf").exists() && !path.join("db").exists() {
+        return Err(StoreError::Foreign { path: path.to_path_buf() });
+    }
+    Ok(())
+}
+
+impl Store {
+    pub(crate) fn db_tree_names(&self) -> Vec<Vec<u8>> {
+        self.db.tree_names().into_iter().map(|n| n.to_vec()).collect()
+    }
+
+    pub(crate) fn db_tree(&self, name: &[u8]) -> Result<sled::Tree, StoreError> {
+        Ok(self.db.open_tree(name)?)
+    }
+}

@@ -1,1 +1,185 @@
-fn main() {}
+//! The `ctxscope` command: argument parsing and wiring only. The proxy lives in `ctxscope-proxy`,
+//! the store in `ctxscope-store`, inspection in `inspect` and `render`.
+
+mod inspect;
+mod render;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use ctxscope_proxy::{ProxyConfig, Upstream};
+
+#[derive(Parser)]
+#[command(name = "ctxscope", version, about = "Find out why a long LLM conversation lost its context.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the capture proxy in front of an OpenAI/Anthropic-compatible engine.
+    Proxy(ProxyArgs),
+    /// List captured conversations.
+    Conversations {
+        #[command(flatten)]
+        source: SourceArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one conversation turn by turn.
+    Show {
+        id: u64,
+        #[command(flatten)]
+        source: SourceArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a conversation as self-contained JSONL to stdout.
+    Export {
+        id: u64,
+        #[command(flatten)]
+        source: SourceArgs,
+    },
+    /// Read a JSONL export into the store as a new conversation.
+    Import {
+        file: PathBuf,
+        #[command(flatten)]
+        source: SourceArgs,
+    },
+}
+
+#[derive(Args)]
+struct ProxyArgs {
+    /// Base URL of the engine, e.g. http://127.0.0.1:8000
+    #[arg(long)]
+    upstream: String,
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Metrics, health and the JSON API.
+    #[arg(long, default_value = "127.0.0.1:9090")]
+    admin: SocketAddr,
+    /// Capture store directory.
+    #[arg(long, default_value = "./ctxscope-data")]
+    data: PathBuf,
+    /// Forward only; capture nothing.
+    #[arg(long)]
+    no_capture: bool,
+    /// The upstream model's tokenizer: a tokenizer.json (or its directory) or a GGUF file.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// A request header whose value names the conversation (besides x-ctxscope-conversation).
+    #[arg(long)]
+    session_header: Option<String>,
+    /// Capture queue bound; beyond it exchanges pass uncaptured (counted).
+    #[arg(long, default_value_t = 4096)]
+    queue_capacity: usize,
+    /// Refuse requests whose Content-Length exceeds this with 413 (0: no limit).
+    #[arg(long, default_value_t = 256 << 20)]
+    max_request_bytes: u64,
+    /// Bodies larger than this pass through uncaptured.
+    #[arg(long, default_value_t = 32 << 20)]
+    max_capture_bytes: usize,
+    /// Delete conversations idle for longer than this many days.
+    #[arg(long)]
+    retain_days: Option<f64>,
+    /// Delete the oldest conversations while the store holds more than this many bytes.
+    #[arg(long)]
+    retain_bytes: Option<u64>,
+    /// Store flush interval in milliseconds (the most a crash can lose, plus the queue).
+    #[arg(long, default_value_t = 500)]
+    flush_ms: u64,
+}
+
+/// Where inspection commands read from.
+#[derive(Args, Clone)]
+struct SourceArgs {
+    /// Admin API of a running proxy, e.g. http://127.0.0.1:9090 (sled allows one process per directory).
+    #[arg(long)]
+    admin: Option<String>,
+    /// Store directory to open directly when no proxy is running.
+    #[arg(long, default_value = "./ctxscope-data")]
+    data: PathBuf,
+}
+
+impl From<SourceArgs> for inspect::Source {
+    fn from(args: SourceArgs) -> inspect::Source {
+        match args.admin {
+            Some(url) => inspect::Source::Admin(url),
+            None => inspect::Source::Data(args.data),
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    init_tracing();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return fail(&format!("cannot start the async runtime: {e}")),
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Proxy(args) => run_proxy(args).await,
+            Command::Conversations { source, json } => inspect::conversations(&source.into(), json).await,
+            Command::Show { id, source, json } => inspect::show(&source.into(), id, json).await,
+            Command::Export { id, source } => inspect::export(&source.into(), id).await,
+            Command::Import { file, source } => inspect::import(&source.into(), &file).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => fail(&message),
+    }
+}
+
+async fn run_proxy(args: ProxyArgs) -> Result<(), String> {
+    let upstream = Upstream::parse(&args.upstream).map_err(|e| e.to_string())?;
+    let mut config = ProxyConfig::new(upstream);
+    config.data_dir = (!args.no_capture).then_some(args.data);
+    config.tokenizer = args.tokenizer;
+    config.session_header = args.session_header;
+    config.queue_capacity = args.queue_capacity;
+    config.max_request_bytes = args.max_request_bytes;
+    config.max_capture_bytes = args.max_capture_bytes;
+    config.flush_every_ms = args.flush_ms;
+    config.retention.max_age = args.retain_days.map(|d| Duration::from_secs_f64(d * 86400.0));
+    config.retention.max_bytes = args.retain_bytes;
+    let proxy = bind(args.listen).await?;
+    let admin = bind(args.admin).await?;
+    ctxscope_proxy::run(config, proxy, admin, shutdown_signal()).await.map_err(|e| e.to_string())
+}
+
+async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, String> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => return ctrl_c.await.unwrap_or(()),
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CTXSCOPE_LOG").unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+fn fail(message: &str) -> ExitCode {
+    eprintln!("ctxscope: {message}");
+    ExitCode::FAILURE
+}

@@ -1,1 +1,127 @@
-//! placeholder
+//! ctxscope's capture proxy: a transparent HTTP proxy in front of an OpenAI- or Anthropic-compatible
+//! engine that streams every byte through unchanged and, off the hot path, records each LLM exchange
+//! into the sled store as a threaded, token-counted turn. Metrics and a JSON API live on the admin port.
+//!
+//! The stack, outermost first: box the body -> [`capture::layer::Capture`] (tee) -> [`forward::Forward`].
+
+pub mod admin;
+pub mod body;
+pub mod capture;
+pub mod config;
+pub mod forward;
+pub mod metrics;
+pub mod parse;
+pub mod server;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use ctxscope_store::{Store, StoreOptions};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tower::ServiceBuilder;
+
+use capture::layer::{CaptureLayer, CaptureSettings};
+use capture::pipeline::Pipeline;
+use capture::queue::{self, CaptureSender, Worker};
+use capture::tokens::TokenCache;
+pub use config::{ConfigError, ProxyConfig, Upstream};
+
+/// Errors that stop the proxy from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("cannot load tokenizer {path}: {source}")]
+    Tokenizer { path: std::path::PathBuf, source: capture::tokens::FormatError },
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+/// Runs the proxy on `proxy` and the admin API on `admin` until `shutdown` resolves.
+pub async fn run(
+    config: ProxyConfig,
+    proxy: TcpListener,
+    admin: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RunError> {
+    let config = config.validate()?;
+    let handle = metrics::install();
+    let tokens = match &config.tokenizer {
+        Some(path) => {
+            let path = path.clone();
+            let loaded = tokio::task::spawn_blocking(move || TokenCache::open(&path).map_err(|source| (path, source)))
+                .await
+                .expect("tokenizer loading does not panic");
+            Some(loaded.map_err(|(path, source)| RunError::Tokenizer { path, source })?)
+        }
+        None => None,
+    };
+    let (store, capture_status) = open_store(&config);
+    let (sender, worker) = start_capture(&config, store.clone(), tokens);
+
+    let admin_state = Arc::new(admin::AdminState {
+        metrics: handle,
+        store,
+        capture: capture_status,
+        upstream: config.upstream.display.clone(),
+    });
+    let settings = CaptureSettings {
+        session_header: config.session_header.as_deref().and_then(|h| http::HeaderName::from_bytes(h.as_bytes()).ok()),
+        max_capture_bytes: config.max_capture_bytes,
+        max_request_bytes: config.max_request_bytes,
+    };
+    // Box the incoming body, tee LLM exchanges into capture, forward to the upstream.
+    let proxy_service = ServiceBuilder::new()
+        .map_request(|request: http::Request<Incoming>| request.map(|b| b.boxed_unsync()))
+        .layer(CaptureLayer::new(settings, sender))
+        .service(forward::Forward::new(config.upstream.clone(), config.connect_timeout));
+    let admin_service = hyper::service::service_fn(move |request| admin::handle(admin_state.clone(), request));
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tracing::info!(proxy = ?proxy.local_addr().ok(), admin = ?admin.local_addr().ok(), upstream = %config.upstream.display, "ctxscope proxy serving");
+    let proxy_task = tokio::spawn(server::serve(proxy, TowerToHyperService::new(proxy_service), stop_rx.clone(), config.shutdown_grace));
+    let admin_task = tokio::spawn(server::serve(admin, admin_service, stop_rx, config.shutdown_grace));
+    shutdown.await;
+    tracing::info!("shutting down: finishing in-flight exchanges");
+    let _ = stop_tx.send(true);
+    let _ = proxy_task.await;
+    let _ = admin_task.await;
+    if let Some(worker) = worker {
+        let grace = config.shutdown_grace;
+        let drained = tokio::task::spawn_blocking(move || worker.join(grace)).await.unwrap_or(false);
+        if !drained {
+            tracing::warn!("capture queue not drained within the grace period");
+        }
+    }
+    Ok(())
+}
+
+/// Opens the store, or explains why capture is off; the proxy serves either way.
+fn open_store(config: &ProxyConfig) -> (Option<Store>, String) {
+    let Some(dir) = &config.data_dir else { return (None, "off".into()) };
+    if let Err(error) = std::fs::create_dir_all(dir) {
+        tracing::error!(dir = %dir.display(), %error, "cannot create data directory; capture unavailable, traffic still flows");
+        return (None, format!("unavailable: cannot create {}: {error}", dir.display()));
+    }
+    let options = StoreOptions { flush_every_ms: config.flush_every_ms, ..StoreOptions::default() };
+    match Store::open(dir, &options) {
+        Ok(store) => (Some(store), "on".into()),
+        Err(error) => {
+            tracing::error!(%error, "capture store unavailable; traffic still flows uncaptured");
+            (None, format!("unavailable: {error}"))
+        }
+    }
+}
+
+fn start_capture(config: &ProxyConfig, store: Option<Store>, tokens: Option<TokenCache>) -> (CaptureSender, Option<Worker>) {
+    match (store, &config.data_dir) {
+        (Some(store), _) => {
+            let pipeline = Pipeline::new(store, config.upstream.display.clone(), tokens, config.retention.clone());
+            let (sender, worker) = queue::spawn(pipeline, config.queue_capacity, config.retention_every);
+            (sender, Some(worker))
+        }
+        (None, Some(_)) => (CaptureSender::unavailable(metrics::DropReason::StoreUnavailable), None),
+        (None, None) => (CaptureSender::off(), None),
+    }
+}

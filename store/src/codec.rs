@@ -14,6 +14,8 @@ pub mod trees {
     pub const CONVERSATION_TURNS: &str = "conversation_turns";
     /// chain hash -> PrefixEntry.
     pub const PREFIXES: &str = "prefixes";
+    /// chain hash of a conversation's latest head or tail -> conversation id (where the next turn attaches).
+    pub const ENDS: &str = "ends";
     /// conversation name -> conversation id.
     pub const NAMES: &str = "names";
 }

@@ -11,14 +11,14 @@ pub type Hash = [u8; 32];
 pub const ZERO_HASH: Hash = [0u8; 32];
 
 /// Canonical form of a message: object keys sorted (serde_json's map is ordered), null-valued keys
-/// dropped, content made only of text parts flattened to one string, and an empty `content` beside
+/// and Anthropic `cache_control` markers (which harnesses move from turn to turn) dropped, content made only of text parts flattened to one string, and an empty `content` beside
 /// `tool_calls` dropped. Two encodings of the same message by different clients hash the same.
 pub fn canonical_message(message: &Value) -> Value {
     match message {
         Value::Object(map) => {
             let mut out = Map::new();
             for (key, value) in map {
-                if value.is_null() {
+                if value.is_null() || key == "cache_control" {
                     continue;
                 }
                 let value = if key == "content" { flatten_content(value) } else { canonical_value(value) };
@@ -37,7 +37,10 @@ pub fn canonical_message(message: &Value) -> Value {
 fn canonical_value(value: &Value) -> Value {
     match value {
         Value::Object(map) => Value::Object(
-            map.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), canonical_value(v))).collect(),
+            map.iter()
+                .filter(|(k, v)| !v.is_null() && k.as_str() != "cache_control")
+                .map(|(k, v)| (k.clone(), canonical_value(v)))
+                .collect(),
         ),
         Value::Array(items) => Value::Array(items.iter().map(canonical_value).collect()),
         other => other.clone(),
@@ -50,13 +53,17 @@ fn flatten_content(content: &Value) -> Value {
         let mut text = String::new();
         for part in parts {
             match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
-                (Some("text"), Some(t)) if part.as_object().map_or(false, |o| o.len() == 2) => text.push_str(t),
+                (Some("text"), Some(t)) if only_text_keys(part) => text.push_str(t),
                 _ => return canonical_value(content),
             }
         }
         return Value::String(text);
     }
     canonical_value(content)
+}
+
+fn only_text_keys(part: &Value) -> bool {
+    part.as_object().is_some_and(|o| o.keys().all(|k| matches!(k.as_str(), "type" | "text" | "cache_control")))
 }
 
 /// SHA-256 of the canonical JSON encoding of a message (already canonical or not).
@@ -112,6 +119,13 @@ mod tests {
         let a = json!({"role": "assistant", "content": "", "tool_calls": calls});
         let b = json!({"role": "assistant", "content": null, "tool_calls": calls});
         assert_eq!(message_hash(&a).0, message_hash(&b).0);
+    }
+
+    #[test]
+    fn anthropic_cache_control_markers_do_not_change_the_hash() {
+        let plain = json!({"role": "user", "content": [{"type": "text", "text": "hi"}]});
+        let marked = json!({"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]});
+        assert_eq!(message_hash(&plain).0, message_hash(&marked).0);
     }
 
     #[test]

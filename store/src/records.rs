@@ -14,6 +14,8 @@ pub enum Endpoint {
     ChatCompletions,
     Completions,
     AnthropicMessages,
+    /// Ollama's native `/api/chat` (NDJSON streaming).
+    OllamaChat,
 }
 
 impl Endpoint {
@@ -22,6 +24,7 @@ impl Endpoint {
             Endpoint::ChatCompletions => "chat_completions",
             Endpoint::Completions => "completions",
             Endpoint::AnthropicMessages => "anthropic_messages",
+            Endpoint::OllamaChat => "ollama_chat",
         }
     }
 }
@@ -42,8 +45,8 @@ pub struct Usage {
 pub struct LocalTokens {
     /// Whole prompt as the engine should see it (template, generation prompt, BOS).
     pub prompt: u64,
-    /// Per request message, in order.
-    pub per_message: Vec<u32>,
+    /// Per message in `new_messages` (the delta against `base`), in order.
+    pub new_messages: Vec<u32>,
     /// Tokenizer source (file name).
     pub tokenizer: String,
 }

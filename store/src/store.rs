@@ -39,6 +39,7 @@ pub struct Store {
     conversations: sled::Tree,
     conversation_turns: sled::Tree,
     prefixes: sled::Tree,
+    ends: sled::Tree,
     names: sled::Tree,
 }
 
@@ -66,6 +67,7 @@ impl Store {
             conversations: tree(trees::CONVERSATIONS)?,
             conversation_turns: tree(trees::CONVERSATION_TURNS)?,
             prefixes: tree(trees::PREFIXES)?,
+            ends: tree(trees::ENDS)?,
             names: tree(trees::NAMES)?,
             db,
         };
@@ -181,6 +183,22 @@ impl Store {
         get(&self.prefixes, "prefix", chain)
     }
 
+    /// Marks `chain` as an open end of `conversation`: a request extending it continues that conversation.
+    pub fn put_end(&self, chain: &Hash, conversation: u64) -> Result<(), StoreError> {
+        self.ends.insert(chain, &id_key(conversation))?;
+        Ok(())
+    }
+
+    /// Removes an open end if it still belongs to `conversation`.
+    pub fn remove_end(&self, chain: &Hash, conversation: u64) -> Result<(), StoreError> {
+        let _ = self.ends.compare_and_swap(chain, Some(&id_key(conversation)), None as Option<&[u8]>)?;
+        Ok(())
+    }
+
+    pub fn end(&self, chain: &Hash) -> Result<Option<u64>, StoreError> {
+        Ok(self.ends.get(chain)?.and_then(|v| codec::key_id(&v)))
+    }
+
     /// Hashes of a turn's request messages, resolved through its `base` chain.
     pub fn turn_messages(&self, turn: &TurnRecord) -> Result<Vec<HashHex>, StoreError> {
         let mut memo = HashMap::new();
@@ -264,6 +282,16 @@ impl Store {
         }
         for key in stale {
             self.prefixes.remove(key)?;
+        }
+        let mut ends = Vec::new();
+        for item in self.ends.iter() {
+            let (key, value) = item?;
+            if codec::key_id(&value) == Some(id) {
+                ends.push(key);
+            }
+        }
+        for key in ends {
+            self.ends.remove(key)?;
         }
         Ok(ids.len())
     }

@@ -1,0 +1,119 @@
+//! The admin port: Prometheus `/metrics`, `/healthz`, and the JSON API that inspection commands use
+//! while a proxy holds the store (`/api/conversations`, `/api/conversations/{id}`, `.../export`,
+//! `POST /api/import`). Documented in docs/api.md.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use ctxscope_store::{Store, StoreError};
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde_json::json;
+
+use crate::body::{full, json_error, ProxyBody};
+
+/// Largest import body accepted.
+const MAX_IMPORT_BYTES: usize = 512 << 20;
+
+/// What the admin API serves from.
+pub struct AdminState {
+    pub metrics: PrometheusHandle,
+    pub store: Option<Store>,
+    /// "on", "off", or why capture is unavailable.
+    pub capture: String,
+    pub upstream: String,
+}
+
+pub async fn handle(state: Arc<AdminState>, request: Request<Incoming>) -> Result<Response<ProxyBody>, Infallible> {
+    let path = request.uri().path().trim_end_matches('/').to_string();
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let response = match (request.method(), segments.as_slice()) {
+        (&Method::GET, ["metrics"]) => text(state.metrics.render(), "text/plain; version=0.0.4"),
+        (&Method::GET, ["healthz"]) => json_response(
+            StatusCode::OK,
+            json!({"status": "ok", "capture": state.capture, "upstream": state.upstream}).to_string(),
+        ),
+        (&Method::GET, ["api", "conversations"]) => with_store(&state, |s| s.conversations().map(|c| to_json(&c))).await,
+        (&Method::GET, ["api", "conversations", id]) => match id.parse::<u64>() {
+            Ok(id) => with_store(&state, move |s| s.conversation_detail(id).map(|d| to_json(&d))).await,
+            Err(_) => bad_id(id),
+        },
+        (&Method::GET, ["api", "conversations", id, "export"]) => match id.parse::<u64>() {
+            Ok(id) => {
+                let result = with_store_raw(&state, move |s| {
+                    let mut out = Vec::new();
+                    s.export_conversation(id, &mut out).map(|_| out)
+                })
+                .await;
+                match result {
+                    Ok(bytes) => text(bytes, "application/x-ndjson"),
+                    Err(response) => response,
+                }
+            }
+            Err(_) => bad_id(id),
+        },
+        (&Method::POST, ["api", "import"]) => import(&state, request).await,
+        _ => json_error(StatusCode::NOT_FOUND, "not_found", &format!("no admin route {} {path}", request.method()), None),
+    };
+    Ok(response)
+}
+
+async fn import(state: &Arc<AdminState>, request: Request<Incoming>) -> Response<ProxyBody> {
+    let body = match Limited::new(request.into_body(), MAX_IMPORT_BYTES).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) => return json_error(StatusCode::PAYLOAD_TOO_LARGE, "bad_import", &format!("cannot read import body: {e}"), None),
+    };
+    with_store(state, move |s| s.import_conversation(&mut body.as_ref()).map(|id| json!({"conversation": id}).to_string())).await
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_else(|e| json!({"error": {"message": e.to_string()}}).to_string())
+}
+
+async fn with_store<F>(state: &Arc<AdminState>, f: F) -> Response<ProxyBody>
+where
+    F: FnOnce(&Store) -> Result<String, StoreError> + Send + 'static,
+{
+    match with_store_raw(state, f).await {
+        Ok(body) => json_response(StatusCode::OK, body),
+        Err(response) => response,
+    }
+}
+
+/// Runs a store query on the blocking pool and maps store errors to HTTP errors.
+async fn with_store_raw<T, F>(state: &Arc<AdminState>, f: F) -> Result<T, Response<ProxyBody>>
+where
+    T: Send + 'static,
+    F: FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
+{
+    let Some(store) = state.store.clone() else {
+        return Err(json_error(StatusCode::SERVICE_UNAVAILABLE, "capture_unavailable", &format!("capture store: {}", state.capture), None));
+    };
+    match tokio::task::spawn_blocking(move || f(&store)).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(StoreError::NotFound(what))) => Err(json_error(StatusCode::NOT_FOUND, "not_found", &format!("{what} not found"), None)),
+        Ok(Err(e @ StoreError::Import { .. })) => Err(json_error(StatusCode::BAD_REQUEST, "bad_import", &e.to_string(), None)),
+        Ok(Err(e)) => Err(json_error(StatusCode::INTERNAL_SERVER_ERROR, "store_error", &e.to_string(), None)),
+        Err(e) => Err(json_error(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None)),
+    }
+}
+
+fn bad_id(id: &str) -> Response<ProxyBody> {
+    json_error(StatusCode::BAD_REQUEST, "bad_id", &format!("{id:?} is not a conversation id"), None)
+}
+
+fn json_response(status: StatusCode, body: String) -> Response<ProxyBody> {
+    let mut response = text(body, "application/json");
+    *response.status_mut() = status;
+    response
+}
+
+fn text(body: impl Into<Bytes>, content_type: &'static str) -> Response<ProxyBody> {
+    let mut response = Response::new(full(body));
+    response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static(content_type));
+    response
+}
+

@@ -1,0 +1,147 @@
+//! What the hot path hands to the capture pipeline: one request/response exchange as raw bytes and
+//! timings. The [`ExchangeGuard`] sends it exactly once, when the response ends or is dropped.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use ctxscope_store::Endpoint;
+
+use super::queue::CaptureSender;
+
+/// A body copy: frames shared by reference count with the forwarded body, up to a byte limit.
+#[derive(Debug, Default)]
+pub struct Captured {
+    pub chunks: Vec<Bytes>,
+    pub len: usize,
+    /// Bytes seen in all, including those beyond the limit.
+    pub total: u64,
+    /// More than the limit arrived: the copy is incomplete and will not be parsed.
+    pub overflow: bool,
+    /// The body reached its end.
+    pub complete: bool,
+}
+
+impl Captured {
+    pub fn push(&mut self, frame: &Bytes, limit: usize) {
+        self.total += frame.len() as u64;
+        if self.overflow {
+            return;
+        }
+        if self.len + frame.len() > limit {
+            self.overflow = true;
+            self.chunks.clear();
+            self.len = 0;
+            return;
+        }
+        self.len += frame.len();
+        self.chunks.push(frame.clone());
+    }
+
+    /// The copy as one contiguous buffer.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len);
+        for chunk in &self.chunks {
+            out.extend_from_slice(chunk);
+        }
+        out
+    }
+}
+
+/// How the exchange ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Complete,
+    /// The client went away before the response finished; the upstream request was cancelled.
+    ClientGone,
+    /// The upstream's response body failed mid-stream.
+    UpstreamStreamError(String),
+    /// The upstream could not be reached; the client got a 502.
+    UpstreamUnreachable(String),
+}
+
+/// One exchange, as captured.
+#[derive(Debug)]
+pub struct Exchange {
+    pub started: Instant,
+    pub time_unix_ms: u64,
+    pub method: String,
+    pub path: String,
+    pub endpoint: Endpoint,
+    /// Conversation named by header.
+    pub conversation_name: Option<String>,
+    pub request: Arc<Mutex<Captured>>,
+    pub status: Option<u16>,
+    pub response_content_type: Option<String>,
+    pub response: Captured,
+    pub headers_us: Option<u64>,
+    pub ttfb_us: Option<u64>,
+    pub total_us: u64,
+    pub frames: u32,
+    pub outcome: Outcome,
+}
+
+/// Owns an exchange in flight; sends it to the capture queue once, on [`finish`] or on drop.
+pub struct ExchangeGuard {
+    exchange: Option<Exchange>,
+    sender: CaptureSender,
+    pub limit: usize,
+}
+
+impl ExchangeGuard {
+    pub fn new(exchange: Exchange, sender: CaptureSender, limit: usize) -> ExchangeGuard {
+        ExchangeGuard { exchange: Some(exchange), sender, limit }
+    }
+
+    pub fn get(&mut self) -> Option<&mut Exchange> {
+        self.exchange.as_mut()
+    }
+
+    /// Records a response body frame.
+    pub fn frame(&mut self, data: &Bytes) {
+        let limit = self.limit;
+        if let Some(ex) = self.exchange.as_mut() {
+            if ex.ttfb_us.is_none() {
+                ex.ttfb_us = Some(ex.started.elapsed().as_micros() as u64);
+            }
+            ex.frames += 1;
+            ex.response.push(data, limit);
+        }
+    }
+
+    /// Ends the exchange with `outcome` and hands it to the pipeline.
+    pub fn finish(&mut self, outcome: Outcome) {
+        if let Some(mut ex) = self.exchange.take() {
+            ex.total_us = ex.started.elapsed().as_micros() as u64;
+            if outcome == Outcome::Complete {
+                ex.response.complete = true;
+            }
+            if ex.outcome == Outcome::Complete {
+                ex.outcome = outcome;
+            }
+            self.sender.send(ex);
+        }
+    }
+}
+
+impl Drop for ExchangeGuard {
+    fn drop(&mut self) {
+        self.finish(Outcome::ClientGone);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn captured_copy_stops_at_the_limit_but_counts_everything() {
+        let mut c = Captured::default();
+        c.push(&Bytes::from_static(b"hello "), 10);
+        assert_eq!(c.to_vec(), b"hello ");
+        c.push(&Bytes::from_static(b"world"), 10);
+        assert!(c.overflow);
+        assert_eq!(c.total, 11);
+        assert!(c.to_vec().is_empty());
+    }
+}

@@ -1,0 +1,10 @@
+//! Capture: the middleware that tees exchanges off the hot path, the bounded queue, and the worker
+//! pipeline that turns them into stored, threaded, token-counted turns.
+
+pub mod exchange;
+pub mod layer;
+pub mod pipeline;
+pub mod queue;
+pub mod tee;
+pub mod thread;
+pub mod tokens;

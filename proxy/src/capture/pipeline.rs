@@ -1,0 +1,268 @@
+//! The capture pipeline, run on the worker thread for each exchange:
+//! parse -> hash -> thread -> count tokens -> store -> metrics. Any failure drops the capture of that
+//! one exchange (counted by reason); the traffic it describes has long since been served.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use ctxscope_store::{
+    chain_next, message_hash, to_hex, ConversationRecord, Hash, PrefixEntry, RetentionPolicy, Store, StoreError, Timing,
+    TurnRecord, ZERO_HASH,
+};
+
+use super::exchange::{Exchange, Outcome};
+use super::queue::Sink;
+use super::thread::{self, Decision};
+use super::tokens::TokenCache;
+use crate::metrics::{self as m, DropReason};
+use crate::parse::{self, ParseError, ParsedResponse};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    #[error("request body over the capture limit")]
+    TooLarge,
+    #[error("upstream unreachable before the request body was sent")]
+    NothingSent,
+    #[error(transparent)]
+    Parse(#[from] ParseError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl CaptureError {
+    fn reason(&self) -> DropReason {
+        match self {
+            CaptureError::TooLarge => DropReason::BodyTooLarge,
+            CaptureError::NothingSent => DropReason::Parse,
+            CaptureError::Parse(_) => DropReason::Parse,
+            CaptureError::Store(_) => DropReason::StoreWrite,
+        }
+    }
+}
+
+/// Turns exchanges into stored turns.
+pub struct Pipeline {
+    store: Store,
+    upstream: String,
+    tokens: Option<TokenCache>,
+    retention: RetentionPolicy,
+}
+
+impl Pipeline {
+    pub fn new(store: Store, upstream: String, tokens: Option<TokenCache>, retention: RetentionPolicy) -> Pipeline {
+        Pipeline { store, upstream, tokens, retention }
+    }
+
+    /// Captures one exchange; returns the stored turn.
+    pub fn capture(&mut self, exchange: &Exchange) -> Result<TurnRecord, CaptureError> {
+        let request_copy = exchange.request.lock().map(|c| (c.overflow, c.complete, c.total, c.to_vec())).unwrap_or_default();
+        let (overflow, complete, request_bytes, body) = request_copy;
+        if overflow {
+            return Err(CaptureError::TooLarge);
+        }
+        if let (Outcome::UpstreamUnreachable(_), true) = (&exchange.outcome, body.is_empty()) {
+            // The upstream never read the body: nothing to record beyond the 502 already counted.
+            return Err(CaptureError::NothingSent);
+        }
+        let request = parse::request(exchange.endpoint, &body)?;
+        let mut notes = Vec::new();
+        if !complete {
+            notes.push("request body did not finish".to_string());
+        }
+        let response = self.response(exchange, request.stream, &mut notes);
+
+        let (hashes, canonical): (Vec<Hash>, Vec<Vec<u8>>) = request.messages.iter().map(message_hash).unzip();
+        let mut chain = Vec::with_capacity(hashes.len());
+        let mut h = ZERO_HASH;
+        for hash in &hashes {
+            h = chain_next(&h, hash);
+            chain.push(h);
+        }
+        let threading = thread::Request { messages: &request.messages, hashes: &hashes, chain: &chain };
+        let decision = thread::decide(&self.store, &threading, exchange.conversation_name.as_deref())?;
+        let base_len = decision.base.map_or(0, |b| b.len as usize).min(hashes.len());
+
+        for (hash, bytes) in hashes.iter().zip(&canonical).skip(base_len) {
+            self.store.put_message(hash, bytes)?;
+        }
+        let ok = exchange.status.is_some_and(|s| (200..300).contains(&s));
+        let reply = match (&response.reply_message, ok) {
+            (Some(message), true) => {
+                let (hash, bytes) = message_hash(message);
+                self.store.put_message(&hash, &bytes)?;
+                Some(hash)
+            }
+            _ => None,
+        };
+        let head = chain.last().copied().unwrap_or(ZERO_HASH);
+        let tail = reply.map(|r| chain_next(&head, &r));
+        let local_tokens = self.tokens.as_mut().and_then(|t| t.count(exchange.endpoint, &request.messages, &chain, base_len));
+
+        let turn_id = self.store.next_id()?;
+        let (conversation_id, index) = match &decision.conversation {
+            Some(c) => (c.id, c.turns),
+            None => (self.store.next_id()?, 0),
+        };
+        let error = describe_error(&exchange.outcome, &response);
+        notes.extend(response.notes.iter().cloned());
+        let turn = TurnRecord {
+            id: turn_id,
+            conversation: conversation_id,
+            index,
+            relation: decision.relation.clone(),
+            time_unix_ms: exchange.time_unix_ms,
+            upstream: self.upstream.clone(),
+            endpoint: exchange.endpoint,
+            method: exchange.method.clone(),
+            path: exchange.path.clone(),
+            model: request.model.clone(),
+            status: exchange.status.unwrap_or(0),
+            stream: request.stream,
+            params: request.params.clone(),
+            base: decision.base,
+            new_messages: hashes[base_len..].iter().map(to_hex).collect(),
+            message_count: hashes.len() as u32,
+            head: to_hex(&head),
+            reply: reply.as_ref().map(to_hex),
+            tail: tail.as_ref().map(to_hex),
+            local_tokens,
+            usage: response.usage.clone(),
+            timing: Timing { headers_us: exchange.headers_us, ttfb_us: exchange.ttfb_us, total_us: exchange.total_us },
+            chunks: if request.stream { response.events } else { exchange.frames },
+            request_bytes,
+            response_bytes: exchange.response.total,
+            reply_text: response.reply_text.clone(),
+            finish_reason: response.finish_reason.clone(),
+            error,
+            notes,
+        };
+        self.store.put_turn(&turn)?;
+        for (len, prefix) in chain.iter().enumerate().skip(base_len) {
+            self.store.put_prefix_if_absent(prefix, &PrefixEntry { conversation: conversation_id, turn: turn_id, len: len as u32 + 1 })?;
+        }
+        if let Some(tail) = &tail {
+            let entry = PrefixEntry { conversation: conversation_id, turn: turn_id, len: hashes.len() as u32 + 1 };
+            self.store.put_prefix_if_absent(tail, &entry)?;
+        }
+        self.update_conversation(decision, &turn, &head, tail.as_ref(), exchange.conversation_name.clone())?;
+        record_metrics(&turn);
+        Ok(turn)
+    }
+
+    fn response(&self, exchange: &Exchange, streaming: bool, notes: &mut Vec<String>) -> ParsedResponse {
+        if exchange.status.is_none() {
+            return ParsedResponse::default();
+        }
+        if exchange.response.overflow {
+            notes.push(format!("response of {} bytes over the capture limit; not parsed", exchange.response.total));
+            return ParsedResponse::default();
+        }
+        let body = exchange.response.to_vec();
+        parse::response(exchange.endpoint, exchange.response_content_type.as_deref(), exchange.status.unwrap_or(0), &body, streaming)
+    }
+
+    fn update_conversation(
+        &self,
+        decision: Decision,
+        turn: &TurnRecord,
+        head: &Hash,
+        tail: Option<&Hash>,
+        name: Option<String>,
+    ) -> Result<(), StoreError> {
+        let conversation = match decision.conversation {
+            Some(mut c) => {
+                let old_head = ctxscope_store::from_hex(&c.last_head);
+                let old_tail = c.last_tail.as_deref().and_then(ctxscope_store::from_hex);
+                for old in old_head.iter().chain(old_tail.iter()) {
+                    self.store.remove_end(old, c.id)?;
+                }
+                c.turns += 1;
+                c.updated_unix_ms = turn.time_unix_ms;
+                c.last_turn = turn.id;
+                c.last_head = turn.head.clone();
+                c.last_message_count = turn.message_count;
+                c.last_tail = turn.tail.clone();
+                if turn.model.is_some() {
+                    c.model = turn.model.clone();
+                }
+                c
+            }
+            None => ConversationRecord {
+                id: turn.conversation,
+                name: None,
+                created_unix_ms: turn.time_unix_ms,
+                updated_unix_ms: turn.time_unix_ms,
+                upstream: turn.upstream.clone(),
+                model: turn.model.clone(),
+                turns: 1,
+                last_turn: turn.id,
+                last_head: turn.head.clone(),
+                last_message_count: turn.message_count,
+                last_tail: turn.tail.clone(),
+                branch_of: decision.branch_of,
+            },
+        };
+        let mut conversation = conversation;
+        if conversation.name.is_none() {
+            conversation.name = name;
+        }
+        self.store.put_conversation(&conversation)?;
+        self.store.put_end(head, conversation.id)?;
+        if let Some(tail) = tail {
+            self.store.put_end(tail, conversation.id)?;
+        }
+        Ok(())
+    }
+}
+
+fn describe_error(outcome: &Outcome, response: &ParsedResponse) -> Option<String> {
+    match outcome {
+        Outcome::Complete => response.error.clone(),
+        Outcome::ClientGone => Some("client disconnected before the response finished; upstream request cancelled".into()),
+        Outcome::UpstreamStreamError(e) => Some(format!("upstream response failed mid-stream: {e}")),
+        Outcome::UpstreamUnreachable(e) => Some(format!("upstream unreachable: {e}")),
+    }
+}
+
+fn record_metrics(turn: &TurnRecord) {
+    metrics::counter!(m::TURNS_CAPTURED_TOTAL).increment(1);
+    let usage = turn.usage.as_ref();
+    let prompt = usage.and_then(|u| u.prompt_tokens).or(turn.local_tokens.as_ref().map(|l| l.prompt));
+    if let Some(prompt) = prompt {
+        metrics::histogram!(m::PROMPT_TOKENS).record(prompt as f64);
+    }
+    if let Some(cached) = usage.and_then(|u| u.cached_tokens) {
+        metrics::histogram!(m::CACHED_TOKENS).record(cached as f64);
+    }
+    if let Some(ttfb) = turn.timing.ttfb_us {
+        metrics::histogram!(m::TTFB_SECONDS).record(ttfb as f64 / 1e6);
+    }
+}
+
+impl Sink for Pipeline {
+    fn process(&mut self, exchange: Exchange) {
+        let started = Instant::now();
+        match self.capture(&exchange) {
+            Ok(_) | Err(CaptureError::NothingSent) => {}
+            Err(error) => {
+                m::dropped(error.reason());
+                tracing::warn!(path = %exchange.path, %error, "capture dropped");
+            }
+        }
+        metrics::histogram!(m::CAPTURE_SECONDS).record(started.elapsed().as_secs_f64());
+    }
+
+    fn upkeep(&mut self) {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO).as_millis() as u64;
+        match self.store.apply_retention(&self.retention, now) {
+            Ok(report) if report.conversations > 0 => tracing::info!(?report, "retention pass"),
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, "retention pass failed"),
+        }
+    }
+
+    fn finish(&mut self) {
+        if let Err(error) = self.store.flush() {
+            tracing::error!(%error, "final store flush failed");
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! The bounded hand-off between the hot path and the capture worker. Sending never blocks: a full
+//! queue drops the exchange and counts it. The worker is one OS thread (sled is blocking I/O) that
+//! drains the queue on shutdown and runs retention between exchanges.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::exchange::Exchange;
+use crate::metrics::{self as m, DropReason};
+
+/// Cloned into every connection; cheap.
+#[derive(Clone)]
+pub struct CaptureSender {
+    inner: Option<SyncSender<Exchange>>,
+    depth: Arc<AtomicI64>,
+    /// Why there is no queue, when capture was wanted but is unavailable.
+    unavailable: Option<DropReason>,
+}
+
+impl CaptureSender {
+    /// Capture switched off by configuration: exchanges are discarded silently.
+    pub fn off() -> CaptureSender {
+        CaptureSender { inner: None, depth: Arc::default(), unavailable: None }
+    }
+
+    /// Capture wanted but impossible (the store would not open): every exchange counts as dropped.
+    pub fn unavailable(reason: DropReason) -> CaptureSender {
+        CaptureSender { inner: None, depth: Arc::default(), unavailable: Some(reason) }
+    }
+
+    pub fn send(&self, exchange: Exchange) {
+        let Some(tx) = &self.inner else {
+            if let Some(reason) = self.unavailable {
+                m::dropped(reason);
+            }
+            return;
+        };
+        match tx.try_send(exchange) {
+            Ok(()) => {
+                let depth = self.depth.fetch_add(1, Ordering::Relaxed) + 1;
+                metrics::gauge!(m::CAPTURE_QUEUE_DEPTH).set(depth as f64);
+            }
+            Err(TrySendError::Full(_)) => m::dropped(DropReason::QueueFull),
+            Err(TrySendError::Disconnected(_)) => m::dropped(DropReason::StoreUnavailable),
+        }
+    }
+}
+
+/// Something that consumes exchanges and does periodic upkeep.
+pub trait Sink: Send + 'static {
+    fn process(&mut self, exchange: Exchange);
+    fn upkeep(&mut self) {}
+    fn finish(&mut self) {}
+}
+
+/// The running worker thread.
+pub struct Worker {
+    handle: Option<JoinHandle<()>>,
+}
+
+/// Starts the worker; it stops once every sender is dropped and the queue is empty.
+pub fn spawn(mut sink: impl Sink, capacity: usize, upkeep_every: Duration) -> (CaptureSender, Worker) {
+    let (tx, rx) = mpsc::sync_channel::<Exchange>(capacity.max(1));
+    let depth = Arc::new(AtomicI64::new(0));
+    let worker_depth = depth.clone();
+    let handle = std::thread::Builder::new()
+        .name("ctxscope-capture".into())
+        .spawn(move || {
+            let mut next_upkeep = Instant::now() + upkeep_every;
+            loop {
+                let wait = next_upkeep.saturating_duration_since(Instant::now());
+                match rx.recv_timeout(wait) {
+                    Ok(exchange) => {
+                        worker_depth.fetch_sub(1, Ordering::Relaxed);
+                        sink.process(exchange);
+                    }
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+                if Instant::now() >= next_upkeep {
+                    sink.upkeep();
+                    next_upkeep = Instant::now() + upkeep_every;
+                }
+            }
+            sink.finish();
+        })
+        .ok();
+    let sender = match handle {
+        Some(_) => CaptureSender { inner: Some(tx), depth, unavailable: None },
+        None => CaptureSender::unavailable(DropReason::StoreUnavailable),
+    };
+    (sender, Worker { handle })
+}
+
+impl Worker {
+    /// Waits up to `timeout` for the worker to drain and stop; false if it did not.
+    pub fn join(mut self, timeout: Duration) -> bool {
+        let Some(handle) = self.handle.take() else { return true };
+        let deadline = Instant::now() + timeout;
+        while !handle.is_finished() {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        handle.join().is_ok()
+    }
+}

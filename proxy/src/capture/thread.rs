@@ -1,0 +1,116 @@
+//! Threading requests into conversations without client cooperation, from the prefix hash chain.
+//!
+//! A request continues conversation C when C's latest turn (its messages, or its messages plus reply)
+//! is a prefix of the request; the same messages again are a regenerate. Otherwise the longest prefix
+//! shared with any earlier turn decides: sharing more than the system prompt is a branch (a new
+//! conversation that records where it left), sharing less is a new conversation. A conversation named
+//! by header is used as named, and a request that does not extend its last turn is marked diverged.
+
+use ctxscope_store::{to_hex, BaseRef, BranchRef, ConversationRecord, Hash, Relation, Store, StoreError};
+use serde_json::Value;
+
+/// Where a request belongs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// The conversation to append to; `None` starts a new one.
+    pub conversation: Option<ConversationRecord>,
+    pub relation: Relation,
+    /// The earlier turn whose messages (plus reply) this request's first `len` messages are.
+    pub base: Option<BaseRef>,
+    pub branch_of: Option<BranchRef>,
+}
+
+/// The request as threading sees it: messages, their hashes, and the chain (`chain[i]` covers `0..=i`).
+pub struct Request<'a> {
+    pub messages: &'a [Value],
+    pub hashes: &'a [Hash],
+    pub chain: &'a [Hash],
+}
+
+/// Decides where a request belongs.
+pub fn decide(store: &Store, request: &Request<'_>, name: Option<&str>) -> Result<Decision, StoreError> {
+    let (messages, chain) = (request.messages, request.chain);
+    if let Some(name) = name {
+        return decide_named(store, request, name);
+    }
+    // 1. A conversation whose latest turn this request extends or repeats.
+    for j in (1..=chain.len()).rev() {
+        let Some(id) = store.end(&chain[j - 1])? else { continue };
+        let Some(conversation) = store.conversation(id)? else { continue };
+        if let Some((relation, base)) = continues(&conversation, chain) {
+            return Ok(Decision { conversation: Some(conversation), relation, base: Some(base), branch_of: None });
+        }
+    }
+    // 2. The longest prefix shared with any earlier turn.
+    let Some((len, entry)) = longest_prefix(store, chain)? else {
+        return Ok(Decision { conversation: None, relation: Relation::New, base: None, branch_of: None });
+    };
+    let base = Some(BaseRef { turn: entry.turn, len: len as u32 });
+    let beyond_system = messages[..len].iter().any(|m| m.get("role").and_then(Value::as_str) != Some("system"));
+    if !beyond_system {
+        return Ok(Decision { conversation: None, relation: Relation::New, base, branch_of: None });
+    }
+    let branch = BranchRef { conversation: entry.conversation, turn: entry.turn, shared_messages: len as u32 };
+    Ok(Decision {
+        conversation: None,
+        relation: Relation::Branch { conversation: branch.conversation, turn: branch.turn, shared_messages: branch.shared_messages },
+        base,
+        branch_of: Some(branch),
+    })
+}
+
+fn decide_named(store: &Store, request: &Request<'_>, name: &str) -> Result<Decision, StoreError> {
+    let chain = request.chain;
+    let base = longest_prefix(store, chain)?.map(|(len, e)| BaseRef { turn: e.turn, len: len as u32 });
+    let Some(conversation) = store.conversation_by_name(name)?.map(|id| store.conversation(id)).transpose()?.flatten() else {
+        return Ok(Decision { conversation: None, relation: Relation::New, base, branch_of: None });
+    };
+    if let Some((relation, base)) = continues(&conversation, chain) {
+        return Ok(Decision { conversation: Some(conversation), relation, base: Some(base), branch_of: None });
+    }
+    let previous = store.turn(conversation.last_turn)?;
+    let shared = match &previous {
+        Some(turn) => {
+            let theirs = store.turn_messages(turn)?;
+            theirs.iter().zip(request.hashes).take_while(|(a, b)| **a == to_hex(b)).count()
+        }
+        None => 0,
+    };
+    let relation = Relation::Diverged { previous_turn: conversation.last_turn, shared_messages: shared as u32 };
+    Ok(Decision { conversation: Some(conversation), relation, base, branch_of: None })
+}
+
+/// Whether the request continues `conversation`'s latest turn: its messages plus reply (tail), or its
+/// messages alone (head) followed by more, or exactly its messages again (regenerate).
+fn continues(conversation: &ConversationRecord, chain: &[Hash]) -> Option<(Relation, BaseRef)> {
+    let n = chain.len();
+    let k = conversation.last_message_count as usize;
+    let last = conversation.last_turn;
+    let at = |len: usize| (len >= 1 && len <= n).then(|| to_hex(&chain[len - 1]));
+    if conversation.last_tail.is_some() && n > k && at(k + 1).as_ref() == conversation.last_tail.as_ref() {
+        return Some((Relation::Extend { parent_turn: last }, BaseRef { turn: last, len: (k + 1) as u32 }));
+    }
+    if at(k).as_deref() == Some(conversation.last_head.as_str()) {
+        let base = BaseRef { turn: last, len: k as u32 };
+        return Some(if n > k { (Relation::Extend { parent_turn: last }, base) } else { (Relation::Regenerate { turn: last }, base) });
+    }
+    None
+}
+
+/// Binary search for the longest recorded prefix (prefix entries are recorded for every length, so
+/// presence is monotone in the length).
+fn longest_prefix(store: &Store, chain: &[Hash]) -> Result<Option<(usize, ctxscope_store::PrefixEntry)>, StoreError> {
+    let (mut lo, mut hi) = (0usize, chain.len());
+    let mut best = None;
+    while lo < hi {
+        let mid = (lo + hi + 1) / 2;
+        match store.prefix(&chain[mid - 1])? {
+            Some(entry) => {
+                best = Some((mid, entry));
+                lo = mid;
+            }
+            None => hi = mid - 1,
+        }
+    }
+    Ok(best)
+}

@@ -1,0 +1,129 @@
+//! Proxy configuration: the raw form the CLI fills in, validated once into [`ProxyConfig`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ctxscope_store::RetentionPolicy;
+
+/// Validated configuration the proxy runs with.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    pub upstream: Upstream,
+    /// Capture store directory; `None` runs without capture (pure pass-through plus metrics).
+    pub data_dir: Option<PathBuf>,
+    /// tokenizer.json, a directory holding one, or a GGUF file.
+    pub tokenizer: Option<PathBuf>,
+    /// Extra request header naming the conversation (besides `x-ctxscope-conversation`).
+    pub session_header: Option<String>,
+    /// Capture queue bound; exchanges beyond it are dropped (and counted), never waited for.
+    pub queue_capacity: usize,
+    /// Bodies larger than this are forwarded but not captured.
+    pub max_capture_bytes: usize,
+    /// Requests announcing a larger Content-Length are refused with 413. 0 disables.
+    pub max_request_bytes: u64,
+    pub connect_timeout: Duration,
+    /// How long shutdown waits for in-flight exchanges before dropping them.
+    pub shutdown_grace: Duration,
+    pub retention: RetentionPolicy,
+    pub retention_every: Duration,
+    pub flush_every_ms: u64,
+}
+
+/// The upstream engine's base URL, split for request building.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    /// As the user gave it, without a trailing slash (used in logs, records and error bodies).
+    pub display: String,
+    pub scheme: http::uri::Scheme,
+    pub authority: http::uri::Authority,
+    /// Path prefix joined in front of every request path ("" for none).
+    pub base_path: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("--upstream {0:?} is not a URL like http://127.0.0.1:8000: {1}")]
+    UpstreamUrl(String, String),
+    #[error("--upstream {0:?}: only http:// upstreams are supported (put TLS termination in front of ctxscope)")]
+    UpstreamScheme(String),
+    #[error("--session-header {0:?} is not a valid header name")]
+    HeaderName(String),
+    #[error("--tokenizer {0}: file not found")]
+    Tokenizer(PathBuf),
+}
+
+impl Upstream {
+    pub fn parse(text: &str) -> Result<Upstream, ConfigError> {
+        let trimmed = text.trim_end_matches('/');
+        let uri: http::Uri = trimmed.parse().map_err(|e: http::uri::InvalidUri| ConfigError::UpstreamUrl(text.into(), e.to_string()))?;
+        let scheme = uri.scheme().cloned().ok_or_else(|| ConfigError::UpstreamUrl(text.into(), "missing http://".into()))?;
+        if scheme != http::uri::Scheme::HTTP {
+            return Err(ConfigError::UpstreamScheme(text.into()));
+        }
+        let authority = uri.authority().cloned().ok_or_else(|| ConfigError::UpstreamUrl(text.into(), "missing host".into()))?;
+        Ok(Upstream { display: trimmed.to_string(), scheme, authority, base_path: uri.path().trim_end_matches('/').to_string() })
+    }
+
+    /// The upstream URI for a client request's path and query.
+    pub fn uri_for(&self, path_and_query: &str) -> Result<http::Uri, http::Error> {
+        http::Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(format!("{}{}", self.base_path, path_and_query))
+            .build()
+    }
+}
+
+impl ProxyConfig {
+    /// Defaults for everything but the upstream.
+    pub fn new(upstream: Upstream) -> ProxyConfig {
+        ProxyConfig {
+            upstream,
+            data_dir: None,
+            tokenizer: None,
+            session_header: None,
+            queue_capacity: 4096,
+            max_capture_bytes: 32 << 20,
+            max_request_bytes: 256 << 20,
+            connect_timeout: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(10),
+            retention: RetentionPolicy::default(),
+            retention_every: Duration::from_secs(600),
+            flush_every_ms: 500,
+        }
+    }
+
+    /// Checks what can be checked before serving.
+    pub fn validate(self) -> Result<ProxyConfig, ConfigError> {
+        if let Some(name) = &self.session_header {
+            http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| ConfigError::HeaderName(name.clone()))?;
+        }
+        if let Some(path) = &self.tokenizer {
+            if !path.exists() {
+                return Err(ConfigError::Tokenizer(path.clone()));
+            }
+        }
+        Ok(self)
+    }
+}
+
+/// Where the proxy and its admin API listen.
+#[derive(Debug, Clone, Copy)]
+pub struct Listen {
+    pub proxy: SocketAddr,
+    pub admin: SocketAddr,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_keeps_base_path_and_rejects_https() {
+        let up = Upstream::parse("http://127.0.0.1:8000/engine/").unwrap();
+        assert_eq!(up.uri_for("/v1/models?x=1").unwrap().to_string(), "http://127.0.0.1:8000/engine/v1/models?x=1");
+        assert!(matches!(Upstream::parse("https://x"), Err(ConfigError::UpstreamScheme(_))));
+        assert!(Upstream::parse("not a url").is_err());
+    }
+}

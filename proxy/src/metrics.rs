@@ -1,0 +1,114 @@
+//! Every metric the proxy emits, in one catalogue, with low-cardinality labels only (endpoint kind,
+//! status code, drop reason): never a prompt, a path or a request id.
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+pub const REQUESTS_TOTAL: &str = "ctxscope_requests_total";
+pub const PROMPT_TOKENS: &str = "ctxscope_prompt_tokens";
+pub const CACHED_TOKENS: &str = "ctxscope_cached_tokens";
+pub const CAPTURE_DROPPED_TOTAL: &str = "ctxscope_capture_dropped_total";
+pub const PROXY_OVERHEAD_SECONDS: &str = "ctxscope_proxy_overhead_seconds";
+pub const UPSTREAM_ERRORS_TOTAL: &str = "ctxscope_upstream_errors_total";
+pub const TURNS_CAPTURED_TOTAL: &str = "ctxscope_turns_captured_total";
+pub const CAPTURE_QUEUE_DEPTH: &str = "ctxscope_capture_queue_depth";
+pub const CAPTURE_SECONDS: &str = "ctxscope_capture_seconds";
+pub const TTFB_SECONDS: &str = "ctxscope_upstream_ttfb_seconds";
+
+/// Why a capture was dropped (the `reason` label of `ctxscope_capture_dropped_total`).
+#[derive(Debug, Clone, Copy)]
+pub enum DropReason {
+    QueueFull,
+    StoreUnavailable,
+    StoreWrite,
+    BodyTooLarge,
+    Parse,
+}
+
+impl DropReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::QueueFull => "queue_full",
+            DropReason::StoreUnavailable => "store_unavailable",
+            DropReason::StoreWrite => "store_write",
+            DropReason::BodyTooLarge => "body_too_large",
+            DropReason::Parse => "parse",
+        }
+    }
+}
+
+pub fn dropped(reason: DropReason) {
+    metrics::counter!(CAPTURE_DROPPED_TOTAL, "reason" => reason.as_str()).increment(1);
+}
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the process-wide Prometheus recorder once and returns its handle.
+pub fn install() -> PrometheusHandle {
+    HANDLE
+        .get_or_init(|| {
+            let tokens = [16.0, 64.0, 256.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0, 65536.0, 131072.0];
+            let seconds = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25, 1.0, 5.0, 30.0];
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Full(PROMPT_TOKENS.into()), &tokens)
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(CACHED_TOKENS.into()), &tokens))
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &seconds))
+                .expect("static bucket lists are non-empty");
+            let recorder = builder.build_recorder();
+            let handle = recorder.handle();
+            // Another recorder may already be installed (embedding program); then ours only renders zeros.
+            let _ = metrics::set_global_recorder(recorder);
+            describe();
+            handle
+        })
+        .clone()
+}
+
+fn describe() {
+    metrics::describe_counter!(REQUESTS_TOTAL, "Requests through the proxy by endpoint kind and status.");
+    metrics::describe_histogram!(PROMPT_TOKENS, "Prompt tokens per captured request (engine-reported, else local).");
+    metrics::describe_histogram!(CACHED_TOKENS, "Engine-reported cached prompt tokens per captured request.");
+    metrics::describe_counter!(CAPTURE_DROPPED_TOTAL, "Exchanges not captured, by reason; traffic still flowed.");
+    metrics::describe_histogram!(PROXY_OVERHEAD_SECONDS, "Time spent in the proxy itself before and after the upstream.");
+    metrics::describe_counter!(UPSTREAM_ERRORS_TOTAL, "Upstream connection failures answered with 502.");
+    metrics::describe_counter!(TURNS_CAPTURED_TOTAL, "Turns written to the store.");
+    metrics::describe_gauge!(CAPTURE_QUEUE_DEPTH, "Exchanges waiting in the capture queue.");
+    metrics::describe_histogram!(CAPTURE_SECONDS, "Capture pipeline time per exchange (parse, thread, count, store).");
+    metrics::describe_histogram!(TTFB_SECONDS, "Upstream time to first response byte for captured requests.");
+}
+
+/// Counts one request by endpoint kind and status (both from fixed sets).
+pub fn requests(endpoint: &'static str, status: http::StatusCode) {
+    metrics::counter!(REQUESTS_TOTAL, "endpoint" => endpoint, "status" => status_label(status)).increment(1);
+}
+
+fn status_label(status: http::StatusCode) -> &'static str {
+    // StatusCode::as_str borrows; map to the static table hyper keeps for canonical codes.
+    match status.as_u16() {
+        200 => "200",
+        201 => "201",
+        204 => "204",
+        400 => "400",
+        401 => "401",
+        403 => "403",
+        404 => "404",
+        408 => "408",
+        413 => "413",
+        422 => "422",
+        429 => "429",
+        500 => "500",
+        502 => "502",
+        503 => "503",
+        504 => "504",
+        s if s < 300 => "2xx",
+        s if s < 400 => "3xx",
+        s if s < 500 => "4xx",
+        _ => "5xx",
+    }
+}
+
+/// Time the proxy spent on a request outside the upstream's own time.
+pub fn overhead(spent: std::time::Duration) {
+    metrics::histogram!(PROXY_OVERHEAD_SECONDS).record(spent.as_secs_f64());
+}

@@ -1,0 +1,134 @@
+//! Reading the LLM APIs the proxy understands: requests (messages, model, sampling parameters) and
+//! responses, streamed or not (reply text and message, finish reason, usage in every engine's form).
+
+pub mod anthropic;
+pub mod ollama;
+pub mod openai;
+pub mod sse;
+pub mod usage;
+
+use ctxscope_store::{Endpoint, Usage};
+use serde_json::{Map, Value};
+
+/// Request fields the capture needs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ParsedRequest {
+    pub model: Option<String>,
+    /// Chat messages in OpenAI shape (Anthropic's `system` becomes a leading system message;
+    /// a completions prompt becomes one `{"role":"prompt"}` message).
+    pub messages: Vec<Value>,
+    pub params: Map<String, Value>,
+    pub stream: bool,
+}
+
+/// Response fields the capture needs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ParsedResponse {
+    pub reply_text: String,
+    /// The assistant message as a client would send it back next turn.
+    pub reply_message: Option<Value>,
+    pub finish_reason: Option<String>,
+    pub usage: Option<Usage>,
+    /// SSE events or NDJSON lines (streaming); 1 otherwise.
+    pub events: u32,
+    /// An error the upstream reported in the body.
+    pub error: Option<String>,
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ParseError {
+    #[error("request body is not JSON: {0}")]
+    NotJson(String),
+    #[error("request has no {0}")]
+    Missing(&'static str),
+}
+
+/// Sampling parameters copied into the turn record, whatever the API.
+const PARAMS: [&str; 14] = [
+    "temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens", "seed", "stop",
+    "presence_penalty", "frequency_penalty", "repeat_penalty", "n", "stream_options", "options",
+];
+
+pub fn request(endpoint: Endpoint, body: &[u8]) -> Result<ParsedRequest, ParseError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| ParseError::NotJson(e.to_string()))?;
+    let object = value.as_object().ok_or(ParseError::NotJson("not an object".into()))?;
+    let mut parsed = ParsedRequest {
+        model: object.get("model").and_then(Value::as_str).map(str::to_string),
+        stream: object.get("stream").and_then(Value::as_bool).unwrap_or(endpoint == Endpoint::OllamaChat),
+        params: PARAMS.iter().filter_map(|k| object.get(*k).map(|v| (k.to_string(), v.clone()))).collect(),
+        messages: Vec::new(),
+    };
+    parsed.messages = match endpoint {
+        Endpoint::ChatCompletions | Endpoint::OllamaChat => openai::request_messages(object)?,
+        Endpoint::Completions => openai::prompt_messages(object)?,
+        Endpoint::AnthropicMessages => anthropic::request_messages(object)?,
+    };
+    Ok(parsed)
+}
+
+/// Parses a response body; `streaming` is the request's `stream` flag (content type decides when known).
+pub fn response(endpoint: Endpoint, content_type: Option<&str>, status: u16, body: &[u8], streaming: bool) -> ParsedResponse {
+    let is_sse = content_type.map_or(streaming, |ct| ct.starts_with("text/event-stream"));
+    let is_ndjson = content_type.map_or(false, |ct| ct.contains("ndjson")) || (endpoint == Endpoint::OllamaChat && streaming && !is_sse);
+    let mut parsed = if !(200..300).contains(&status) {
+        error_response(body)
+    } else if is_sse {
+        match endpoint {
+            Endpoint::AnthropicMessages => anthropic::stream(&sse::events(body)),
+            _ => openai::stream(endpoint, &sse::events(body)),
+        }
+    } else if is_ndjson {
+        ollama::stream(&sse::ndjson(body))
+    } else {
+        match serde_json::from_slice::<Value>(body) {
+            Ok(value) => match endpoint {
+                Endpoint::AnthropicMessages => anthropic::complete(&value),
+                Endpoint::OllamaChat => ollama::stream(&[value]),
+                _ => openai::complete(endpoint, &value),
+            },
+            Err(e) => ParsedResponse { notes: vec![format!("response body is not JSON: {e}")], events: 1, ..Default::default() },
+        }
+    };
+    if let Some(usage) = &mut parsed.usage {
+        usage.sources.dedup();
+    }
+    parsed
+}
+
+/// An upstream error body: the message of `{"error": {"message": ...}}` (or `"error": "..."`), else the text.
+fn error_response(body: &[u8]) -> ParsedResponse {
+    let text = String::from_utf8_lossy(body);
+    let message = serde_json::from_slice::<Value>(body).ok().and_then(|v| {
+        let error = v.get("error")?;
+        error.get("message").and_then(Value::as_str).or_else(|| error.as_str()).map(str::to_string)
+    });
+    let message = message.unwrap_or_else(|| text.chars().take(2000).collect());
+    ParsedResponse { error: Some(message), events: 1, ..Default::default() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_bodies_keep_the_engine_message() {
+        let body = br#"{"error":{"message":"the request exceeds the available context size","type":"exceed_context_size_error","n_prompt_tokens":9000,"n_ctx":8192}}"#;
+        let parsed = response(Endpoint::ChatCompletions, Some("application/json"), 400, body, false);
+        assert_eq!(parsed.error.as_deref(), Some("the request exceeds the available context size"));
+        let plain = response(Endpoint::ChatCompletions, None, 500, b"boom", false);
+        assert_eq!(plain.error.as_deref(), Some("boom"));
+    }
+
+    #[test]
+    fn request_params_model_and_stream() {
+        let body = br#"{"model":"m","stream":true,"temperature":0.2,"seed":7,"messages":[{"role":"user","content":"hi"}]}"#;
+        let parsed = request(Endpoint::ChatCompletions, body).unwrap();
+        assert_eq!(parsed.model.as_deref(), Some("m"));
+        assert!(parsed.stream);
+        assert_eq!(parsed.params["seed"], 7);
+        assert_eq!(parsed.messages.len(), 1);
+        assert!(matches!(request(Endpoint::ChatCompletions, b"{not json"), Err(ParseError::NotJson(_))));
+        assert_eq!(request(Endpoint::ChatCompletions, br#"{"model":"m"}"#), Err(ParseError::Missing("messages")));
+    }
+}

@@ -1,0 +1,67 @@
+//! Serving: accept loops for the proxy and admin listeners, one hyper HTTP/1 connection task each,
+//! and graceful shutdown (stop accepting, let exchanges finish within the grace period, drain capture).
+
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+/// Serves `service` on `listener` until `stop` turns true, then shuts connections down gracefully,
+/// aborting those still open after `grace`.
+pub async fn serve<S>(listener: TcpListener, service: S, mut stop: watch::Receiver<bool>, grace: Duration)
+where
+    S: hyper::service::Service<http::Request<Incoming>, Response = http::Response<crate::body::ProxyBody>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: std::error::Error + Send + Sync + 'static,
+{
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, _) = match accepted {
+                    Ok(pair) => pair,
+                    Err(error) => {
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let service = service.clone();
+                let mut stop = stop.clone();
+                connections.spawn(async move {
+                    let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+                    tokio::pin!(conn);
+                    tokio::select! {
+                        result = conn.as_mut() => log_conn(result),
+                        _ = stop.changed() => {
+                            conn.as_mut().graceful_shutdown();
+                            log_conn(conn.await);
+                        }
+                    }
+                });
+            }
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            _ = stop.changed() => break,
+        }
+    }
+    drop(listener);
+    let drained = tokio::time::timeout(grace, async { while connections.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        tracing::warn!(open = connections.len(), "grace period over; closing remaining connections");
+        connections.shutdown().await;
+    }
+}
+
+fn log_conn(result: Result<(), hyper::Error>) {
+    if let Err(error) = result {
+        tracing::debug!(%error, "connection ended with error");
+    }
+}

@@ -1,0 +1,111 @@
+//! Inspection commands (`conversations`, `show`, `export`, `import`), reading either through a running
+//! proxy's admin API or by opening the store directory directly; both paths yield the same records.
+
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use ctxscope_store::{ConversationDetail, ConversationRecord, Store, StoreOptions};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use crate::render;
+
+/// Where records come from.
+pub enum Source {
+    Admin(String),
+    Data(PathBuf),
+}
+
+pub async fn conversations(source: &Source, json: bool) -> Result<(), String> {
+    let list: Vec<ConversationRecord> = match source {
+        Source::Admin(url) => decode(&get(url, "/api/conversations").await?)?,
+        Source::Data(dir) => open(dir)?.conversations().map_err(|e| e.to_string())?,
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&list).map_err(|e| e.to_string())?);
+    } else {
+        print!("{}", render::conversations(&list));
+    }
+    Ok(())
+}
+
+pub async fn show(source: &Source, id: u64, json: bool) -> Result<(), String> {
+    let detail: ConversationDetail = match source {
+        Source::Admin(url) => decode(&get(url, &format!("/api/conversations/{id}")).await?)?,
+        Source::Data(dir) => open(dir)?.conversation_detail(id).map_err(|e| e.to_string())?,
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&detail).map_err(|e| e.to_string())?);
+    } else {
+        print!("{}", render::conversation(&detail));
+    }
+    Ok(())
+}
+
+pub async fn export(source: &Source, id: u64) -> Result<(), String> {
+    let bytes = match source {
+        Source::Admin(url) => get(url, &format!("/api/conversations/{id}/export")).await?.to_vec(),
+        Source::Data(dir) => {
+            let mut out = Vec::new();
+            open(dir)?.export_conversation(id, &mut out).map_err(|e| e.to_string())?;
+            out
+        }
+    };
+    use std::io::Write;
+    std::io::stdout().write_all(&bytes).map_err(|e| format!("cannot write to stdout: {e}"))
+}
+
+pub async fn import(source: &Source, file: &Path) -> Result<(), String> {
+    let bytes = std::fs::read(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let id = match source {
+        Source::Admin(url) => {
+            let body = post(url, "/api/import", bytes).await?;
+            let value: serde_json::Value = decode(&body)?;
+            value["conversation"].as_u64().ok_or("admin API gave no conversation id")?
+        }
+        Source::Data(dir) => {
+            std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            open(dir)?.import_conversation(&mut bytes.as_slice()).map_err(|e| e.to_string())?
+        }
+    };
+    println!("imported as conversation {id}");
+    Ok(())
+}
+
+fn open(dir: &Path) -> Result<Store, String> {
+    if !dir.exists() {
+        return Err(format!("no capture store at {} (pass --data DIR, or --admin URL for a running proxy)", dir.display()));
+    }
+    Store::open(dir, &StoreOptions::default()).map_err(|e| e.to_string())
+}
+
+fn decode<T: serde::de::DeserializeOwned>(bytes: &Bytes) -> Result<T, String> {
+    serde_json::from_slice(bytes).map_err(|e| format!("admin API answered something unexpected: {e}"))
+}
+
+async fn get(base: &str, path: &str) -> Result<Bytes, String> {
+    request(base, path, http::Method::GET, Bytes::new()).await
+}
+
+async fn post(base: &str, path: &str, body: Vec<u8>) -> Result<Bytes, String> {
+    request(base, path, http::Method::POST, Bytes::from(body)).await
+}
+
+async fn request(base: &str, path: &str, method: http::Method, body: Bytes) -> Result<Bytes, String> {
+    let url = format!("{}{path}", base.trim_end_matches('/'));
+    let uri: http::Uri = url.parse().map_err(|e| format!("bad --admin URL {base:?}: {e}"))?;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let request = http::Request::builder().method(method).uri(uri).body(Full::new(body)).map_err(|e| e.to_string())?;
+    let response = client.request(request).await.map_err(|e| format!("cannot reach admin API at {base}: {e}"))?;
+    let status = response.status();
+    let bytes = response.into_body().collect().await.map_err(|e| format!("admin API read failed: {e}"))?.to_bytes();
+    if !status.is_success() {
+        let message = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()
+            .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
+            .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+        return Err(format!("admin API: {status}: {message}"));
+    }
+    Ok(bytes)
+}

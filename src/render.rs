@@ -1,0 +1,116 @@
+//! Terminal tables for the inspection commands (the `--json` forms print the records themselves).
+
+use std::fmt::Write;
+
+use ctxscope_store::{ConversationDetail, ConversationRecord, Relation, TurnRecord};
+
+pub fn conversations(list: &[ConversationRecord]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{:>20}  {:>5}  {:<24}  {:<20}  {}", "ID", "TURNS", "MODEL", "UPDATED (UTC)", "NOTE");
+    for c in list {
+        let note = match (&c.name, &c.branch_of) {
+            (Some(name), _) => format!("name={name}"),
+            (None, Some(b)) => format!("branch of {} at turn {} ({} messages shared)", b.conversation, b.turn, b.shared_messages),
+            _ => String::new(),
+        };
+        let model = c.model.clone().unwrap_or_else(|| "-".into());
+        let _ = writeln!(out, "{:>20}  {:>5}  {:<24}  {:<20}  {}", c.id, c.turns, clip(&model, 24), time(c.updated_unix_ms), note);
+    }
+    if list.is_empty() {
+        out.push_str("(no conversations captured yet)\n");
+    }
+    out
+}
+
+pub fn conversation(detail: &ConversationDetail) -> String {
+    let c = &detail.conversation;
+    let mut out = String::new();
+    let _ = writeln!(out, "conversation {}  upstream {}  model {}  turns {}", c.id, c.upstream, c.model.as_deref().unwrap_or("-"), c.turns);
+    if let Some(b) = &c.branch_of {
+        let _ = writeln!(out, "branch of conversation {} at turn {} ({} messages shared)", b.conversation, b.turn, b.shared_messages);
+    }
+    let _ = writeln!(
+        out,
+        "{:>3}  {:<14}  {:>6}  {:>4}  {:>8}  {:>8}  {:>8}  {:>8}  {:>9}  {:<10}  {}",
+        "#", "RELATION", "STATUS", "MSGS", "LOCAL", "PROMPT", "CACHED", "TTFB_MS", "TOTAL_MS", "FINISH", "REPLY / ERROR"
+    );
+    for view in &detail.turns {
+        let t = &view.turn;
+        let _ = writeln!(
+            out,
+            "{:>3}  {:<14}  {:>6}  {:>4}  {:>8}  {:>8}  {:>8}  {:>8}  {:>9}  {:<10}  {}",
+            t.index,
+            relation(&t.relation),
+            t.status,
+            t.message_count,
+            opt(t.local_tokens.as_ref().map(|l| l.prompt)),
+            opt(t.usage.as_ref().and_then(|u| u.prompt_tokens)),
+            opt(t.usage.as_ref().and_then(|u| u.cached_tokens)),
+            ms(t.timing.ttfb_us),
+            ms(Some(t.timing.total_us)),
+            clip(t.finish_reason.as_deref().unwrap_or("-"), 10),
+            summary(t),
+        );
+    }
+    out
+}
+
+fn relation(r: &Relation) -> String {
+    match r {
+        Relation::New => "new".into(),
+        Relation::Extend { .. } => "extend".into(),
+        Relation::Regenerate { .. } => "regenerate".into(),
+        Relation::Branch { shared_messages, .. } => format!("branch@{shared_messages}"),
+        Relation::Diverged { shared_messages, .. } => format!("diverged@{shared_messages}"),
+    }
+}
+
+fn summary(t: &TurnRecord) -> String {
+    match &t.error {
+        Some(e) => format!("ERROR {}", clip(e, 70)),
+        None => clip(&t.reply_text.replace('\n', " "), 70),
+    }
+}
+
+fn opt(v: Option<u64>) -> String {
+    v.map_or("-".into(), |v| v.to_string())
+}
+
+fn ms(us: Option<u64>) -> String {
+    us.map_or("-".into(), |us| format!("{:.1}", us as f64 / 1000.0))
+}
+
+fn clip(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        let mut out: String = s.chars().take(n.saturating_sub(1)).collect();
+        out.push('…');
+        out
+    }
+}
+
+/// `YYYY-MM-DD HH:MM:SS` in UTC from Unix milliseconds (civil-from-days, no time zone crate).
+fn time(unix_ms: u64) -> String {
+    let secs = unix_ms / 1000;
+    let (days, rem) = ((secs / 86400) as i64, secs % 86400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}", rem / 3600, (rem % 3600) / 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn time_formats_utc() {
+        assert_eq!(super::time(0), "1970-01-01 00:00:00");
+        assert_eq!(super::time(1_764_415_200_000), "2025-11-29 11:20:00");
+    }
+}

@@ -7,6 +7,8 @@ use std::path::PathBuf;
 pub enum StoreError {
     #[error("cannot open capture store at {path}: {source}. If another ctxscope process is running on this directory, query it through its admin API (--admin URL) instead")]
     Open { path: PathBuf, source: sled::Error },
+    #[error("cannot open capture store at {path}: the disk is full. Nothing stored is lost: free some space and retry")]
+    DiskFull { path: PathBuf },
     #[error("{path} is not a ctxscope data directory (it holds other files); choose an empty or new --data directory")]
     Foreign { path: PathBuf },
     #[error("capture store at {path} has schema version {found}, this ctxscope understands version {expected}; use a matching ctxscope release or a new --data directory")]
@@ -23,4 +25,9 @@ pub enum StoreError {
     NotFound(String),
     #[error("bad import line {line}: {detail}")]
     Import { line: usize, detail: String },
+}
+
+/// Whether a sled error is the disk being full (ENOSPC).
+pub fn is_disk_full(error: &sled::Error) -> bool {
+    matches!(error, sled::Error::Io(io) if io.raw_os_error() == Some(28) || io.kind() == std::io::ErrorKind::StorageFull)
 }

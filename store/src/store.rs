@@ -56,6 +56,7 @@ impl Store {
                 sled::Error::Corruption { .. } => {
                     StoreError::Corrupt { path: path.to_path_buf(), detail: source.to_string() }
                 }
+                source if crate::error::is_disk_full(&source) => StoreError::DiskFull { path: path.to_path_buf() },
                 source => StoreError::Open { path: path.to_path_buf(), source },
             })?;
         let tree = |name: &str| db.open_tree(name);

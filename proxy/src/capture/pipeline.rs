@@ -45,11 +45,33 @@ pub struct Pipeline {
     upstream: String,
     tokens: Option<TokenCache>,
     retention: RetentionPolicy,
+    warnings: Throttle,
+}
+
+/// At most one warning per interval; the rest are counted and reported with the next one.
+struct Throttle {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl Throttle {
+    const EVERY: Duration = Duration::from_secs(10);
+
+    fn warn(&mut self, path: &str, error: &CaptureError) {
+        let due = self.last.is_none_or(|t| t.elapsed() >= Self::EVERY);
+        if due {
+            tracing::warn!(path, %error, suppressed = self.suppressed, "capture dropped; traffic unaffected");
+            self.last = Some(Instant::now());
+            self.suppressed = 0;
+        } else {
+            self.suppressed += 1;
+        }
+    }
 }
 
 impl Pipeline {
     pub fn new(store: Store, upstream: String, tokens: Option<TokenCache>, retention: RetentionPolicy) -> Pipeline {
-        Pipeline { store, upstream, tokens, retention }
+        Pipeline { store, upstream, tokens, retention, warnings: Throttle { last: None, suppressed: 0 } }
     }
 
     /// Captures one exchange; returns the stored turn.
@@ -245,7 +267,7 @@ impl Sink for Pipeline {
             Ok(_) | Err(CaptureError::NothingSent) => {}
             Err(error) => {
                 m::dropped(error.reason());
-                tracing::warn!(path = %exchange.path, %error, "capture dropped");
+                self.warnings.warn(&exchange.path, &error);
             }
         }
         metrics::histogram!(m::CAPTURE_SECONDS).record(started.elapsed().as_secs_f64());

@@ -33,13 +33,23 @@ pub fn decide(store: &Store, request: &Request<'_>, name: Option<&str>) -> Resul
     if let Some(name) = name {
         return decide_named(store, request, name);
     }
-    // 1. A conversation whose latest turn this request extends or repeats.
+    // 1. A conversation whose latest turn this request extends (longest first) or, failing that, repeats.
+    let mut regenerate = None;
     for j in (1..=chain.len()).rev() {
         let Some(id) = store.end(&chain[j - 1])? else { continue };
         let Some(conversation) = store.conversation(id)? else { continue };
-        if let Some((relation, base)) = continues(&conversation, chain) {
-            return Ok(Decision { conversation: Some(conversation), relation, base: Some(base), branch_of: None });
+        match continues(&conversation, chain) {
+            Some((relation @ Relation::Extend { .. }, base)) => {
+                return Ok(Decision { conversation: Some(conversation), relation, base: Some(base), branch_of: None });
+            }
+            Some((relation, base)) if regenerate.is_none() => {
+                regenerate = Some(Decision { conversation: Some(conversation), relation, base: Some(base), branch_of: None });
+            }
+            _ => {}
         }
+    }
+    if let Some(decision) = regenerate {
+        return Ok(decision);
     }
     // 2. The longest prefix shared with any earlier turn.
     let Some((len, entry)) = longest_prefix(store, chain)? else {

@@ -1,0 +1,87 @@
+//! A full disk under the capture store: traffic keeps flowing byte-for-byte, the failures are counted,
+//! and what was stored before the disk filled stays readable. Needs root to mount a small tmpfs
+//! (CI runs as root); set CTXSCOPE_SKIP_PRIVILEGED=1 to skip it where that is impossible.
+
+mod support;
+
+use std::process::Command;
+
+use serde_json::json;
+use support::upstream::Upstream;
+use support::*;
+
+struct Mount(std::path::PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_disk_drops_capture_not_traffic() {
+    let dir = tempfile::tempdir().unwrap();
+    let point = dir.path().join("small");
+    std::fs::create_dir(&point).unwrap();
+    let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", "size=3m", "tmpfs"]).arg(&point).status();
+    if !mounted.is_ok_and(|s| s.success()) {
+        if std::env::var_os("CTXSCOPE_SKIP_PRIVILEGED").is_some() {
+            eprintln!("skipped: cannot mount tmpfs and CTXSCOPE_SKIP_PRIVILEGED is set");
+            return;
+        }
+        panic!("cannot mount a tmpfs for the full-disk test (needs root); set CTXSCOPE_SKIP_PRIVILEGED=1 to skip");
+    }
+    let _mount = Mount(point.clone());
+    let up = Upstream::start().await;
+    let data = point.join("data");
+    let proxy = Proxy::builder(&up.url(), &data).start();
+    let url = format!("{}/v1/chat/completions", proxy.url());
+    let filler = "z".repeat(200_000);
+    let mut ok = 0;
+    for i in 0..60 {
+        // Distinct large messages so that every request needs new storage.
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": format!("{i} {filler}")}]});
+        let raw = post_json(&url, &[], &body).await;
+        assert_eq!(raw.status, 200, "request {i} failed with a full disk");
+        assert!(raw.json()["choices"][0]["message"]["content"].as_str().unwrap().starts_with(&format!("You said: {i} ")));
+        ok += 1;
+    }
+    assert_eq!(ok, 60);
+    // Wait for the pipeline to catch up, then look at the counters.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let metrics = loop {
+        let m = proxy.metrics().await;
+        if m.contains("ctxscope_capture_dropped_total{reason=\"store_write\"}") || std::time::Instant::now() > deadline {
+            break m;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert!(metrics.contains("ctxscope_capture_dropped_total{reason=\"store_write\"}"), "no store_write drops counted:\n{metrics}");
+    // Small requests still flow, and what was captured reads through the admin API meanwhile.
+    let small = post_json(&url, &[], &json!({"model": "m", "messages": [{"role": "user", "content": "tiny"}]})).await;
+    assert_eq!(small.status, 200);
+    let live = get_json(&format!("{}/api/conversations", proxy.admin_url())).await;
+    let stored = live.as_array().unwrap().len();
+    assert!(stored > 0, "nothing stored before the disk filled");
+    proxy.stop();
+    // Opening needs a little space: with none, a clear error...
+    let listed = cli(&["conversations", "--json", "--data", data.to_str().unwrap()]);
+    if !listed.status.success() {
+        let stderr = String::from_utf8_lossy(&listed.stderr);
+        assert!(stderr.contains("disk is full"), "unclear error on a full disk: {stderr}");
+        // ...and once space is freed, everything stored before is there.
+        let grown = Command::new("mount").args(["-o", "remount,size=16m"]).arg(&point).status().unwrap();
+        assert!(grown.success());
+    }
+    let listed = cli(&["conversations", "--json", "--data", data.to_str().unwrap()]);
+    assert!(listed.status.success(), "store unreadable after a full disk: {}", String::from_utf8_lossy(&listed.stderr));
+    let convs: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    // Turns accepted in memory but not yet flushed when the disk filled are the only loss (docs/capture.md).
+    let persisted = convs.as_array().unwrap();
+    assert!(!persisted.is_empty() && persisted.len() <= stored, "persisted {} of {stored}", persisted.len());
+    for conv in persisted {
+        let id = conv["id"].as_u64().unwrap().to_string();
+        let shown = cli(&["show", &id, "--json", "--data", data.to_str().unwrap()]);
+        assert!(shown.status.success(), "conversation {id} unreadable: {}", String::from_utf8_lossy(&shown.stderr));
+    }
+}

@@ -32,7 +32,10 @@ impl Forward {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(connect_timeout));
         connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(std::time::Duration::from_secs(60)).build(connector);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(std::time::Duration::from_secs(60))
+            .http1_preserve_header_case(true)
+            .build(connector);
         Forward { client, upstream: Arc::new(upstream) }
     }
 }

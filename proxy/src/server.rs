@@ -37,7 +37,8 @@ where
                 let service = service.clone();
                 let mut stop = stop.clone();
                 connections.spawn(async move {
-                    let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+                    // Header names keep the case they arrived in, both ways.
+                    let conn = http1::Builder::new().preserve_header_case(true).serve_connection(TokioIo::new(stream), service);
                     tokio::pin!(conn);
                     tokio::select! {
                         result = conn.as_mut() => log_conn(result),

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh clone: Python test dependencies, the default model (for the
+# tokenizer tests), the Rust workspace tests, then the end-to-end tests with the official openai client.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python3 -m pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
+bash scripts/fetch-model.sh
+cargo build --workspace --locked
+cargo test --workspace --locked
+CTXSCOPE_BIN="$PWD/target/debug/ctxscope" python3 -m pytest -q tests/python

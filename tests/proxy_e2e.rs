@@ -329,3 +329,22 @@ async fn metrics_catalogue_is_served() {
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_drains_the_capture_queue() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let proxy = Proxy::builder(&up.url(), &data).start();
+    let url = format!("{}/v1/chat/completions", proxy.url());
+    for i in 0..25 {
+        let raw = post_json(&url, &[], &chat(json!([{"role": "user", "content": format!("q{i}")}]), i % 2 == 0)).await;
+        assert_eq!(raw.status, 200);
+    }
+    // Stop at once: whatever is still queued must be written before the process exits.
+    proxy.stop();
+    let listed = cli(&["conversations", "--json", "--data", data.to_str().unwrap()]);
+    let convs: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let turns: u64 = convs.as_array().unwrap().iter().map(|c| c["turns"].as_u64().unwrap()).sum();
+    assert_eq!(turns, 25);
+}

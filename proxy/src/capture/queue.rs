@@ -109,3 +109,66 @@ impl Worker {
         handle.join().is_ok()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capture::exchange::{Captured, Outcome};
+    use std::sync::mpsc as std_mpsc;
+    use std::sync::Mutex;
+
+    /// A sink that waits for permission before each exchange, so the queue can be made to fill.
+    struct Gate {
+        go: std_mpsc::Receiver<()>,
+        seen: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl Sink for Gate {
+        fn process(&mut self, exchange: Exchange) {
+            let _ = self.go.recv();
+            self.seen.lock().unwrap().push(exchange.path);
+        }
+    }
+
+    fn exchange(path: &str) -> Exchange {
+        Exchange {
+            started: Instant::now(),
+            time_unix_ms: 0,
+            method: "POST".into(),
+            path: path.into(),
+            endpoint: ctxscope_store::Endpoint::ChatCompletions,
+            conversation_name: None,
+            request: Arc::new(Mutex::new(Captured::default())),
+            status: Some(200),
+            response_content_type: None,
+            response: Captured::default(),
+            headers_us: None,
+            ttfb_us: None,
+            total_us: 0,
+            frames: 0,
+            outcome: Outcome::Complete,
+        }
+    }
+
+    #[test]
+    fn a_full_queue_drops_without_blocking_and_shutdown_drains_the_rest() {
+        let (go_tx, go_rx) = std_mpsc::channel();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (sender, worker) = spawn(Gate { go: go_rx, seen: seen.clone() }, 1, Duration::from_secs(3600));
+        sender.send(exchange("/a"));
+        // Let the worker take /a and block on the gate, so the queue is empty again.
+        while sender.depth.load(Ordering::Relaxed) > 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let started = Instant::now();
+        sender.send(exchange("/b")); // fills the one slot
+        sender.send(exchange("/c")); // dropped: queue full
+        assert!(started.elapsed() < Duration::from_millis(100), "send blocked");
+        drop(sender);
+        for _ in 0..3 {
+            let _ = go_tx.send(());
+        }
+        assert!(worker.join(Duration::from_secs(5)), "worker did not drain and stop");
+        assert_eq!(*seen.lock().unwrap(), vec!["/a".to_string(), "/b".to_string()]);
+    }
+}

@@ -348,3 +348,28 @@ async fn shutdown_drains_the_capture_queue() {
     let turns: u64 = convs.as_array().unwrap().iter().map(|c| c["turns"].as_u64().unwrap()).sum();
     assert_eq!(turns, 25);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_token_counts_use_the_model_tokenizer_and_chat_template() {
+    let model = std::env::var("CTXSCOPE_MODEL").map(std::path::PathBuf::from).unwrap_or_else(|_| {
+        ctxscope_formats::default_model_path().expect("home directory")
+    });
+    assert!(model.exists(), "model {} missing: run scripts/fetch-model.sh", model.display());
+    let counter = ctxscope_formats::TokenCounter::open(&model).unwrap();
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = Proxy::builder(&up.url(), dir.path()).arg("--tokenizer").arg(model.to_str().unwrap()).start();
+    let url = format!("{}/v1/chat/completions", proxy.url());
+    let first = json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "The secret word is banana."}]);
+    post_json(&url, &[], &chat(first.clone(), false)).await;
+    let mut second = first.as_array().unwrap().clone();
+    second.push(json!({"role": "assistant", "content": "You said: The secret word is banana."}));
+    second.push(json!({"role": "user", "content": "What is the secret word?"}));
+    post_json(&url, &[], &chat(Value::Array(second.clone()), true)).await;
+    let list = proxy.wait_turns(2).await;
+    let detail = get_json(&format!("{}/api/conversations/{}", proxy.admin_url(), list[0]["id"])).await;
+    let turns = detail["turns"].as_array().unwrap();
+    assert_eq!(turns[0]["local_tokens"]["prompt"].as_u64().unwrap() as usize, counter.count_prompt(first.as_array().unwrap()).unwrap());
+    assert_eq!(turns[1]["local_tokens"]["prompt"].as_u64().unwrap() as usize, counter.count_prompt(&second).unwrap());
+    assert_eq!(turns[1]["local_tokens"]["new_messages"].as_array().unwrap().len(), 1);
+}

@@ -33,7 +33,7 @@ pub use config::{ConfigError, ProxyConfig, Upstream};
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error("cannot load tokenizer {path}: {source}")]
-    Tokenizer { path: std::path::PathBuf, source: capture::tokens::FormatError },
+    Tokenizer { path: std::path::PathBuf, source: ctxscope_formats::CounterError },
     #[error(transparent)]
     Config(#[from] ConfigError),
 }

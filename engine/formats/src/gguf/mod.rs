@@ -1,8 +1,10 @@
 //! GGUF reader (format versions 2 and 3): header, metadata key/values, tensor infos, alignment and
 //! the start of the data section. It reads metadata through a `BufReader` and never touches tensor
 //! data, so opening a 100 MB model for its tokenizer costs a few MB of reads. Dequantizing tensor
-//! data is left to the engine; `TensorInfo` and `data_offset` say where each tensor's bytes are.
+//! data is left to the engine; `TensorInfo` and `data_offset` say where each tensor's bytes are, and
+//! `dequant` turns them into f32.
 
+mod dequant;
 mod error;
 mod reader;
 mod value;
@@ -15,6 +17,7 @@ use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::Path;
 
+pub use dequant::{bf16_to_f32, dequantize, f16_to_f32, DequantError};
 pub use error::{GgufError, Result};
 pub use value::{GgmlType, GgufArray, GgufValue, TensorInfo};
 
@@ -110,6 +113,25 @@ impl Gguf {
     /// `data_offset() + tensor.offset`.
     pub fn data_offset(&self) -> u64 {
         self.data_offset
+    }
+
+    /// The bytes of `info`'s data inside `file` (the whole GGUF file, read or mapped).
+    pub fn tensor_bytes<'a>(&self, file: &'a [u8], info: &TensorInfo) -> std::result::Result<&'a [u8], DequantError> {
+        let size = info.byte_size().ok_or_else(|| DequantError::Unsupported { tensor: info.name.clone(), ggml_type: info.ggml_type })?;
+        let start = self.data_offset.saturating_add(info.offset);
+        let end = start.saturating_add(size);
+        if end > file.len() as u64 {
+            let actual = (file.len() as u64).saturating_sub(start);
+            return Err(DequantError::Size { tensor: info.name.clone(), ggml_type: info.ggml_type, elements: info.element_count().unwrap_or(0), expected: size, actual });
+        }
+        Ok(&file[start as usize..end as usize])
+    }
+
+    /// Dequantizes tensor `name` from `file` (the whole GGUF file) to f32.
+    pub fn dequantize_tensor(&self, file: &[u8], name: &str) -> std::result::Result<Vec<f32>, DequantError> {
+        let info = self.tensor(name).ok_or_else(|| DequantError::Missing { tensor: name.to_string() })?;
+        let bytes = self.tensor_bytes(file, info)?;
+        dequantize(&info.name, info.ggml_type, bytes, info.element_count().unwrap_or(0))
     }
 
     /// Tensor infos in file order.

@@ -1,0 +1,122 @@
+//! The Llama-family forward pass over a batch of segments (a prefill chunk of one sequence, or one
+//! decode token of each of many): RMSNorm, RoPE on adjacent pairs (GGUF's permuted Q/K), grouped-query
+//! attention against each segment's KV cache, SwiGLU. All activations are f32; the `Path` decides
+//! only how the weight matmuls are computed.
+
+mod fast;
+mod matmul;
+mod ops;
+
+use crate::kv::KvCache;
+use crate::model::Model;
+
+pub use matmul::matmul;
+
+/// How weight matmuls are computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Path {
+    /// f32 weights (dequantized once at load), f32 products, f32 accumulation in a fixed order.
+    /// The reference: what the empty patch set means.
+    #[default]
+    Golden,
+    /// Quantized weights kept quantized, activations quantized to 8 bits per block of 32, integer dot
+    /// products (llama.cpp's scheme), SIMD where the CPU has it.
+    Fast,
+}
+
+impl Path {
+    pub fn parse(text: &str) -> Option<Path> {
+        match text {
+            "golden" => Some(Path::Golden),
+            "fast" => Some(Path::Fast),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Path::Golden => "golden",
+            Path::Fast => "fast",
+        }
+    }
+}
+
+/// Tokens of one sequence at positions `kv.len() ..`, appended to its cache as they are computed.
+pub struct Segment<'a> {
+    pub tokens: &'a [u32],
+    pub kv: &'a mut KvCache,
+}
+
+/// Runs the segments through the model; returns the logits of each segment's last token.
+pub fn forward(model: &Model, path: Path, segments: &mut [Segment<'_>]) -> Vec<Vec<f32>> {
+    let c = &model.config;
+    let w = &model.weights;
+    let n: usize = segments.iter().map(|s| s.tokens.len()).sum();
+    if n == 0 {
+        return Vec::new();
+    }
+    let (dim, kv_dim) = (c.dim, c.kv_dim());
+    // Positions of every row, and where each segment's rows start.
+    let mut positions = Vec::with_capacity(n);
+    let mut starts = Vec::with_capacity(segments.len());
+    for seg in segments.iter() {
+        starts.push(positions.len());
+        let base = seg.kv.len();
+        positions.extend((0..seg.tokens.len()).map(|i| base + i));
+    }
+    let mut x = vec![0f32; n * dim];
+    for (row, token) in segments.iter().flat_map(|s| s.tokens.iter()).enumerate() {
+        let t = (*token as usize).min(c.vocab - 1);
+        x[row * dim..(row + 1) * dim].copy_from_slice(&w.token_embd.f32[t * dim..(t + 1) * dim]);
+    }
+    let mut xb = vec![0f32; n * dim];
+    let mut q = vec![0f32; n * dim];
+    let mut k = vec![0f32; n * kv_dim];
+    let mut v = vec![0f32; n * kv_dim];
+    let mut att = vec![0f32; n * dim];
+    let mut proj = vec![0f32; n * dim];
+    let mut gate = vec![0f32; n * c.ffn_dim];
+    let mut up = vec![0f32; n * c.ffn_dim];
+    for (l, layer) in w.layers.iter().enumerate() {
+        ops::rmsnorm_rows(&x, &layer.attn_norm, c.rms_eps, &mut xb);
+        matmul(path, &layer.wq, &xb, n, &mut q);
+        matmul(path, &layer.wk, &xb, n, &mut k);
+        matmul(path, &layer.wv, &xb, n, &mut v);
+        ops::rope_rows(&mut q, c.n_heads, c.head_dim, &positions, c.rope_base);
+        ops::rope_rows(&mut k, c.n_kv_heads, c.head_dim, &positions, c.rope_base);
+        for (s, seg) in segments.iter_mut().enumerate() {
+            let rows = starts[s]..starts[s] + seg.tokens.len();
+            seg.kv.append(l, &k[rows.start * kv_dim..rows.end * kv_dim], &v[rows.start * kv_dim..rows.end * kv_dim]);
+            ops::attention(
+                &q[rows.start * dim..rows.end * dim],
+                seg.kv,
+                l,
+                &positions[rows.clone()],
+                c,
+                &mut att[rows.start * dim..rows.end * dim],
+            );
+        }
+        matmul(path, &layer.wo, &att, n, &mut proj);
+        ops::add_assign(&mut x, &proj);
+        ops::rmsnorm_rows(&x, &layer.ffn_norm, c.rms_eps, &mut xb);
+        matmul(path, &layer.w_gate, &xb, n, &mut gate);
+        matmul(path, &layer.w_up, &xb, n, &mut up);
+        ops::swiglu(&mut gate, &up);
+        matmul(path, &layer.w_down, &gate, n, &mut proj);
+        ops::add_assign(&mut x, &proj);
+    }
+    for seg in segments.iter_mut() {
+        seg.kv.commit(seg.tokens.len());
+    }
+    // Final norm and logits for each segment's last row only.
+    let last: Vec<usize> = starts.iter().zip(segments.iter()).map(|(s, seg)| s + seg.tokens.len() - 1).collect();
+    let mut rows = vec![0f32; last.len() * dim];
+    for (i, row) in last.iter().enumerate() {
+        rows[i * dim..(i + 1) * dim].copy_from_slice(&x[row * dim..(row + 1) * dim]);
+    }
+    let mut normed = vec![0f32; rows.len()];
+    ops::rmsnorm_rows(&rows, &w.output_norm, c.rms_eps, &mut normed);
+    let mut logits = vec![0f32; last.len() * c.vocab];
+    matmul(path, w.output(), &normed, last.len(), &mut logits);
+    logits.chunks(c.vocab).map(<[f32]>::to_vec).collect()
+}

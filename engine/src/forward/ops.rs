@@ -1,0 +1,141 @@
+//! The element-wise and attention operations of the forward pass, in f32 with f32 accumulation.
+
+use crate::kv::KvCache;
+use crate::model::ModelConfig;
+
+/// Fixed-order dot product with 8 partial sums (vectorizable, and the same result every run).
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let chunks = a.len() / 8;
+    for i in 0..chunks {
+        let (x, y) = (&a[i * 8..i * 8 + 8], &b[i * 8..i * 8 + 8]);
+        for j in 0..8 {
+            acc[j] += x[j] * y[j];
+        }
+    }
+    let mut tail = 0f32;
+    for i in chunks * 8..a.len() {
+        tail += a[i] * b[i];
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+/// y = x / sqrt(mean(x^2) + eps) * weight, row by row.
+pub fn rmsnorm_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let dim = weight.len();
+    for (row, o) in x.chunks(dim).zip(out.chunks_mut(dim)) {
+        let mean = dot(row, row) / dim as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        for ((o, x), w) in o.iter_mut().zip(row).zip(weight) {
+            *o = x * scale * w;
+        }
+    }
+}
+
+/// Rotates adjacent pairs (x[2i], x[2i+1]) of every head by pos * base^(-2i/head_dim), the rotation
+/// llama.cpp applies to GGUF llama models (whose Q/K rows the converter permuted for it).
+pub fn rope_rows(x: &mut [f32], heads: usize, head_dim: usize, positions: &[usize], base: f32) {
+    let width = heads * head_dim;
+    let half = head_dim / 2;
+    let inv: Vec<f64> = (0..half).map(|i| (base as f64).powf(-2.0 * i as f64 / head_dim as f64)).collect();
+    for (row, pos) in x.chunks_mut(width).zip(positions) {
+        let trig: Vec<(f32, f32)> = inv.iter().map(|f| {
+            let theta = *pos as f64 * f;
+            (theta.cos() as f32, theta.sin() as f32)
+        }).collect();
+        for head in row.chunks_mut(head_dim) {
+            for (i, (cos, sin)) in trig.iter().enumerate() {
+                let (a, b) = (head[2 * i], head[2 * i + 1]);
+                head[2 * i] = a * cos - b * sin;
+                head[2 * i + 1] = a * sin + b * cos;
+            }
+        }
+    }
+}
+
+/// Causal grouped-query attention of `q` rows (at `positions`) against layer `layer` of `kv`.
+pub fn attention(q: &[f32], kv: &KvCache, layer: usize, positions: &[usize], c: &ModelConfig, out: &mut [f32]) {
+    let (hd, dim) = (c.head_dim, c.dim);
+    let group = c.n_heads / c.n_kv_heads;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let keys = kv.keys(layer);
+    let values = kv.values(layer);
+    let kv_dim = c.kv_dim();
+    let mut scores = Vec::new();
+    for (t, pos) in positions.iter().enumerate() {
+        let visible = pos + 1;
+        for h in 0..c.n_heads {
+            let kvh = h / group;
+            let qh = &q[t * dim + h * hd..t * dim + (h + 1) * hd];
+            scores.clear();
+            scores.extend((0..visible).map(|j| dot(qh, &keys[j * kv_dim + kvh * hd..j * kv_dim + (kvh + 1) * hd]) * scale));
+            softmax(&mut scores);
+            let o = &mut out[t * dim + h * hd..t * dim + (h + 1) * hd];
+            o.fill(0.0);
+            for (j, p) in scores.iter().enumerate() {
+                let vj = &values[j * kv_dim + kvh * hd..j * kv_dim + (kvh + 1) * hd];
+                for (o, v) in o.iter_mut().zip(vj) {
+                    *o += p * v;
+                }
+            }
+        }
+    }
+}
+
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    for v in x.iter_mut() {
+        *v /= sum;
+    }
+}
+
+pub fn add_assign(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// gate = silu(gate) * up.
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dot_matches_a_plain_sum() {
+        let a: Vec<f32> = (0..37).map(|i| i as f32 * 0.5).collect();
+        let b: Vec<f32> = (0..37).map(|i| 1.0 - i as f32 * 0.01).collect();
+        let plain: f64 = a.iter().zip(&b).map(|(x, y)| (*x as f64) * (*y as f64)).sum();
+        assert!((dot(&a, &b) as f64 - plain).abs() < 1e-3);
+    }
+
+    #[test]
+    fn rope_at_position_zero_is_identity_and_preserves_norm() {
+        let mut x: Vec<f32> = (0..8).map(|i| i as f32).collect();
+        let orig = x.clone();
+        rope_rows(&mut x, 1, 8, &[0], 10000.0);
+        assert_eq!(x, orig);
+        rope_rows(&mut x, 1, 8, &[5], 10000.0);
+        let n0: f32 = orig.iter().map(|v| v * v).sum();
+        let n1: f32 = x.iter().map(|v| v * v).sum();
+        assert!((n0 - n1).abs() < 1e-3);
+    }
+
+    #[test]
+    fn softmax_sums_to_one() {
+        let mut x = vec![1.0, 2.0, 3.0];
+        softmax(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!(x[2] > x[1]);
+    }
+}

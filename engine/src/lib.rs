@@ -1,0 +1,13 @@
+//! ctxscope's self-hosted engine. It loads Llama-family GGUF models, runs them on CPU through two
+//! matmul paths (golden: f32 weights, f32 accumulation, the reference replay trusts; fast: quantized
+//! weights kept quantized), keeps per-sequence KV caches with prefix reuse across requests, and
+//! batches concurrent requests in one scheduler loop.
+
+pub mod forward;
+pub mod kv;
+pub mod model;
+pub mod sample;
+pub mod scheduler;
+
+pub use forward::Path;
+pub use model::{Model, ModelConfig, ModelError};

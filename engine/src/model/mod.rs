@@ -1,0 +1,77 @@
+//! A loaded model: hyperparameters, weights (f32 for the golden path, and the file's quantized blocks
+//! for the fast path), tokenizer and chat template, all from one GGUF file.
+
+mod config;
+mod weights;
+
+use std::path::Path;
+
+use ctxscope_formats::{ChatTemplate, Gguf, Tokenizer};
+
+pub use config::ModelConfig;
+pub use weights::{Layer, Matrix, QuantMatrix, Weights};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("cannot read model {path}: {source}")]
+    Io { path: std::path::PathBuf, source: std::io::Error },
+    #[error("model file: {0}")]
+    Gguf(ctxscope_formats::GgufError),
+    #[error("unsupported architecture {0:?} (supported: llama, mistral, granite, qwen2)")]
+    Architecture(String),
+    #[error("model file has no tensor {0}")]
+    MissingTensor(String),
+    #[error("tensor {tensor} has shape {found:?}, expected {expected:?}")]
+    TensorShape { tensor: String, found: Vec<u64>, expected: Vec<u64> },
+    #[error("model shape: {0}")]
+    Shape(String),
+    #[error(transparent)]
+    Dequant(#[from] ctxscope_formats::gguf::DequantError),
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] ctxscope_formats::TokenizerError),
+    #[error("chat template: {0}")]
+    Template(#[from] ctxscope_formats::TemplateError),
+}
+
+/// Everything needed to run and to talk to one model.
+pub struct Model {
+    /// Name served as the OpenAI `model` (the file stem).
+    pub id: String,
+    pub config: ModelConfig,
+    pub weights: Weights,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+    /// Tokens that end generation (EOS, EOT, and control tokens such as `<|im_end|>`).
+    pub stop_tokens: Vec<u32>,
+    /// SHA-free identity for cache keys: id plus file size.
+    pub fingerprint: String,
+}
+
+impl Model {
+    /// Loads a GGUF model.
+    pub fn load(path: &Path) -> Result<Model, ModelError> {
+        let io = |source| ModelError::Io { path: path.to_path_buf(), source };
+        let bytes = std::fs::read(path).map_err(io)?;
+        let gguf = Gguf::read_from(bytes.as_slice(), bytes.len() as u64).map_err(ModelError::Gguf)?;
+        let config = ModelConfig::from_gguf(&gguf)?;
+        let weights = Weights::load(&gguf, &bytes, &config)?;
+        let tokenizer = Tokenizer::from_gguf(&gguf)?;
+        let template = ChatTemplate::from_gguf(&gguf)?.unwrap_or_else(ChatTemplate::chatml_fallback);
+        let mut stop_tokens: Vec<u32> = Vec::new();
+        for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+            if let Ok(Some(id)) = gguf.get_u32_opt(key) {
+                stop_tokens.push(id);
+            }
+        }
+        for text in ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "</s>"] {
+            if let Some(id) = tokenizer.token_id(text) {
+                stop_tokens.push(id);
+            }
+        }
+        stop_tokens.sort_unstable();
+        stop_tokens.dedup();
+        let id = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
+        let fingerprint = format!("{id}:{}", bytes.len());
+        Ok(Model { id, config, weights, tokenizer, template, stop_tokens, fingerprint })
+    }
+}

@@ -2,10 +2,9 @@
 //! sled store: extend, regenerate, branch, dropped turns, tool calls, content-addressed messages.
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use bytes::Bytes;
-use ctxscope_proxy::capture::exchange::{Captured, Exchange, Outcome};
+use ctxscope_proxy::capture::exchange::{Captured, Exchange};
 use ctxscope_proxy::capture::pipeline::Pipeline;
 use ctxscope_store::{Endpoint, Relation, RetentionPolicy, Store, StoreOptions, TurnRecord};
 use serde_json::{json, Value};
@@ -44,23 +43,18 @@ fn captured(bytes: Vec<u8>) -> Captured {
 }
 
 fn exchange(request: Value, response: Value, name: Option<&str>) -> Exchange {
-    Exchange {
-        started: Instant::now(),
-        time_unix_ms: 1,
-        method: "POST".into(),
-        path: "/v1/chat/completions".into(),
-        endpoint: Endpoint::ChatCompletions,
-        conversation_name: name.map(str::to_string),
-        request: Arc::new(Mutex::new(captured(serde_json::to_vec(&request).unwrap()))),
-        status: Some(200),
-        response_content_type: Some("application/json".into()),
-        response: captured(serde_json::to_vec(&response).unwrap()),
-        headers_us: Some(10),
-        ttfb_us: Some(20),
-        total_us: 30,
-        frames: 1,
-        outcome: Outcome::Complete,
-    }
+    let body = Arc::new(Mutex::new(captured(serde_json::to_vec(&request).unwrap())));
+    let mut ex = Exchange::new(Endpoint::ChatCompletions, "POST", "/v1/chat/completions", body);
+    ex.time_unix_ms = 1;
+    ex.conversation_name = name.map(str::to_string);
+    ex.status = Some(200);
+    ex.response_content_type = Some("application/json".into());
+    ex.response = captured(serde_json::to_vec(&response).unwrap());
+    ex.headers_us = Some(10);
+    ex.ttfb_us = Some(20);
+    ex.total_us = 30;
+    ex.frames = 1;
+    ex
 }
 
 fn user(text: &str) -> Value {

@@ -81,6 +81,29 @@ pub struct Exchange {
     pub outcome: Outcome,
 }
 
+impl Exchange {
+    /// An exchange that has just arrived: nothing heard from the upstream yet.
+    pub fn new(endpoint: Endpoint, method: &str, path: &str, request: Arc<Mutex<Captured>>) -> Exchange {
+        Exchange {
+            started: Instant::now(),
+            time_unix_ms: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+            method: method.to_string(),
+            path: path.to_string(),
+            endpoint,
+            conversation_name: None,
+            request,
+            status: None,
+            response_content_type: None,
+            response: Captured::default(),
+            headers_us: None,
+            ttfb_us: None,
+            total_us: 0,
+            frames: 0,
+            outcome: Outcome::Complete,
+        }
+    }
+}
+
 /// Owns an exchange in flight; sends it to the capture queue once, on [`finish`] or on drop.
 pub struct ExchangeGuard {
     exchange: Option<Exchange>,

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use ctxscope_store::Endpoint;
 use http::{header, Method, Request, Response, StatusCode};
@@ -114,23 +114,9 @@ where
             let (parts, body) = request.into_parts();
             let copy = Arc::new(Mutex::new(Captured::default()));
             let body = RequestTee::new(body, copy.clone(), settings.max_capture_bytes).boxed_unsync();
-            let exchange = Exchange {
-                started,
-                time_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
-                method: parts.method.to_string(),
-                path: parts.uri.path().to_string(),
-                endpoint,
-                conversation_name: conversation_name(&parts.headers, settings.session_header.as_ref()),
-                request: copy,
-                status: None,
-                response_content_type: None,
-                response: Captured::default(),
-                headers_us: None,
-                ttfb_us: None,
-                total_us: 0,
-                frames: 0,
-                outcome: Outcome::Complete,
-            };
+            let mut exchange = Exchange::new(endpoint, parts.method.as_str(), parts.uri.path(), copy);
+            exchange.started = started;
+            exchange.conversation_name = conversation_name(&parts.headers, settings.session_header.as_ref());
             // Dropped with this future if the client goes away before the upstream answers.
             let mut guard = ExchangeGuard::new(exchange, sender, settings.max_capture_bytes);
             let before_upstream = started.elapsed();

@@ -113,7 +113,7 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capture::exchange::{Captured, Outcome};
+    use crate::capture::exchange::Captured;
     use std::sync::mpsc as std_mpsc;
     use std::sync::Mutex;
 
@@ -131,23 +131,7 @@ mod tests {
     }
 
     fn exchange(path: &str) -> Exchange {
-        Exchange {
-            started: Instant::now(),
-            time_unix_ms: 0,
-            method: "POST".into(),
-            path: path.into(),
-            endpoint: ctxscope_store::Endpoint::ChatCompletions,
-            conversation_name: None,
-            request: Arc::new(Mutex::new(Captured::default())),
-            status: Some(200),
-            response_content_type: None,
-            response: Captured::default(),
-            headers_us: None,
-            ttfb_us: None,
-            total_us: 0,
-            frames: 0,
-            outcome: Outcome::Complete,
-        }
+        Exchange::new(ctxscope_store::Endpoint::ChatCompletions, "POST", path, Arc::new(Mutex::new(Captured::default())))
     }
 
     #[test]

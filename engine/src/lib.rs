@@ -8,6 +8,9 @@ pub mod kv;
 pub mod model;
 pub mod sample;
 pub mod scheduler;
+pub mod server;
 
 pub use forward::Path;
 pub use model::{Model, ModelConfig, ModelError};
+pub use scheduler::{EngineHandle, EngineOptions};
+pub use server::ServerConfig;

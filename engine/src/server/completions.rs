@@ -1,0 +1,80 @@
+//! `POST /v1/chat/completions` and `POST /v1/completions`: validate, submit to the scheduler, wait
+//! until the sequence is admitted, then either collect the whole reply or hand the event stream to an
+//! SSE body. Dropping the event receiver (a stop string matched, the client went away) cancels the
+//! sequence in the scheduler.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use super::body::{self, Body};
+use super::error::ApiError;
+use super::generation::{FinishReason, Generation, Output};
+use super::request::{self, Endpoint};
+use super::response::Meta;
+use super::state::State;
+use super::stream::SseBody;
+use crate::forward::Path;
+use crate::scheduler::GenerateRequest;
+
+/// Handles one generation request.
+pub async fn generate(state: Arc<State>, endpoint: Endpoint, body: &[u8], path: Path) -> Result<http::Response<Body>, ApiError> {
+    let object = request::json_object(body)?;
+    let model = state.engine.model.clone();
+    let ctx = state.engine.options.ctx;
+    let job = match endpoint {
+        Endpoint::Chat => request::chat(&object, &model, ctx)?,
+        Endpoint::Completion => request::completion(&object, &model, ctx)?,
+    };
+    let in_flight = state.admit().map_err(|(in_flight, limit)| ApiError::Busy { in_flight, limit })?;
+    let (tx, mut events) = mpsc::unbounded_channel();
+    let logprobs = job.sampling.logprobs;
+    let submitted = GenerateRequest { prompt: job.prompt, max_tokens: job.max_tokens, sampling: job.sampling, path, events: tx };
+    state.engine.submit(submitted).map_err(|e| ApiError::Engine(e.to_string()))?;
+    let meta = Meta::new(endpoint, &model.id, logprobs);
+    let mut generation = Generation::new(job.stops, logprobs);
+
+    // Answer only once the scheduler has admitted (or refused) the sequence, so a refusal is an HTTP error.
+    let first = match events.recv().await {
+        Some(event) => generation.on_event(&model, event),
+        None => generation.on_closed(),
+    };
+    if let Some(Output::Failed(message)) = first.iter().find(|o| matches!(o, Output::Failed(_))) {
+        return Err(ApiError::Engine(message.clone()));
+    }
+
+    if job.stream {
+        let sse = SseBody::new(events, model, generation, meta, job.include_usage, in_flight, first);
+        let mut response = http::Response::new(Body::new(sse));
+        let headers = response.headers_mut();
+        headers.insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("text/event-stream"));
+        headers.insert(http::header::CACHE_CONTROL, http::HeaderValue::from_static("no-cache"));
+        return Ok(response);
+    }
+
+    let (mut text, mut tokens, mut finish) = (String::new(), Vec::new(), FinishReason::Stop);
+    let mut outputs = first;
+    loop {
+        for output in outputs {
+            match output {
+                Output::Started => {}
+                Output::Delta { text: delta, logprobs } => {
+                    text.push_str(&delta);
+                    tokens.extend(logprobs);
+                }
+                Output::Finished(reason) => finish = reason,
+                Output::Failed(message) => return Err(ApiError::Engine(message)),
+            }
+        }
+        if generation.is_finished() {
+            break;
+        }
+        outputs = match events.recv().await {
+            Some(event) => generation.on_event(&model, event),
+            None => generation.on_closed(),
+        };
+    }
+    drop(events);
+    drop(in_flight);
+    Ok(body::json(http::StatusCode::OK, &meta.full(&text, &tokens, finish, &generation.usage)))
+}

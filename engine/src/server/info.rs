@@ -1,0 +1,61 @@
+//! The small routes: `GET /health`, `GET /v1/models`, and llama.cpp-compatible `POST /tokenize`
+//! (`{"content", "add_special", "parse_special"}` -> `{"tokens"}`) and `POST /detokenize`
+//! (`{"tokens"}` -> `{"content"}`).
+
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::request::json_object;
+use super::state::State;
+
+pub fn health() -> Value {
+    json!({"status": "ok"})
+}
+
+pub fn models(state: &State) -> Value {
+    let model = &state.engine.model;
+    json!({
+        "object": "list",
+        "data": [{
+            "id": model.id,
+            "object": "model",
+            "created": 0,
+            "owned_by": "ctxscope",
+            "max_model_len": state.engine.options.ctx,
+        }],
+    })
+}
+
+pub fn tokenize(state: &State, body: &[u8]) -> Result<Value, ApiError> {
+    let body = json_object(body)?;
+    let content = match body.get("content") {
+        Some(Value::String(s)) => s.as_str(),
+        None | Some(Value::Null) => return Err(ApiError::param("content", "`content` is required")),
+        Some(_) => return Err(ApiError::param("content", "`content` must be a string")),
+    };
+    let flag = |key: &'static str, default: bool| match body.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(v) => Err(ApiError::param(key, format!("`{key}` must be true or false, got {v}"))),
+    };
+    let add_special = flag("add_special", false)?;
+    let parse_special = flag("parse_special", true)?;
+    let tok = &state.engine.model.tokenizer;
+    let mut tokens = tok.encode(content, parse_special);
+    if add_special {
+        if let Some(bos) = tok.bos().filter(|_| tok.add_bos()) {
+            tokens.insert(0, bos);
+        }
+    }
+    Ok(json!({"tokens": tokens}))
+}
+
+pub fn detokenize(state: &State, body: &[u8]) -> Result<Value, ApiError> {
+    let body = json_object(body)?;
+    let ids = body
+        .get("tokens")
+        .and_then(Value::as_array)
+        .and_then(|ids| ids.iter().map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok())).collect::<Option<Vec<u32>>>())
+        .ok_or_else(|| ApiError::param("tokens", "`tokens` must be a list of token ids"))?;
+    Ok(json!({"content": state.engine.model.tokenizer.decode(&ids)}))
+}

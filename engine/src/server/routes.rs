@@ -1,0 +1,81 @@
+//! Request routing: picks the handler by method and path, reads the body (bounded), resolves the
+//! computation path from `x-ctxscope-path` (echoed on the response), and turns every [`ApiError`]
+//! into its OpenAI-shaped response.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+
+use super::body::{self, Body};
+use super::completions;
+use super::error::ApiError;
+use super::info;
+use super::request::Endpoint;
+use super::state::State;
+use crate::forward::Path;
+
+/// The header that picks the computation path of one request (`golden` or `fast`).
+pub const PATH_HEADER: &str = "x-ctxscope-path";
+
+const ROUTES: [&str; 6] = ["/health", "/v1/models", "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"];
+
+/// The service function of every connection.
+pub async fn handle(state: Arc<State>, request: http::Request<Incoming>) -> Result<http::Response<Body>, Infallible> {
+    let path = match request.headers().get(PATH_HEADER) {
+        None => Ok(state.config.default_path),
+        Some(value) => value.to_str().ok().and_then(Path::parse).ok_or_else(|| {
+            ApiError::param("x-ctxscope-path", format!("header {PATH_HEADER} must be `golden` or `fast`, got {value:?}"))
+        }),
+    };
+    let mut response = match path {
+        Ok(path) => {
+            let mut response = route(state, request, path).await.unwrap_or_else(|e| body::error(&e));
+            response.headers_mut().insert(PATH_HEADER, HeaderValue::from_static(path.as_str()));
+            response
+        }
+        Err(e) => body::error(&e),
+    };
+    response.headers_mut().insert(http::header::SERVER, HeaderValue::from_static("ctxscope-engine"));
+    Ok(response)
+}
+
+async fn route(state: Arc<State>, request: http::Request<Incoming>, path: Path) -> Result<http::Response<Body>, ApiError> {
+    let method = request.method().clone();
+    let uri_path = request.uri().path().to_string();
+    let ok = |value: serde_json::Value| body::json(StatusCode::OK, &value);
+    match (&method, uri_path.as_str()) {
+        (&Method::GET, "/health") => Ok(ok(info::health())),
+        (&Method::GET, "/v1/models") => Ok(ok(info::models(&state))),
+        (&Method::POST, "/v1/chat/completions") => {
+            let body = read_body(&state, request).await?;
+            completions::generate(state, Endpoint::Chat, &body, path).await
+        }
+        (&Method::POST, "/v1/completions") => {
+            let body = read_body(&state, request).await?;
+            completions::generate(state, Endpoint::Completion, &body, path).await
+        }
+        (&Method::POST, "/tokenize") => {
+            let body = read_body(&state, request).await?;
+            info::tokenize(&state, &body).map(ok)
+        }
+        (&Method::POST, "/detokenize") => {
+            let body = read_body(&state, request).await?;
+            info::detokenize(&state, &body).map(ok)
+        }
+        (_, p) if ROUTES.contains(&p) => Err(ApiError::MethodNotAllowed { method: method.to_string(), path: uri_path }),
+        _ => Err(ApiError::NotFound { method: method.to_string(), path: uri_path }),
+    }
+}
+
+async fn read_body(state: &State, request: http::Request<Incoming>) -> Result<Bytes, ApiError> {
+    let limit = state.config.max_body_bytes;
+    match Limited::new(request.into_body(), limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::TooLarge { limit }),
+        Err(e) => Err(ApiError::Body(e.to_string())),
+    }
+}

@@ -1,0 +1,127 @@
+//! `ctxscope engine` and `ctxscope serve`: load the model (fetching the default one on first use),
+//! start the scheduler and the OpenAI-compatible server, and for `serve` put the capture proxy in
+//! front of it in the same process. Shutdown stops the proxy first (it drains capture), then the engine.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ctxscope_engine::scheduler::{self, EngineHandle, EngineOptions};
+use ctxscope_engine::{Model, Path, ServerConfig};
+use ctxscope_proxy::{ProxyConfig, Upstream};
+use tokio::net::TcpListener;
+
+use crate::models;
+
+/// Validated engine flags.
+pub struct EngineSettings {
+    pub model: String,
+    pub listen: SocketAddr,
+    pub ctx: Option<usize>,
+    pub path: Path,
+    pub max_batch: usize,
+}
+
+/// Validated proxy flags of `serve`.
+pub struct FrontSettings {
+    pub proxy: SocketAddr,
+    pub admin: SocketAddr,
+    pub data: Option<PathBuf>,
+    pub session_header: Option<String>,
+    pub flush_ms: u64,
+}
+
+/// `ctxscope engine`.
+pub async fn run_engine(settings: EngineSettings, shutdown: impl Future<Output = ()>) -> Result<(), String> {
+    tokio::pin!(shutdown);
+    let listener = bind(settings.listen).await?;
+    let started = tokio::select! {
+        started = start_engine(&settings) => started?,
+        _ = &mut shutdown => return Ok(()),
+    };
+    let config = server_config(&settings);
+    ctxscope_engine::server::run(started.handle, config, listener, shutdown).await;
+    join_scheduler(started.thread).await;
+    Ok(())
+}
+
+/// `ctxscope serve`: the engine plus the capture proxy in front of it.
+pub async fn run_serve(settings: EngineSettings, front: FrontSettings, shutdown: impl Future<Output = ()>) -> Result<(), String> {
+    tokio::pin!(shutdown);
+    let engine_listener = bind(settings.listen).await?;
+    let proxy_listener = bind(front.proxy).await?;
+    let admin_listener = bind(front.admin).await?;
+    let engine_addr = engine_listener.local_addr().map_err(|e| format!("engine listener: {e}"))?;
+    let started = tokio::select! {
+        started = start_engine(&settings) => started?,
+        _ = &mut shutdown => return Ok(()),
+    };
+
+    let upstream = Upstream::parse(&format!("http://{engine_addr}")).map_err(|e| e.to_string())?;
+    let mut config = ProxyConfig::new(upstream);
+    config.data_dir = front.data;
+    config.tokenizer = Some(started.model_path.clone());
+    config.session_header = front.session_header;
+    config.flush_every_ms = front.flush_ms;
+
+    let (stop_engine, engine_stopped) = tokio::sync::oneshot::channel::<()>();
+    let engine = tokio::spawn(ctxscope_engine::server::run(started.handle, server_config(&settings), engine_listener, async move {
+        let _ = engine_stopped.await;
+    }));
+    let proxied = ctxscope_proxy::run(config, proxy_listener, admin_listener, shutdown).await.map_err(|e| e.to_string());
+    let _ = stop_engine.send(());
+    let _ = engine.await;
+    join_scheduler(started.thread).await;
+    proxied
+}
+
+struct Started {
+    handle: EngineHandle,
+    thread: std::thread::JoinHandle<()>,
+    model_path: PathBuf,
+}
+
+async fn start_engine(settings: &EngineSettings) -> Result<Started, String> {
+    let name = settings.model.clone();
+    let model_path = tokio::task::spawn_blocking(move || models::ensure(&name))
+        .await
+        .map_err(|e| format!("fetching the model: {e}"))?
+        .map_err(|e| e.to_string())?;
+    tracing::info!(model = %model_path.display(), "loading model");
+    let load_path = model_path.clone();
+    let model = tokio::task::spawn_blocking(move || Model::load(&load_path))
+        .await
+        .map_err(|e| format!("loading the model: {e}"))?
+        .map_err(|e| e.to_string())?;
+    let mut options = EngineOptions::for_model(&model);
+    if let Some(ctx) = settings.ctx {
+        if ctx < 2 || ctx > model.config.ctx_len {
+            return Err(format!("--ctx {ctx} is out of range: this model's context is {} tokens (use 2..={0})", model.config.ctx_len));
+        }
+        options.ctx = ctx;
+    }
+    if settings.max_batch == 0 {
+        return Err("--max-batch must be at least 1".into());
+    }
+    options.max_batch = settings.max_batch;
+    let (handle, thread) = scheduler::start(Arc::new(model), options);
+    Ok(Started { handle, thread, model_path })
+}
+
+fn server_config(settings: &EngineSettings) -> ServerConfig {
+    ServerConfig { default_path: settings.path, ..ServerConfig::default() }
+}
+
+/// Waits (bounded) for the scheduler thread, which ends once every handle is gone.
+async fn join_scheduler(thread: std::thread::JoinHandle<()>) {
+    let joined = tokio::task::spawn_blocking(move || thread.join());
+    if tokio::time::timeout(Duration::from_secs(10), joined).await.is_err() {
+        tracing::warn!("the engine thread did not stop within 10 s");
+    }
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
+    TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))
+}

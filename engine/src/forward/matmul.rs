@@ -30,9 +30,14 @@ pub fn matmul(path: Path, w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) {
         out.copy_from_slice(&by_row);
         return;
     }
-    for r in 0..w.rows {
-        for t in 0..n {
-            out[t * w.rows + r] = by_row[r * n + t];
+    // Transpose in parallel, 16 output rows at a time so both sides stay in cache (a pure copy).
+    out.par_chunks_mut(w.rows * 16).enumerate().for_each(|(chunk, block)| {
+        let t0 = chunk * 16;
+        let ts = block.len() / w.rows;
+        for r in 0..w.rows {
+            for (i, src) in by_row[r * n + t0..r * n + t0 + ts].iter().enumerate() {
+                block[i * w.rows + r] = *src;
+            }
         }
-    }
+    });
 }

@@ -1,5 +1,7 @@
 //! The element-wise and attention operations of the forward pass, in f32 with f32 accumulation.
 
+use rayon::prelude::*;
+
 use crate::kv::KvCache;
 use crate::model::ModelConfig;
 
@@ -54,31 +56,38 @@ pub fn rope_rows(x: &mut [f32], heads: usize, head_dim: usize, positions: &[usiz
 }
 
 /// Causal grouped-query attention of `q` rows (at `positions`) against layer `layer` of `kv`.
+/// Every (token, head) pair is independent and computed the same way on any thread, so spreading
+/// them over the cores does not change a bit of the result.
 pub fn attention(q: &[f32], kv: &KvCache, layer: usize, positions: &[usize], c: &ModelConfig, out: &mut [f32]) {
-    let (hd, dim) = (c.head_dim, c.dim);
+    let hd = c.head_dim;
     let group = c.n_heads / c.n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
     let keys = kv.keys(layer);
     let values = kv.values(layer);
     let kv_dim = c.kv_dim();
-    let mut scores = Vec::new();
-    for (t, pos) in positions.iter().enumerate() {
-        let visible = pos + 1;
-        for h in 0..c.n_heads {
-            let kvh = h / group;
-            let qh = &q[t * dim + h * hd..t * dim + (h + 1) * hd];
-            scores.clear();
-            scores.extend((0..visible).map(|j| dot(qh, &keys[j * kv_dim + kvh * hd..j * kv_dim + (kvh + 1) * hd]) * scale));
-            softmax(&mut scores);
-            let o = &mut out[t * dim + h * hd..t * dim + (h + 1) * hd];
-            o.fill(0.0);
-            for (j, p) in scores.iter().enumerate() {
-                let vj = &values[j * kv_dim + kvh * hd..j * kv_dim + (kvh + 1) * hd];
-                for (o, v) in o.iter_mut().zip(vj) {
-                    *o += p * v;
-                }
+    let work = |(i, o): (usize, &mut [f32]), scores: &mut Vec<f32>| {
+        let (t, h) = (i / c.n_heads, i % c.n_heads);
+        let visible = positions[t] + 1;
+        let kvh = h / group;
+        let qh = &q[i * hd..(i + 1) * hd];
+        scores.clear();
+        scores.extend((0..visible).map(|j| dot(qh, &keys[j * kv_dim + kvh * hd..j * kv_dim + (kvh + 1) * hd]) * scale));
+        softmax(scores);
+        o.fill(0.0);
+        for (j, p) in scores.iter().enumerate() {
+            let vj = &values[j * kv_dim + kvh * hd..j * kv_dim + (kvh + 1) * hd];
+            for (o, v) in o.iter_mut().zip(vj) {
+                *o += p * v;
             }
         }
+    };
+    // Small jobs (a few short decode rows) are cheaper on this thread than through the pool.
+    let cost: usize = positions.iter().map(|p| p + 1).sum::<usize>() * c.n_heads;
+    if cost < 4096 {
+        let mut scores = Vec::new();
+        out.chunks_mut(hd).enumerate().for_each(|pair| work(pair, &mut scores));
+    } else {
+        out.par_chunks_mut(hd).enumerate().for_each_init(Vec::new, |scores, pair| work(pair, scores));
     }
 }
 

@@ -12,6 +12,8 @@ mod conversation;
 mod error;
 #[path = "latency/load.rs"]
 mod load;
+#[path = "latency/machine.rs"]
+mod machine;
 #[path = "latency/proxy_proc.rs"]
 mod proxy_proc;
 #[path = "latency/stats.rs"]
@@ -78,7 +80,9 @@ fn main() -> ExitCode {
 }
 
 async fn bench(plan: Plan) -> Result<(), BenchError> {
-    let load_before = loadavg();
+    let load_before = machine::loadavg();
+    let usage = machine::Usage::start();
+    let mut children_ticks = 0;
     let upstream = Upstream::start().await?;
     let bin = proxy_proc::binary();
     let proxy = ProxyProcess::start(&bin, upstream.addr, true).await?;
@@ -96,15 +100,17 @@ async fn bench(plan: Plan) -> Result<(), BenchError> {
     let mut admin = Admin::new(proxy.admin);
     let captured = admin.metric("ctxscope_turns_captured_total").await?;
     let dropped = admin.metric("ctxscope_capture_dropped_total").await? + 0.0;
+    children_ticks += proxy.cpu_ticks();
     proxy.stop();
 
     eprintln!("latency bench: {} conversations of {} turns (fresh proxy and store)", plan.conversations, plan.turns);
     let proxy = ProxyProcess::start(&bin, upstream.addr, true).await?;
     let report = conversation::run(&proxy, bare.listen, upstream.addr, plan.conversations, plan.turns).await?;
+    children_ticks += proxy.cpu_ticks() + bare.cpu_ticks();
     proxy.stop();
     bare.stop();
 
-    print_header(&plan, &load_before);
+    print_header(&plan, &load_before, usage.others_share(children_ticks));
     print_small(&small);
     print_streams(&streams);
     println!("Capture during the load phases above: {captured:.0} turns captured, {dropped:.0} dropped.\n");
@@ -141,13 +147,14 @@ async fn compare(
     Ok(pools.iter().zip(&runs).map(|((name, _), runs)| (*name, Summary::of(runs))).collect())
 }
 
-fn print_header(plan: &Plan, load_before: &str) {
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| t.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string()))
-        .unwrap_or_else(|| "unknown".into());
-    println!("Machine: {cores} cores, {cpu}; load average before {load_before}, after {}.", loadavg());
+fn print_header(plan: &Plan, load_before: &str, others: f64) {
+    println!(
+        "Machine: {} cores, {}; load average before {load_before}, after {}; other processes used {:.0}% of the machine's CPU during the run.",
+        machine::cores(),
+        machine::cpu_model(),
+        machine::loadavg(),
+        others * 100.0
+    );
     println!(
         "Load generator, upstream and proxy share these cores. Rates {:?} req/s for {} s per path (+{} s warm-up); \
          streams of {STREAM_EVENTS} events {} µs apart at {}/s for {} s per path.\n",
@@ -288,8 +295,4 @@ fn print_conversation(plan: &Plan, report: &conversation::Report) {
         report.captured_turns,
         report.dropped + 0.0
     );
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg").map(|t| t.split_whitespace().take(3).collect::<Vec<_>>().join(" ")).unwrap_or_default()
 }

@@ -162,7 +162,8 @@ async fn one(addr: SocketAddr, kind: Kind, sender: &mut Option<Sender>, job: &Jo
         last_chunk: None,
         chunk_delays_ns: Vec::new(),
     };
-    if sender.as_ref().map_or(true, |s| s.is_closed()) {
+    let usable = matches!(sender, Some(s) if !s.is_closed());
+    if !usable {
         *sender = client::connect(addr).await.ok();
     }
     let Some(conn) = sender.as_mut() else {

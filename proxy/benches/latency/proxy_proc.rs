@@ -100,6 +100,11 @@ impl ProxyProcess {
         dir_size(&self.data)
     }
 
+    /// CPU ticks (user + system) the proxy process has used so far.
+    pub fn cpu_ticks(&self) -> u64 {
+        crate::machine::process_ticks(&self.child.id().to_string())
+    }
+
     /// SIGTERM, then SIGKILL if it has not exited within five seconds.
     pub fn stop(mut self) {
         let pid = self.child.id().to_string();

@@ -29,6 +29,8 @@ enum Command {
     Serve(ServeArgs),
     /// Run the self-hosted engine alone (an OpenAI-compatible server).
     Engine(EngineArgs),
+    /// List the engine's patches: name, parameter, what each reproduces and where it acts.
+    Patches,
     /// Fetch and list models.
     Models {
         #[command(subcommand)]
@@ -87,6 +89,10 @@ struct EngineArgs {
     /// Computation path for requests without an x-ctxscope-path header.
     #[arg(long, default_value = "golden", value_parser = parse_path)]
     path: ctxscope_engine::Path,
+    /// Patch set for requests without an x-ctxscope-patches header or body field (e.g. kv_fp8,rope_bf16;
+    /// `ctxscope patches` lists them).
+    #[arg(long, default_value = "", value_parser = parse_patches)]
+    patches: ctxscope_engine::PatchSet,
     /// Sequences computed together; more wait in line.
     #[arg(long, default_value_t = 16)]
     max_batch: usize,
@@ -118,8 +124,12 @@ struct ServeArgs {
 
 impl From<EngineArgs> for serve::EngineSettings {
     fn from(a: EngineArgs) -> serve::EngineSettings {
-        serve::EngineSettings { model: a.model, listen: a.listen, ctx: a.ctx, path: a.path, max_batch: a.max_batch }
+        serve::EngineSettings { model: a.model, listen: a.listen, ctx: a.ctx, path: a.path, patches: a.patches, max_batch: a.max_batch }
     }
+}
+
+fn parse_patches(text: &str) -> Result<ctxscope_engine::PatchSet, String> {
+    ctxscope_engine::PatchSet::parse(text).map_err(|e| e.to_string())
 }
 
 fn parse_path(text: &str) -> Result<ctxscope_engine::Path, String> {
@@ -208,6 +218,10 @@ fn main() -> ExitCode {
                 serve::run_serve(args.engine.into(), front, shutdown_signal()).await
             }
             Command::Engine(args) => serve::run_engine(args.into(), shutdown_signal()).await,
+            Command::Patches => {
+                print!("{}", ctxscope_engine::patch::describe());
+                Ok(())
+            }
             Command::Models { command: ModelsCommand::Fetch { name } } => models::fetch_command(name.as_deref()),
             Command::Models { command: ModelsCommand::List } => models::list_command(),
             Command::Proxy(args) => run_proxy(args).await,

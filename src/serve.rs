@@ -21,6 +21,7 @@ pub struct EngineSettings {
     pub listen: SocketAddr,
     pub ctx: Option<usize>,
     pub path: Path,
+    pub patches: ctxscope_engine::PatchSet,
     pub max_batch: usize,
 }
 
@@ -111,7 +112,7 @@ async fn start_engine(settings: &EngineSettings) -> Result<Started, String> {
 }
 
 fn server_config(settings: &EngineSettings) -> ServerConfig {
-    ServerConfig { default_path: settings.path, ..ServerConfig::default() }
+    ServerConfig { default_path: settings.path, default_patches: settings.patches.clone(), ..ServerConfig::default() }
 }
 
 /// Waits (bounded) for the scheduler thread, which ends once every handle is gone.

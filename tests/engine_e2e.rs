@@ -474,3 +474,28 @@ async fn serve_captures_the_engine_through_its_proxy() {
     assert_eq!(turn["reply_text"], json!(streamed_text(&events)));
     serve.stop();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn patches_flag_header_and_registry_listing() {
+    let listing = Command::new(bin()).arg("patches").output().expect("runs ctxscope patches");
+    assert!(listing.status.success());
+    let text = String::from_utf8_lossy(&listing.stdout);
+    for name in ["rmsnorm_bf16", "residual_gemm_bf16", "rope_bf16", "attn_splitk_bf16", "kv_fp8", "act_q8", "ctx_shift=N", "auto_truncate=N", "sliding_window=N", "prefix_cache_weak_hash", "prefix_cache_off"] {
+        assert!(text.contains(name), "`ctxscope patches` does not list {name}:\n{text}");
+    }
+    let bad = Command::new(bin()).args(["engine", "--patches", "kv_fp4"]).output().expect("runs ctxscope engine");
+    assert!(!bad.status.success(), "an unknown --patches value must be refused");
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown patch `kv_fp4`"));
+
+    let engine = Server::engine(&["--patches", "rope_bf16,kv_fp8"]).ready().await;
+    let body = json!({"messages": [user("Hi")], "temperature": 0, "max_tokens": 2});
+    let raw = engine.chat(body.clone()).await;
+    assert_eq!(raw.status, 200);
+    assert_eq!(raw.headers.get("x-ctxscope-patches").unwrap(), "kv_fp8,rope_bf16");
+    let url = format!("{}/v1/chat/completions", engine.url);
+    let raw = post_json(&url, &[("x-ctxscope-patches", "act_q8")], &body).await;
+    assert_eq!(raw.headers.get("x-ctxscope-patches").unwrap(), "act_q8");
+    let raw = post_json(&url, &[("x-ctxscope-patches", "bogus")], &body).await;
+    assert_eq!(raw.status, 400);
+    engine.stop();
+}

@@ -104,6 +104,37 @@ impl PrefixCache {
         Some((entry.kv.prefix(lcp), lcp))
     }
 
+    /// The `prefix_cache_weak_hash` fault: blocks of `block` tokens are compared only by their length
+    /// and first token (a weak hash), so a prompt that shares neither text nor prefix can take another
+    /// sequence's KV. Returns the cache and the (falsely) reused token count.
+    pub fn lookup_weak(&mut self, namespace: &str, tokens: &[u32], block: usize) -> Option<(KvCache, usize)> {
+        let limit = tokens.len().saturating_sub(1);
+        let weak_prefix = |cached: &[u32]| -> usize {
+            let mut matched = 0;
+            for (a, b) in cached.chunks(block).zip(tokens.chunks(block)) {
+                if a.len() != b.len() || a[0] != b[0] {
+                    break;
+                }
+                matched += a.len();
+            }
+            matched
+        };
+        let (best, n) = self
+            .entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.namespace == namespace)
+            .map(|(i, e)| (i, weak_prefix(&e.tokens[..e.kv.len().min(e.tokens.len())]).min(limit)))
+            .max_by_key(|(_, n)| *n)?;
+        if n == 0 {
+            return None;
+        }
+        self.clock += 1;
+        let entry = &mut self.entries[best];
+        entry.used = self.clock;
+        Some((entry.kv.prefix(n), n))
+    }
+
     /// Offers a finished sequence; entries it extends are replaced, the least recently used evicted.
     pub fn insert(&mut self, namespace: &str, tokens: Vec<u32>, kv: KvCache) {
         if kv.is_empty() || self.budget_tokens == 0 {
@@ -156,6 +187,17 @@ mod tests {
         assert_eq!(cache.lookup("m", &[1, 2, 3, 4, 5]).unwrap().1, 4);
         assert!(cache.lookup("other-model", &[1, 2, 3]).is_none());
         assert!(cache.lookup("m", &[7, 1, 2]).is_none());
+    }
+
+    #[test]
+    fn weak_hash_lookup_collides_on_different_prefixes() {
+        let mut cache = PrefixCache::new(1000);
+        let a: Vec<u32> = (0..8).collect();
+        cache.insert("m", a, kv_with(8));
+        // Same first token of each 4-token block, different everything else.
+        let b = vec![0, 90, 91, 92, 4, 93, 94, 95, 96];
+        assert_eq!(cache.lookup("m", &b).map(|r| r.1), Some(1));
+        assert_eq!(cache.lookup_weak("m", &b, 4).map(|r| r.1), Some(8));
     }
 
     #[test]

@@ -6,11 +6,13 @@
 pub mod forward;
 pub mod kv;
 pub mod model;
+pub mod patch;
 pub mod sample;
 pub mod scheduler;
 pub mod server;
 
 pub use forward::Path;
 pub use model::{Model, ModelConfig, ModelError};
+pub use patch::PatchSet;
 pub use scheduler::{EngineHandle, EngineOptions};
 pub use server::ServerConfig;

@@ -10,9 +10,10 @@ use std::thread::JoinHandle;
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::forward::{forward, Path, Segment};
+use crate::forward::{forward_patched, Path, Segment};
 use crate::kv::{KvCache, PrefixCache};
 use crate::model::Model;
+use crate::patch::{PatchSet, WEAK_HASH_BLOCK};
 use crate::sample::{Sampled, Sampler, SamplingParams};
 
 /// Limits of the scheduler.
@@ -58,6 +59,8 @@ pub struct GenerateRequest {
     pub max_tokens: usize,
     pub sampling: SamplingParams,
     pub path: Path,
+    /// Patches this request runs under (the empty set: none).
+    pub patches: PatchSet,
     pub events: UnboundedSender<Event>,
 }
 
@@ -138,17 +141,29 @@ impl Scheduler {
             }
             self.admit();
             self.cancel_closed();
-            for path in [Path::Golden, Path::Fast] {
-                self.step(path);
+            // One forward pass per (path, patch set) in use; unpatched golden first, as before.
+            let mut groups: Vec<(Path, PatchSet)> = vec![(Path::Golden, PatchSet::default()), (Path::Fast, PatchSet::default())];
+            for seq in &self.active {
+                let key = (seq.request.path, seq.request.patches.clone());
+                if !groups.contains(&key) {
+                    groups.push(key);
+                }
+            }
+            for (path, patches) in groups {
+                self.step(path, &patches);
             }
         }
     }
 
     fn admit(&mut self) {
         while self.active.len() < self.options.max_batch {
-            let Some(request) = self.waiting.pop_front() else { break };
+            let Some(mut request) = self.waiting.pop_front() else { break };
             if request.events.is_closed() {
                 continue;
+            }
+            // Context faults: the model sees (and usage reports) the prompt the imitated engine keeps.
+            if let Some(kept) = request.patches.rewrite_prompt(&request.prompt) {
+                request.prompt = kept;
             }
             let limit = self.options.ctx;
             if request.prompt.is_empty() || request.prompt.len() >= limit {
@@ -160,12 +175,17 @@ impl Scheduler {
                 let _ = request.events.send(Event::Error(message));
                 continue;
             }
-            let namespace = format!("{}|{}", self.model.fingerprint, request.path.as_str());
+            let namespace = format!("{}|{}|{}", self.model.fingerprint, request.path.as_str(), request.patches.canonical());
             let c = &self.model.config;
-            let (kv, cached) = self
-                .prefix
-                .lookup(&namespace, &request.prompt)
-                .unwrap_or_else(|| (KvCache::new(c.n_layers, c.kv_dim()), 0));
+            let patches = &request.patches;
+            let found = if patches.prefix_cache_off {
+                None
+            } else if patches.prefix_cache_weak_hash {
+                self.prefix.lookup_weak(&namespace, &request.prompt, WEAK_HASH_BLOCK)
+            } else {
+                self.prefix.lookup(&namespace, &request.prompt)
+            };
+            let (kv, cached) = found.unwrap_or_else(|| (KvCache::new(c.n_layers, c.kv_dim()), 0));
             let _ = request.events.send(Event::Started { prompt_tokens: request.prompt.len(), cached_tokens: cached });
             let sampler = Sampler::new(request.sampling.clone());
             self.active.push(Sequence {
@@ -189,11 +209,11 @@ impl Scheduler {
     }
 
     /// Feeds this path's sequences once and samples those whose pending input is consumed.
-    fn step(&mut self, path: Path) {
+    fn step(&mut self, path: Path, patches: &PatchSet) {
         let mut budget = self.options.step_tokens;
         let mut plan: Vec<(usize, usize)> = Vec::new();
         for (i, seq) in self.active.iter().enumerate() {
-            if seq.request.path != path || seq.pending.is_empty() || budget == 0 {
+            if seq.request.path != path || seq.request.patches != *patches || seq.pending.is_empty() || budget == 0 {
                 continue;
             }
             let take = seq.pending.len().min(budget);
@@ -217,7 +237,7 @@ impl Scheduler {
             }
             let mut segments: Vec<Segment<'_>> =
                 refs.into_iter().zip(chunks.iter_mut()).map(|(seq, tokens)| Segment { tokens, kv: &mut seq.kv }).collect();
-            forward(&self.model, path, &mut segments)
+            forward_patched(&self.model, path, patches, &mut segments)
         };
         let mut finished = Vec::new();
         for ((i, take), logits) in plan.into_iter().zip(logits) {
@@ -258,6 +278,9 @@ impl Scheduler {
 
     /// Offers a sequence's computed KV to the prefix cache.
     fn retire(&mut self, seq: Sequence) {
+        if seq.request.patches.prefix_cache_off {
+            return;
+        }
         let computed = seq.kv.len();
         let mut tokens = seq.tokens;
         tokens.truncate(computed);

@@ -113,7 +113,7 @@ fn engine() -> &'static EngineHandle {
 fn submit(prompt: &[u32], max_tokens: usize, path: Path) -> UnboundedReceiver<Event> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let sampling = SamplingParams { logprobs: true, top_logprobs: TOP, ..Default::default() };
-    let request = GenerateRequest { prompt: prompt.to_vec(), max_tokens, sampling, path, events: tx };
+    let request = GenerateRequest { prompt: prompt.to_vec(), max_tokens, sampling, path, patches: Default::default(), events: tx };
     engine().submit(request).expect("engine running");
     rx
 }

@@ -1,16 +1,19 @@
 //! The Llama-family forward pass over a batch of segments (a prefill chunk of one sequence, or one
 //! decode token of each of many): RMSNorm, RoPE on adjacent pairs (GGUF's permuted Q/K), grouped-query
 //! attention against each segment's KV cache, SwiGLU. All activations are f32; the `Path` decides
-//! only how the weight matmuls are computed.
+//! only how the weight matmuls are computed, and a [`PatchSet`] may round at the points `crate::patch`
+//! documents (the empty set takes exactly the unpatched code).
 
 mod fast;
 mod matmul;
 mod ops;
 
 use crate::kv::KvCache;
-use crate::model::Model;
+use crate::model::{Matrix, Model};
+use crate::patch::{round, PatchSet, KV_FP8_SCALE};
 
 pub use matmul::matmul;
+pub(crate) use fast::f32_to_f16;
 
 /// How weight matmuls are computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -49,6 +52,44 @@ pub struct Segment<'a> {
 
 /// Runs the segments through the model; returns the logits of each segment's last token.
 pub fn forward(model: &Model, path: Path, segments: &mut [Segment<'_>]) -> Vec<Vec<f32>> {
+    forward_patched(model, path, &PatchSet::default(), segments)
+}
+
+/// A weight matmul under the patches that act on every matmul (`act_q8`).
+fn mm(path: Path, patches: &PatchSet, w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) {
+    if patches.act_q8 {
+        let mut xq = x.to_vec();
+        for row in xq.chunks_mut(w.cols) {
+            round::q8_blocks(row, |v| ctxscope_formats::gguf::f16_to_f32(f32_to_f16(v)));
+        }
+        matmul(path, w, &xq, n, out);
+    } else {
+        matmul(path, w, x, n, out);
+    }
+}
+
+/// A matmul whose output is added to the residual stream (`residual_gemm_bf16` rounds here).
+fn residual_mm(path: Path, patches: &PatchSet, w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) {
+    if patches.residual_gemm_bf16 {
+        let mut xb = x.to_vec();
+        round::bf16_slice(&mut xb);
+        mm(path, patches, w, &xb, n, out);
+        round::bf16_slice(out);
+    } else {
+        mm(path, patches, w, x, n, out);
+    }
+}
+
+fn norm(patches: &PatchSet, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    if patches.rmsnorm_bf16 {
+        ops::rmsnorm_rows_bf16(x, weight, eps, out);
+    } else {
+        ops::rmsnorm_rows(x, weight, eps, out);
+    }
+}
+
+/// [`forward`] under a patch set.
+pub fn forward_patched(model: &Model, path: Path, patches: &PatchSet, segments: &mut [Segment<'_>]) -> Vec<Vec<f32>> {
     let c = &model.config;
     let w = &model.weights;
     let n: usize = segments.iter().map(|s| s.tokens.len()).sum();
@@ -78,31 +119,38 @@ pub fn forward(model: &Model, path: Path, segments: &mut [Segment<'_>]) -> Vec<V
     let mut gate = vec![0f32; n * c.ffn_dim];
     let mut up = vec![0f32; n * c.ffn_dim];
     for (l, layer) in w.layers.iter().enumerate() {
-        ops::rmsnorm_rows(&x, &layer.attn_norm, c.rms_eps, &mut xb);
-        matmul(path, &layer.wq, &xb, n, &mut q);
-        matmul(path, &layer.wk, &xb, n, &mut k);
-        matmul(path, &layer.wv, &xb, n, &mut v);
-        ops::rope_rows(&mut q, c.n_heads, c.head_dim, &positions, c.rope_base);
-        ops::rope_rows(&mut k, c.n_kv_heads, c.head_dim, &positions, c.rope_base);
+        norm(patches, &x, &layer.attn_norm, c.rms_eps, &mut xb);
+        mm(path, patches, &layer.wq, &xb, n, &mut q);
+        mm(path, patches, &layer.wk, &xb, n, &mut k);
+        mm(path, patches, &layer.wv, &xb, n, &mut v);
+        ops::rope_rows(&mut q, c.n_heads, c.head_dim, &positions, c.rope_base, patches.rope_bf16);
+        ops::rope_rows(&mut k, c.n_kv_heads, c.head_dim, &positions, c.rope_base, patches.rope_bf16);
+        if patches.kv_fp8 {
+            round::fp8_scaled_slice(&mut k, KV_FP8_SCALE);
+            round::fp8_scaled_slice(&mut v, KV_FP8_SCALE);
+        }
         for (s, seg) in segments.iter_mut().enumerate() {
             let rows = starts[s]..starts[s] + seg.tokens.len();
             seg.kv.append(l, &k[rows.start * kv_dim..rows.end * kv_dim], &v[rows.start * kv_dim..rows.end * kv_dim]);
+            // Split-K is a decode kernel: it applies to single-token segments only.
+            let splitk = if seg.tokens.len() == 1 { patches.attn_splitk_bf16 } else { None };
             ops::attention(
                 &q[rows.start * dim..rows.end * dim],
                 seg.kv,
                 l,
                 &positions[rows.clone()],
                 c,
+                ops::AttnShape { window: patches.sliding_window, splitk },
                 &mut att[rows.start * dim..rows.end * dim],
             );
         }
-        matmul(path, &layer.wo, &att, n, &mut proj);
+        residual_mm(path, patches, &layer.wo, &att, n, &mut proj);
         ops::add_assign(&mut x, &proj);
-        ops::rmsnorm_rows(&x, &layer.ffn_norm, c.rms_eps, &mut xb);
-        matmul(path, &layer.w_gate, &xb, n, &mut gate);
-        matmul(path, &layer.w_up, &xb, n, &mut up);
+        norm(patches, &x, &layer.ffn_norm, c.rms_eps, &mut xb);
+        mm(path, patches, &layer.w_gate, &xb, n, &mut gate);
+        mm(path, patches, &layer.w_up, &xb, n, &mut up);
         ops::swiglu(&mut gate, &up);
-        matmul(path, &layer.w_down, &gate, n, &mut proj);
+        residual_mm(path, patches, &layer.w_down, &gate, n, &mut proj);
         ops::add_assign(&mut x, &proj);
     }
     for seg in segments.iter_mut() {
@@ -115,8 +163,8 @@ pub fn forward(model: &Model, path: Path, segments: &mut [Segment<'_>]) -> Vec<V
         rows[i * dim..(i + 1) * dim].copy_from_slice(&x[row * dim..(row + 1) * dim]);
     }
     let mut normed = vec![0f32; rows.len()];
-    ops::rmsnorm_rows(&rows, &w.output_norm, c.rms_eps, &mut normed);
+    norm(patches, &rows, &w.output_norm, c.rms_eps, &mut normed);
     let mut logits = vec![0f32; last.len() * c.vocab];
-    matmul(path, w.output(), &normed, last.len(), &mut logits);
+    mm(path, patches, w.output(), &normed, last.len(), &mut logits);
     logits.chunks(c.vocab).map(<[f32]>::to_vec).collect()
 }

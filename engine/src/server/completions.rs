@@ -15,21 +15,46 @@ use super::response::Meta;
 use super::state::State;
 use super::stream::SseBody;
 use crate::forward::Path;
+use crate::patch::PatchSet;
 use crate::scheduler::GenerateRequest;
 
-/// Handles one generation request.
-pub async fn generate(state: Arc<State>, endpoint: Endpoint, body: &[u8], path: Path) -> Result<http::Response<Body>, ApiError> {
+use super::routes::PATCHES_HEADER;
+
+/// Handles one generation request; the response names the patch set applied in `x-ctxscope-patches`.
+pub async fn generate(state: Arc<State>, endpoint: Endpoint, body: &[u8], path: Path, patches: PatchSet) -> Result<http::Response<Body>, ApiError> {
     let object = request::json_object(body)?;
+    let patches = request::body_patches(&object)?.unwrap_or(patches);
+    let mut response = run(state, endpoint, &object, path, &patches).await?;
+    let echo = http::HeaderValue::from_str(&patches.canonical()).map_err(|e| ApiError::Engine(e.to_string()))?;
+    response.headers_mut().insert(PATCHES_HEADER, echo);
+    Ok(response)
+}
+
+async fn run(
+    state: Arc<State>,
+    endpoint: Endpoint,
+    object: &serde_json::Map<String, serde_json::Value>,
+    path: Path,
+    patches: &PatchSet,
+) -> Result<http::Response<Body>, ApiError> {
     let model = state.engine.model.clone();
     let ctx = state.engine.options.ctx;
-    let job = match endpoint {
-        Endpoint::Chat => request::chat(&object, &model, ctx)?,
-        Endpoint::Completion => request::completion(&object, &model, ctx)?,
+    // A context fault that cuts the prompt below the context accepts any length, as the engine it
+    // imitates does; the completion budget is then what the kept prompt leaves.
+    let cuts = patches.ctx_shift.or(patches.auto_truncate).is_some_and(|n| n < ctx);
+    let check_ctx = if cuts { usize::MAX } else { ctx };
+    let mut job = match endpoint {
+        Endpoint::Chat => request::chat(object, &model, check_ctx)?,
+        Endpoint::Completion => request::completion(object, &model, check_ctx)?,
     };
+    if cuts {
+        let kept = patches.rewrite_prompt(&job.prompt).map_or(job.prompt.len(), |p| p.len());
+        job.max_tokens = job.max_tokens.min(ctx.saturating_sub(kept).max(1));
+    }
     let in_flight = state.admit().map_err(|(in_flight, limit)| ApiError::Busy { in_flight, limit })?;
     let (tx, mut events) = mpsc::unbounded_channel();
     let logprobs = job.sampling.logprobs;
-    let submitted = GenerateRequest { prompt: job.prompt, max_tokens: job.max_tokens, sampling: job.sampling, path, events: tx };
+    let submitted = GenerateRequest { prompt: job.prompt, max_tokens: job.max_tokens, sampling: job.sampling, path, patches: patches.clone(), events: tx };
     state.engine.submit(submitted).map_err(|e| ApiError::Engine(e.to_string()))?;
     let meta = Meta::new(endpoint, &model.id, logprobs);
     let mut generation = Generation::new(job.stops, logprobs);

@@ -26,7 +26,7 @@ use tokio::task::JoinSet;
 
 pub use detok::Utf8Decoder;
 pub use error::ApiError;
-pub use routes::PATH_HEADER;
+pub use routes::{PATCHES_HEADER, PATH_HEADER};
 pub use state::ServerConfig;
 pub use stop::StopMatcher;
 

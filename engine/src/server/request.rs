@@ -44,6 +44,25 @@ pub fn json_object(body: &[u8]) -> Result<Object, ApiError> {
     }
 }
 
+/// The body's own patch set, `"ctxscope": {"patches": ["name", "name=value", ...]}`, if it has one.
+pub fn body_patches(body: &Object) -> Result<Option<crate::patch::PatchSet>, ApiError> {
+    let Some(field) = body.get("ctxscope").filter(|v| !v.is_null()) else { return Ok(None) };
+    let bad = || ApiError::param("ctxscope", "`ctxscope` must be an object like {\"patches\": [\"rope_bf16\", \"ctx_shift=2048\"]}");
+    let object = field.as_object().ok_or_else(bad)?;
+    if let Some(key) = object.keys().find(|k| k.as_str() != "patches") {
+        return Err(ApiError::param("ctxscope", format!("unknown field `ctxscope.{key}`; the only field is `patches`")));
+    }
+    let Some(list) = object.get("patches").filter(|v| !v.is_null()) else { return Ok(None) };
+    let items = match list {
+        Value::Array(items) => items.iter().map(Value::as_str).collect::<Option<Vec<&str>>>().ok_or_else(bad)?,
+        Value::String(text) => vec![text.as_str()],
+        _ => return Err(bad()),
+    };
+    let set = crate::patch::PatchSet::from_items(items.into_iter().flat_map(|i| i.split(',')))
+        .map_err(|e| ApiError::param("ctxscope", e.to_string()))?;
+    Ok(Some(set))
+}
+
 /// A `/v1/chat/completions` request.
 pub fn chat(body: &Object, model: &Model, ctx: usize) -> Result<Job, ApiError> {
     let messages = match body.get("messages") {

@@ -1,5 +1,6 @@
 //! Request routing: picks the handler by method and path, reads the body (bounded), resolves the
-//! computation path from `x-ctxscope-path` (echoed on the response), and turns every [`ApiError`]
+//! computation path from `x-ctxscope-path` (echoed on the response) and the default patch set from
+//! `x-ctxscope-patches` (a generation echoes the set it applied), and turns every [`ApiError`]
 //! into its OpenAI-shaped response.
 
 use std::convert::Infallible;
@@ -17,9 +18,13 @@ use super::info;
 use super::request::Endpoint;
 use super::state::State;
 use crate::forward::Path;
+use crate::patch::PatchSet;
 
 /// The header that picks the computation path of one request (`golden` or `fast`).
 pub const PATH_HEADER: &str = "x-ctxscope-path";
+
+/// The header that picks the patch set of one request (comma-separated `name` / `name=value`).
+pub const PATCHES_HEADER: &str = "x-ctxscope-patches";
 
 const ROUTES: [&str; 6] = ["/health", "/v1/models", "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"];
 
@@ -31,19 +36,26 @@ pub async fn handle(state: Arc<State>, request: http::Request<Incoming>) -> Resu
             ApiError::param("x-ctxscope-path", format!("header {PATH_HEADER} must be `golden` or `fast`, got {value:?}"))
         }),
     };
-    let mut response = match path {
-        Ok(path) => {
-            let mut response = route(state, request, path).await.unwrap_or_else(|e| body::error(&e));
+    let patches = match request.headers().get(PATCHES_HEADER) {
+        None => Ok(state.config.default_patches.clone()),
+        Some(value) => match value.to_str() {
+            Ok(text) => PatchSet::parse(text).map_err(|e| ApiError::param("x-ctxscope-patches", e.to_string())),
+            Err(_) => Err(ApiError::param("x-ctxscope-patches", format!("header {PATCHES_HEADER} must be ASCII"))),
+        },
+    };
+    let mut response = match (path, patches) {
+        (Err(e), _) | (_, Err(e)) => body::error(&e),
+        (Ok(path), Ok(patches)) => {
+            let mut response = route(state, request, path, patches).await.unwrap_or_else(|e| body::error(&e));
             response.headers_mut().insert(PATH_HEADER, HeaderValue::from_static(path.as_str()));
             response
         }
-        Err(e) => body::error(&e),
     };
     response.headers_mut().insert(http::header::SERVER, HeaderValue::from_static("ctxscope-engine"));
     Ok(response)
 }
 
-async fn route(state: Arc<State>, request: http::Request<Incoming>, path: Path) -> Result<http::Response<Body>, ApiError> {
+async fn route(state: Arc<State>, request: http::Request<Incoming>, path: Path, patches: PatchSet) -> Result<http::Response<Body>, ApiError> {
     let method = request.method().clone();
     let uri_path = request.uri().path().to_string();
     let ok = |value: serde_json::Value| body::json(StatusCode::OK, &value);
@@ -52,11 +64,11 @@ async fn route(state: Arc<State>, request: http::Request<Incoming>, path: Path) 
         (&Method::GET, "/v1/models") => Ok(ok(info::models(&state))),
         (&Method::POST, "/v1/chat/completions") => {
             let body = read_body(&state, request).await?;
-            completions::generate(state, Endpoint::Chat, &body, path).await
+            completions::generate(state, Endpoint::Chat, &body, path, patches).await
         }
         (&Method::POST, "/v1/completions") => {
             let body = read_body(&state, request).await?;
-            completions::generate(state, Endpoint::Completion, &body, path).await
+            completions::generate(state, Endpoint::Completion, &body, path, patches).await
         }
         (&Method::POST, "/tokenize") => {
             let body = read_body(&state, request).await?;

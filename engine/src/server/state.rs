@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::forward::Path;
+use crate::patch::PatchSet;
 use crate::scheduler::EngineHandle;
 
 /// Settings of the HTTP server.
@@ -13,6 +14,8 @@ use crate::scheduler::EngineHandle;
 pub struct ServerConfig {
     /// Computation path for requests without an `x-ctxscope-path` header.
     pub default_path: Path,
+    /// Patch set for requests that name none (`--patches`).
+    pub default_patches: PatchSet,
     /// Generation requests admitted at once (running or queued); beyond it, 429.
     pub max_in_flight: usize,
     /// Largest request body accepted.
@@ -23,7 +26,7 @@ pub struct ServerConfig {
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig { default_path: Path::Golden, max_in_flight: 4096, max_body_bytes: 64 << 20, shutdown_grace: Duration::from_secs(5) }
+        ServerConfig { default_path: Path::Golden, default_patches: PatchSet::default(), max_in_flight: 4096, max_body_bytes: 64 << 20, shutdown_grace: Duration::from_secs(5) }
     }
 }
 

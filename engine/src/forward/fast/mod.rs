@@ -22,6 +22,7 @@
 mod avx2;
 mod dispatch;
 mod quantize;
+pub(crate) use quantize::f32_to_f16;
 mod scalar;
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,228 @@
+//! Patches: named, per-request changes to the engine that reproduce real-world numerics (bf16/FP8
+//! rounding a device kernel would do), context faults (prompts cut the way other engines cut them) and
+//! prefix-cache faults. The empty [`PatchSet`] is the reference and changes nothing; each patch is
+//! consulted at one documented point, so an unused patch costs nothing.
+//!
+//! Where each numerical patch rounds (CPU emulation of the device code; bf16 = round to nearest
+//! even, keeping the top 16 bits after adding the rounding bias; see [`round`]):
+//! - `rmsnorm_bf16`: the squares x² are rounded to bf16 and summed in 32 strided lanes (a warp) whose
+//!   partial sums are rounded to bf16 after every add, then reduced pairwise in bf16; mean, rsqrt
+//!   and the scaling stay f32.
+//! - `residual_gemm_bf16`: the input of the attention-output and FFN-down matmuls is rounded to bf16,
+//!   the product is computed as usual (weights at their file values), and the output is rounded to
+//!   bf16 before it is added to the f32 residual stream.
+//! - `rope_bf16`: the position and each inverse frequency are rounded to bf16, their product (the
+//!   angle) is rounded to bf16, and cos/sin of it are rounded to bf16; the rotation itself is f32.
+//! - `attn_splitk_bf16=C` (decode only): the visible positions are split into chunks of C; each chunk's
+//!   max score, exp-sum and normalised output are rounded to bf16; the merge (rescale by exp(m_c - M),
+//!   weighted sum, divide) is f32.
+//! - `kv_fp8`: K and V rows are rounded to FP8 e4m3 (saturating at ±448) with a per-tensor scale
+//!   ([`KV_FP8_SCALE`], the uncalibrated default of vLLM) when they are appended to the cache.
+//! - `act_q8`: the input rows of every weight matmul are rounded as llama.cpp's Q8_0 activation blocks
+//!   (32 elements, d = amax/127 in f16, q rounded half to even), then multiplied on the chosen path.
+
+pub mod registry;
+pub mod round;
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+pub use registry::{describe, known_names, Param, PatchInfo, PATCHES};
+
+/// The per-tensor scale of `kv_fp8` (1.0: vLLM's `k_scale`/`v_scale` when no calibration is given).
+pub const KV_FP8_SCALE: f32 = 1.0;
+
+/// Block size of `prefix_cache_weak_hash`'s matching, in tokens.
+pub const WEAK_HASH_BLOCK: usize = 16;
+
+/// A patch list that does not validate against the registry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PatchError {
+    #[error("unknown patch `{name}`; known patches: {}", known_names())]
+    Unknown { name: String },
+    #[error("patch `{name}`: {message}; known patches: {}", known_names())]
+    BadParam { name: String, message: String },
+    #[error("patch `{name}` is listed twice; known patches: {}", known_names())]
+    Duplicate { name: String },
+}
+
+/// A validated set of patches. Fields are what the engine consults; `entries` is the canonical form.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct PatchSet {
+    entries: BTreeMap<&'static str, Option<usize>>,
+    pub rmsnorm_bf16: bool,
+    pub residual_gemm_bf16: bool,
+    pub rope_bf16: bool,
+    /// Chunk size of split-K decode attention.
+    pub attn_splitk_bf16: Option<usize>,
+    pub kv_fp8: bool,
+    pub act_q8: bool,
+    pub ctx_shift: Option<usize>,
+    pub auto_truncate: Option<usize>,
+    pub sliding_window: Option<usize>,
+    pub prefix_cache_weak_hash: bool,
+    pub prefix_cache_off: bool,
+}
+
+impl PatchSet {
+    /// Parses `name` / `name=value` items separated by commas (blank items ignored).
+    pub fn parse(list: &str) -> Result<PatchSet, PatchError> {
+        PatchSet::from_items(list.split(','))
+    }
+
+    /// Parses one item per element (the body field's list).
+    pub fn from_items<'a>(items: impl IntoIterator<Item = &'a str>) -> Result<PatchSet, PatchError> {
+        let mut set = PatchSet::default();
+        for item in items.into_iter().map(str::trim).filter(|i| !i.is_empty()) {
+            let (name, value) = match item.split_once('=') {
+                Some((n, v)) => (n.trim(), Some(v.trim())),
+                None => (item, None),
+            };
+            let info = registry::lookup(name).ok_or_else(|| PatchError::Unknown { name: name.to_string() })?;
+            let bad = |message: String| PatchError::BadParam { name: name.to_string(), message };
+            let number = |v: &str, what: &str, min: usize| -> Result<usize, PatchError> {
+                match v.parse::<usize>() {
+                    Ok(n) if n >= min => Ok(n),
+                    _ => Err(bad(format!("{what} must be an integer of at least {min}, got {v:?}"))),
+                }
+            };
+            let param = match (info.param, value) {
+                (Param::None, None) => None,
+                (Param::None, Some(v)) => return Err(bad(format!("takes no parameter, got {v:?}"))),
+                (Param::Required { what, .. }, None) => return Err(bad(format!("needs a parameter: {name}={what}"))),
+                (Param::Required { what, min }, Some(v)) => Some(number(v, what, min)?),
+                (Param::Optional { default, .. }, None) => Some(default),
+                (Param::Optional { what, min, .. }, Some(v)) => Some(number(v, what, min)?),
+            };
+            if set.entries.insert(info.name, param).is_some() {
+                return Err(PatchError::Duplicate { name: name.to_string() });
+            }
+        }
+        set.apply_entries();
+        Ok(set)
+    }
+
+    fn apply_entries(&mut self) {
+        let e = &self.entries;
+        let has = |n: &str| e.contains_key(n);
+        let val = |n: &str| e.get(n).copied().flatten();
+        self.rmsnorm_bf16 = has("rmsnorm_bf16");
+        self.residual_gemm_bf16 = has("residual_gemm_bf16");
+        self.rope_bf16 = has("rope_bf16");
+        self.attn_splitk_bf16 = val("attn_splitk_bf16");
+        self.kv_fp8 = has("kv_fp8");
+        self.act_q8 = has("act_q8");
+        self.ctx_shift = val("ctx_shift");
+        self.auto_truncate = val("auto_truncate");
+        self.sliding_window = val("sliding_window");
+        self.prefix_cache_weak_hash = has("prefix_cache_weak_hash");
+        self.prefix_cache_off = has("prefix_cache_off");
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The canonical form: sorted by name, `name` or `name=value`, comma-separated ("" when empty).
+    /// An optional parameter at its default is written bare.
+    pub fn canonical(&self) -> String {
+        self.entries
+            .iter()
+            .map(|(name, value)| match (registry::lookup(name).map(|i| i.param), value) {
+                (Some(Param::Optional { default, .. }), Some(v)) if *v == default => name.to_string(),
+                (_, Some(v)) => format!("{name}={v}"),
+                (_, None) => name.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The prompt the model sees under the context faults (None: unchanged). Ollama's shift keeps the
+    /// first 4 and the last N-4 tokens of a prompt longer than N; SGLang's auto-truncate keeps the first
+    /// N-7 of a prompt longer than N-7. Either way the engine reports the kept count as prompt_tokens.
+    pub fn rewrite_prompt(&self, prompt: &[u32]) -> Option<Vec<u32>> {
+        let mut out: Option<Vec<u32>> = None;
+        if let Some(n) = self.auto_truncate {
+            let keep = n - 7;
+            if prompt.len() > keep {
+                out = Some(prompt[..keep].to_vec());
+            }
+        }
+        if let Some(n) = self.ctx_shift {
+            let current = out.as_deref().unwrap_or(prompt);
+            if current.len() > n {
+                let mut kept = current[..4].to_vec();
+                kept.extend_from_slice(&current[current.len() - (n - 4)..]);
+                out = Some(kept);
+            }
+        }
+        out
+    }
+}
+
+impl fmt::Display for PatchSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.canonical())
+    }
+}
+
+impl std::str::FromStr for PatchSet {
+    type Err = PatchError;
+    fn from_str(s: &str) -> Result<PatchSet, PatchError> {
+        PatchSet::parse(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_validates_and_canonicalises() {
+        let set = PatchSet::parse(" rope_bf16, kv_fp8 ").unwrap();
+        assert_eq!(set.canonical(), "kv_fp8,rope_bf16");
+        assert!(set.kv_fp8 && set.rope_bf16 && !set.act_q8);
+        assert_eq!(PatchSet::parse("").unwrap(), PatchSet::default());
+        assert!(PatchSet::default().is_empty());
+        let p = PatchSet::parse("sliding_window=128,ctx_shift=64,attn_splitk_bf16").unwrap();
+        assert_eq!(p.canonical(), "attn_splitk_bf16,ctx_shift=64,sliding_window=128");
+        assert_eq!((p.attn_splitk_bf16, p.ctx_shift, p.sliding_window), (Some(64), Some(64), Some(128)));
+        assert_eq!(PatchSet::parse("attn_splitk_bf16=32").unwrap().canonical(), "attn_splitk_bf16=32");
+        assert_eq!(PatchSet::parse("attn_splitk_bf16=64").unwrap(), PatchSet::parse("attn_splitk_bf16").unwrap());
+        // The canonical string parses back to the same set.
+        assert_eq!(PatchSet::parse(&p.canonical()).unwrap(), p);
+    }
+
+    #[test]
+    fn refuses_unknown_names_and_bad_parameters_listing_the_known_ones() {
+        let e = PatchSet::parse("kv_fp4").unwrap_err();
+        assert!(matches!(e, PatchError::Unknown { .. }));
+        assert!(e.to_string().contains("rope_bf16") && e.to_string().contains("ctx_shift=N"), "{e}");
+        assert!(matches!(PatchSet::parse("ctx_shift").unwrap_err(), PatchError::BadParam { .. }));
+        assert!(matches!(PatchSet::parse("ctx_shift=abc").unwrap_err(), PatchError::BadParam { .. }));
+        assert!(matches!(PatchSet::parse("ctx_shift=2").unwrap_err(), PatchError::BadParam { .. }));
+        assert!(matches!(PatchSet::parse("kv_fp8=1").unwrap_err(), PatchError::BadParam { .. }));
+        assert!(matches!(PatchSet::parse("kv_fp8,kv_fp8").unwrap_err(), PatchError::Duplicate { .. }));
+    }
+
+    #[test]
+    fn registry_is_sorted_and_complete() {
+        let names: Vec<_> = PATCHES.iter().map(|p| p.name).collect();
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(names, sorted);
+        assert_eq!(names.len(), 11);
+        assert!(describe().contains("Ollama"));
+    }
+
+    #[test]
+    fn context_faults_rewrite_like_the_engines_they_imitate() {
+        let prompt: Vec<u32> = (0..100).collect();
+        let shifted = PatchSet::parse("ctx_shift=20").unwrap().rewrite_prompt(&prompt).unwrap();
+        assert_eq!(shifted.len(), 20);
+        assert_eq!(&shifted[..5], &[0, 1, 2, 3, 84]);
+        let cut = PatchSet::parse("auto_truncate=30").unwrap().rewrite_prompt(&prompt).unwrap();
+        assert_eq!(cut, (0..23).collect::<Vec<u32>>());
+        assert!(PatchSet::parse("ctx_shift=200").unwrap().rewrite_prompt(&prompt).is_none());
+    }
+}

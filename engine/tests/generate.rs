@@ -1,32 +1,23 @@
 //! The engine on the real default model: chat prompts rendered with the model's own template,
 //! greedy generation on both paths, determinism, prefix reuse equal to a cold run.
 
-use std::sync::{Arc, OnceLock};
+mod common;
 
-use ctxscope_engine::scheduler::{self, EngineHandle, EngineOptions, Event, Finish, GenerateRequest};
-use ctxscope_engine::{Model, Path};
-use ctxscope_formats::RenderOptions;
+use std::sync::OnceLock;
+
+use ctxscope_engine::scheduler::{EngineHandle, Event, Finish, GenerateRequest};
+use ctxscope_engine::Path;
 use serde_json::{json, Value};
 
 fn engine() -> &'static EngineHandle {
     static ENGINE: OnceLock<EngineHandle> = OnceLock::new();
     ENGINE.get_or_init(|| {
-        let path = std::env::var_os("CTXSCOPE_MODEL")
-            .map(Into::into)
-            .unwrap_or_else(|| ctxscope_formats::default_model_path().expect("home directory"));
-        assert!(path.exists(), "model {} missing: run scripts/fetch-model.sh", path.display());
-        let model = Arc::new(Model::load(&path).expect("model loads"));
-        let options = EngineOptions::for_model(&model);
-        let (handle, _thread) = scheduler::start(model, options);
-        handle
+        common::start_engine(common::load_model())
     })
 }
 
 fn prompt(messages: &[Value]) -> Vec<u32> {
-    let model = &engine().model;
-    let opts = RenderOptions { add_generation_prompt: true, bos_token: "", eos_token: "", tools: None };
-    let text = model.template.render(messages, &opts).expect("renders");
-    model.tokenizer.encode(&text, true)
+    common::chat_prompt(&engine().model, messages)
 }
 
 struct Outcome {

@@ -2,6 +2,8 @@
 //! must keep the exact bits recorded before the patch registry existed, so the empty patch set stays
 //! the reference. Rerun with `--nocapture` to see the digest if the model file changes.
 
+mod common;
+
 use std::sync::Arc;
 
 use ctxscope_engine::forward::{forward, Segment};
@@ -14,10 +16,7 @@ use serde_json::json;
 const GOLDEN_DIGEST: u64 = 0x8d33_55e9_9498_fba6;
 
 fn load() -> Arc<Model> {
-    let path = std::env::var_os("CTXSCOPE_MODEL")
-        .map(Into::into)
-        .unwrap_or_else(|| ctxscope_formats::default_model_path().expect("home directory"));
-    assert!(path.exists(), "model {} missing: run scripts/fetch-model.sh", path.display());
+    let path = common::model_path();
     Arc::new(Model::load(&path).expect("model loads"))
 }
 

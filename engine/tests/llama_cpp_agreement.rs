@@ -4,6 +4,8 @@
 //! `check_logprobs_close` does, on both paths; recall probes that llama.cpp answers (a miss on a
 //! near tie with llama.cpp's reply is reported, not failed). Run with `--nocapture` for the figures.
 
+mod common;
+
 use std::sync::{Arc, OnceLock};
 
 use ctxscope_engine::forward::{forward, Segment};
@@ -88,10 +90,7 @@ fn chats() -> &'static ChatsFile {
 fn engine() -> &'static EngineHandle {
     static ENGINE: OnceLock<EngineHandle> = OnceLock::new();
     ENGINE.get_or_init(|| {
-        let path = std::env::var_os("CTXSCOPE_MODEL")
-            .map(Into::into)
-            .unwrap_or_else(|| ctxscope_formats::default_model_path().expect("home directory"));
-        assert!(path.exists(), "model {} missing: run scripts/fetch-model.sh", path.display());
+        let path = common::model_path();
         // The fixtures hold the SHA-256; without a hashing dependency here the size stands in for it.
         let source = &chats().source;
         let size = std::fs::metadata(&path).expect("model metadata").len();

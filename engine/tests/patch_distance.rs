@@ -9,6 +9,8 @@
 //! activations a few 1e-2; bf16 RoPE more, since past position 256 neighbouring positions share an
 //! angle (the long prompt has 445 tokens).
 
+mod common;
+
 use std::sync::{Arc, OnceLock};
 
 use ctxscope_engine::forward::{forward_patched, Segment};
@@ -23,11 +25,7 @@ const DECODE_STEPS: usize = 8;
 fn model() -> &'static Arc<Model> {
     static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
     MODEL.get_or_init(|| {
-        let path = std::env::var_os("CTXSCOPE_MODEL")
-            .map(Into::into)
-            .unwrap_or_else(|| ctxscope_formats::default_model_path().expect("home directory"));
-        assert!(path.exists(), "model {} missing: run scripts/fetch-model.sh", path.display());
-        Arc::new(Model::load(&path).expect("model loads"))
+        common::load_model()
     })
 }
 

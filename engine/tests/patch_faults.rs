@@ -3,32 +3,23 @@
 //! context fault makes the engine lose it while reporting the prompt_tokens the imitated engine would;
 //! the weak-hash prefix cache reports cached tokens for a prompt that does not share the prefix.
 
-use std::sync::{Arc, OnceLock};
+mod common;
 
-use ctxscope_engine::scheduler::{self, EngineHandle, EngineOptions, Event, GenerateRequest};
-use ctxscope_engine::{Model, PatchSet, Path};
-use ctxscope_formats::RenderOptions;
+use std::sync::OnceLock;
+
+use ctxscope_engine::scheduler::{EngineHandle, Event, GenerateRequest};
+use ctxscope_engine::{PatchSet, Path};
 use serde_json::{json, Value};
 
 fn engine() -> &'static EngineHandle {
     static ENGINE: OnceLock<EngineHandle> = OnceLock::new();
     ENGINE.get_or_init(|| {
-        let path = std::env::var_os("CTXSCOPE_MODEL")
-            .map(Into::into)
-            .unwrap_or_else(|| ctxscope_formats::default_model_path().expect("home directory"));
-        assert!(path.exists(), "model {} missing: run scripts/fetch-model.sh", path.display());
-        let model = Arc::new(Model::load(&path).expect("model loads"));
-        let options = EngineOptions::for_model(&model);
-        let (handle, _thread) = scheduler::start(model, options);
-        handle
+        common::start_engine(common::load_model())
     })
 }
 
 fn prompt(messages: &[Value]) -> Vec<u32> {
-    let model = &engine().model;
-    let opts = RenderOptions { add_generation_prompt: true, bos_token: "", eos_token: "", tools: None };
-    let text = model.template.render(messages, &opts).expect("renders");
-    model.tokenizer.encode(&text, true)
+    common::chat_prompt(&engine().model, messages)
 }
 
 /// The recall conversation (the `secret_word` probe of tests/fixtures/llama_cpp/recall.json, which

@@ -3,6 +3,8 @@
 //! (canonical form), the process default applies otherwise, and an unknown patch is a 400 that lists
 //! the known ones.
 
+mod common;
+
 use std::sync::Arc;
 
 use ctxscope_engine::scheduler::{self, EngineOptions};
@@ -44,10 +46,7 @@ async fn post(addr: std::net::SocketAddr, body: &str, headers: &[(&str, &str)]) 
 
 #[test]
 fn patches_header_and_body_round_trip() {
-    let path = std::env::var_os("CTXSCOPE_MODEL")
-        .map(Into::into)
-        .unwrap_or_else(|| ctxscope_formats::default_model_path().expect("home directory"));
-    assert!(path.exists(), "model {} missing: run scripts/fetch-model.sh", path.display());
+    let path = common::model_path();
     let model = Arc::new(Model::load(&path).expect("model loads"));
     let (engine, _thread) = scheduler::start(model.clone(), EngineOptions::for_model(&model));
     let config = ServerConfig { default_patches: PatchSet::parse("act_q8").unwrap(), ..ServerConfig::default() };

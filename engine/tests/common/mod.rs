@@ -1,0 +1,37 @@
+//! Shared by the engine's test files: the real default model (env `CTXSCOPE_MODEL` or the cache path
+//! `scripts/fetch-model.sh` fills), an engine started over it, and chat prompts rendered with its template.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ctxscope_engine::scheduler::{self, EngineHandle, EngineOptions};
+use ctxscope_engine::Model;
+use ctxscope_formats::RenderOptions;
+use serde_json::Value;
+
+/// The model file; fails the test with a clear message when it is missing.
+pub fn model_path() -> PathBuf {
+    let path = std::env::var_os("CTXSCOPE_MODEL")
+        .map(Into::into)
+        .unwrap_or_else(|| ctxscope_formats::default_model_path().expect("home directory"));
+    assert!(path.exists(), "model {} missing: run scripts/fetch-model.sh", path.display());
+    path
+}
+
+pub fn load_model() -> Arc<Model> {
+    Arc::new(Model::load(&model_path()).expect("model loads"))
+}
+
+/// A scheduler over `model` with default options.
+pub fn start_engine(model: Arc<Model>) -> EngineHandle {
+    let options = EngineOptions::for_model(&model);
+    scheduler::start(model, options).0
+}
+
+/// Token ids of `messages` rendered with the model's chat template and a generation prompt.
+pub fn chat_prompt(model: &Model, messages: &[Value]) -> Vec<u32> {
+    let opts = RenderOptions { add_generation_prompt: true, bos_token: "", eos_token: "", tools: None };
+    let text = model.template.render(messages, &opts).expect("renders");
+    model.tokenizer.encode(&text, true)
+}

@@ -105,7 +105,14 @@ struct ServeArgs {
     /// Address of the capture proxy (point clients here).
     #[arg(long, default_value = "127.0.0.1:8080")]
     proxy: SocketAddr,
-    /// Metrics, health and the JSON API of the proxy.
+    #[command(flatten)]
+    capture: CaptureArgs,
+}
+
+/// Capture flags shared by `proxy` and `serve`.
+#[derive(Args)]
+struct CaptureArgs {
+    /// Metrics, health and the JSON API.
     #[arg(long, default_value = "127.0.0.1:9090")]
     admin: SocketAddr,
     /// Capture store directory.
@@ -117,9 +124,16 @@ struct ServeArgs {
     /// A request header whose value names the conversation (besides x-ctxscope-conversation).
     #[arg(long)]
     session_header: Option<String>,
-    /// Store flush interval in milliseconds.
+    /// Store flush interval in milliseconds (the most a crash can lose, plus the queue).
     #[arg(long, default_value_t = 500)]
     flush_ms: u64,
+}
+
+impl CaptureArgs {
+    /// The store directory, unless capture is off.
+    fn data_dir(&self) -> Option<PathBuf> {
+        (!self.no_capture).then(|| self.data.clone())
+    }
 }
 
 impl From<EngineArgs> for serve::EngineSettings {
@@ -143,21 +157,11 @@ struct ProxyArgs {
     upstream: String,
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
-    /// Metrics, health and the JSON API.
-    #[arg(long, default_value = "127.0.0.1:9090")]
-    admin: SocketAddr,
-    /// Capture store directory.
-    #[arg(long, default_value = "./ctxscope-data")]
-    data: PathBuf,
-    /// Forward only; capture nothing.
-    #[arg(long)]
-    no_capture: bool,
+    #[command(flatten)]
+    capture: CaptureArgs,
     /// The upstream model's tokenizer: a tokenizer.json (or its directory) or a GGUF file.
     #[arg(long)]
     tokenizer: Option<PathBuf>,
-    /// A request header whose value names the conversation (besides x-ctxscope-conversation).
-    #[arg(long)]
-    session_header: Option<String>,
     /// Capture queue bound; beyond it exchanges pass uncaptured (counted).
     #[arg(long, default_value_t = 4096)]
     queue_capacity: usize,
@@ -173,9 +177,6 @@ struct ProxyArgs {
     /// Delete the oldest conversations while the store holds more than this many bytes.
     #[arg(long)]
     retain_bytes: Option<u64>,
-    /// Store flush interval in milliseconds (the most a crash can lose, plus the queue).
-    #[arg(long, default_value_t = 500)]
-    flush_ms: u64,
 }
 
 /// Where inspection commands read from.
@@ -210,10 +211,10 @@ fn main() -> ExitCode {
             Command::Serve(args) => {
                 let front = serve::FrontSettings {
                     proxy: args.proxy,
-                    admin: args.admin,
-                    data: (!args.no_capture).then_some(args.data),
-                    session_header: args.session_header,
-                    flush_ms: args.flush_ms,
+                    admin: args.capture.admin,
+                    data: args.capture.data_dir(),
+                    session_header: args.capture.session_header,
+                    flush_ms: args.capture.flush_ms,
                 };
                 serve::run_serve(args.engine.into(), front, shutdown_signal()).await
             }
@@ -240,17 +241,17 @@ fn main() -> ExitCode {
 async fn run_proxy(args: ProxyArgs) -> Result<(), String> {
     let upstream = Upstream::parse(&args.upstream).map_err(|e| e.to_string())?;
     let mut config = ProxyConfig::new(upstream);
-    config.data_dir = (!args.no_capture).then_some(args.data);
+    config.data_dir = args.capture.data_dir();
     config.tokenizer = args.tokenizer;
-    config.session_header = args.session_header;
+    config.session_header = args.capture.session_header;
     config.queue_capacity = args.queue_capacity;
     config.max_request_bytes = args.max_request_bytes;
     config.max_capture_bytes = args.max_capture_bytes;
-    config.flush_every_ms = args.flush_ms;
+    config.flush_every_ms = args.capture.flush_ms;
     config.retention.max_age = args.retain_days.map(|d| Duration::from_secs_f64(d * 86400.0));
     config.retention.max_bytes = args.retain_bytes;
     let proxy = bind(args.listen).await?;
-    let admin = bind(args.admin).await?;
+    let admin = bind(args.capture.admin).await?;
     ctxscope_proxy::run(config, proxy, admin, shutdown_signal()).await.map_err(|e| e.to_string())
 }
 

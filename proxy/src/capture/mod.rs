@@ -2,6 +2,7 @@
 //! pipeline that turns them into stored, threaded, token-counted turns.
 
 pub mod exchange;
+pub mod hashes;
 pub mod layer;
 pub mod pipeline;
 pub mod queue;

@@ -10,6 +10,7 @@ use ctxscope_store::{
 };
 
 use super::exchange::{Exchange, Outcome};
+use super::hashes::MessageHashes;
 use super::queue::Sink;
 use super::thread::{self, Decision};
 use super::tokens::TokenCache;
@@ -46,6 +47,7 @@ pub struct Pipeline {
     tokens: Option<TokenCache>,
     retention: RetentionPolicy,
     warnings: Throttle,
+    hashes: MessageHashes,
 }
 
 /// At most one warning per interval; the rest are counted and reported with the next one.
@@ -71,7 +73,7 @@ impl Throttle {
 
 impl Pipeline {
     pub fn new(store: Store, upstream: String, tokens: Option<TokenCache>, retention: RetentionPolicy) -> Pipeline {
-        Pipeline { store, upstream, tokens, retention, warnings: Throttle { last: None, suppressed: 0 } }
+        Pipeline { store, upstream, tokens, retention, warnings: Throttle { last: None, suppressed: 0 }, hashes: MessageHashes::default() }
     }
 
     /// Captures one exchange; returns the stored turn.
@@ -92,7 +94,7 @@ impl Pipeline {
         }
         let response = self.response(exchange, request.stream, &mut notes);
 
-        let (hashes, canonical): (Vec<Hash>, Vec<Vec<u8>>) = request.messages.iter().map(message_hash).unzip();
+        let hashes: Vec<Hash> = request.messages.iter().map(|m| self.hashes.hash(m)).collect();
         let mut chain = Vec::with_capacity(hashes.len());
         let mut h = ZERO_HASH;
         for hash in &hashes {
@@ -103,8 +105,10 @@ impl Pipeline {
         let decision = thread::decide(&self.store, &threading, exchange.conversation_name.as_deref())?;
         let base_len = decision.base.map_or(0, |b| b.len as usize).min(hashes.len());
 
-        for (hash, bytes) in hashes.iter().zip(&canonical).skip(base_len) {
-            self.store.put_message(hash, bytes)?;
+        // Only the messages this turn adds are stored (the rest are in its base).
+        for message in &request.messages[base_len..] {
+            let (hash, bytes) = message_hash(message);
+            self.store.put_message(&hash, &bytes)?;
         }
         let ok = exchange.status.is_some_and(|s| (200..300).contains(&s));
         let reply = match (&response.reply_message, ok) {

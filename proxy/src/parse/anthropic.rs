@@ -6,13 +6,14 @@ use serde_json::{json, Map, Value};
 use super::sse::Event;
 use super::{usage, ParseError, ParsedResponse};
 
-pub fn request_messages(object: &Map<String, Value>) -> Result<Vec<Value>, ParseError> {
-    let Some(Value::Array(messages)) = object.get("messages") else { return Err(ParseError::Missing("messages")) };
+/// Takes the messages out of the request object (no copy), with `system` first.
+pub fn request_messages(object: &mut Map<String, Value>) -> Result<Vec<Value>, ParseError> {
+    let Some(Value::Array(messages)) = object.remove("messages") else { return Err(ParseError::Missing("messages")) };
     let mut out = Vec::with_capacity(messages.len() + 1);
-    if let Some(system) = object.get("system").filter(|s| !s.is_null()) {
+    if let Some(system) = object.remove("system").filter(|s| !s.is_null()) {
         out.push(json!({"role": "system", "content": system}));
     }
-    out.extend(messages.iter().cloned());
+    out.extend(messages);
     Ok(out)
 }
 

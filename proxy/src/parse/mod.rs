@@ -51,8 +51,8 @@ const PARAMS: [&str; 14] = [
 ];
 
 pub fn request(endpoint: Endpoint, body: &[u8]) -> Result<ParsedRequest, ParseError> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| ParseError::NotJson(e.to_string()))?;
-    let object = value.as_object().ok_or(ParseError::NotJson("not an object".into()))?;
+    let mut value: Value = serde_json::from_slice(body).map_err(|e| ParseError::NotJson(e.to_string()))?;
+    let object = value.as_object_mut().ok_or(ParseError::NotJson("not an object".into()))?;
     let mut parsed = ParsedRequest {
         model: object.get("model").and_then(Value::as_str).map(str::to_string),
         stream: object.get("stream").and_then(Value::as_bool).unwrap_or(endpoint == Endpoint::OllamaChat),

@@ -7,19 +7,20 @@ use serde_json::{json, Map, Value};
 use super::sse::Event;
 use super::{usage, ParseError, ParsedResponse};
 
-pub fn request_messages(object: &Map<String, Value>) -> Result<Vec<Value>, ParseError> {
-    match object.get("messages") {
-        Some(Value::Array(messages)) => Ok(messages.clone()),
+/// Takes the messages out of the request object (no copy).
+pub fn request_messages(object: &mut Map<String, Value>) -> Result<Vec<Value>, ParseError> {
+    match object.remove("messages") {
+        Some(Value::Array(messages)) => Ok(messages),
         _ => Err(ParseError::Missing("messages")),
     }
 }
 
 /// A completions prompt as a single pseudo-message, so that it hashes and threads like chat.
-pub fn prompt_messages(object: &Map<String, Value>) -> Result<Vec<Value>, ParseError> {
-    let prompt = object.get("prompt").ok_or(ParseError::Missing("prompt"))?;
+pub fn prompt_messages(object: &mut Map<String, Value>) -> Result<Vec<Value>, ParseError> {
+    let prompt = object.remove("prompt").ok_or(ParseError::Missing("prompt"))?;
     let prompt = match prompt {
-        Value::Array(items) if items.len() == 1 && items[0].is_string() => items[0].clone(),
-        other => other.clone(),
+        Value::Array(mut items) if items.len() == 1 && items[0].is_string() => items.remove(0),
+        other => other,
     };
     Ok(vec![json!({"role": "prompt", "content": prompt})])
 }

@@ -3,17 +3,13 @@
 
 mod common;
 
-use std::sync::OnceLock;
 
 use ctxscope_engine::scheduler::{EngineHandle, Event, Finish, GenerateRequest};
 use ctxscope_engine::Path;
 use serde_json::{json, Value};
 
 fn engine() -> &'static EngineHandle {
-    static ENGINE: OnceLock<EngineHandle> = OnceLock::new();
-    ENGINE.get_or_init(|| {
-        common::start_engine(common::load_model())
-    })
+    common::shared_engine()
 }
 
 fn prompt(messages: &[Value]) -> Vec<u32> {

@@ -35,3 +35,9 @@ pub fn chat_prompt(model: &Model, messages: &[Value]) -> Vec<u32> {
     let text = model.template.render(messages, &opts).expect("renders");
     model.tokenizer.encode(&text, true)
 }
+
+/// One engine per test binary, started on first use.
+pub fn shared_engine() -> &'static EngineHandle {
+    static ENGINE: std::sync::OnceLock<EngineHandle> = std::sync::OnceLock::new();
+    ENGINE.get_or_init(|| start_engine(load_model()))
+}

@@ -15,7 +15,7 @@ use http_body_util::BodyExt;
 
 use super::exchange::{Captured, Exchange, ExchangeGuard, Outcome};
 use super::queue::CaptureSender;
-use super::tee::{RequestTee, ResponseTee};
+use super::tee::{RequestCopy, Tee};
 use crate::body::{json_error, ProxyBody};
 use crate::forward::UpstreamFailure;
 use crate::metrics as m;
@@ -113,7 +113,7 @@ where
             };
             let (parts, body) = request.into_parts();
             let copy = Arc::new(Mutex::new(Captured::default()));
-            let body = RequestTee::new(body, copy.clone(), settings.max_capture_bytes).boxed_unsync();
+            let body = Tee::new(body, RequestCopy { copy: copy.clone(), limit: settings.max_capture_bytes }).boxed_unsync();
             let mut exchange = Exchange::new(endpoint, parts.method.as_str(), parts.uri.path(), copy);
             exchange.started = started;
             exchange.conversation_name = conversation_name(&parts.headers, settings.session_header.as_ref());
@@ -132,7 +132,7 @@ where
                 }
             }
             m::requests(label, parts.status);
-            let response = Response::from_parts(parts, ResponseTee::new(body, guard).boxed_unsync());
+            let response = Response::from_parts(parts, Tee::new(body, guard).boxed_unsync());
             m::overhead(before_upstream + upstream_done.elapsed());
             Ok(response)
         })

@@ -1,5 +1,6 @@
-//! Body wrappers that forward every frame as it arrives and keep a reference-counted copy for capture:
-//! nothing is buffered before forwarding, so an SSE chunk reaches the client as soon as it exists.
+//! A body wrapper that forwards every frame as it arrives and shows it to an observer that keeps a
+//! reference-counted copy for capture: nothing is buffered before forwarding, so an SSE chunk reaches
+//! the client as soon as it exists. Two observers: the request copy and the response's exchange.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -11,20 +12,27 @@ use hyper::body::{Body, Frame, SizeHint};
 use super::exchange::{Captured, ExchangeGuard, Outcome};
 use crate::body::ProxyBody;
 
-/// The request body on its way upstream.
-pub struct RequestTee {
-    inner: ProxyBody,
-    copy: Arc<Mutex<Captured>>,
-    limit: usize,
+/// What a tee tells its observer.
+pub trait Observer: Send + Unpin {
+    fn frame(&mut self, data: &Bytes);
+    /// The body reached its end (also called when it is dropped already at its end).
+    fn end(&mut self);
+    fn error(&mut self, error: &hyper::Error);
 }
 
-impl RequestTee {
-    pub fn new(inner: ProxyBody, copy: Arc<Mutex<Captured>>, limit: usize) -> RequestTee {
-        RequestTee { inner, copy, limit }
+/// Forwards `inner` unchanged while `observer` watches.
+pub struct Tee<O: Observer> {
+    inner: ProxyBody,
+    observer: O,
+}
+
+impl<O: Observer> Tee<O> {
+    pub fn new(inner: ProxyBody, observer: O) -> Tee<O> {
+        Tee { inner, observer }
     }
 }
 
-impl Body for RequestTee {
+impl<O: Observer> Body for Tee<O> {
     type Data = Bytes;
     type Error = hyper::Error;
 
@@ -34,60 +42,14 @@ impl Body for RequestTee {
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
-                    if let Ok(mut copy) = this.copy.lock() {
-                        copy.push(data, this.limit);
-                    }
-                }
-            }
-            Poll::Ready(None) => {
-                if let Ok(mut copy) = this.copy.lock() {
-                    copy.complete = true;
-                }
-            }
-            _ => {}
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-/// The response body on its way to the client; owns the exchange and finishes it at the end.
-pub struct ResponseTee {
-    inner: ProxyBody,
-    guard: ExchangeGuard,
-}
-
-impl ResponseTee {
-    pub fn new(inner: ProxyBody, guard: ExchangeGuard) -> ResponseTee {
-        ResponseTee { inner, guard }
-    }
-}
-
-impl Body for ResponseTee {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let this = &mut *self;
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    this.guard.frame(data);
+                    this.observer.frame(data);
                 }
                 if this.inner.is_end_stream() {
-                    this.guard.finish(Outcome::Complete);
+                    this.observer.end();
                 }
             }
-            Poll::Ready(Some(Err(error))) => this.guard.finish(Outcome::UpstreamStreamError(error.to_string())),
-            Poll::Ready(None) => this.guard.finish(Outcome::Complete),
+            Poll::Ready(Some(Err(error))) => this.observer.error(error),
+            Poll::Ready(None) => this.observer.end(),
             Poll::Pending => {}
         }
         polled
@@ -102,11 +64,48 @@ impl Body for ResponseTee {
     }
 }
 
-impl Drop for ResponseTee {
+impl<O: Observer> Drop for Tee<O> {
     fn drop(&mut self) {
         // A body hyper never had to poll to its end (empty, or length-delimited and done) still completed.
         if self.inner.is_end_stream() {
-            self.guard.finish(Outcome::Complete);
+            self.observer.end();
         }
+    }
+}
+
+/// The request body's copy, shared with the exchange.
+pub struct RequestCopy {
+    pub copy: Arc<Mutex<Captured>>,
+    pub limit: usize,
+}
+
+impl Observer for RequestCopy {
+    fn frame(&mut self, data: &Bytes) {
+        if let Ok(mut copy) = self.copy.lock() {
+            copy.push(data, self.limit);
+        }
+    }
+
+    fn end(&mut self) {
+        if let Ok(mut copy) = self.copy.lock() {
+            copy.complete = true;
+        }
+    }
+
+    fn error(&mut self, _error: &hyper::Error) {}
+}
+
+/// The response side owns the exchange and finishes it when the body ends, fails or is dropped.
+impl Observer for ExchangeGuard {
+    fn frame(&mut self, data: &Bytes) {
+        ExchangeGuard::frame(self, data);
+    }
+
+    fn end(&mut self) {
+        self.finish(Outcome::Complete);
+    }
+
+    fn error(&mut self, error: &hyper::Error) {
+        self.finish(Outcome::UpstreamStreamError(error.to_string()));
     }
 }

@@ -52,17 +52,7 @@ impl Server {
     }
 
     fn stop(mut self) {
-        let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                assert!(status.success(), "ctxscope exited with {status}");
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("ctxscope did not stop within 20 s of SIGTERM");
+        terminate(&mut self.child, "ctxscope");
     }
 
     async fn chat(&self, body: Value) -> Raw {

@@ -95,17 +95,7 @@ impl Proxy {
 
     /// SIGTERM and wait: the graceful path that drains capture.
     pub fn stop(mut self) {
-        let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                assert!(status.success(), "proxy exited with {status}");
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("proxy did not stop within 20 s of SIGTERM");
+        terminate(&mut self.child, "proxy");
     }
 
     /// Waits until the admin API lists `turns` captured turns in total.
@@ -132,6 +122,21 @@ impl Drop for Proxy {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Sends SIGTERM to a ctxscope process and waits up to 20 s for a clean exit (status 0).
+pub fn terminate(child: &mut Child, what: &str) {
+    let pid = child.id().to_string();
+    let _ = Command::new("kill").args(["-TERM", &pid]).status();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            assert!(status.success(), "{what} exited with {status}");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("{what} did not stop within 20 s of SIGTERM");
 }
 
 /// A response as raw parts.

@@ -175,15 +175,13 @@ impl Pipeline {
     }
 
     fn response(&self, exchange: &Exchange, streaming: bool, notes: &mut Vec<String>) -> ParsedResponse {
-        if exchange.status.is_none() {
-            return ParsedResponse::default();
-        }
+        let Some(status) = exchange.status else { return ParsedResponse::default() };
         if exchange.response.overflow {
             notes.push(format!("response of {} bytes over the capture limit; not parsed", exchange.response.total));
             return ParsedResponse::default();
         }
         let body = exchange.response.to_vec();
-        parse::response(exchange.endpoint, exchange.response_content_type.as_deref(), exchange.status.unwrap_or(0), &body, streaming)
+        parse::response(exchange.endpoint, exchange.response_content_type.as_deref(), status, &body, streaming)
     }
 
     fn update_conversation(
@@ -194,7 +192,7 @@ impl Pipeline {
         tail: Option<&Hash>,
         name: Option<String>,
     ) -> Result<(), StoreError> {
-        let conversation = match decision.conversation {
+        let mut conversation = match decision.conversation {
             Some(mut c) => {
                 let old_head = ctxscope_store::from_hex(&c.last_head);
                 let old_tail = c.last_tail.as_deref().and_then(ctxscope_store::from_hex);
@@ -227,7 +225,6 @@ impl Pipeline {
                 branch_of: decision.branch_of,
             },
         };
-        let mut conversation = conversation;
         if conversation.name.is_none() {
             conversation.name = name;
         }

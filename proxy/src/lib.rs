@@ -5,6 +5,7 @@
 //! The stack, outermost first: box the body -> [`capture::layer::Capture`] (tee) -> [`forward::Forward`].
 
 pub mod admin;
+pub mod alert;
 pub mod body;
 pub mod capture;
 pub mod config;

@@ -15,6 +15,42 @@ pub const TURNS_CAPTURED_TOTAL: &str = "ctxscope_turns_captured_total";
 pub const CAPTURE_QUEUE_DEPTH: &str = "ctxscope_capture_queue_depth";
 pub const CAPTURE_SECONDS: &str = "ctxscope_capture_seconds";
 pub const TTFB_SECONDS: &str = "ctxscope_upstream_ttfb_seconds";
+pub const FINDINGS_TOTAL: &str = "ctxscope_findings_total";
+pub const DETECT_SECONDS: &str = "ctxscope_detect_seconds";
+pub const UPSTREAM_PROMPT_TOKENS_TOTAL: &str = "ctxscope_upstream_prompt_tokens_total";
+pub const UPSTREAM_CACHED_TOKENS_TOTAL: &str = "ctxscope_upstream_cached_tokens_total";
+pub const UPSTREAM_LOCAL_PROMPT_TOKENS_TOTAL: &str = "ctxscope_upstream_local_prompt_tokens_total";
+pub const UPSTREAM_LAST_PROMPT_TOKENS: &str = "ctxscope_upstream_last_prompt_tokens";
+pub const UPSTREAM_MAX_PROMPT_TOKENS: &str = "ctxscope_upstream_max_prompt_tokens";
+pub const UPSTREAM_TOKEN_RATIO: &str = "ctxscope_upstream_token_ratio";
+pub const UPSTREAM_CACHE_REPORTED: &str = "ctxscope_upstream_cache_reported";
+pub const ALERTS_SENT_TOTAL: &str = "ctxscope_alerts_sent_total";
+pub const ALERTS_DROPPED_TOTAL: &str = "ctxscope_alerts_dropped_total";
+
+/// Every metric name above, for checks that dashboards and alert rules only use real ones.
+pub const ALL: [&str; 21] = [
+    REQUESTS_TOTAL,
+    PROMPT_TOKENS,
+    CACHED_TOKENS,
+    CAPTURE_DROPPED_TOTAL,
+    PROXY_OVERHEAD_SECONDS,
+    UPSTREAM_ERRORS_TOTAL,
+    TURNS_CAPTURED_TOTAL,
+    CAPTURE_QUEUE_DEPTH,
+    CAPTURE_SECONDS,
+    TTFB_SECONDS,
+    FINDINGS_TOTAL,
+    DETECT_SECONDS,
+    UPSTREAM_PROMPT_TOKENS_TOTAL,
+    UPSTREAM_CACHED_TOKENS_TOTAL,
+    UPSTREAM_LOCAL_PROMPT_TOKENS_TOTAL,
+    UPSTREAM_LAST_PROMPT_TOKENS,
+    UPSTREAM_MAX_PROMPT_TOKENS,
+    UPSTREAM_TOKEN_RATIO,
+    UPSTREAM_CACHE_REPORTED,
+    ALERTS_SENT_TOTAL,
+    ALERTS_DROPPED_TOTAL,
+];
 
 /// Why a capture was dropped (the `reason` label of `ctxscope_capture_dropped_total`).
 #[derive(Debug, Clone, Copy)]
@@ -76,6 +112,27 @@ fn describe() {
     metrics::describe_gauge!(CAPTURE_QUEUE_DEPTH, "Exchanges waiting in the capture queue.");
     metrics::describe_histogram!(CAPTURE_SECONDS, "Capture pipeline time per exchange (parse, thread, count, store).");
     metrics::describe_histogram!(TTFB_SECONDS, "Upstream time to first response byte for captured requests.");
+    metrics::describe_counter!(FINDINGS_TOTAL, "Findings raised by the detectors, by kind and severity (once per cause).");
+    metrics::describe_histogram!(DETECT_SECONDS, "Detector time per captured turn (on the capture worker, off the request path).");
+    metrics::describe_counter!(UPSTREAM_PROMPT_TOKENS_TOTAL, "Prompt tokens the upstream reported, summed.");
+    metrics::describe_counter!(UPSTREAM_CACHED_TOKENS_TOTAL, "Cached prompt tokens the upstream reported, summed.");
+    metrics::describe_counter!(UPSTREAM_LOCAL_PROMPT_TOKENS_TOTAL, "Prompt tokens counted locally (tokenizer and template), summed over turns the upstream also counted.");
+    metrics::describe_gauge!(UPSTREAM_LAST_PROMPT_TOKENS, "Prompt tokens the upstream reported for the latest captured turn.");
+    metrics::describe_gauge!(UPSTREAM_MAX_PROMPT_TOKENS, "Largest prompt the upstream has reported processing.");
+    metrics::describe_gauge!(UPSTREAM_TOKEN_RATIO, "Median engine/local prompt token ratio over recent turns (1 when the configured tokenizer matches).");
+    metrics::describe_gauge!(UPSTREAM_CACHE_REPORTED, "1 once the upstream has reported a prefix-cache hit, else 0.");
+    metrics::describe_counter!(ALERTS_SENT_TOTAL, "Alert deliveries to sinks, by sink and outcome.");
+    metrics::describe_counter!(ALERTS_DROPPED_TOTAL, "Alerts not delivered, by reason (deduplicated, rate_limited, queue_full, failed).");
+}
+
+/// Creates every findings series at zero so that rate() and increase() see the first finding.
+pub fn register_findings() {
+    use ctxscope_store::{FindingKind, Severity};
+    for kind in FindingKind::ALL {
+        for severity in Severity::ALL {
+            metrics::counter!(FINDINGS_TOTAL, "kind" => kind.as_str(), "severity" => severity.as_str()).absolute(0);
+        }
+    }
 }
 
 /// Counts one request by endpoint kind and status (both from fixed sets).

@@ -18,6 +18,15 @@ pub mod trees {
     pub const ENDS: &str = "ends";
     /// conversation name -> conversation id.
     pub const NAMES: &str = "names";
+    /// hash of a conversation's latest reply -> conversation id (finds a request that kept the reply
+    /// but rewrote the history before it).
+    pub const REPLIES: &str = "replies";
+    /// finding id -> FindingRecord.
+    pub const FINDINGS: &str = "findings";
+    /// cause key -> finding id (a cause is raised once).
+    pub const FINDING_CAUSES: &str = "finding_causes";
+    /// conversation id ++ finding id -> empty.
+    pub const CONVERSATION_FINDINGS: &str = "conversation_findings";
 }
 
 pub const SCHEMA_KEY: &[u8] = b"schema_version";

@@ -17,6 +17,9 @@ pub use records::*;
 pub use retention::{RetentionPolicy, RetentionReport};
 pub use store::{Store, StoreOptions, SCHEMA_VERSION};
 pub mod export;
+mod findings;
+
+pub use findings::FindingFilter;
 
 /// A minimal turn for tests in this crate and its dependents.
 #[doc(hidden)]

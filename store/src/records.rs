@@ -181,4 +181,97 @@ pub struct ConversationDetail {
     pub turns: Vec<TurnView>,
     /// Message hash -> canonical message.
     pub messages: std::collections::BTreeMap<HashHex, Value>,
+    /// What the detectors found in this conversation, oldest first.
+    #[serde(default)]
+    pub findings: Vec<FindingRecord>,
+}
+
+/// The kinds of finding, stable identifiers (documented with examples in docs/findings.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FindingKind {
+    /// The client's request does not extend the previous turn: earlier turns removed, rewritten or summarized.
+    HistoryDropped,
+    /// The engine processed fewer prompt tokens than it was sent.
+    EngineTruncation,
+    /// The engine refused the prompt for its length.
+    ContextOverflow,
+    /// The engine reports more cached tokens than any earlier prompt could have supplied.
+    PhantomCacheReuse,
+    /// The engine reused far less of the prompt than a recent request left in its cache.
+    CacheMiss,
+    /// The reply denies context that the request carries.
+    AmnesiaReply,
+    /// Local and engine token counts disagree steadily: wrong tokenizer or chat template configured.
+    TokenCountDrift,
+}
+
+impl FindingKind {
+    pub const ALL: [FindingKind; 7] = [
+        FindingKind::HistoryDropped,
+        FindingKind::EngineTruncation,
+        FindingKind::ContextOverflow,
+        FindingKind::PhantomCacheReuse,
+        FindingKind::CacheMiss,
+        FindingKind::AmnesiaReply,
+        FindingKind::TokenCountDrift,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FindingKind::HistoryDropped => "history_dropped",
+            FindingKind::EngineTruncation => "engine_truncation",
+            FindingKind::ContextOverflow => "context_overflow",
+            FindingKind::PhantomCacheReuse => "phantom_cache_reuse",
+            FindingKind::CacheMiss => "cache_miss",
+            FindingKind::AmnesiaReply => "amnesia_reply",
+            FindingKind::TokenCountDrift => "token_count_drift",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<FindingKind> {
+        FindingKind::ALL.into_iter().find(|k| k.as_str() == text)
+    }
+}
+
+/// How bad a finding is: `critical` means the model did not see (or saw the wrong) context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    Info,
+    Warning,
+    Critical,
+}
+
+impl Severity {
+    pub const ALL: [Severity; 3] = [Severity::Info, Severity::Warning, Severity::Critical];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Info => "info",
+            Severity::Warning => "warning",
+            Severity::Critical => "critical",
+        }
+    }
+}
+
+/// One diagnosis: a stable kind, a severity, the turn that raised it, and the evidence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FindingRecord {
+    pub id: u64,
+    pub kind: FindingKind,
+    pub severity: Severity,
+    pub time_unix_ms: u64,
+    pub upstream: String,
+    pub model: Option<String>,
+    pub conversation: u64,
+    pub turn: u64,
+    /// The turn's position in its conversation.
+    pub turn_index: u32,
+    /// One line for people.
+    pub summary: String,
+    /// Kind-specific facts (counts, positions, the message that changed); see docs/findings.md.
+    pub evidence: Value,
+    /// What makes two findings the same cause: a cause is raised once, not on every turn that inherits it.
+    pub cause: String,
 }

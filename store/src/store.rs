@@ -41,6 +41,10 @@ pub struct Store {
     prefixes: sled::Tree,
     ends: sled::Tree,
     names: sled::Tree,
+    replies: sled::Tree,
+    pub(crate) findings: sled::Tree,
+    pub(crate) finding_causes: sled::Tree,
+    pub(crate) conversation_findings: sled::Tree,
 }
 
 impl Store {
@@ -70,6 +74,10 @@ impl Store {
             prefixes: tree(trees::PREFIXES)?,
             ends: tree(trees::ENDS)?,
             names: tree(trees::NAMES)?,
+            replies: tree(trees::REPLIES)?,
+            findings: tree(trees::FINDINGS)?,
+            finding_causes: tree(trees::FINDING_CAUSES)?,
+            conversation_findings: tree(trees::CONVERSATION_FINDINGS)?,
             db,
         };
         store.check_schema()?;
@@ -200,6 +208,23 @@ impl Store {
         Ok(self.ends.get(chain)?.and_then(|v| codec::key_id(&v)))
     }
 
+    /// Marks a message hash as `conversation`'s latest reply.
+    pub fn put_reply(&self, message: &Hash, conversation: u64) -> Result<(), StoreError> {
+        self.replies.insert(message, &id_key(conversation))?;
+        Ok(())
+    }
+
+    /// Removes a latest-reply mark if it still belongs to `conversation`.
+    pub fn remove_reply(&self, message: &Hash, conversation: u64) -> Result<(), StoreError> {
+        let _ = self.replies.compare_and_swap(message, Some(&id_key(conversation)), None as Option<&[u8]>)?;
+        Ok(())
+    }
+
+    /// The conversation whose latest reply this message is.
+    pub fn reply_of(&self, message: &Hash) -> Result<Option<u64>, StoreError> {
+        Ok(self.replies.get(message)?.and_then(|v| codec::key_id(&v)))
+    }
+
     /// Hashes of a turn's request messages, resolved through its `base` chain.
     pub fn turn_messages(&self, turn: &TurnRecord) -> Result<Vec<HashHex>, StoreError> {
         let mut memo = HashMap::new();
@@ -258,7 +283,8 @@ impl Store {
             }
             turns.push(TurnView { turn, messages: list });
         }
-        Ok(ConversationDetail { conversation, turns, messages })
+        let findings = self.conversation_findings(id)?;
+        Ok(ConversationDetail { conversation, turns, messages, findings })
     }
 
     /// Removes a conversation's turns and index entries (messages are swept by retention).
@@ -294,6 +320,17 @@ impl Store {
         for key in ends {
             self.ends.remove(key)?;
         }
+        let mut replies = Vec::new();
+        for item in self.replies.iter() {
+            let (key, value) = item?;
+            if codec::key_id(&value) == Some(id) {
+                replies.push(key);
+            }
+        }
+        for key in replies {
+            self.replies.remove(key)?;
+        }
+        self.delete_conversation_findings(id)?;
         Ok(ids.len())
     }
 

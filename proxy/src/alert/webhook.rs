@@ -1,0 +1,1 @@
+//! Posts findings to an HTTP webhook (placeholder; filled in by the webhook work).

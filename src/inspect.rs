@@ -1,10 +1,10 @@
-//! Inspection commands (`conversations`, `show`, `export`, `import`), reading either through a running
+//! Inspection commands (`conversations`, `show`, `findings`, `export`, `import`), reading either through a running
 //! proxy's admin API or by opening the store directory directly; both paths yield the same records.
 
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use ctxscope_store::{ConversationDetail, ConversationRecord, Store, StoreOptions};
+use ctxscope_store::{ConversationDetail, ConversationRecord, FindingRecord, Store, StoreOptions};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -39,6 +39,23 @@ pub async fn show(source: &Source, id: u64, json: bool) -> Result<(), String> {
         println!("{}", serde_json::to_string_pretty(&detail).map_err(|e| e.to_string())?);
     } else {
         print!("{}", render::conversation(&detail));
+    }
+    Ok(())
+}
+
+/// `query` is the admin API's query string (`kind=...&conversation=...&limit=...`).
+pub async fn findings(source: &Source, query: &str, json: bool) -> Result<(), String> {
+    let list: Vec<FindingRecord> = match source {
+        Source::Admin(url) => decode(&get(url, &format!("/api/findings?{query}")).await?)?,
+        Source::Data(dir) => {
+            let filter = ctxscope_proxy::admin::finding_filter(query)?;
+            open(dir)?.findings(&filter).map_err(|e| e.to_string())?
+        }
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&list).map_err(|e| e.to_string())?);
+    } else {
+        print!("{}", render::findings(&list));
     }
     Ok(())
 }

@@ -14,6 +14,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use ctxscope_proxy::alert::webhook::{WebhookConfig, WebhookFormat};
 use ctxscope_proxy::{ProxyConfig, Upstream};
 
 #[derive(Parser)]
@@ -48,6 +49,23 @@ enum Command {
     /// Show one conversation turn by turn.
     Show {
         id: u64,
+        #[command(flatten)]
+        source: SourceArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List findings (truncation, dropped history, cache mismatches...), newest first.
+    Findings {
+        /// Only this kind (history_dropped, engine_truncation, context_overflow, phantom_cache_reuse,
+        /// cache_miss, amnesia_reply, token_count_drift).
+        #[arg(long)]
+        kind: Option<String>,
+        /// Only this conversation's.
+        #[arg(long)]
+        conversation: Option<u64>,
+        /// At most this many.
+        #[arg(long)]
+        limit: Option<u64>,
         #[command(flatten)]
         source: SourceArgs,
         #[arg(long)]
@@ -127,12 +145,33 @@ struct CaptureArgs {
     /// Store flush interval in milliseconds (the most a crash can lose, plus the queue).
     #[arg(long, default_value_t = 500)]
     flush_ms: u64,
+    /// POST each finding to this http:// URL (https is not supported: use a local relay or Alertmanager).
+    #[arg(long, value_name = "URL")]
+    alert_webhook: Option<String>,
+    /// Payload for --alert-webhook: json (one document per finding) or alertmanager (POST /api/v2/alerts).
+    #[arg(long, value_name = "FORMAT", default_value = "json")]
+    alert_webhook_format: WebhookFormat,
+    /// More phrases (one per line) that mark a reply as denying prior context (amnesia_reply).
+    #[arg(long, value_name = "FILE")]
+    amnesia_phrases: Option<PathBuf>,
+    /// Add `x-ctxscope-findings` to non-streamed responses whose turn raised findings (the response
+    /// then waits for its capture; off by default).
+    #[arg(long)]
+    findings_header: bool,
 }
 
 impl CaptureArgs {
-    /// The store directory, unless capture is off.
-    fn data_dir(&self) -> Option<PathBuf> {
-        (!self.no_capture).then(|| self.data.clone())
+    /// Applies the capture flags to a proxy configuration.
+    fn apply(&self, config: &mut ProxyConfig) -> Result<(), String> {
+        config.data_dir = (!self.no_capture).then(|| self.data.clone());
+        config.session_header = self.session_header.clone();
+        config.flush_every_ms = self.flush_ms;
+        config.alert_webhook = self.alert_webhook.as_ref().map(|url| WebhookConfig { format: self.alert_webhook_format, ..WebhookConfig::new(url.clone()) });
+        if let Some(path) = &self.amnesia_phrases {
+            config.detect.add_amnesia_phrases(path).map_err(|e| e.to_string())?;
+        }
+        config.findings_header = self.findings_header;
+        Ok(())
     }
 }
 
@@ -209,13 +248,9 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Serve(args) => {
-                let front = serve::FrontSettings {
-                    proxy: args.proxy,
-                    admin: args.capture.admin,
-                    data: args.capture.data_dir(),
-                    session_header: args.capture.session_header,
-                    flush_ms: args.capture.flush_ms,
-                };
+                let mut config = ProxyConfig::new(Upstream::parse("http://127.0.0.1:0").map_err(|e| e.to_string())?);
+                args.capture.apply(&mut config)?;
+                let front = serve::FrontSettings { proxy: args.proxy, admin: args.capture.admin, config };
                 serve::run_serve(args.engine.into(), front, shutdown_signal()).await
             }
             Command::Engine(args) => serve::run_engine(args.into(), shutdown_signal()).await,
@@ -228,6 +263,13 @@ fn main() -> ExitCode {
             Command::Proxy(args) => run_proxy(args).await,
             Command::Conversations { source, json } => inspect::conversations(&source.into(), json).await,
             Command::Show { id, source, json } => inspect::show(&source.into(), id, json).await,
+            Command::Findings { kind, conversation, limit, source, json } => {
+                let mut query = Vec::new();
+                query.extend(kind.map(|k| format!("kind={k}")));
+                query.extend(conversation.map(|c| format!("conversation={c}")));
+                query.extend(limit.map(|l| format!("limit={l}")));
+                inspect::findings(&source.into(), &query.join("&"), json).await
+            }
             Command::Export { id, source } => inspect::export(&source.into(), id).await,
             Command::Import { file, source } => inspect::import(&source.into(), &file).await,
         }
@@ -241,13 +283,11 @@ fn main() -> ExitCode {
 async fn run_proxy(args: ProxyArgs) -> Result<(), String> {
     let upstream = Upstream::parse(&args.upstream).map_err(|e| e.to_string())?;
     let mut config = ProxyConfig::new(upstream);
-    config.data_dir = args.capture.data_dir();
+    args.capture.apply(&mut config)?;
     config.tokenizer = args.tokenizer;
-    config.session_header = args.capture.session_header;
     config.queue_capacity = args.queue_capacity;
     config.max_request_bytes = args.max_request_bytes;
     config.max_capture_bytes = args.max_capture_bytes;
-    config.flush_every_ms = args.capture.flush_ms;
     config.retention.max_age = args.retain_days.map(|d| Duration::from_secs_f64(d * 86400.0));
     config.retention.max_bytes = args.retain_bytes;
     let proxy = bind(args.listen).await?;

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use ctxscope_store::{ConversationDetail, ConversationRecord, Relation, TurnRecord};
+use ctxscope_store::{ConversationDetail, ConversationRecord, FindingRecord, Relation, TurnRecord};
 
 pub fn conversations(list: &[ConversationRecord]) -> String {
     let mut out = String::new();
@@ -51,6 +51,32 @@ pub fn conversation(detail: &ConversationDetail) -> String {
             clip(t.finish_reason.as_deref().unwrap_or("-"), 10),
             summary(t),
         );
+    }
+    if !detail.findings.is_empty() {
+        let _ = writeln!(out, "\nfindings:");
+        out.push_str(&findings(&detail.findings));
+    }
+    out
+}
+
+pub fn findings(list: &[FindingRecord]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{:>20}  {:<20}  {:<19}  {:<8}  {:>20}  {:>4}  {}", "ID", "KIND", "TIME (UTC)", "SEVERITY", "CONVERSATION", "TURN", "SUMMARY");
+    for f in list {
+        let _ = writeln!(
+            out,
+            "{:>20}  {:<20}  {:<19}  {:<8}  {:>20}  {:>4}  {}",
+            f.id,
+            f.kind.as_str(),
+            time(f.time_unix_ms),
+            f.severity.as_str(),
+            f.conversation,
+            f.turn_index,
+            f.summary
+        );
+    }
+    if list.is_empty() {
+        out.push_str("(no findings)\n");
     }
     out
 }

@@ -29,9 +29,8 @@ pub struct EngineSettings {
 pub struct FrontSettings {
     pub proxy: SocketAddr,
     pub admin: SocketAddr,
-    pub data: Option<PathBuf>,
-    pub session_header: Option<String>,
-    pub flush_ms: u64,
+    /// The capture settings; its upstream and tokenizer are replaced by the engine's.
+    pub config: ProxyConfig,
 }
 
 /// `ctxscope engine`.
@@ -61,11 +60,9 @@ pub async fn run_serve(settings: EngineSettings, front: FrontSettings, shutdown:
     };
 
     let upstream = Upstream::parse(&format!("http://{engine_addr}")).map_err(|e| e.to_string())?;
-    let mut config = ProxyConfig::new(upstream);
-    config.data_dir = front.data;
+    let mut config = front.config;
+    config.upstream = upstream;
     config.tokenizer = Some(started.model_path.clone());
-    config.session_header = front.session_header;
-    config.flush_every_ms = front.flush_ms;
 
     let (stop_engine, engine_stopped) = tokio::sync::oneshot::channel::<()>();
     let engine = tokio::spawn(ctxscope_engine::server::run(started.handle, server_config(&settings), engine_listener, async move {

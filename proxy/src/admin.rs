@@ -1,12 +1,12 @@
 //! The admin port: Prometheus `/metrics`, `/healthz`, and the JSON API that inspection commands use
 //! while a proxy holds the store (`/api/conversations`, `/api/conversations/{id}`, `.../export`,
-//! `POST /api/import`). Documented in docs/api.md.
+//! `POST /api/import`, `/api/findings`). Documented in docs/api.md.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ctxscope_store::{Store, StoreError};
+use ctxscope_store::{FindingFilter, FindingKind, Store, StoreError};
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
@@ -56,6 +56,10 @@ pub async fn handle(state: Arc<AdminState>, request: Request<Incoming>) -> Resul
             Err(_) => bad_id(id),
         },
         (&Method::POST, ["api", "import"]) => import(&state, request).await,
+        (&Method::GET, ["api", "findings"]) => match finding_filter(request.uri().query().unwrap_or("")) {
+            Ok(filter) => with_store(&state, move |s| s.findings(&filter).map(|f| to_json(&f))).await,
+            Err(message) => json_error(StatusCode::BAD_REQUEST, "bad_query", &message, None),
+        },
         _ => json_error(StatusCode::NOT_FOUND, "not_found", &format!("no admin route {} {path}", request.method()), None),
     };
     Ok(response)
@@ -67,6 +71,26 @@ async fn import(state: &Arc<AdminState>, request: Request<Incoming>) -> Response
         Err(e) => return json_error(StatusCode::PAYLOAD_TOO_LARGE, "bad_import", &format!("cannot read import body: {e}"), None),
     };
     with_store(state, move |s| s.import_conversation(&mut body.as_ref()).map(|id| json!({"conversation": id}).to_string())).await
+}
+
+/// `kind`, `conversation`, `since` (Unix ms) and `limit` from a query string.
+pub fn finding_filter(query: &str) -> Result<FindingFilter, String> {
+    let mut filter = FindingFilter::default();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let number = || value.parse::<u64>().map_err(|_| format!("{key}={value:?} is not a number"));
+        match key {
+            "kind" => {
+                let kinds = || FindingKind::ALL.map(FindingKind::as_str).join(", ");
+                filter.kind = Some(FindingKind::parse(value).ok_or_else(|| format!("unknown finding kind {value:?}; known: {}", kinds()))?);
+            }
+            "conversation" => filter.conversation = Some(number()?),
+            "since" => filter.since_unix_ms = Some(number()?),
+            "limit" => filter.limit = Some(number()? as usize),
+            _ => return Err(format!("unknown query parameter {key:?}; use kind, conversation, since, limit")),
+        }
+    }
+    Ok(filter)
 }
 
 fn to_json<T: serde::Serialize>(value: &T) -> String {

@@ -28,6 +28,12 @@ pub struct ProxyConfig {
     pub retention: RetentionPolicy,
     pub retention_every: Duration,
     pub flush_every_ms: u64,
+    /// Detector thresholds and phrase lists.
+    pub detect: crate::detect::DetectConfig,
+    /// Findings are also posted to this webhook when set.
+    pub alert_webhook: Option<crate::alert::webhook::WebhookConfig>,
+    /// Add `x-ctxscope-findings` to non-streamed responses whose turn raised findings.
+    pub findings_header: bool,
 }
 
 /// The upstream engine's base URL, split for request building.
@@ -51,6 +57,8 @@ pub enum ConfigError {
     HeaderName(String),
     #[error("--tokenizer {0}: file not found")]
     Tokenizer(PathBuf),
+    #[error(transparent)]
+    Webhook(#[from] crate::alert::webhook::WebhookError),
 }
 
 impl Upstream {
@@ -91,6 +99,9 @@ impl ProxyConfig {
             retention: RetentionPolicy::default(),
             retention_every: Duration::from_secs(600),
             flush_every_ms: 500,
+            detect: crate::detect::DetectConfig::default(),
+            alert_webhook: None,
+            findings_header: false,
         }
     }
 
@@ -98,6 +109,9 @@ impl ProxyConfig {
     pub fn validate(self) -> Result<ProxyConfig, ConfigError> {
         if let Some(name) = &self.session_header {
             http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| ConfigError::HeaderName(name.clone()))?;
+        }
+        if let Some(webhook) = &self.alert_webhook {
+            webhook.validate()?;
         }
         if let Some(path) = &self.tokenizer {
             if !path.exists() {

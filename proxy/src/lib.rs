@@ -9,6 +9,7 @@ pub mod alert;
 pub mod body;
 pub mod capture;
 pub mod config;
+pub mod detect;
 pub mod forward;
 pub mod metrics;
 pub mod parse;
@@ -48,6 +49,10 @@ pub async fn run(
 ) -> Result<(), RunError> {
     let config = config.validate()?;
     let handle = metrics::install();
+    let webhook = match &config.alert_webhook {
+        Some(c) => Some(alert::webhook::WebhookSink::start(c.clone(), tokio::runtime::Handle::current()).map_err(ConfigError::from)?),
+        None => None,
+    };
     let tokens = match &config.tokenizer {
         Some(path) => {
             let path = path.clone();
@@ -59,7 +64,8 @@ pub async fn run(
         None => None,
     };
     let (store, capture_status) = open_store(&config);
-    let (sender, worker) = start_capture(&config, store.clone(), tokens);
+    let sinks: Vec<Box<dyn alert::AlertSink>> = webhook.iter().map(|w| Box::new(w.clone()) as Box<dyn alert::AlertSink>).collect();
+    let (sender, worker) = start_capture(&config, store.clone(), tokens, sinks);
 
     let admin_state = Arc::new(admin::AdminState {
         metrics: handle,
@@ -95,6 +101,11 @@ pub async fn run(
             tracing::warn!("capture queue not drained within the grace period");
         }
     }
+    if let Some(webhook) = &webhook {
+        if !webhook.flush(config.shutdown_grace).await {
+            tracing::warn!("alert webhook queue not drained within the grace period");
+        }
+    }
     Ok(())
 }
 
@@ -115,10 +126,19 @@ fn open_store(config: &ProxyConfig) -> (Option<Store>, String) {
     }
 }
 
-fn start_capture(config: &ProxyConfig, store: Option<Store>, tokens: Option<TokenCache>) -> (CaptureSender, Option<Worker>) {
+fn start_capture(
+    config: &ProxyConfig,
+    store: Option<Store>,
+    tokens: Option<TokenCache>,
+    sinks: Vec<Box<dyn alert::AlertSink>>,
+) -> (CaptureSender, Option<Worker>) {
     match (store, &config.data_dir) {
         (Some(store), _) => {
-            let pipeline = Pipeline::new(store, config.upstream.display.clone(), tokens, config.retention.clone());
+            let mut pipeline = Pipeline::new(store, config.upstream.display.clone(), tokens, config.retention.clone())
+                .with_detect_config(config.detect.clone());
+            for sink in sinks {
+                pipeline = pipeline.with_sink(sink);
+            }
             let (sender, worker) = queue::spawn(pipeline, config.queue_capacity, config.retention_every);
             (sender, Some(worker))
         }

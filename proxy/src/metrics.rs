@@ -96,6 +96,7 @@ pub fn install() -> PrometheusHandle {
             // Another recorder may already be installed (embedding program); then ours only renders zeros.
             let _ = metrics::set_global_recorder(recorder);
             describe();
+            register_findings();
             handle
         })
         .clone()

@@ -54,5 +54,6 @@ pub fn store_test_turn(id: u64, conversation: u64, new_messages: Vec<HashHex>) -
         finish_reason: None,
         error: None,
         notes: Vec::new(),
+        tools: None,
     }
 }

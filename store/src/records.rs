@@ -74,7 +74,8 @@ pub enum Relation {
     Regenerate { turn: u64 },
     /// Shares a prefix with an earlier conversation, then diverges: recorded as a new conversation.
     Branch { conversation: u64, turn: u64, shared_messages: u32 },
-    /// In a conversation named by header, but does not extend its previous turn.
+    /// Continues a conversation (named by header, or carrying its latest reply) without extending its
+    /// previous turn: the history before was removed or rewritten.
     Diverged { previous_turn: u64, shared_messages: u32 },
 }
 
@@ -129,6 +130,16 @@ pub struct TurnRecord {
     /// Things the capture could not fully understand.
     #[serde(default)]
     pub notes: Vec<String>,
+    /// The tool definitions sent, by digest (templates render them ahead of the messages).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<ToolsDigest>,
+}
+
+/// Tool definitions in brief: a hash of their canonical JSON and their names in the order sent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolsDigest {
+    pub hash: HashHex,
+    pub names: Vec<String>,
 }
 
 /// Where a branch left its parent conversation.
@@ -155,6 +166,9 @@ pub struct ConversationRecord {
     pub last_message_count: u32,
     pub last_tail: Option<HashHex>,
     pub branch_of: Option<BranchRef>,
+    /// Hash of the latest turn's reply message, when it had one.
+    #[serde(default)]
+    pub last_reply: Option<HashHex>,
 }
 
 /// Index entry: the first turn whose message list had this chain hash as a prefix of `len` messages.

@@ -88,6 +88,7 @@ mod tests {
             last_message_count: 1,
             last_tail: None,
             branch_of: None,
+            last_reply: None,
         };
         store.put_conversation(&rec).unwrap();
         let (hash, bytes) = crate::message_hash(&serde_json::json!({"role": "user", "content": format!("m{id}")}));

@@ -5,11 +5,13 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ctxscope_store::{
-    chain_next, message_hash, to_hex, ConversationRecord, Hash, PrefixEntry, RetentionPolicy, Store, StoreError, Timing,
+    chain_next, message_hash, to_hex, ConversationRecord, FindingRecord, Hash, PrefixEntry, RetentionPolicy, Store, StoreError, Timing,
     TurnRecord, ZERO_HASH,
 };
 
 use super::exchange::{Exchange, Outcome};
+use crate::alert::AlertSink;
+use crate::detect::{DetectConfig, Detectors, Draft, Observation};
 use super::hashes::MessageHashes;
 use super::queue::Sink;
 use super::thread::{self, Decision};
@@ -48,6 +50,8 @@ pub struct Pipeline {
     retention: RetentionPolicy,
     warnings: Throttle,
     hashes: MessageHashes,
+    detectors: Detectors,
+    sinks: Vec<Box<dyn AlertSink>>,
 }
 
 /// At most one warning per interval; the rest are counted and reported with the next one.
@@ -73,7 +77,21 @@ impl Throttle {
 
 impl Pipeline {
     pub fn new(store: Store, upstream: String, tokens: Option<TokenCache>, retention: RetentionPolicy) -> Pipeline {
-        Pipeline { store, upstream, tokens, retention, warnings: Throttle { last: None, suppressed: 0 }, hashes: MessageHashes::default() }
+        let detectors = Detectors::new(DetectConfig::default());
+        let warnings = Throttle { last: None, suppressed: 0 };
+        Pipeline { store, upstream, tokens, retention, warnings, hashes: MessageHashes::default(), detectors, sinks: Vec::new() }
+    }
+
+    /// Runs the detectors with `config` instead of the defaults.
+    pub fn with_detect_config(mut self, config: DetectConfig) -> Pipeline {
+        self.detectors = Detectors::new(config);
+        self
+    }
+
+    /// Also sends every new finding to `sink`.
+    pub fn with_sink(mut self, sink: Box<dyn AlertSink>) -> Pipeline {
+        self.sinks.push(sink);
+        self
     }
 
     /// Captures one exchange; returns the stored turn.
@@ -121,7 +139,8 @@ impl Pipeline {
         };
         let head = chain.last().copied().unwrap_or(ZERO_HASH);
         let tail = reply.map(|r| chain_next(&head, &r));
-        let local_tokens = self.tokens.as_mut().and_then(|t| t.count(exchange.endpoint, &request.messages, &chain, base_len));
+        let counted = self.tokens.as_mut().and_then(|t| t.count(exchange.endpoint, &request.messages, &chain, base_len));
+        let local_tokens = counted.as_ref().map(|c| c.local.clone());
 
         let turn_id = self.store.next_id()?;
         let (conversation_id, index) = match &decision.conversation {
@@ -160,6 +179,7 @@ impl Pipeline {
             finish_reason: response.finish_reason.clone(),
             error,
             notes,
+            tools: request.tools.clone(),
         };
         self.store.put_turn(&turn)?;
         for (len, prefix) in chain.iter().enumerate().skip(base_len) {
@@ -171,7 +191,56 @@ impl Pipeline {
         }
         self.update_conversation(decision, &turn, &head, tail.as_ref(), exchange.conversation_name.clone())?;
         record_metrics(&turn);
+
+        let started = Instant::now();
+        let reply_ids = match (&self.tokens, &counted) {
+            (Some(tokens), Some(_)) => Some(tokens.encode_text(&turn.reply_text)),
+            _ => None,
+        };
+        let observation = Observation {
+            turn: &turn,
+            messages: &request.messages,
+            hashes: &hashes,
+            prompt_ids: counted.as_ref().map(|c| c.ids.as_slice()),
+            segment_ends: counted.as_ref().map(|c| c.segment_ends.as_slice()),
+            reply_ids,
+            error_object: response.error_object.as_ref(),
+        };
+        for draft in self.detectors.observe(&self.store, &observation)? {
+            self.raise(&turn, draft)?;
+        }
+        metrics::histogram!(m::DETECT_SECONDS).record(started.elapsed().as_secs_f64());
         Ok(turn)
+    }
+
+    /// Stores a finding unless its cause was raised before; counts it and hands it to the sinks.
+    fn raise(&self, turn: &TurnRecord, draft: Draft) -> Result<Option<FindingRecord>, StoreError> {
+        if self.store.has_cause(&draft.cause)? {
+            return Ok(None);
+        }
+        let finding = FindingRecord {
+            id: self.store.next_id()?,
+            kind: draft.kind,
+            severity: draft.severity,
+            time_unix_ms: turn.time_unix_ms,
+            upstream: turn.upstream.clone(),
+            model: turn.model.clone(),
+            conversation: turn.conversation,
+            turn: turn.id,
+            turn_index: turn.index,
+            summary: draft.summary,
+            evidence: draft.evidence,
+            cause: draft.cause,
+        };
+        if !self.store.put_finding(&finding)? {
+            return Ok(None);
+        }
+        metrics::counter!(m::FINDINGS_TOTAL, "kind" => finding.kind.as_str(), "severity" => finding.severity.as_str()).increment(1);
+        tracing::warn!(kind = finding.kind.as_str(), conversation = finding.conversation, turn = finding.turn, summary = %finding.summary, "finding");
+        for sink in &self.sinks {
+            sink.send(&finding);
+        }
+        Ok(Some(finding))
     }
 
     fn response(&self, exchange: &Exchange, streaming: bool, notes: &mut Vec<String>) -> ParsedResponse {
@@ -199,6 +268,10 @@ impl Pipeline {
                 for old in old_head.iter().chain(old_tail.iter()) {
                     self.store.remove_end(old, c.id)?;
                 }
+                if let Some(old) = c.last_reply.as_deref().and_then(ctxscope_store::from_hex) {
+                    self.store.remove_reply(&old, c.id)?;
+                }
+                c.last_reply = turn.reply.clone();
                 c.turns += 1;
                 c.updated_unix_ms = turn.time_unix_ms;
                 c.last_turn = turn.id;
@@ -223,6 +296,7 @@ impl Pipeline {
                 last_message_count: turn.message_count,
                 last_tail: turn.tail.clone(),
                 branch_of: decision.branch_of,
+                last_reply: turn.reply.clone(),
             },
         };
         if conversation.name.is_none() {
@@ -232,6 +306,9 @@ impl Pipeline {
         self.store.put_end(head, conversation.id)?;
         if let Some(tail) = tail {
             self.store.put_end(tail, conversation.id)?;
+        }
+        if let Some(reply) = conversation.last_reply.as_deref().and_then(ctxscope_store::from_hex) {
+            self.store.put_reply(&reply, conversation.id)?;
         }
         Ok(())
     }

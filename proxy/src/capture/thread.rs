@@ -3,7 +3,9 @@
 //! A request continues conversation C when C's latest turn (its messages, or its messages plus reply)
 //! is a prefix of the request; the same messages again are a regenerate. Otherwise the longest prefix
 //! shared with any earlier turn decides: sharing more than the system prompt is a branch (a new
-//! conversation that records where it left), sharing less is a new conversation. A conversation named
+//! conversation that records where it left), sharing less is a new conversation. A request that does
+//! not extend a conversation's latest turn but carries its latest reply continues it with rewritten
+//! history (a harness that compacted or dropped earlier turns): marked diverged. A conversation named
 //! by header is used as named, and a request that does not extend its last turn is marked diverged.
 
 use ctxscope_store::{to_hex, BaseRef, BranchRef, ConversationRecord, Hash, Relation, Store, StoreError};
@@ -51,7 +53,11 @@ pub fn decide(store: &Store, request: &Request<'_>, name: Option<&str>) -> Resul
     if let Some(decision) = regenerate {
         return Ok(decision);
     }
-    // 2. The longest prefix shared with any earlier turn.
+    // 2. A conversation whose latest reply this request carries, with its history rewritten.
+    if let Some(decision) = carries_latest_reply(store, request)? {
+        return Ok(decision);
+    }
+    // 3. The longest prefix shared with any earlier turn.
     let Some((len, entry)) = longest_prefix(store, chain)? else {
         return Ok(Decision { conversation: None, relation: Relation::New, base: None, branch_of: None });
     };
@@ -78,6 +84,26 @@ fn decide_named(store: &Store, request: &Request<'_>, name: &str) -> Result<Deci
     if let Some((relation, base)) = continues(&conversation, chain) {
         return Ok(Decision { conversation: Some(conversation), relation, base: Some(base), branch_of: None });
     }
+    Ok(diverged(store, conversation, request, base)?)
+}
+
+/// How many assistant messages from the end are looked up in the latest-reply index.
+const REPLY_LOOKBACK: usize = 8;
+
+/// The conversation whose latest reply is among this request's last assistant messages.
+fn carries_latest_reply(store: &Store, request: &Request<'_>) -> Result<Option<Decision>, StoreError> {
+    let assistants = request.messages.iter().enumerate().rev().filter(|(_, m)| m.get("role").and_then(Value::as_str) == Some("assistant"));
+    for (i, _) in assistants.take(REPLY_LOOKBACK) {
+        let Some(id) = store.reply_of(&request.hashes[i])? else { continue };
+        let Some(conversation) = store.conversation(id)? else { continue };
+        let base = longest_prefix(store, request.chain)?.map(|(len, e)| BaseRef { turn: e.turn, len: len as u32 });
+        return Ok(Some(diverged(store, conversation, request, base)?));
+    }
+    Ok(None)
+}
+
+/// A request in `conversation` that does not extend its latest turn.
+fn diverged(store: &Store, conversation: ConversationRecord, request: &Request<'_>, base: Option<BaseRef>) -> Result<Decision, StoreError> {
     let previous = store.turn(conversation.last_turn)?;
     let shared = match &previous {
         Some(turn) => {

@@ -9,13 +9,25 @@ use ctxscope_formats::{CounterError, TokenCounter};
 use ctxscope_store::{Endpoint, Hash, LocalTokens};
 use serde_json::Value;
 
-/// Bound on cached per-message counts; the cache is cleared when full (counts are cheap to redo).
-const MAX_ENTRIES: usize = 1 << 20;
+/// Bound on cached segment tokens; the cache is cleared when full (tokens are cheap to redo).
+const MAX_CACHED_TOKENS: usize = 16 << 20;
+
+/// A counted prompt: the stored counts and the token ids the detectors compare across prompts.
+pub struct Counted {
+    pub local: LocalTokens,
+    /// The whole prompt's token ids (BOS, message segments, generation prompt).
+    pub ids: Vec<u32>,
+    /// Where message i's segment ends in `ids` (empty when the prompt could not be split per message).
+    pub segment_ends: Vec<usize>,
+}
 
 pub struct TokenCache {
     counter: Arc<TokenCounter>,
-    /// Chain hash of messages 0..=i -> token count of message i's rendered segment.
-    segments: HashMap<Hash, u32>,
+    /// Chain hash of messages 0..=i -> token ids of message i's rendered segment.
+    segments: HashMap<Hash, Arc<[u32]>>,
+    cached_tokens: usize,
+    /// Ids of the generation prompt the template appends (`<|im_start|>assistant\n`).
+    generation: Vec<u32>,
     name: String,
 }
 
@@ -23,43 +35,77 @@ impl TokenCache {
     pub fn open(path: &Path) -> Result<TokenCache, CounterError> {
         let counter = TokenCounter::open(path)?;
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        Ok(TokenCache { counter: Arc::new(counter), segments: HashMap::new(), name })
+        let generation = generation_ids(&counter);
+        Ok(TokenCache { counter: Arc::new(counter), segments: HashMap::new(), cached_tokens: 0, generation, name })
+    }
+
+    /// Token ids of free text (a reply), without BOS or special-token parsing.
+    pub fn encode_text(&self, text: &str) -> Vec<u32> {
+        self.counter.tokenizer().encode(text, false)
     }
 
     /// Counts the prompt; `new_from` is the index of the first message in the turn's delta.
-    pub fn count(&mut self, endpoint: Endpoint, messages: &[Value], chain: &[Hash], new_from: usize) -> Option<LocalTokens> {
+    pub fn count(&mut self, endpoint: Endpoint, messages: &[Value], chain: &[Hash], new_from: usize) -> Option<Counted> {
+        let bos: Vec<u32> = self.counter.tokenizer().bos().filter(|_| self.counter.bos_tokens() > 0).into_iter().collect();
         if endpoint == Endpoint::Completions {
             let prompt = messages.first()?.get("content")?.as_str()?;
-            let n = self.counter.count_text(prompt) as u32;
-            return Some(LocalTokens { prompt: n as u64, new_messages: vec![n], tokenizer: self.name.clone() });
+            let mut ids = bos;
+            ids.extend(self.counter.tokenizer().encode(prompt, true));
+            let n = ids.len() as u32;
+            let segment_ends = vec![ids.len()];
+            return Some(Counted { local: LocalTokens { prompt: n as u64, new_messages: vec![n], tokenizer: self.name.clone() }, ids, segment_ends });
         }
-        if self.segments.len() > MAX_ENTRIES {
+        if self.cached_tokens > MAX_CACHED_TOKENS {
             self.segments.clear();
+            self.cached_tokens = 0;
         }
+        let mut ids = bos;
         let mut counts = Vec::with_capacity(messages.len());
+        let mut segment_ends = Vec::with_capacity(messages.len());
         for i in 0..messages.len() {
-            let count = match self.segments.get(&chain[i]) {
-                Some(c) => *c,
+            let segment = match self.segments.get(&chain[i]) {
+                Some(s) => s.clone(),
                 None => match self.counter.segment(messages, i).ok()? {
-                    Some(segment) => {
-                        let c = self.counter.count_segment(&segment) as u32;
-                        self.segments.insert(chain[i], c);
-                        c
+                    Some(text) => {
+                        let s: Arc<[u32]> = self.counter.tokenizer().encode(&text, true).into();
+                        self.cached_tokens += s.len();
+                        self.segments.insert(chain[i], s.clone());
+                        s
                     }
                     // A template whose renders are not prefixes of each other: count the whole prompt.
                     None => return self.whole(messages),
                 },
             };
-            counts.push(count);
+            counts.push(segment.len() as u32);
+            ids.extend_from_slice(&segment);
+            segment_ends.push(ids.len());
         }
-        let fixed = self.counter.generation_prompt_tokens() + self.counter.bos_tokens();
-        let prompt = counts.iter().map(|c| *c as u64).sum::<u64>() + fixed as u64;
-        Some(LocalTokens { prompt, new_messages: counts[new_from.min(counts.len())..].to_vec(), tokenizer: self.name.clone() })
+        ids.extend_from_slice(&self.generation);
+        let local = LocalTokens {
+            prompt: ids.len() as u64,
+            new_messages: counts[new_from.min(counts.len())..].to_vec(),
+            tokenizer: self.name.clone(),
+        };
+        Some(Counted { local, ids, segment_ends })
     }
 
-    fn whole(&self, messages: &[Value]) -> Option<LocalTokens> {
-        let prompt = self.counter.count_prompt(messages).ok()? as u64;
-        Some(LocalTokens { prompt, new_messages: Vec::new(), tokenizer: self.name.clone() })
+    fn whole(&self, messages: &[Value]) -> Option<Counted> {
+        let text = self.counter.render(messages, true).ok()?;
+        let mut ids = self.counter.tokenizer().encode(&text, true);
+        let bos = self.counter.tokenizer().bos();
+        if self.counter.bos_tokens() > 0 && ids.first().copied() != bos {
+            ids.splice(0..0, bos);
+        }
+        Some(Counted { local: LocalTokens { prompt: ids.len() as u64, new_messages: Vec::new(), tokenizer: self.name.clone() }, ids, segment_ends: Vec::new() })
+    }
+}
+
+/// The generation prompt's ids: the render with it minus the render without it, on a probe message.
+fn generation_ids(counter: &TokenCounter) -> Vec<u32> {
+    let probe = [serde_json::json!({"role": "user", "content": "x"})];
+    match (counter.render(&probe, true), counter.render(&probe, false)) {
+        (Ok(with), Ok(without)) => with.strip_prefix(without.as_str()).map(|g| counter.tokenizer().encode(g, true)).unwrap_or_default(),
+        _ => Vec::new(),
     }
 }
 
@@ -90,8 +136,13 @@ mod tests {
         for turn in 0..5 {
             messages.push(json!({"role": "user", "content": format!("Question {turn}: what is {turn} squared?")}));
             let before = cache.segments.len();
-            let local = cache.count(Endpoint::ChatCompletions, &messages, &chain(&messages), messages.len() - 1).unwrap();
+            let counted = cache.count(Endpoint::ChatCompletions, &messages, &chain(&messages), messages.len() - 1).unwrap();
+            let local = counted.local;
             assert_eq!(local.prompt as usize, counter.count_prompt(&messages).unwrap(), "turn {turn}");
+            // The assembled ids are the whole render's tokenization.
+            let text = counter.render(&messages, true).unwrap();
+            let whole = counter.tokenizer().encode(&text, true);
+            assert_eq!(counted.ids[counted.ids.len() - whole.len()..], whole[..], "turn {turn}");
             // Only the new question was tokenized (the reply was counted when it was last in line).
             assert_eq!(cache.segments.len() - before, if turn == 0 { 2 } else { 1 });
             assert_eq!(local.new_messages.len(), 1);

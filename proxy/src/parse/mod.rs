@@ -7,7 +7,7 @@ pub mod openai;
 pub mod sse;
 pub mod usage;
 
-use ctxscope_store::{Endpoint, Usage};
+use ctxscope_store::{Endpoint, ToolsDigest, Usage};
 use serde_json::{Map, Value};
 
 /// Request fields the capture needs.
@@ -19,6 +19,8 @@ pub struct ParsedRequest {
     pub messages: Vec<Value>,
     pub params: Map<String, Value>,
     pub stream: bool,
+    /// Tool definitions in brief (OpenAI `tools`, Anthropic `tools`).
+    pub tools: Option<ToolsDigest>,
 }
 
 /// Response fields the capture needs.
@@ -33,6 +35,8 @@ pub struct ParsedResponse {
     pub events: u32,
     /// An error the upstream reported in the body.
     pub error: Option<String>,
+    /// The error object as the upstream sent it (llama.cpp adds `n_prompt_tokens` and `n_ctx`).
+    pub error_object: Option<Value>,
     pub notes: Vec<String>,
 }
 
@@ -58,6 +62,7 @@ pub fn request(endpoint: Endpoint, body: &[u8]) -> Result<ParsedRequest, ParseEr
         stream: object.get("stream").and_then(Value::as_bool).unwrap_or(endpoint == Endpoint::OllamaChat),
         params: PARAMS.iter().filter_map(|k| object.get(*k).map(|v| (k.to_string(), v.clone()))).collect(),
         messages: Vec::new(),
+        tools: object.get("tools").filter(|t| !t.is_null()).map(tools_digest),
     };
     parsed.messages = match endpoint {
         Endpoint::ChatCompletions | Endpoint::OllamaChat => openai::request_messages(object)?,
@@ -96,15 +101,26 @@ pub fn response(endpoint: Endpoint, content_type: Option<&str>, status: u16, bod
     parsed
 }
 
+/// Hash and names of tool definitions, in the order sent.
+fn tools_digest(tools: &Value) -> ToolsDigest {
+    let hash = ctxscope_store::to_hex(&ctxscope_store::message_hash(tools).0);
+    let list = tools.as_array().map(Vec::as_slice).unwrap_or_default();
+    let names = list
+        .iter()
+        .map(|t| t.pointer("/function/name").or_else(|| t.get("name")).and_then(Value::as_str).unwrap_or("").to_string())
+        .collect();
+    ToolsDigest { hash, names }
+}
+
 /// An upstream error body: the message of `{"error": {"message": ...}}` (or `"error": "..."`), else the text.
 fn error_response(body: &[u8]) -> ParsedResponse {
     let text = String::from_utf8_lossy(body);
-    let message = serde_json::from_slice::<Value>(body).ok().and_then(|v| {
-        let error = v.get("error")?;
+    let object = serde_json::from_slice::<Value>(body).ok().and_then(|mut v| v.get_mut("error").map(Value::take));
+    let message = object.as_ref().and_then(|error| {
         error.get("message").and_then(Value::as_str).or_else(|| error.as_str()).map(str::to_string)
     });
     let message = message.unwrap_or_else(|| text.chars().take(2000).collect());
-    ParsedResponse { error: Some(message), events: 1, ..Default::default() }
+    ParsedResponse { error: Some(message), error_object: object, events: 1, ..Default::default() }
 }
 
 #[cfg(test)]

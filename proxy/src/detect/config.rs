@@ -1,0 +1,90 @@
+//! Detector thresholds and tolerances, with the documented defaults (docs/findings.md). Phrase lists
+//! are data: the built-in files in `phrases/` plus any the user adds.
+
+use std::path::Path;
+use std::time::Duration;
+
+/// Thresholds the detectors run with.
+#[derive(Debug, Clone)]
+pub struct DetectConfig {
+    /// Engine prompt tokens may fall short of the local count by this fraction before it is truncation
+    /// (once the engine/local ratio is known; before that, `truncation_cold_fraction`).
+    pub truncation_fraction: f64,
+    /// The same, before enough turns have shown the engine/local ratio.
+    pub truncation_cold_fraction: f64,
+    /// ... and by at least this many tokens.
+    pub truncation_min_tokens: u64,
+    /// Without a tokenizer: a request that grew by this many bytes while the engine's prompt count
+    /// stayed flat or fell is truncation.
+    pub flat_growth_bytes: u64,
+    /// Engine-reported cached tokens may exceed the longest common prefix by this many (block rounding).
+    pub cache_block_tokens: u64,
+    /// A cache miss needs at least this many reusable tokens...
+    pub miss_min_tokens: u64,
+    /// ... of which the engine reused less than this fraction.
+    pub miss_fraction: f64,
+    /// Earlier prompts older than this are not expected to still be cached.
+    pub miss_window: Duration,
+    /// Earlier prompts kept in memory for prefix comparison (and their total tokens).
+    pub recent_prompts: usize,
+    pub recent_tokens: usize,
+    /// Engine/local counts off by more than this fraction...
+    pub drift_fraction: f64,
+    /// ... on this many consecutive turns, steadily (same sign, ratio spread under `drift_spread`).
+    pub drift_turns: usize,
+    pub drift_spread: f64,
+    /// Lower-cased phrases that, in a reply, deny the context the request carries.
+    pub amnesia_phrases: Vec<String>,
+    /// Lower-cased phrases that, in an error, mean the prompt was refused for its length.
+    pub overflow_phrases: Vec<String>,
+}
+
+impl Default for DetectConfig {
+    fn default() -> Self {
+        DetectConfig {
+            truncation_fraction: 0.03,
+            truncation_cold_fraction: 0.10,
+            truncation_min_tokens: 8,
+            flat_growth_bytes: 1024,
+            cache_block_tokens: 16,
+            miss_min_tokens: 128,
+            miss_fraction: 0.5,
+            miss_window: Duration::from_secs(1800),
+            recent_prompts: 256,
+            recent_tokens: 4 << 20,
+            drift_fraction: 0.03,
+            drift_turns: 4,
+            drift_spread: 0.05,
+            amnesia_phrases: phrases(include_str!("phrases/amnesia.txt")),
+            overflow_phrases: phrases(include_str!("phrases/overflow.txt")),
+        }
+    }
+}
+
+/// A phrase file could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("--amnesia-phrases {path}: {source}")]
+pub struct PhraseFileError {
+    pub path: std::path::PathBuf,
+    pub source: std::io::Error,
+}
+
+impl DetectConfig {
+    /// Adds the phrases of a user file (one per line, `#` comments) to the amnesia list.
+    pub fn add_amnesia_phrases(&mut self, path: &Path) -> Result<(), PhraseFileError> {
+        let text = std::fs::read_to_string(path).map_err(|source| PhraseFileError { path: path.to_path_buf(), source })?;
+        self.amnesia_phrases.extend(phrases(&text));
+        Ok(())
+    }
+}
+
+/// One phrase per non-empty, non-comment line, normalised like the text it is matched against.
+pub fn phrases(text: &str) -> Vec<String> {
+    text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(normalise).collect()
+}
+
+/// Lower case, typographic apostrophes made plain, runs of whitespace made one space.
+pub fn normalise(text: &str) -> String {
+    let lowered = text.to_lowercase().replace(['\u{2019}', '\u{2018}', '`'], "'");
+    lowered.split_whitespace().collect::<Vec<_>>().join(" ")
+}

@@ -1,0 +1,100 @@
+//! `engine_truncation` (the engine processed less than it was sent) and `context_overflow` (the engine
+//! refused the prompt for its length).
+
+use ctxscope_store::{FindingKind, Relation, Severity};
+use serde_json::{json, Value};
+
+use super::config::normalise;
+use super::drift::Steady;
+use super::{Context, Draft};
+
+/// Compares the engine's prompt count with the local count (scaled by the settled ratio), or, with no
+/// tokenizer, with the previous turn's: flat or falling while the request grew.
+pub(crate) fn truncation(cx: &Context<'_>, steady: Option<Steady>) -> Option<Draft> {
+    let turn = cx.obs.turn;
+    let engine = turn.usage.as_ref()?.prompt_tokens?;
+    let config = cx.config;
+    if let Some(local) = &turn.local_tokens {
+        let (ratio, fraction) = match steady {
+            Some(s) => (s.ratio, config.truncation_fraction),
+            None => (1.0, config.truncation_cold_fraction),
+        };
+        let expected = local.prompt as f64 * ratio;
+        let slack = (expected * fraction).max(config.truncation_min_tokens as f64);
+        if (engine as f64) + slack < expected {
+            let missing = (expected - engine as f64).round() as u64;
+            return Some(draft(
+                cx,
+                format!("engine processed {engine} prompt tokens of the {} sent ({missing} missing)", local.prompt),
+                json!({
+                    "method": "local_count", "local_prompt_tokens": local.prompt, "engine_prompt_tokens": engine,
+                    "expected_engine_tokens": expected.round() as u64, "missing_tokens": missing, "ratio": ratio,
+                    "tokenizer": local.tokenizer, "messages": turn.message_count,
+                }),
+            ));
+        }
+        return None;
+    }
+    // No tokenizer: the request grew but the engine's count did not.
+    let previous = cx.previous.as_ref().filter(|_| matches!(turn.relation, Relation::Extend { .. }))?;
+    let before = previous.usage.as_ref()?.prompt_tokens?;
+    let grew = turn.request_bytes.saturating_sub(previous.request_bytes);
+    if grew >= config.flat_growth_bytes && engine <= before + config.truncation_min_tokens {
+        return Some(draft(
+            cx,
+            format!("engine reported {engine} prompt tokens after {before} while the request grew by {grew} bytes"),
+            json!({
+                "method": "flat_prompt_tokens", "engine_prompt_tokens": engine, "previous_engine_prompt_tokens": before,
+                "previous_turn": previous.id, "request_bytes": turn.request_bytes, "previous_request_bytes": previous.request_bytes,
+                "messages": turn.message_count, "previous_messages": previous.message_count,
+            }),
+        ));
+    }
+    None
+}
+
+fn draft(cx: &Context<'_>, summary: String, evidence: Value) -> Draft {
+    Draft {
+        kind: FindingKind::EngineTruncation,
+        severity: Severity::Critical,
+        summary,
+        evidence,
+        cause: format!("engine_truncation/{}", cx.obs.turn.conversation),
+    }
+}
+
+/// An error answer whose message says the prompt was too long.
+pub(crate) fn overflow(cx: &Context<'_>) -> Option<Draft> {
+    let turn = cx.obs.turn;
+    if turn.status < 400 {
+        return None;
+    }
+    let message = turn.error.as_deref().unwrap_or("");
+    let object = cx.obs.error_object.map(Value::to_string).unwrap_or_default();
+    let haystack = normalise(&format!("{message} {object}"));
+    let phrase = cx.config.overflow_phrases.iter().find(|p| haystack.contains(p.as_str()))?;
+    let object = cx.obs.error_object;
+    let field = |name: &str| object.and_then(|o| o.get(name)).and_then(Value::as_u64);
+    Some(Draft {
+        kind: FindingKind::ContextOverflow,
+        severity: Severity::Warning,
+        summary: format!("engine refused the prompt for its length (HTTP {}): {}", turn.status, message.chars().take(200).collect::<String>()),
+        evidence: json!({
+            "status": turn.status,
+            "message": message,
+            "matched": phrase,
+            "numbers_in_message": numbers(message),
+            "engine_prompt_tokens": field("n_prompt_tokens"),
+            "engine_context_size": field("n_ctx"),
+            "local_prompt_tokens": turn.local_tokens.as_ref().map(|l| l.prompt),
+            "messages": turn.message_count,
+            "request_bytes": turn.request_bytes,
+        }),
+        cause: format!("context_overflow/{}", turn.conversation),
+    })
+}
+
+/// The integers in an error message (vLLM: "maximum context length is 2048 tokens. However, you requested 2100").
+fn numbers(text: &str) -> Vec<u64> {
+    text.split(|c: char| !c.is_ascii_digit()).filter(|w| !w.is_empty() && w.len() < 12).filter_map(|w| w.parse().ok()).collect()
+}

@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: Python test dependencies, the default model (for the
-# tokenizer tests), the Rust workspace tests, then the end-to-end tests with the official openai client.
+# tokenizer tests), Debian's prometheus package (promtool and prometheus, for tests/deploy.rs), the Rust
+# workspace tests, then the end-to-end tests with the official openai client.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
+    sudo=""
+    if [[ "$(id -u)" -ne 0 ]]; then
+        sudo="sudo"
+    fi
+    $sudo apt-get update -q
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus
+fi
 
 python3 -m pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
 bash scripts/fetch-model.sh

@@ -29,8 +29,9 @@ fn reusable_bound(cx: &Context<'_>, recent: &RecentPrompts) -> (u64, &'static st
     match (obs.prompt_ids, obs.segment_ends) {
         (Some(ids), Some(ends)) => {
             let best = recent.longest(ids, None);
-            // The shared messages plus all of the next one: an upper bound on the token prefix shared with that turn.
-            let by_messages = if shared_messages == 0 { 0 } else { ends.get(shared_messages).copied().unwrap_or(ids.len()) };
+            // Whole messages shared with a stored turn: covers prompts sent before this proxy started
+            // (a partial message shared with such a prompt is not counted; see docs/findings.md).
+            let by_messages = if shared_messages == 0 { 0 } else { ends.get(shared_messages - 1).copied().unwrap_or(ids.len()) };
             let tokens = best.map_or(0, |b| b.tokens).max(by_messages);
             (tokens as u64, "token_ids", best)
         }

@@ -1,13 +1,12 @@
 //! Threading, hashing and storage through the capture pipeline, with synthetic exchanges and a real
 //! sled store: extend, regenerate, branch, dropped turns, tool calls, content-addressed messages.
 
-use std::sync::{Arc, Mutex};
-
-use bytes::Bytes;
-use ctxscope_proxy::capture::exchange::{Captured, Exchange};
 use ctxscope_proxy::capture::pipeline::Pipeline;
-use ctxscope_store::{Endpoint, Relation, RetentionPolicy, Store, StoreOptions, TurnRecord};
+use ctxscope_store::{Relation, RetentionPolicy, Store, StoreOptions, TurnRecord};
 use serde_json::{json, Value};
+
+mod common;
+use common::{assistant, captured, exchange, system, user};
 
 struct Harness {
     _dir: tempfile::TempDir,
@@ -33,40 +32,6 @@ impl Harness {
                               "usage": {"prompt_tokens": 10 * messages.len(), "completion_tokens": 2}});
         self.pipeline.capture(&exchange(request, response, name)).expect("captured")
     }
-}
-
-fn captured(bytes: Vec<u8>) -> Captured {
-    let mut c = Captured::default();
-    c.push(&Bytes::from(bytes), usize::MAX);
-    c.complete = true;
-    c
-}
-
-fn exchange(request: Value, response: Value, name: Option<&str>) -> Exchange {
-    let body = Arc::new(Mutex::new(captured(serde_json::to_vec(&request).unwrap())));
-    let mut ex = Exchange::new(Endpoint::ChatCompletions, "POST", "/v1/chat/completions", body);
-    ex.time_unix_ms = 1;
-    ex.conversation_name = name.map(str::to_string);
-    ex.status = Some(200);
-    ex.response_content_type = Some("application/json".into());
-    ex.response = captured(serde_json::to_vec(&response).unwrap());
-    ex.headers_us = Some(10);
-    ex.ttfb_us = Some(20);
-    ex.total_us = 30;
-    ex.frames = 1;
-    ex
-}
-
-fn user(text: &str) -> Value {
-    json!({"role": "user", "content": text})
-}
-
-fn assistant(text: &str) -> Value {
-    json!({"role": "assistant", "content": text})
-}
-
-fn system() -> Value {
-    json!({"role": "system", "content": "You are a helpful assistant."})
 }
 
 #[test]

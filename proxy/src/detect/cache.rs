@@ -97,7 +97,9 @@ mod tests {
         recent_prompts.push(recent(&[1, 1], 1, 1));
         recent_prompts.push(recent(&[2, 2], 2, 2));
         recent_prompts.push(recent(&[3, 3, 3], 3, 3));
-        assert_eq!(recent_prompts.entries.len(), 1);
-        assert_eq!(recent_prompts.tokens, 3);
+        assert_eq!(recent_prompts.entries.iter().map(|e| e.turn).collect::<Vec<_>>(), vec![2, 3], "oldest evicted");
+        assert_eq!(recent_prompts.tokens, 5);
+        recent_prompts.push(recent(&[4, 4, 4, 4], 4, 4));
+        assert_eq!(recent_prompts.entries.iter().map(|e| e.turn).collect::<Vec<_>>(), vec![4], "token budget");
     }
 }

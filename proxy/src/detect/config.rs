@@ -14,6 +14,12 @@ pub struct DetectConfig {
     pub truncation_cold_fraction: f64,
     /// ... and by at least this many tokens.
     pub truncation_min_tokens: u64,
+    /// Before the ratio is known, a shortfall is truncation when the engine's count grew by less than
+    /// this fraction of what the local count grew since the previous turn (a wrong tokenizer grows
+    /// both in proportion; a truncating engine's count stalls)...
+    pub truncation_growth_fraction: f64,
+    /// ... or, on a conversation's first turn, when the engine saw less than this fraction of the prompt.
+    pub truncation_first_turn_fraction: f64,
     /// Without a tokenizer: a request that grew by this many bytes while the engine's prompt count
     /// stayed flat or fell is truncation.
     pub flat_growth_bytes: u64,
@@ -45,6 +51,8 @@ impl Default for DetectConfig {
             truncation_fraction: 0.03,
             truncation_cold_fraction: 0.10,
             truncation_min_tokens: 8,
+            truncation_growth_fraction: 0.5,
+            truncation_first_turn_fraction: 0.5,
             flat_growth_bytes: 1024,
             cache_block_tokens: 16,
             miss_min_tokens: 128,

@@ -87,8 +87,10 @@ pub fn compare(previous: &[Message<'_>], request: &[Message<'_>]) -> History {
         if in_request(old.hash) {
             continue;
         }
-        // The request message at the same position, when it is new, is this one's replacement.
-        match request.get(i).filter(|new| !in_previous(new.hash)) {
+        // The request message at the same position, when it is new, is this one's replacement (only
+        // when nothing was removed: a shorter request has shifted positions).
+        let in_place = request.len() >= previous.len();
+        match request.get(i).filter(|new| in_place && !in_previous(new.hash)) {
             Some(new) => match small_edit(old.value, new.value) {
                 Some(change) if minor.is_none() => minor = Some(located(i, old.value, new.value, change)),
                 Some(_) => {}
@@ -253,8 +255,11 @@ mod tests {
 
     fn run(previous: &[Value], request: &[Value]) -> History {
         let (p, r) = (conv(previous), conv(request));
-        let view = |v: &[(String, Value)]| v.iter().map(|(h, m)| Message { hash: h, value: m }).collect::<Vec<_>>();
         compare(&view(&p), &view(&r))
+    }
+
+    fn view(v: &[(String, Value)]) -> Vec<Message<'_>> {
+        v.iter().map(|(hash, value)| Message { hash, value }).collect()
     }
 
     fn m(role: &str, content: &str) -> Value {
@@ -271,6 +276,10 @@ mod tests {
         // Summarized into one message.
         let summary = [m("system", "S"), m("user", "Summary: the user asked u1 and u2."), m("assistant", "a2"), m("user", "u3")];
         let History::Dropped(d) = run(&previous, &summary) else { panic!() };
+        assert_eq!((d.removed_messages, d.rewritten_messages), (vec![1, 2, 3], vec![]));
+        // Rewritten in place (same length): the replaced message is counted as rewritten.
+        let rewritten = [m("system", "S"), m("user", "Summary: u1."), m("assistant", "a1"), m("user", "u2"), m("assistant", "a2"), m("user", "u3")];
+        let History::Dropped(d) = run(&previous, &rewritten) else { panic!() };
         assert_eq!(d.rewritten_messages, vec![1]);
     }
 

@@ -21,19 +21,29 @@ pub(crate) fn truncation(cx: &Context<'_>, steady: Option<Steady>) -> Option<Dra
         };
         let expected = local.prompt as f64 * ratio;
         let slack = (expected * fraction).max(config.truncation_min_tokens as f64);
-        if (engine as f64) + slack < expected {
-            let missing = (expected - engine as f64).round() as u64;
-            return Some(draft(
-                cx,
-                format!("engine processed {engine} prompt tokens of the {} sent ({missing} missing)", local.prompt),
-                json!({
-                    "method": "local_count", "local_prompt_tokens": local.prompt, "engine_prompt_tokens": engine,
-                    "expected_engine_tokens": expected.round() as u64, "missing_tokens": missing, "ratio": ratio,
-                    "tokenizer": local.tokenizer, "messages": turn.message_count,
-                }),
-            ));
+        if (engine as f64) + slack >= expected {
+            return None;
         }
-        return None;
+        // Before the ratio is known, tell a truncating engine from a mismatched tokenizer by growth.
+        let growth = steady.is_none().then(|| growth(cx)).flatten();
+        let confirmed = match (steady, growth) {
+            (Some(_), _) => true,
+            (None, Some(g)) => g < config.truncation_growth_fraction,
+            (None, None) => (engine as f64) < local.prompt as f64 * config.truncation_first_turn_fraction,
+        };
+        if !confirmed {
+            return None;
+        }
+        let missing = (expected - engine as f64).round() as u64;
+        return Some(draft(
+            cx,
+            format!("engine processed {engine} prompt tokens of the {} sent ({missing} missing)", local.prompt),
+            json!({
+                "method": "local_count", "local_prompt_tokens": local.prompt, "engine_prompt_tokens": engine,
+                "expected_engine_tokens": expected.round() as u64, "missing_tokens": missing, "ratio": ratio,
+                "growth_since_previous_turn": growth, "tokenizer": local.tokenizer, "messages": turn.message_count,
+            }),
+        ));
     }
     // No tokenizer: the request grew but the engine's count did not.
     let previous = cx.previous.as_ref().filter(|_| matches!(turn.relation, Relation::Extend { .. }))?;
@@ -51,6 +61,15 @@ pub(crate) fn truncation(cx: &Context<'_>, steady: Option<Steady>) -> Option<Dra
         ));
     }
     None
+}
+
+/// Engine-count growth over local-count growth since the conversation's previous turn.
+fn growth(cx: &Context<'_>) -> Option<f64> {
+    let turn = cx.obs.turn;
+    let previous = cx.previous.as_ref().filter(|_| matches!(turn.relation, Relation::Extend { .. }))?;
+    let (local, before_local) = (turn.local_tokens.as_ref()?.prompt, previous.local_tokens.as_ref()?.prompt);
+    let (engine, before_engine) = (turn.usage.as_ref()?.prompt_tokens?, previous.usage.as_ref()?.prompt_tokens?);
+    (local > before_local).then(|| (engine as f64 - before_engine as f64) / (local - before_local) as f64)
 }
 
 fn draft(cx: &Context<'_>, summary: String, evidence: Value) -> Draft {

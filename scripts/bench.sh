@@ -2,7 +2,8 @@
 # Builds the release `ctxscope` binary and runs the open-loop proxy latency benchmark
 # (proxy/benches/latency.rs) against it. Prints the results in markdown; with --write it also
 # replaces the generated block between the latency markers in BENCHMARKS.md.
-# Environment passed through: CTXSCOPE_BIN, LATENCY_RATES (e.g. 500,2000), LATENCY_QUICK=1.
+# Environment passed through: CTXSCOPE_BIN, LATENCY_RATES (e.g. 500,2000), LATENCY_QUICK=1,
+# LATENCY_PROXY_ARGS (extra flags for the capturing proxy, e.g. --no-detect).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,7 +22,7 @@ trap 'rm -f "$out"' EXIT
 {
   echo "Run $(date -u '+%Y-%m-%d %H:%M UTC'); nproc $(nproc); CPU $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//');"
   echo "Tree: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' plus uncommitted changes'); load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)."
-  echo "Command: \`scripts/bench.sh\` = \`cargo build --release -p ctxscope && cargo bench -p ctxscope-proxy --bench latency\`${LATENCY_RATES:+ with LATENCY_RATES=$LATENCY_RATES}${LATENCY_QUICK:+ with LATENCY_QUICK=$LATENCY_QUICK}."
+  echo "Command: \`scripts/bench.sh\` = \`cargo build --release -p ctxscope && cargo bench -p ctxscope-proxy --bench latency\`${LATENCY_RATES:+ with LATENCY_RATES=$LATENCY_RATES}${LATENCY_QUICK:+ with LATENCY_QUICK=$LATENCY_QUICK}${LATENCY_PROXY_ARGS:+ with LATENCY_PROXY_ARGS=$LATENCY_PROXY_ARGS}."
   echo
   cargo bench -q -p ctxscope-proxy --bench latency
 } > "$out"

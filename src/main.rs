@@ -154,10 +154,9 @@ struct CaptureArgs {
     /// More phrases (one per line) that mark a reply as denying prior context (amnesia_reply).
     #[arg(long, value_name = "FILE")]
     amnesia_phrases: Option<PathBuf>,
-    /// Add `x-ctxscope-findings` to non-streamed responses whose turn raised findings (the response
-    /// then waits for its capture; off by default).
+    /// Capture without running the detectors (no findings).
     #[arg(long)]
-    findings_header: bool,
+    no_detect: bool,
 }
 
 impl CaptureArgs {
@@ -170,7 +169,7 @@ impl CaptureArgs {
         if let Some(path) = &self.amnesia_phrases {
             config.detect.add_amnesia_phrases(path).map_err(|e| e.to_string())?;
         }
-        config.findings_header = self.findings_header;
+        config.detect.enabled = !self.no_detect;
         Ok(())
     }
 }

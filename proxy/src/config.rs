@@ -32,8 +32,6 @@ pub struct ProxyConfig {
     pub detect: crate::detect::DetectConfig,
     /// Findings are also posted to this webhook when set.
     pub alert_webhook: Option<crate::alert::webhook::WebhookConfig>,
-    /// Add `x-ctxscope-findings` to non-streamed responses whose turn raised findings.
-    pub findings_header: bool,
 }
 
 /// The upstream engine's base URL, split for request building.
@@ -101,7 +99,6 @@ impl ProxyConfig {
             flush_every_ms: 500,
             detect: crate::detect::DetectConfig::default(),
             alert_webhook: None,
-            findings_header: false,
         }
     }
 

@@ -56,6 +56,10 @@ impl ProxyProcess {
         if !capture {
             command.arg("--no-capture");
         }
+        // Extra flags for the capturing proxy, e.g. LATENCY_PROXY_ARGS=--no-detect to compare.
+        if let (true, Ok(extra)) = (capture, std::env::var("LATENCY_PROXY_ARGS")) {
+            command.args(extra.split_whitespace());
+        }
         let child = command
             .stdin(Stdio::null())
             .stdout(out)

@@ -192,6 +192,9 @@ impl Pipeline {
         self.update_conversation(decision, &turn, &head, tail.as_ref(), exchange.conversation_name.clone())?;
         record_metrics(&turn);
 
+        if !self.detectors.config().enabled {
+            return Ok(turn);
+        }
         let started = Instant::now();
         let reply_ids = match (&self.tokens, &counted) {
             (Some(tokens), Some(_)) => Some(tokens.encode_text(&turn.reply_text)),

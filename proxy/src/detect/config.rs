@@ -7,6 +7,8 @@ use std::time::Duration;
 /// Thresholds the detectors run with.
 #[derive(Debug, Clone)]
 pub struct DetectConfig {
+    /// Off: turns are captured but not diagnosed.
+    pub enabled: bool,
     /// Engine prompt tokens may fall short of the local count by this fraction before it is truncation
     /// (once the engine/local ratio is known; before that, `truncation_cold_fraction`).
     pub truncation_fraction: f64,
@@ -48,6 +50,7 @@ pub struct DetectConfig {
 impl Default for DetectConfig {
     fn default() -> Self {
         DetectConfig {
+            enabled: true,
             truncation_fraction: 0.03,
             truncation_cold_fraction: 0.10,
             truncation_min_tokens: 8,

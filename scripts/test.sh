@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: Python test dependencies, the default model (for the
-# tokenizer tests), Debian's prometheus package (promtool and prometheus, for tests/deploy.rs), the Rust
-# workspace tests, then the end-to-end tests with the official openai client.
+# tokenizer tests), Debian's prometheus package (promtool and prometheus, for tests/deploy.rs), llama.cpp's
+# server (the reference peer of the scenario corpus, tests/scenarios.rs; built once, about 15 minutes on 2
+# cores), the Rust workspace tests, then the end-to-end tests with the official openai client.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +17,8 @@ fi
 
 python3 -m pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
 bash scripts/fetch-model.sh
+llama_bin="$(LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}" bash scripts/llama_cpp/install.sh)"
+export LLAMA_SERVER="$llama_bin/llama-server"
 cargo build --workspace --locked
 cargo test --workspace --locked
 CTXSCOPE_BIN="$PWD/target/debug/ctxscope" python3 -m pytest -q tests/python

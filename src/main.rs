@@ -157,6 +157,10 @@ struct CaptureArgs {
     /// Capture without running the detectors (no findings).
     #[arg(long)]
     no_detect: bool,
+    /// Add `x-ctxscope-findings` to non-streamed responses whose turn raised findings (each such
+    /// response then waits for its capture, at most 5 s; streamed responses are never held).
+    #[arg(long)]
+    findings_header: bool,
 }
 
 impl CaptureArgs {
@@ -170,6 +174,7 @@ impl CaptureArgs {
             config.detect.add_amnesia_phrases(path).map_err(|e| e.to_string())?;
         }
         config.detect.enabled = !self.no_detect;
+        config.findings_header = self.findings_header;
         Ok(())
     }
 }

@@ -465,6 +465,55 @@ async fn serve_captures_the_engine_through_its_proxy() {
     serve.stop();
 }
 
+/// `serve` with `--findings-header` (and the given extra flags), its proxy and admin URLs.
+async fn serve_with_findings_header(data: &std::path::Path) -> (Server, String, String) {
+    let (proxy_port, admin_port) = (free_port(), free_port());
+    let (proxy, admin) = (format!("127.0.0.1:{proxy_port}"), format!("127.0.0.1:{admin_port}"));
+    let args = ["--proxy", &proxy, "--admin", &admin, "--data", data.to_str().unwrap(), "--flush-ms", "50", "--findings-header"];
+    let serve = Server::start("serve", free_port(), &args).ready().await;
+    wait_ok(&format!("http://{admin}/healthz")).await;
+    (serve, format!("http://{proxy}"), format!("http://{admin}"))
+}
+
+/// The recall conversation sent turn by turn through the proxy, as a harness would: the fact first,
+/// the question second. Returns the second reply and the findings header on each response.
+async fn recall_through(proxy: &str, patches: &str) -> (String, Vec<Option<String>>) {
+    let headers: Vec<(&str, &str)> = if patches.is_empty() { vec![] } else { vec![("x-ctxscope-patches", patches)] };
+    let url = format!("{proxy}/v1/chat/completions");
+    let mut found = Vec::new();
+    let mut messages = vec![user("The secret word is banana.")];
+    let first = post_json(&url, &headers, &json!({"messages": messages, "max_tokens": 8, "temperature": 0})).await;
+    found.push(first.headers.get("x-ctxscope-findings").map(|v| v.to_str().unwrap().to_string()));
+    ok_json(&first);
+    messages.push(json!({"role": "assistant", "content": "Okay, I will remember that."}));
+    messages.push(user("What is the secret word?"));
+    let second = post_json(&url, &headers, &json!({"messages": messages, "max_tokens": 16, "temperature": 0})).await;
+    found.push(second.headers.get("x-ctxscope-findings").map(|v| v.to_str().unwrap().to_string()));
+    (content(&ok_json(&second)), found)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn context_faults_lose_the_fact_and_the_proxy_in_front_names_the_truncation() {
+    let dir = tempfile::tempdir().unwrap();
+    let (serve, proxy, admin) = serve_with_findings_header(&dir.path().join("data")).await;
+    let (golden, found) = recall_through(&proxy, "").await;
+    assert!(golden.to_lowercase().contains("banana"), "golden lost the fact: {golden:?}");
+    assert_eq!(found, vec![None, None], "golden raised findings");
+    // Ollama's context shift at 32 and SGLang's auto-truncate at 30 (the engine's imitations).
+    for patches in ["ctx_shift=32", "auto_truncate=30"] {
+        let (reply, found) = recall_through(&proxy, patches).await;
+        assert!(!reply.to_lowercase().contains("banana"), "{patches} kept the fact: {reply:?}");
+        assert_eq!(found[1].as_deref(), Some("engine_truncation"), "{patches}: {found:?}");
+    }
+    let findings = get_json(&format!("{admin}/api/findings?kind=engine_truncation")).await;
+    assert_eq!(findings.as_array().unwrap().len(), 2, "{findings}");
+    // Streamed responses are never held for their findings.
+    let body = json!({"messages": [user("Hi")], "max_tokens": 4, "stream": true});
+    let raw = post_json(&format!("{proxy}/v1/chat/completions"), &[("x-ctxscope-patches", "auto_truncate=8")], &body).await;
+    assert!(raw.headers.get("x-ctxscope-findings").is_none());
+    serve.stop();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn patches_flag_header_and_registry_listing() {
     let listing = Command::new(bin()).arg("patches").output().expect("runs ctxscope patches");

@@ -32,6 +32,9 @@ pub struct ProxyConfig {
     pub detect: crate::detect::DetectConfig,
     /// Findings are also posted to this webhook when set.
     pub alert_webhook: Option<crate::alert::webhook::WebhookConfig>,
+    /// Hold non-streamed responses until their capture is done (at most 5 s) and add
+    /// `x-ctxscope-findings` when the turn raised findings.
+    pub findings_header: bool,
 }
 
 /// The upstream engine's base URL, split for request building.
@@ -99,6 +102,7 @@ impl ProxyConfig {
             flush_every_ms: 500,
             detect: crate::detect::DetectConfig::default(),
             alert_webhook: None,
+            findings_header: false,
         }
     }
 

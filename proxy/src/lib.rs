@@ -77,6 +77,7 @@ pub async fn run(
         session_header: config.session_header.as_deref().and_then(|h| http::HeaderName::from_bytes(h.as_bytes()).ok()),
         max_capture_bytes: config.max_capture_bytes,
         max_request_bytes: config.max_request_bytes,
+        findings_header: config.findings_header.then_some(std::time::Duration::from_secs(5)),
     };
     // Box the incoming body, tee LLM exchanges into capture, forward to the upstream.
     let proxy_service = ServiceBuilder::new()

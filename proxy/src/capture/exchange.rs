@@ -79,6 +79,8 @@ pub struct Exchange {
     pub total_us: u64,
     pub frames: u32,
     pub outcome: Outcome,
+    /// Where to send the kinds of the findings this exchange raised (`--findings-header`).
+    pub findings_reply: Option<tokio::sync::oneshot::Sender<Vec<&'static str>>>,
 }
 
 impl Exchange {
@@ -100,6 +102,7 @@ impl Exchange {
             total_us: 0,
             frames: 0,
             outcome: Outcome::Complete,
+            findings_reply: None,
         }
     }
 }

@@ -1,6 +1,8 @@
 //! The capture middleware: for the LLM endpoints it understands, tees request and response bodies
 //! into an [`Exchange`] and hands it to the capture queue when the response ends; everything else
-//! passes through untouched. It never waits on capture and never changes a byte.
+//! passes through untouched. It never waits on capture and never changes a byte, except with
+//! `--findings-header`: then a non-streamed response is held until its capture finishes (bounded) and
+//! carries `x-ctxscope-findings` naming the findings its turn raised.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -23,12 +25,18 @@ use crate::metrics as m;
 /// Header that names a conversation explicitly.
 pub const CONVERSATION_HEADER: &str = "x-ctxscope-conversation";
 
+/// Response header listing the kinds of finding the turn raised (with `--findings-header`).
+pub const FINDINGS_HEADER: &str = "x-ctxscope-findings";
+
 /// Settings the middleware needs on every request.
 #[derive(Debug, Clone)]
 pub struct CaptureSettings {
     pub session_header: Option<http::HeaderName>,
     pub max_capture_bytes: usize,
     pub max_request_bytes: u64,
+    /// Hold non-streamed responses until their capture is done (at most this long) and add
+    /// `x-ctxscope-findings`; `None` (the default) never waits.
+    pub findings_header: Option<std::time::Duration>,
 }
 
 /// Builds [`Capture`] services around an inner service.
@@ -132,11 +140,46 @@ where
                 }
             }
             m::requests(label, parts.status);
+            if let (Some(wait), false) = (settings.findings_header, is_stream(&parts.headers)) {
+                return Ok(with_findings(parts, body, guard, wait).await);
+            }
             let response = Response::from_parts(parts, Tee::new(body, guard).boxed_unsync());
             m::overhead(before_upstream + upstream_done.elapsed());
             Ok(response)
         })
     }
+}
+
+/// Streamed responses (SSE, NDJSON) pass at once: their headers leave before the turn is known.
+fn is_stream(headers: &http::HeaderMap) -> bool {
+    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    content_type.starts_with("text/event-stream") || content_type.contains("ndjson")
+}
+
+/// Reads the whole response through the tee (which hands the exchange to capture), waits up to `wait`
+/// for the findings it raised, and answers the same bytes with `x-ctxscope-findings` when there are any.
+async fn with_findings(mut parts: http::response::Parts, body: ProxyBody, mut guard: ExchangeGuard, wait: std::time::Duration) -> Response<ProxyBody> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    if let Some(ex) = guard.get() {
+        ex.findings_reply = Some(tx);
+    }
+    let bytes = match Tee::new(body, guard).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) => {
+            let message = format!("ctxscope: upstream response failed mid-body: {e}");
+            return json_error(StatusCode::BAD_GATEWAY, "ctxscope_upstream_failed", &message, None);
+        }
+    };
+    if let Ok(Ok(kinds)) = tokio::time::timeout(wait, rx).await {
+        if let Ok(value) = header::HeaderValue::from_str(&kinds.join(",")) {
+            if !kinds.is_empty() {
+                parts.headers.insert(FINDINGS_HEADER, value);
+            }
+        }
+    }
+    parts.headers.remove(header::TRANSFER_ENCODING);
+    parts.headers.insert(header::CONTENT_LENGTH, header::HeaderValue::from(bytes.len()));
+    Response::from_parts(parts, crate::body::full(bytes))
 }
 
 fn oversized(request: &Request<ProxyBody>, max: u64) -> Option<String> {

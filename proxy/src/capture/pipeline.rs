@@ -96,6 +96,11 @@ impl Pipeline {
 
     /// Captures one exchange; returns the stored turn.
     pub fn capture(&mut self, exchange: &Exchange) -> Result<TurnRecord, CaptureError> {
+        self.capture_with_findings(exchange).map(|(turn, _)| turn)
+    }
+
+    /// Captures one exchange; returns the stored turn and the findings it raised.
+    pub fn capture_with_findings(&mut self, exchange: &Exchange) -> Result<(TurnRecord, Vec<FindingRecord>), CaptureError> {
         let request_copy = exchange.request.lock().map(|c| (c.overflow, c.complete, c.total, c.to_vec())).unwrap_or_default();
         let (overflow, complete, request_bytes, body) = request_copy;
         if overflow {
@@ -193,7 +198,7 @@ impl Pipeline {
         record_metrics(&turn);
 
         if !self.detectors.config().enabled {
-            return Ok(turn);
+            return Ok((turn, Vec::new()));
         }
         let started = Instant::now();
         let reply_ids = match (&self.tokens, &counted) {
@@ -209,11 +214,12 @@ impl Pipeline {
             reply_ids,
             error_object: response.error_object.as_ref(),
         };
+        let mut raised = Vec::new();
         for draft in self.detectors.observe(&self.store, &observation)? {
-            self.raise(&turn, draft)?;
+            raised.extend(self.raise(&turn, draft)?);
         }
         metrics::histogram!(m::DETECT_SECONDS).record(started.elapsed().as_secs_f64());
-        Ok(turn)
+        Ok((turn, raised))
     }
 
     /// Stores a finding unless its cause was raised before; counts it and hands it to the sinks.
@@ -342,14 +348,20 @@ fn record_metrics(turn: &TurnRecord) {
 }
 
 impl Sink for Pipeline {
-    fn process(&mut self, exchange: Exchange) {
+    fn process(&mut self, mut exchange: Exchange) {
         let started = Instant::now();
-        match self.capture(&exchange) {
-            Ok(_) | Err(CaptureError::NothingSent) => {}
+        let reply = exchange.findings_reply.take();
+        let raised = match self.capture_with_findings(&exchange) {
+            Ok((_, findings)) => findings,
+            Err(CaptureError::NothingSent) => Vec::new(),
             Err(error) => {
                 m::dropped(error.reason());
                 self.warnings.warn(&exchange.path, &error);
+                Vec::new()
             }
+        };
+        if let Some(reply) = reply {
+            let _ = reply.send(raised.iter().map(|f| f.kind.as_str()).collect());
         }
         metrics::histogram!(m::CAPTURE_SECONDS).record(started.elapsed().as_secs_f64());
     }

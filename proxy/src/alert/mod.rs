@@ -1,6 +1,8 @@
 //! Alert sinks: where findings go besides the store and the metrics. `send` never blocks the capture
 //! worker: a sink queues or drops (and counts what it drops).
 
+mod gate;
+mod payload;
 pub mod webhook;
 
 use ctxscope_store::FindingRecord;

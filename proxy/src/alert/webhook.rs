@@ -3,7 +3,6 @@
 //! rate limit and posts with bounded concurrency, retries and a per-attempt timeout, so a dead or slow
 //! webhook costs the capture worker nothing. Every delivery and every drop is counted.
 
-use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -15,10 +14,11 @@ use http::{header, HeaderMap, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
-use serde_json::{json, Value};
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio::sync::{watch, Semaphore};
 
+use super::gate::{Gate, Refused};
+use super::payload::render;
 use super::AlertSink;
 use crate::metrics::{ALERTS_DROPPED_TOTAL, ALERTS_SENT_TOTAL};
 
@@ -29,8 +29,6 @@ const MAX_BACKOFF: Duration = Duration::from_secs(10);
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(60);
 /// Response bodies are read (so the connection can be reused) up to this size, then ignored.
 const MAX_RESPONSE_BYTES: usize = 64 << 10;
-/// The dedupe map is pruned of expired causes once it holds at least this many.
-const MIN_PRUNE: usize = 256;
 const USER_AGENT: &str = concat!("ctxscope/", env!("CARGO_PKG_VERSION"));
 
 /// The payload shape.
@@ -281,7 +279,11 @@ impl Shared {
 async fn deliver(mut rx: mpsc::Receiver<FindingRecord>, mut gate: Gate, poster: Arc<Poster>, shared: Arc<Shared>, in_flight: usize) {
     let permits = Arc::new(Semaphore::new(in_flight));
     while let Some(finding) = rx.recv().await {
-        if let Err(outcome) = gate.admit(&finding.cause, Instant::now()) {
+        if let Err(refused) = gate.admit(&finding.cause, Instant::now()) {
+            let outcome = match refused {
+                Refused::Deduplicated => Outcome::Deduplicated,
+                Refused::RateLimited => Outcome::RateLimited,
+            };
             shared.finish(outcome);
             continue;
         }
@@ -299,70 +301,6 @@ async fn deliver(mut rx: mpsc::Receiver<FindingRecord>, mut gate: Gate, poster: 
             drop(permit);
             shared.finish(outcome);
         });
-    }
-}
-
-/// Deduplication by cause, then a token bucket over everything that is not a duplicate.
-struct Gate {
-    window: Duration,
-    /// Cause -> when it was last let through.
-    seen: HashMap<String, Instant>,
-    prune_at: usize,
-    bucket: TokenBucket,
-}
-
-impl Gate {
-    fn new(window: Duration, per_minute: u32, now: Instant) -> Gate {
-        Gate { window, seen: HashMap::new(), prune_at: MIN_PRUNE, bucket: TokenBucket::new(per_minute, now) }
-    }
-
-    /// Lets a finding through, or says why not. A rate-limited cause is not remembered, so its next
-    /// occurrence can still be posted.
-    fn admit(&mut self, cause: &str, now: Instant) -> Result<(), Outcome> {
-        if self.seen.get(cause).is_some_and(|&at| now.saturating_duration_since(at) < self.window) {
-            return Err(Outcome::Deduplicated);
-        }
-        if !self.bucket.take(now) {
-            return Err(Outcome::RateLimited);
-        }
-        self.remember(cause, now);
-        Ok(())
-    }
-
-    /// Records a cause; the map holds at most what the rate limit lets through in one window.
-    fn remember(&mut self, cause: &str, now: Instant) {
-        if self.seen.len() >= self.prune_at {
-            let window = self.window;
-            self.seen.retain(|_, at| now.saturating_duration_since(*at) < window);
-            self.prune_at = (self.seen.len() * 2).max(MIN_PRUNE);
-        }
-        self.seen.insert(cause.to_string(), now);
-    }
-}
-
-/// `capacity` tokens at most, refilled continuously at `capacity` per minute.
-struct TokenBucket {
-    capacity: f64,
-    per_second: f64,
-    tokens: f64,
-    last: Instant,
-}
-
-impl TokenBucket {
-    fn new(per_minute: u32, now: Instant) -> TokenBucket {
-        let capacity = f64::from(per_minute);
-        TokenBucket { capacity, per_second: capacity / 60.0, tokens: capacity, last: now }
-    }
-
-    fn take(&mut self, now: Instant) -> bool {
-        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * self.per_second).min(self.capacity);
-        self.last = self.last.max(now);
-        if self.tokens < 1.0 {
-            return false;
-        }
-        self.tokens -= 1.0;
-        true
     }
 }
 
@@ -486,44 +424,6 @@ fn describe(error: &dyn std::error::Error) -> String {
     text
 }
 
-/// The request body for one finding.
-fn render(format: WebhookFormat, finding: &FindingRecord) -> Result<Vec<u8>, serde_json::Error> {
-    let document = match format {
-        WebhookFormat::Json => json!({"source": "ctxscope", "finding": serde_json::to_value(finding)?}),
-        WebhookFormat::Alertmanager => alertmanager_alerts(finding),
-    };
-    serde_json::to_vec(&document)
-}
-
-/// One alert in the shape of Alertmanager's `POST /api/v2/alerts` (labels identify it; no `endsAt`,
-/// so Alertmanager resolves it after its `resolve_timeout`).
-fn alertmanager_alerts(finding: &FindingRecord) -> Value {
-    json!([{
-        "labels": {
-            "alertname": format!("ctxscope_{}", finding.kind.as_str()),
-            "kind": finding.kind.as_str(),
-            "severity": finding.severity.as_str(),
-            "upstream": finding.upstream,
-            "conversation": finding.conversation.to_string(),
-        },
-        "annotations": {
-            "summary": finding.summary,
-            "description": finding.evidence.to_string(),
-        },
-        "startsAt": rfc3339_utc(finding.time_unix_ms),
-    }])
-}
-
-/// `2025-11-29T13:05:07.123Z` for a Unix time in milliseconds.
-fn rfc3339_utc(unix_ms: u64) -> String {
-    const MS_PER_DAY: u64 = 86_400_000;
-    // u64::MAX / MS_PER_DAY is about 2.1e11 days, well inside i64.
-    let (year, month, day) = ctxscope_formats::civil::civil_from_days((unix_ms / MS_PER_DAY) as i64);
-    let ms = unix_ms % MS_PER_DAY;
-    let (hour, minute, second, milli) = (ms / 3_600_000, ms / 60_000 % 60, ms / 1000 % 60, ms % 1000);
-    format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}.{milli:03}Z")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -546,33 +446,6 @@ mod tests {
         let mut zero = WebhookConfig::new("http://h");
         zero.queue = 0;
         assert!(matches!(zero.validate(), Err(WebhookError::Zero("queue"))));
-    }
-
-    #[test]
-    fn rfc3339_from_unix_milliseconds() {
-        assert_eq!(rfc3339_utc(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(rfc3339_utc(1_764_421_507_123), "2025-11-29T13:05:07.123Z");
-        assert_eq!(rfc3339_utc(951_782_400_000), "2000-02-29T00:00:00.000Z");
-    }
-
-    #[test]
-    fn gate_dedupes_a_cause_within_the_window_only() {
-        let t0 = Instant::now();
-        let mut gate = Gate::new(Duration::from_secs(600), 1000, t0);
-        assert_eq!(gate.admit("a", t0), Ok(()));
-        assert_eq!(gate.admit("a", t0 + Duration::from_secs(599)), Err(Outcome::Deduplicated));
-        assert_eq!(gate.admit("b", t0 + Duration::from_secs(1)), Ok(()));
-        assert_eq!(gate.admit("a", t0 + Duration::from_secs(600)), Ok(()));
-    }
-
-    #[test]
-    fn bucket_allows_a_burst_then_refills_per_minute() {
-        let t0 = Instant::now();
-        let mut gate = Gate::new(Duration::ZERO, 3, t0);
-        let admitted = (0..10).filter(|i| gate.admit(&i.to_string(), t0).is_ok()).count();
-        assert_eq!(admitted, 3);
-        assert_eq!(gate.admit("late", t0 + Duration::from_secs(19)), Err(Outcome::RateLimited));
-        assert_eq!(gate.admit("late", t0 + Duration::from_secs(20)), Ok(()));
     }
 
     #[test]

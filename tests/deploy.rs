@@ -402,11 +402,7 @@ fn run_ok(command: &mut Command) -> String {
 }
 
 fn model_path() -> PathBuf {
-    let path = std::env::var_os("CTXSCOPE_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| ctxscope_formats::default_model_path().expect("a home directory for the default model"));
-    assert!(path.is_file(), "model {} missing: run scripts/fetch-model.sh, or set CTXSCOPE_MODEL", path.display());
-    path
+    ctxscope_formats::test_model_path().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A child process, SIGTERMed by `stop` and killed if the test fails first.

@@ -13,11 +13,7 @@ use serde_json::{json, Value};
 use support::*;
 
 fn model_path() -> PathBuf {
-    let path = std::env::var_os("CTXSCOPE_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| ctxscope_formats::default_model_path().expect("a home directory for the default model"));
-    assert!(path.is_file(), "model {} missing: run `ctxscope models fetch` (or scripts/fetch-model.sh), or set CTXSCOPE_MODEL", path.display());
-    path
+    ctxscope_formats::test_model_path().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A running `ctxscope engine` or `ctxscope serve` process.

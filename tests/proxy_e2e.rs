@@ -351,10 +351,7 @@ async fn shutdown_drains_the_capture_queue() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_token_counts_use_the_model_tokenizer_and_chat_template() {
-    let model = std::env::var("CTXSCOPE_MODEL").map(std::path::PathBuf::from).unwrap_or_else(|_| {
-        ctxscope_formats::default_model_path().expect("home directory")
-    });
-    assert!(model.exists(), "model {} missing: run scripts/fetch-model.sh", model.display());
+    let model = ctxscope_formats::test_model_path().unwrap_or_else(|e| panic!("{e}"));
     let counter = ctxscope_formats::TokenCounter::open(&model).unwrap();
     let up = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();

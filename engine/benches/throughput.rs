@@ -21,9 +21,7 @@ const PP: usize = 512;
 const TG: usize = 128;
 
 fn main() {
-    let path = std::env::var_os("CTXSCOPE_MODEL")
-        .map(Into::into)
-        .unwrap_or_else(|| ctxscope_formats::default_model_path().expect("home directory"));
+    let path = ctxscope_formats::test_model_path().unwrap_or_else(|e| panic!("{e}"));
     let model = Model::load(&path).unwrap_or_else(|e| panic!("{e} (run scripts/fetch-model.sh)"));
     let paths: Vec<Path> = std::env::var("BENCH_PATHS")
         .unwrap_or_else(|_| "fast,golden".into())

@@ -14,11 +14,7 @@ mod common;
 use common::{assistant, exchange, system, user};
 
 fn model() -> PathBuf {
-    let path = std::env::var_os("CTXSCOPE_MODEL")
-        .map(Into::into)
-        .unwrap_or_else(|| ctxscope_formats::default_model_path().expect("a home directory"));
-    assert!(path.exists(), "model {} missing: run scripts/fetch-model.sh", path.display());
-    path
+    ctxscope_formats::test_model_path().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// What the scripted engine answers.

@@ -194,35 +194,31 @@ impl Store {
 
     /// Marks `chain` as an open end of `conversation`: a request extending it continues that conversation.
     pub fn put_end(&self, chain: &Hash, conversation: u64) -> Result<(), StoreError> {
-        self.ends.insert(chain, &id_key(conversation))?;
-        Ok(())
+        mark(&self.ends, chain, conversation)
     }
 
     /// Removes an open end if it still belongs to `conversation`.
     pub fn remove_end(&self, chain: &Hash, conversation: u64) -> Result<(), StoreError> {
-        let _ = self.ends.compare_and_swap(chain, Some(&id_key(conversation)), None as Option<&[u8]>)?;
-        Ok(())
+        unmark(&self.ends, chain, conversation)
     }
 
     pub fn end(&self, chain: &Hash) -> Result<Option<u64>, StoreError> {
-        Ok(self.ends.get(chain)?.and_then(|v| codec::key_id(&v)))
+        marked(&self.ends, chain)
     }
 
     /// Marks a message hash as `conversation`'s latest reply.
     pub fn put_reply(&self, message: &Hash, conversation: u64) -> Result<(), StoreError> {
-        self.replies.insert(message, &id_key(conversation))?;
-        Ok(())
+        mark(&self.replies, message, conversation)
     }
 
     /// Removes a latest-reply mark if it still belongs to `conversation`.
     pub fn remove_reply(&self, message: &Hash, conversation: u64) -> Result<(), StoreError> {
-        let _ = self.replies.compare_and_swap(message, Some(&id_key(conversation)), None as Option<&[u8]>)?;
-        Ok(())
+        unmark(&self.replies, message, conversation)
     }
 
     /// The conversation whose latest reply this message is.
     pub fn reply_of(&self, message: &Hash) -> Result<Option<u64>, StoreError> {
-        Ok(self.replies.get(message)?.and_then(|v| codec::key_id(&v)))
+        marked(&self.replies, message)
     }
 
     /// Hashes of a turn's request messages, resolved through its `base` chain.
@@ -310,26 +306,8 @@ impl Store {
         for key in stale {
             self.prefixes.remove(key)?;
         }
-        let mut ends = Vec::new();
-        for item in self.ends.iter() {
-            let (key, value) = item?;
-            if codec::key_id(&value) == Some(id) {
-                ends.push(key);
-            }
-        }
-        for key in ends {
-            self.ends.remove(key)?;
-        }
-        let mut replies = Vec::new();
-        for item in self.replies.iter() {
-            let (key, value) = item?;
-            if codec::key_id(&value) == Some(id) {
-                replies.push(key);
-            }
-        }
-        for key in replies {
-            self.replies.remove(key)?;
-        }
+        unmark_all(&self.ends, id)?;
+        unmark_all(&self.replies, id)?;
         self.delete_conversation_findings(id)?;
         Ok(ids.len())
     }
@@ -376,6 +354,37 @@ fn get<T: serde::de::DeserializeOwned>(tree: &sled::Tree, kind: &'static str, ke
         Some(bytes) => Ok(Some(decode(kind, key, &bytes)?)),
         None => Ok(None),
     }
+}
+
+/// Marker trees (`ends`, `replies`): a hash -> the conversation it currently belongs to.
+fn mark(tree: &sled::Tree, key: &Hash, conversation: u64) -> Result<(), StoreError> {
+    tree.insert(key, &id_key(conversation))?;
+    Ok(())
+}
+
+/// Removes a mark only if it still belongs to `conversation` (another may have taken it since).
+fn unmark(tree: &sled::Tree, key: &Hash, conversation: u64) -> Result<(), StoreError> {
+    let _ = tree.compare_and_swap(key, Some(&id_key(conversation)), None as Option<&[u8]>)?;
+    Ok(())
+}
+
+fn marked(tree: &sled::Tree, key: &Hash) -> Result<Option<u64>, StoreError> {
+    Ok(tree.get(key)?.and_then(|v| codec::key_id(&v)))
+}
+
+/// Removes every mark of a deleted conversation.
+fn unmark_all(tree: &sled::Tree, conversation: u64) -> Result<(), StoreError> {
+    let mut stale = Vec::new();
+    for item in tree.iter() {
+        let (key, value) = item?;
+        if codec::key_id(&value) == Some(conversation) {
+            stale.push(key);
+        }
+    }
+    for key in stale {
+        tree.remove(key)?;
+    }
+    Ok(())
 }
 
 /// A directory that holds files but no sled database is someone else's: refuse it.

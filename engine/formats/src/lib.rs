@@ -11,6 +11,6 @@ pub mod tokenizer;
 
 pub use counter::{CounterError, Segments, TokenCounter};
 pub use gguf::{Gguf, GgufError};
-pub use model_path::{default_model_path, DEFAULT_MODEL_FILE};
+pub use model_path::{default_model_path, test_model_path, DEFAULT_MODEL_FILE};
 pub use template::{ChatTemplate, RenderOptions, TemplateError};
 pub use tokenizer::{TokenKind, Tokenizer, TokenizerError};

@@ -12,11 +12,7 @@ use serde_json::Value;
 
 /// The model file; fails the test with a clear message when it is missing.
 pub fn model_path() -> PathBuf {
-    let path = std::env::var_os("CTXSCOPE_MODEL")
-        .map(Into::into)
-        .unwrap_or_else(|| ctxscope_formats::default_model_path().expect("home directory"));
-    assert!(path.exists(), "model {} missing: run scripts/fetch-model.sh", path.display());
-    path
+    ctxscope_formats::test_model_path().unwrap_or_else(|e| panic!("{e}"))
 }
 
 pub fn load_model() -> Arc<Model> {

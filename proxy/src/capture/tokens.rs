@@ -116,11 +116,7 @@ mod tests {
     use serde_json::json;
 
     fn model() -> std::path::PathBuf {
-        let path = std::env::var_os("CTXSCOPE_MODEL")
-            .map(Into::into)
-            .unwrap_or_else(|| ctxscope_formats::default_model_path().expect("a home directory"));
-        assert!(path.exists(), "model {} missing: run scripts/fetch-model.sh", path.display());
-        path
+        ctxscope_formats::test_model_path().unwrap_or_else(|e| panic!("{e}"))
     }
 
     fn chain(messages: &[Value]) -> Vec<Hash> {

@@ -5,22 +5,11 @@
 
 use std::path::PathBuf;
 
-use ctxscope_formats::default_model_path;
 use serde_json::Value;
 
 /// The real model; panics with the fix when it is not there (these tests never skip silently).
 pub fn model_path() -> PathBuf {
-    let path = match std::env::var_os("CTXSCOPE_MODEL").filter(|v| !v.is_empty()) {
-        Some(p) => PathBuf::from(p),
-        None => default_model_path()
-            .expect("no CTXSCOPE_HOME, XDG_CACHE_HOME or HOME to locate the model"),
-    };
-    assert!(
-        path.is_file(),
-        "model file {} is missing: run scripts/fetch-model.sh (or set CTXSCOPE_MODEL to a copy of SmolLM2-135M-Instruct.Q4_1.gguf)",
-        path.display()
-    );
-    path
+    ctxscope_formats::test_model_path().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// tests/fixtures/tokenizer/smollm2.json, made by make_fixtures.py beside it.

@@ -1,12 +1,12 @@
 //! The admin port: Prometheus `/metrics`, `/healthz`, and the JSON API that inspection commands use
 //! while a proxy holds the store (`/api/conversations`, `/api/conversations/{id}`, `.../export`,
-//! `POST /api/import`, `/api/findings`). Documented in docs/api.md.
+//! `POST /api/import`, `/api/findings`, `/api/replays`). Documented in docs/api.md.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ctxscope_store::{FindingFilter, FindingKind, Store, StoreError};
+use ctxscope_store::{FindingFilter, FindingKind, ReplayEntry, Store, StoreError};
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
@@ -56,6 +56,15 @@ pub async fn handle(state: Arc<AdminState>, request: Request<Incoming>) -> Resul
             Err(_) => bad_id(id),
         },
         (&Method::POST, ["api", "import"]) => import(&state, request).await,
+        (&Method::GET, ["api", "replays"]) => with_store(&state, |s| s.replays().map(|r| to_json(&r))).await,
+        (&Method::GET, ["api", "replays", id]) => match id.parse::<u64>() {
+            Ok(id) => {
+                let missing = move || StoreError::NotFound(format!("replay {id}"));
+                with_store(&state, move |s| s.replay(id)?.ok_or_else(missing).map(|r| to_json(&r))).await
+            }
+            Err(_) => bad_id(id),
+        },
+        (&Method::POST, ["api", "replays"]) => put_replay(&state, request).await,
         (&Method::GET, ["api", "findings"]) => match finding_filter(request.uri().query().unwrap_or("")) {
             Ok(filter) => with_store(&state, move |s| s.findings(&filter).map(|f| to_json(&f))).await,
             Err(message) => json_error(StatusCode::BAD_REQUEST, "bad_query", &message, None),
@@ -63,6 +72,19 @@ pub async fn handle(state: Arc<AdminState>, request: Request<Incoming>) -> Resul
         _ => json_error(StatusCode::NOT_FOUND, "not_found", &format!("no admin route {} {path}", request.method()), None),
     };
     Ok(response)
+}
+
+/// Stores a replay run sent by `ctxscope replay --admin` (the store is this process's while it runs).
+async fn put_replay(state: &Arc<AdminState>, request: Request<Incoming>) -> Response<ProxyBody> {
+    let body = match Limited::new(request.into_body(), MAX_IMPORT_BYTES).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) => return json_error(StatusCode::PAYLOAD_TOO_LARGE, "bad_replay", &format!("cannot read replay body: {e}"), None),
+    };
+    let entry: ReplayEntry = match serde_json::from_slice(&body) {
+        Ok(entry) => entry,
+        Err(e) => return json_error(StatusCode::BAD_REQUEST, "bad_replay", &format!("not a replay entry: {e}"), None),
+    };
+    with_store(state, move |s| s.put_replay(&entry).map(|_| json!({"replay": entry.id}).to_string())).await
 }
 
 async fn import(state: &Arc<AdminState>, request: Request<Incoming>) -> Response<ProxyBody> {

@@ -27,6 +27,8 @@ pub mod trees {
     pub const FINDING_CAUSES: &str = "finding_causes";
     /// conversation id ++ finding id -> empty.
     pub const CONVERSATION_FINDINGS: &str = "conversation_findings";
+    /// replay run id -> ReplayEntry.
+    pub const REPLAYS: &str = "replays";
 }
 
 pub const SCHEMA_KEY: &[u8] = b"schema_version";

@@ -18,6 +18,7 @@ pub use retention::{RetentionPolicy, RetentionReport};
 pub use store::{Store, StoreOptions, SCHEMA_VERSION};
 pub mod export;
 mod findings;
+mod replays;
 
 pub use findings::FindingFilter;
 

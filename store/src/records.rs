@@ -289,3 +289,19 @@ pub struct FindingRecord {
     /// What makes two findings the same cause: a cause is raised once, not on every turn that inherits it.
     pub cause: String,
 }
+
+/// A stored replay run: a small header for listings and the full report (the replay crate's JSON).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplayEntry {
+    pub id: u64,
+    pub conversation: u64,
+    pub started_unix_ms: u64,
+    pub finished_unix_ms: u64,
+    /// Target names, golden first.
+    pub targets: Vec<String>,
+    /// One line for listings ("3 targets, 12 turns, culprit kv_fp8").
+    pub summary: String,
+    /// The whole report; `Null` in listings.
+    #[serde(default)]
+    pub report: Value,
+}

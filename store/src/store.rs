@@ -45,6 +45,7 @@ pub struct Store {
     pub(crate) findings: sled::Tree,
     pub(crate) finding_causes: sled::Tree,
     pub(crate) conversation_findings: sled::Tree,
+    pub(crate) replays: sled::Tree,
 }
 
 impl Store {
@@ -78,6 +79,7 @@ impl Store {
             findings: tree(trees::FINDINGS)?,
             finding_causes: tree(trees::FINDING_CAUSES)?,
             conversation_findings: tree(trees::CONVERSATION_FINDINGS)?,
+            replays: tree(trees::REPLAYS)?,
             db,
         };
         store.check_schema()?;

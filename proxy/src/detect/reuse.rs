@@ -45,7 +45,19 @@ fn reusable_bound(cx: &Context<'_>, recent: &RecentPrompts) -> (u64, &'static st
 
 fn phantom(cx: &Context<'_>, recent: &RecentPrompts, cached: u64) -> Option<Draft> {
     let turn = cx.obs.turn;
-    let (bound, method, source) = reusable_bound(cx, recent);
+    let (local_bound, method, source) = reusable_bound(cx, recent);
+    // The bound is in local tokens, `cached` in the engine's: tokens the engine counts beyond the local
+    // count (a default system prompt its template adds) may all sit in the shared prefix.
+    let engine = turn.usage.as_ref().and_then(|u| u.prompt_tokens);
+    let local = turn.local_tokens.as_ref().map(|l| l.prompt);
+    let extra = match (engine, local) {
+        (Some(e), Some(l)) => e.saturating_sub(l),
+        _ => 0,
+    };
+    // A request that extends the previous turn may reuse all of it, as the engine counted it.
+    let previous = cx.previous.as_ref().filter(|_| matches!(turn.relation, Relation::Extend { .. }));
+    let previous_whole = previous.and_then(|p| p.usage.as_ref()).map_or(0, |u| u.prompt_tokens.unwrap_or(0) + u.completion_tokens.unwrap_or(0));
+    let bound = (local_bound + extra).max(previous_whole);
     let allowance = cx.config.cache_block_tokens;
     if cached <= bound + allowance {
         return None;
@@ -58,7 +70,10 @@ fn phantom(cx: &Context<'_>, recent: &RecentPrompts, cached: u64) -> Option<Draf
         ),
         evidence: json!({
             "cached_tokens": cached,
-            "longest_common_prefix": bound,
+            "longest_common_prefix": local_bound,
+            "engine_extra_tokens": extra,
+            "previous_turn_tokens": previous_whole,
+            "bound": bound,
             "bound_method": method,
             "allowance": allowance,
             "engine_prompt_tokens": turn.usage.as_ref().and_then(|u| u.prompt_tokens),

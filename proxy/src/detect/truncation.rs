@@ -15,11 +15,10 @@ pub(crate) fn truncation(cx: &Context<'_>, steady: Option<Steady>) -> Option<Dra
     let engine = turn.usage.as_ref()?.prompt_tokens?;
     let config = cx.config;
     if let Some(local) = &turn.local_tokens {
-        let (ratio, fraction) = match steady {
-            Some(s) => (s.ratio, config.truncation_fraction),
-            None => (1.0, config.truncation_cold_fraction),
+        let (expected, fraction) = match steady {
+            Some(s) => (s.expected(local.prompt), config.truncation_fraction),
+            None => (local.prompt as f64, config.truncation_cold_fraction),
         };
-        let expected = local.prompt as f64 * ratio;
         let slack = (expected * fraction).max(config.truncation_min_tokens as f64);
         if (engine as f64) + slack >= expected {
             return None;
@@ -40,7 +39,8 @@ pub(crate) fn truncation(cx: &Context<'_>, steady: Option<Steady>) -> Option<Dra
             format!("engine processed {engine} prompt tokens of the {} sent ({missing} missing)", local.prompt),
             json!({
                 "method": "local_count", "local_prompt_tokens": local.prompt, "engine_prompt_tokens": engine,
-                "expected_engine_tokens": expected.round() as u64, "missing_tokens": missing, "ratio": ratio,
+                "expected_engine_tokens": expected.round() as u64, "missing_tokens": missing,
+                "fit": steady.map(|s| json!({"scale": s.scale, "offset": s.offset})),
                 "growth_since_previous_turn": growth, "tokenizer": local.tokenizer, "messages": turn.message_count,
             }),
         ));

@@ -1,2 +1,18 @@
 //! Replay reports: a terminal table, the JSON report (the serialized [`crate::ReplayReport`]), and a
 //! single self-contained HTML file.
+
+mod chart;
+mod context;
+mod html;
+mod json;
+mod table;
+mod view;
+
+#[cfg(test)]
+mod tests;
+
+pub use chart::CHART_ID;
+pub use context::CONTEXT_TOKENS;
+pub use html::{escape, html};
+pub use json::json;
+pub use table::{table, WIDTH};

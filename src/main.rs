@@ -6,6 +6,7 @@ mod fetch;
 mod inspect;
 mod models;
 mod render;
+mod replay;
 mod serve;
 
 use std::net::SocketAddr;
@@ -70,6 +71,21 @@ enum Command {
         source: SourceArgs,
         #[arg(long)]
         json: bool,
+    },
+    /// Re-run a captured conversation against targets (this engine under patch sets, or any
+    /// OpenAI-compatible endpoint), teacher-forced, and measure divergence from a golden target.
+    Replay(replay::ReplayArgs),
+    /// Find the smallest subset of a patch set that still makes a conversation diverge.
+    Bisect(replay::BisectArgs),
+    /// List stored replay runs, or show one (`ctxscope replays ID [--json | --html FILE]`).
+    Replays {
+        id: Option<u64>,
+        #[arg(long)]
+        json: bool,
+        #[arg(long, value_name = "FILE")]
+        html: Option<PathBuf>,
+        #[command(flatten)]
+        source: SourceArgs,
     },
     /// Write a conversation as self-contained JSONL to stdout.
     Export {
@@ -224,7 +240,7 @@ struct ProxyArgs {
 
 /// Where inspection commands read from.
 #[derive(Args, Clone)]
-struct SourceArgs {
+pub(crate) struct SourceArgs {
     /// Admin API of a running proxy, e.g. http://127.0.0.1:9090 (sled allows one process per directory).
     #[arg(long)]
     admin: Option<String>,
@@ -274,6 +290,9 @@ fn main() -> ExitCode {
                 query.extend(limit.map(|l| format!("limit={l}")));
                 inspect::findings(&source.into(), &query.join("&"), json).await
             }
+            Command::Replay(args) => replay::replay(args.conversation, &args.targets, args.resume, args.run.settings()).await,
+            Command::Bisect(args) => replay::bisect(args.conversation, &args.patches, args.metric, args.threshold, args.run.settings()).await,
+            Command::Replays { id, json, html, source } => replay::replays(&source.into(), id, json, html.as_deref()).await,
             Command::Export { id, source } => inspect::export(&source.into(), id).await,
             Command::Import { file, source } => inspect::import(&source.into(), &file).await,
         }

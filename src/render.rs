@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use ctxscope_store::{ConversationDetail, ConversationRecord, FindingRecord, Relation, TurnRecord};
+use ctxscope_store::{ConversationDetail, ConversationRecord, FindingRecord, Relation, ReplayEntry, TurnRecord};
 
 pub fn conversations(list: &[ConversationRecord]) -> String {
     let mut out = String::new();
@@ -77,6 +77,19 @@ pub fn findings(list: &[FindingRecord]) -> String {
     }
     if list.is_empty() {
         out.push_str("(no findings)\n");
+    }
+    out
+}
+
+pub fn replays(list: &[ReplayEntry]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{:>14}  {:>20}  {:<19}  {:>7}  {}", "REPLAY", "CONVERSATION", "STARTED (UTC)", "SECONDS", "SUMMARY");
+    for r in list {
+        let seconds = r.finished_unix_ms.saturating_sub(r.started_unix_ms) as f64 / 1000.0;
+        let _ = writeln!(out, "{:>14}  {:>20}  {:<19}  {:>7.1}  {} [{}]", r.id, r.conversation, time(r.started_unix_ms), seconds, r.summary, r.targets.join(", "));
+    }
+    if list.is_empty() {
+        out.push_str("(no replays yet)\n");
     }
     out
 }

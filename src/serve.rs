@@ -108,6 +108,34 @@ async fn start_engine(settings: &EngineSettings) -> Result<Started, String> {
     Ok(Started { handle, thread, model_path })
 }
 
+/// An engine served on a loopback port inside this process (replay's engine targets).
+pub struct InProcessEngine {
+    pub url: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl InProcessEngine {
+    /// Loads the model and serves it on 127.0.0.1 (the port `settings.listen` names, 0 for any).
+    pub async fn start(settings: &EngineSettings) -> Result<InProcessEngine, String> {
+        let listener = bind(settings.listen).await?;
+        let addr = listener.local_addr().map_err(|e| format!("engine listener: {e}"))?;
+        let started = start_engine(settings).await?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(ctxscope_engine::server::run(started.handle, server_config(settings), listener, async move {
+            let _ = stopped.await;
+        }));
+        Ok(InProcessEngine { url: format!("http://{addr}"), stop, server, thread: started.thread })
+    }
+
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.server.await;
+        join_scheduler(self.thread).await;
+    }
+}
+
 fn server_config(settings: &EngineSettings) -> ServerConfig {
     ServerConfig { default_path: settings.path, default_patches: settings.patches.clone(), ..ServerConfig::default() }
 }

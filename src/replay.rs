@@ -1,0 +1,281 @@
+//! `ctxscope replay`, `ctxscope bisect` and `ctxscope replays`: load a captured conversation, start
+//! this engine in-process when a target needs it, run the replay library with a progress bar and a
+//! Ctrl-C that keeps what finished, store the run, and print the table, JSON or HTML.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ctxscope_replay::{
+    report, Endpoints, Metric, Plan, ProbeSpec, ReplayOptions, ReplayReport, StderrProgress, TargetKind, TargetSpec,
+};
+use ctxscope_store::ReplayEntry;
+
+use crate::inspect::{self, Source};
+use crate::serve::{EngineSettings, InProcessEngine};
+
+/// What every replay command shares: the run's shape and where its output goes.
+pub struct RunSettings {
+    pub source: Source,
+    pub golden: String,
+    pub probes: Option<PathBuf>,
+    pub options: ReplayOptions,
+    pub engine: EngineSettings,
+    pub json: bool,
+    pub html: Option<PathBuf>,
+}
+
+/// `ctxscope replay CONV --target SPEC ...`.
+pub async fn replay(conversation: u64, targets: &[String], resume: Option<u64>, run: RunSettings) -> Result<(), String> {
+    let previous = match resume {
+        Some(id) => Some(stored_report(&run.source, id).await?),
+        None => None,
+    };
+    let mut plan = plan(conversation, &run).await?;
+    plan.targets = targets.iter().map(|t| TargetSpec::parse(t).map_err(|e| e.to_string())).collect::<Result<_, _>>()?;
+    plan.id = resume.unwrap_or_else(new_id);
+    let engine = start_engine_if_needed(&plan, &run.engine).await?;
+    let endpoints = Endpoints { engine_url: engine.as_ref().map(|e| e.url.clone()) };
+    let (cancel, watch) = cancel_on_ctrl_c();
+    let result = ctxscope_replay::replay(&plan, &endpoints, &StderrProgress::new(), watch, previous.as_ref()).await;
+    cancel.abort();
+    if let Some(engine) = engine {
+        engine.stop().await;
+    }
+    finish(result.map_err(|e| e.to_string())?, &run).await
+}
+
+/// `ctxscope bisect CONV --patches LIST`.
+pub async fn bisect(conversation: u64, patches: &str, metric: Metric, threshold: f64, run: RunSettings) -> Result<(), String> {
+    let mut plan = plan(conversation, &run).await?;
+    plan.id = new_id();
+    let patches: Vec<String> = split_patches(patches);
+    if patches.is_empty() {
+        return Err("--patches needs at least one patch (see `ctxscope patches`)".into());
+    }
+    let engine = start_engine_if_needed(&plan, &run.engine).await?;
+    let endpoints = Endpoints { engine_url: engine.as_ref().map(|e| e.url.clone()) };
+    let (cancel, watch) = cancel_on_ctrl_c();
+    let result = ctxscope_replay::bisect(&plan, &endpoints, patches, metric, threshold, &StderrProgress::new(), watch).await;
+    cancel.abort();
+    if let Some(engine) = engine {
+        engine.stop().await;
+    }
+    finish(result.map_err(|e| e.to_string())?, &run).await
+}
+
+/// `ctxscope replays [ID]`: the stored runs, or one run's report.
+pub async fn replays(source: &Source, id: Option<u64>, json: bool, html: Option<&Path>) -> Result<(), String> {
+    let Some(id) = id else {
+        let list = inspect::replay_entries(source).await?;
+        if json {
+            println!("{}", serde_json::to_string_pretty(&list).map_err(|e| e.to_string())?);
+        } else {
+            print!("{}", crate::render::replays(&list));
+        }
+        return Ok(());
+    };
+    let report = stored_report(source, id).await?;
+    output(&report, json, html)
+}
+
+/// Turn `a,b=1,c` into patch names (values stay attached).
+fn split_patches(list: &str) -> Vec<String> {
+    list.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::to_string).collect()
+}
+
+async fn plan(conversation: u64, run: &RunSettings) -> Result<Plan, String> {
+    let detail = inspect::detail(&run.source, conversation).await?;
+    let golden = TargetSpec::parse(&run.golden).map_err(|e| format!("--golden: {e}"))?;
+    let mut plan = Plan::new(detail, golden);
+    plan.options = run.options.clone();
+    if let Some(path) = &run.probes {
+        plan.probes = read_probes(path)?;
+    }
+    for note in ctxscope_replay::Conversation::from_detail(&plan.conversation).notes {
+        eprintln!("note: {note}");
+    }
+    Ok(plan)
+}
+
+/// A JSON list of `{"after_turn": N, "question": "...", "expected": "..."}`.
+fn read_probes(path: &Path) -> Result<Vec<ProbeSpec>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("--probes {}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| {
+        format!("--probes {}: {e} (expected a JSON list of {{\"after_turn\": N, \"question\": \"...\", \"expected\": \"...\"}})", path.display())
+    })
+}
+
+/// Starts this engine when a target (the golden included) is an engine target without a URL.
+async fn start_engine_if_needed(plan: &Plan, settings: &EngineSettings) -> Result<Option<InProcessEngine>, String> {
+    let needs = plan.all_targets().iter().any(|t| matches!(&t.kind, TargetKind::Engine { url: None, .. }));
+    if !needs {
+        return Ok(None);
+    }
+    eprintln!("starting the engine in-process ({})", settings.model);
+    InProcessEngine::start(settings).await.map(Some)
+}
+
+/// A watch that turns true on Ctrl-C (the replay stops launching, finishes what is in flight).
+fn cancel_on_ctrl_c() -> (tokio::task::JoinHandle<()>, tokio::sync::watch::Receiver<bool>) {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("\ninterrupted: finishing the requests in flight, keeping what finished");
+            let _ = tx.send(true);
+        }
+    });
+    (task, rx)
+}
+
+/// Stores the run, then prints it.
+async fn finish(report: ReplayReport, run: &RunSettings) -> Result<(), String> {
+    let entry = ReplayEntry {
+        id: report.id,
+        conversation: report.conversation,
+        started_unix_ms: report.started_unix_ms,
+        finished_unix_ms: report.finished_unix_ms,
+        targets: report.targets.iter().map(|t| t.name.clone()).collect(),
+        summary: summary(&report),
+        report: serde_json::to_value(&report).map_err(|e| e.to_string())?,
+    };
+    match inspect::put_replay(&run.source, &entry).await {
+        Ok(()) => eprintln!("stored as replay {} ({})", report.id, entry.summary),
+        Err(e) => eprintln!("warning: the replay could not be stored: {e}"),
+    }
+    output(&report, run.json, run.html.as_deref())
+}
+
+fn output(report: &ReplayReport, json: bool, html: Option<&Path>) -> Result<(), String> {
+    if let Some(path) = html {
+        std::fs::write(path, report::html(report)).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    if json {
+        print!("{}", report::json(report));
+    } else {
+        print!("{}", report::table(report));
+    }
+    Ok(())
+}
+
+fn summary(report: &ReplayReport) -> String {
+    let mut text = format!("{} target(s), {} turn(s)", report.targets.len(), report.turns);
+    if let Some(bisect) = &report.bisect {
+        let culprit = if bisect.culprit.is_empty() { "none".to_string() } else { bisect.culprit.join("+") };
+        text.push_str(&format!(", bisect culprit {culprit} in {} replays", bisect.replays_run));
+    }
+    if report.interrupted {
+        text.push_str(", interrupted");
+    }
+    text
+}
+
+async fn stored_report(source: &Source, id: u64) -> Result<ReplayReport, String> {
+    let entry = inspect::replay_entry(source, id).await?;
+    serde_json::from_value(entry.report).map_err(|e| format!("replay {id} is not a report this version reads: {e}"))
+}
+
+/// Replay ids are Unix milliseconds: unique per machine, ordered by time.
+fn new_id() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO).as_millis() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn patch_lists_split_on_commas_and_keep_values() {
+        assert_eq!(super::split_patches("rmsnorm_bf16, ctx_shift=256,,kv_fp8"), vec!["rmsnorm_bf16", "ctx_shift=256", "kv_fp8"]);
+    }
+}
+
+/// Flags of `ctxscope replay`.
+#[derive(clap::Args)]
+pub struct ReplayArgs {
+    /// Conversation id (see `ctxscope conversations`; import an export first with `ctxscope import`).
+    pub conversation: u64,
+    /// A target: `engine:patches=rmsnorm_bf16,kv_fp8[,path=fast][,url=http://...][,name=N]` or
+    /// `url=http://HOST:PORT[,model=NAME][,header=K:V][,name=N]`. Repeatable.
+    #[arg(long = "target", value_name = "SPEC")]
+    pub targets: Vec<String>,
+    /// Continue a stored run (same id): finished turns are kept, the rest are run.
+    #[arg(long, value_name = "REPLAY")]
+    pub resume: Option<u64>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// Flags of `ctxscope bisect`.
+#[derive(clap::Args)]
+pub struct BisectArgs {
+    pub conversation: u64,
+    /// The patch set to bisect, comma-separated (e.g. rmsnorm_bf16,rope_bf16,ctx_shift=256,kv_fp8).
+    #[arg(long)]
+    pub patches: String,
+    /// What counts as diverging: agreement (1 - mean token agreement with golden), probes (fraction of
+    /// probes failed), exact (fraction of turns not exact), first_diff (fraction of turns that flip
+    /// where golden was not nearly tied).
+    #[arg(long, default_value = "agreement")]
+    pub metric: Metric,
+    /// A subset diverges when its metric exceeds this (0..1).
+    #[arg(long, default_value_t = 0.2)]
+    pub threshold: f64,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// Flags every replay run shares.
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// The reference target.
+    #[arg(long, default_value = "engine")]
+    pub golden: String,
+    /// Recall probes: a JSON list of {"after_turn": N, "question": "...", "expected": "..."}.
+    #[arg(long, value_name = "FILE")]
+    pub probes: Option<PathBuf>,
+    /// Generated tokens per turn (the captured max_tokens when smaller).
+    #[arg(long, default_value_t = 64)]
+    pub max_tokens: u64,
+    /// Requests in flight per target.
+    #[arg(long, default_value_t = 2)]
+    pub concurrency: usize,
+    /// Per-request timeout in seconds.
+    #[arg(long, default_value_t = 120)]
+    pub timeout_s: u64,
+    /// Only these turns (comma-separated indexes from 0).
+    #[arg(long, value_delimiter = ',')]
+    pub turns: Option<Vec<u32>>,
+    /// Model of the in-process engine (a known name or a GGUF path).
+    #[arg(long, default_value = crate::models::DEFAULT_MODEL)]
+    pub model: String,
+    /// Context length of the in-process engine (default: the model's).
+    #[arg(long)]
+    pub ctx: Option<usize>,
+    #[arg(long)]
+    pub json: bool,
+    /// Also write a self-contained HTML report here.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+    #[command(flatten)]
+    pub source: crate::SourceArgs,
+}
+
+impl RunArgs {
+    pub fn settings(self) -> RunSettings {
+        let options = ReplayOptions {
+            max_tokens: self.max_tokens,
+            concurrency: self.concurrency,
+            timeout: Duration::from_secs(self.timeout_s),
+            turns: self.turns,
+            ..ReplayOptions::default()
+        };
+        let engine = EngineSettings {
+            model: self.model,
+            listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            ctx: self.ctx,
+            path: ctxscope_engine::Path::Golden,
+            patches: ctxscope_engine::PatchSet::default(),
+            max_batch: 16,
+        };
+        RunSettings { source: self.source.into(), golden: self.golden, probes: self.probes, options, engine, json: self.json, html: self.html }
+    }
+}

@@ -213,10 +213,10 @@ pub struct BisectArgs {
     pub patches: String,
     /// What counts as diverging: agreement (1 - mean token agreement with golden), probes (fraction of
     /// probes failed), exact (fraction of turns not exact), first_diff (fraction of turns that flip
-    /// where golden was not nearly tied).
+    /// where golden was not nearly tied), kl (mean top-k KL from golden in nats).
     #[arg(long, default_value = "agreement")]
     pub metric: Metric,
-    /// A subset diverges when its metric exceeds this (0..1).
+    /// A subset diverges when its metric exceeds this (0..1; nats for kl).
     #[arg(long, default_value_t = 0.2)]
     pub threshold: f64,
     #[command(flatten)]

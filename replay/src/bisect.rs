@@ -18,7 +18,7 @@ pub enum BisectError {
     DuplicatePatch(String),
     #[error("the `probes` metric needs probes: add at least one")]
     NoProbes,
-    #[error("threshold must be a number in [0, 1), got {0}")]
+    #[error("threshold must be a number in [0, 1) (any non-negative number for kl), got {0}")]
     Threshold(f64),
     #[error(transparent)]
     Plan(#[from] PlanError),
@@ -206,7 +206,8 @@ fn check(plan: &Plan, patches: &[String], metric: Metric, threshold: f64) -> Res
     if metric == Metric::Probes && plan.probes.is_empty() {
         return Err(BisectError::NoProbes);
     }
-    if !(0.0..1.0).contains(&threshold) {
+    let valid = if metric.is_fraction() { (0.0..1.0).contains(&threshold) } else { threshold >= 0.0 && threshold.is_finite() };
+    if !valid {
         return Err(BisectError::Threshold(threshold));
     }
     Ok(())

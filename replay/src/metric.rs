@@ -1,6 +1,6 @@
 //! One number per target for "how far from golden": the metrics bisection thresholds on, also used
-//! by the CLI and the reports. Every metric is in [0, 1], 0 meaning "like golden"; a turn the target
-//! failed while golden answered counts as fully diverged.
+//! by the CLI and the reports. 0 means "like golden"; every metric but `kl` is in [0, 1]; a turn the
+//! target failed while golden answered counts as fully diverged (1, for `kl` too).
 
 use std::fmt;
 use std::str::FromStr;
@@ -17,14 +17,22 @@ pub enum Metric {
     Exact,
     /// Fraction of turns whose first difference is not a near tie.
     FirstDiff,
+    /// Mean over turns of the top-k KL(golden || target) in nats (needs logprobs on both sides): the
+    /// continuous measure that orders numerical patches by how far they move the distribution.
+    Kl,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("unknown metric `{0}`: use agreement, probes, exact or first_diff")]
+#[error("unknown metric `{0}`: use agreement, probes, exact, first_diff or kl")]
 pub struct MetricError(pub String);
 
 impl Metric {
-    pub const ALL: [Metric; 4] = [Metric::Agreement, Metric::Probes, Metric::Exact, Metric::FirstDiff];
+    pub const ALL: [Metric; 5] = [Metric::Agreement, Metric::Probes, Metric::Exact, Metric::FirstDiff, Metric::Kl];
+
+    /// Scores of this metric lie in [0, 1].
+    pub fn is_fraction(self) -> bool {
+        self != Metric::Kl
+    }
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -32,6 +40,7 @@ impl Metric {
             Metric::Probes => "probes",
             Metric::Exact => "exact",
             Metric::FirstDiff => "first_diff",
+            Metric::Kl => "kl",
         }
     }
 }
@@ -82,6 +91,7 @@ fn turn_score(result: &TurnResult, metric: Metric) -> Option<f64> {
         Metric::Agreement => 1.0 - d.agreement,
         Metric::Exact => flag(!d.exact),
         Metric::FirstDiff => flag(d.first_diff.is_some() && !d.near_tie),
+        Metric::Kl => d.kl_topk?,
         Metric::Probes => 0.0,
     })
 }
@@ -172,6 +182,6 @@ mod tests {
             assert_eq!(m.as_str().parse::<Metric>(), Ok(m));
         }
         assert_eq!("first-diff".parse::<Metric>(), Ok(Metric::FirstDiff));
-        assert!("kl".parse::<Metric>().unwrap_err().to_string().contains("agreement, probes"));
+        assert!("entropy".parse::<Metric>().unwrap_err().to_string().contains("agreement, probes"));
     }
 }

@@ -51,10 +51,87 @@ pub struct Draft {
 pub(crate) struct Context<'a> {
     pub obs: &'a Observation<'a>,
     pub config: &'a DetectConfig,
-    /// The conversation's previous turn, when this one continues, repeats or rewrites it.
-    pub previous: Option<TurnRecord>,
+    /// The conversation's previous turn, when this one continues, repeats or rewrites it: read from
+    /// the store on first use (most turns never need it).
+    previous: std::cell::OnceCell<Option<Arc<TurnRecord>>>,
+    previous_id: Option<u64>,
+    store: &'a Store,
+    recent_turns: &'a RecentTurns,
     /// How this request differs from the previous turn's history.
     pub history: Option<History>,
+}
+
+impl Context<'_> {
+    /// The previous turn (a store error reads as none: detection never fails a capture).
+    pub fn previous(&self) -> Option<&TurnRecord> {
+        self.previous
+            .get_or_init(|| {
+                let id = self.previous_id?;
+                if let Some(turn) = self.recent_turns.get(id) {
+                    return Some(turn);
+                }
+                let stored = self.store.turn(id).unwrap_or_else(|error| {
+                    tracing::debug!(%error, "previous turn unreadable; detectors go without it");
+                    None
+                });
+                stored.map(Arc::new)
+            })
+            .as_deref()
+    }
+}
+
+/// The turns observed last, by id: the previous turn of a conversation is nearly always here, which
+/// spares a store read and decode per turn.
+#[derive(Default)]
+struct RecentTurns {
+    turns: std::collections::HashMap<u64, Arc<TurnRecord>>,
+    order: std::collections::VecDeque<u64>,
+}
+
+impl RecentTurns {
+    const CAPACITY: usize = 1024;
+
+    fn get(&self, id: u64) -> Option<Arc<TurnRecord>> {
+        self.turns.get(&id).cloned()
+    }
+
+    fn push(&mut self, turn: &TurnRecord) {
+        if self.turns.insert(turn.id, Arc::new(turn.clone())).is_none() {
+            self.order.push_back(turn.id);
+        }
+        while self.order.len() > Self::CAPACITY {
+            if let Some(old) = self.order.pop_front() {
+                self.turns.remove(&old);
+            }
+        }
+    }
+}
+
+/// The per-upstream series, registered once (the upstream of a pipeline never changes).
+struct UpstreamGauges {
+    cache_reported: metrics::Gauge,
+    last_prompt: metrics::Gauge,
+    max_prompt: metrics::Gauge,
+    token_ratio: metrics::Gauge,
+    prompt_total: metrics::Counter,
+    local_total: metrics::Counter,
+    cached_total: metrics::Counter,
+}
+
+impl UpstreamGauges {
+    fn new(upstream: &str) -> UpstreamGauges {
+        use crate::metrics as m;
+        let label = || [("upstream", upstream.to_string())];
+        UpstreamGauges {
+            cache_reported: metrics::gauge!(m::UPSTREAM_CACHE_REPORTED, &label()),
+            last_prompt: metrics::gauge!(m::UPSTREAM_LAST_PROMPT_TOKENS, &label()),
+            max_prompt: metrics::gauge!(m::UPSTREAM_MAX_PROMPT_TOKENS, &label()),
+            token_ratio: metrics::gauge!(m::UPSTREAM_TOKEN_RATIO, &label()),
+            prompt_total: metrics::counter!(m::UPSTREAM_PROMPT_TOKENS_TOTAL, &label()),
+            local_total: metrics::counter!(m::UPSTREAM_LOCAL_PROMPT_TOKENS_TOTAL, &label()),
+            cached_total: metrics::counter!(m::UPSTREAM_CACHED_TOKENS_TOTAL, &label()),
+        }
+    }
 }
 
 /// The detectors and their per-upstream state.
@@ -67,12 +144,23 @@ pub struct Detectors {
     /// Turns seen with a cached-token count of zero before any hit (for the one-time note).
     cold_reports: u64,
     max_prompt: u64,
+    recent_turns: RecentTurns,
+    gauges: Option<UpstreamGauges>,
 }
 
 impl Detectors {
     pub fn new(config: DetectConfig) -> Detectors {
         let recent = RecentPrompts::new(config.recent_prompts, config.recent_tokens);
-        Detectors { config, recent, drift: Drift::default(), cache_reported: false, cold_reports: 0, max_prompt: 0 }
+        Detectors {
+            config,
+            recent,
+            drift: Drift::default(),
+            cache_reported: false,
+            cold_reports: 0,
+            max_prompt: 0,
+            recent_turns: RecentTurns::default(),
+            gauges: None,
+        }
     }
 
     pub fn config(&self) -> &DetectConfig {
@@ -82,16 +170,16 @@ impl Detectors {
     /// Runs every detector on one stored turn.
     pub fn observe(&mut self, store: &Store, obs: &Observation<'_>) -> Result<Vec<Draft>, StoreError> {
         let turn = obs.turn;
-        let previous = match &turn.relation {
-            Relation::Extend { parent_turn } => store.turn(*parent_turn)?,
-            Relation::Regenerate { turn } | Relation::Diverged { previous_turn: turn, .. } => store.turn(*turn)?,
+        let previous_id = match &turn.relation {
+            Relation::Extend { parent_turn } => Some(*parent_turn),
+            Relation::Regenerate { turn } | Relation::Diverged { previous_turn: turn, .. } => Some(*turn),
             Relation::New | Relation::Branch { .. } => None,
         };
-        let history = match (&turn.relation, &previous) {
-            (Relation::Diverged { .. }, Some(prev)) => Some(compare_history(store, prev, obs)?),
-            _ => None,
-        };
-        let cx = Context { obs, config: &self.config, previous, history };
+        let recent_turns = &self.recent_turns;
+        let mut cx = Context { obs, config: &self.config, previous: Default::default(), previous_id, store, recent_turns, history: None };
+        if let (Relation::Diverged { .. }, Some(prev)) = (&turn.relation, cx.previous()) {
+            cx.history = Some(compare_history(store, prev, obs)?);
+        }
         let mut drafts = Vec::new();
         drafts.extend(truncation::overflow(&cx));
         let ok = (200..300).contains(&turn.status);
@@ -109,31 +197,30 @@ impl Detectors {
     /// Folds this turn into the per-upstream state and gauges.
     fn remember(&mut self, obs: &Observation<'_>) {
         let turn = obs.turn;
+        self.recent_turns.push(turn);
         let usage = turn.usage.as_ref();
-        let upstream = turn.upstream.clone();
+        let gauges = self.gauges.get_or_insert_with(|| UpstreamGauges::new(&turn.upstream));
         if let Some(cached) = usage.and_then(|u| u.cached_tokens) {
-            if cached > 0 && !self.cache_reported {
+            if cached > 0 {
                 self.cache_reported = true;
-            } else if cached == 0 && !self.cache_reported {
+            } else if !self.cache_reported {
                 self.cold_reports += 1;
                 if self.cold_reports == 20 {
-                    tracing::info!(%upstream, "upstream has reported no cache hit in 20 turns: caching off or not reported; cache findings wait for a first hit");
+                    tracing::info!(upstream = %turn.upstream, "upstream has reported no cache hit in 20 turns: caching off or not reported; cache findings wait for a first hit");
                 }
             }
+            gauges.cached_total.increment(cached);
         }
-        metrics::gauge!(crate::metrics::UPSTREAM_CACHE_REPORTED, "upstream" => upstream.clone()).set(f64::from(u8::from(self.cache_reported)));
+        gauges.cache_reported.set(f64::from(u8::from(self.cache_reported)));
         if let Some(prompt) = usage.and_then(|u| u.prompt_tokens) {
             self.max_prompt = self.max_prompt.max(prompt);
-            metrics::gauge!(crate::metrics::UPSTREAM_LAST_PROMPT_TOKENS, "upstream" => upstream.clone()).set(prompt as f64);
-            metrics::gauge!(crate::metrics::UPSTREAM_MAX_PROMPT_TOKENS, "upstream" => upstream.clone()).set(self.max_prompt as f64);
-            metrics::counter!(crate::metrics::UPSTREAM_PROMPT_TOKENS_TOTAL, "upstream" => upstream.clone()).increment(prompt);
+            gauges.last_prompt.set(prompt as f64);
+            gauges.max_prompt.set(self.max_prompt as f64);
+            gauges.prompt_total.increment(prompt);
             if let Some(local) = &turn.local_tokens {
-                metrics::counter!(crate::metrics::UPSTREAM_LOCAL_PROMPT_TOKENS_TOTAL, "upstream" => upstream.clone()).increment(local.prompt);
-                metrics::gauge!(crate::metrics::UPSTREAM_TOKEN_RATIO, "upstream" => upstream.clone()).set(self.drift.median_ratio(self.config.drift_turns));
+                gauges.local_total.increment(local.prompt);
+                gauges.token_ratio.set(self.drift.median_ratio(self.config.drift_turns));
             }
-        }
-        if let Some(cached) = usage.and_then(|u| u.cached_tokens) {
-            metrics::counter!(crate::metrics::UPSTREAM_CACHED_TOKENS_TOTAL, "upstream" => upstream).increment(cached);
         }
         if let Some(ids) = obs.prompt_ids {
             let mut held: Vec<u32> = ids.to_vec();
@@ -141,7 +228,6 @@ impl Detectors {
             self.recent.push(Recent { ids: Arc::from(held), time_unix_ms: turn.time_unix_ms, conversation: turn.conversation, turn: turn.id });
         }
     }
-
 }
 
 /// `token_count_drift`: the engine's count has settled on a line away from the local count.
@@ -196,7 +282,7 @@ fn compare_history(store: &Store, previous: &TurnRecord, obs: &Observation<'_>) 
 fn history_dropped(cx: &Context<'_>) -> Option<Draft> {
     let Some(History::Dropped(dropped)) = &cx.history else { return None };
     let turn = cx.obs.turn;
-    let previous = cx.previous.as_ref()?;
+    let previous = cx.previous()?;
     let tokens = |t: &TurnRecord| t.usage.as_ref().and_then(|u| u.prompt_tokens).or(t.local_tokens.as_ref().map(|l| l.prompt));
     let lost = dropped.removed_messages.len() + dropped.rewritten_messages.len();
     Some(Draft {

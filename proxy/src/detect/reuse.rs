@@ -45,6 +45,9 @@ fn reusable_bound(cx: &Context<'_>, recent: &RecentPrompts) -> (u64, &'static st
 
 fn phantom(cx: &Context<'_>, recent: &RecentPrompts, cached: u64) -> Option<Draft> {
     let turn = cx.obs.turn;
+    if cached <= cx.config.cache_block_tokens {
+        return None;
+    }
     let (local_bound, method, source) = reusable_bound(cx, recent);
     // The bound is in local tokens, `cached` in the engine's: tokens the engine counts beyond the local
     // count (a default system prompt its template adds) may all sit in the shared prefix.
@@ -55,7 +58,7 @@ fn phantom(cx: &Context<'_>, recent: &RecentPrompts, cached: u64) -> Option<Draf
         _ => 0,
     };
     // A request that extends the previous turn may reuse all of it, as the engine counted it.
-    let previous = cx.previous.as_ref().filter(|_| matches!(turn.relation, Relation::Extend { .. }));
+    let previous = cx.previous().filter(|_| matches!(turn.relation, Relation::Extend { .. }));
     let previous_whole = previous.and_then(|p| p.usage.as_ref()).map_or(0, |u| u.prompt_tokens.unwrap_or(0) + u.completion_tokens.unwrap_or(0));
     let bound = (local_bound + extra).max(previous_whole);
     let allowance = cx.config.cache_block_tokens;
@@ -95,7 +98,7 @@ fn miss(cx: &Context<'_>, recent: &RecentPrompts, cached: u64) -> Option<Draft> 
         reusable >= config.miss_min_tokens && (cached as f64) < reusable as f64 * config.miss_fraction
     };
     // 1. The client broke its own prefix: what the previous turn left was reusable had it been kept.
-    if let (Some(broke), Some(previous)) = (prefix_break(cx), cx.previous.as_ref()) {
+    if let (Some(broke), Some(previous)) = (prefix_break(cx), cx.previous()) {
         let reusable = prompt_tokens(previous)?;
         if !far_below(reusable) {
             return None;
@@ -123,7 +126,7 @@ fn miss(cx: &Context<'_>, recent: &RecentPrompts, cached: u64) -> Option<Draft> 
             (best.tokens as u64, best.turn, turn.time_unix_ms.saturating_sub(best.time_unix_ms))
         }
         None => {
-            let previous = cx.previous.as_ref().filter(|p| matches!(turn.relation, Relation::Extend { .. }) && p.time_unix_ms >= window_start)?;
+            let previous = cx.previous().filter(|p| matches!(turn.relation, Relation::Extend { .. }) && p.time_unix_ms >= window_start)?;
             (prompt_tokens(previous)?, previous.id, turn.time_unix_ms.saturating_sub(previous.time_unix_ms))
         }
     };
@@ -145,7 +148,7 @@ fn prefix_break(cx: &Context<'_>) -> Option<Break> {
     if let Some(History::PrefixBreak(b)) = &cx.history {
         return Some(b.clone());
     }
-    let previous = cx.previous.as_ref()?;
+    let previous = cx.previous()?;
     history::compare_tools(previous.tools.as_ref(), cx.obs.turn.tools.as_ref())
 }
 

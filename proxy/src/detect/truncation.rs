@@ -46,7 +46,7 @@ pub(crate) fn truncation(cx: &Context<'_>, steady: Option<Steady>) -> Option<Dra
         ));
     }
     // No tokenizer: the request grew but the engine's count did not.
-    let previous = cx.previous.as_ref().filter(|_| matches!(turn.relation, Relation::Extend { .. }))?;
+    let previous = cx.previous().filter(|_| matches!(turn.relation, Relation::Extend { .. }))?;
     let before = previous.usage.as_ref()?.prompt_tokens?;
     let grew = turn.request_bytes.saturating_sub(previous.request_bytes);
     if grew >= config.flat_growth_bytes && engine <= before + config.truncation_min_tokens {
@@ -66,7 +66,7 @@ pub(crate) fn truncation(cx: &Context<'_>, steady: Option<Steady>) -> Option<Dra
 /// Engine-count growth over local-count growth since the conversation's previous turn.
 fn growth(cx: &Context<'_>) -> Option<f64> {
     let turn = cx.obs.turn;
-    let previous = cx.previous.as_ref().filter(|_| matches!(turn.relation, Relation::Extend { .. }))?;
+    let previous = cx.previous().filter(|_| matches!(turn.relation, Relation::Extend { .. }))?;
     let (local, before_local) = (turn.local_tokens.as_ref()?.prompt, previous.local_tokens.as_ref()?.prompt);
     let (engine, before_engine) = (turn.usage.as_ref()?.prompt_tokens?, previous.usage.as_ref()?.prompt_tokens?);
     (local > before_local).then(|| (engine as f64 - before_engine as f64) / (local - before_local) as f64)

@@ -37,7 +37,7 @@ fn reusable_bound(cx: &Context<'_>, recent: &RecentPrompts) -> (u64, &'static st
         }
         _ => {
             let upto = (shared_messages + 1).min(obs.messages.len());
-            let bytes: usize = obs.messages[..upto].iter().map(|m| m.to_string().len() + 16).sum();
+            let bytes: usize = obs.messages[..upto].iter().map(|m| text_bytes(m) + 16).sum();
             ((bytes + 64) as u64, "bytes", None)
         }
     }
@@ -150,6 +150,15 @@ fn prefix_break(cx: &Context<'_>) -> Option<Break> {
     }
     let previous = cx.previous()?;
     history::compare_tools(previous.tools.as_ref(), cx.obs.turn.tools.as_ref())
+}
+
+/// Bytes of a message's text as a template renders it (content; anything else as JSON): a token
+/// covers at least one byte, so this bounds its tokens, with the per-message wrapping added apart.
+fn text_bytes(message: &Value) -> usize {
+    match (message.get("content"), message.get("tool_calls")) {
+        (Some(Value::String(text)), None) => text.len(),
+        _ => message.to_string().len(),
+    }
 }
 
 fn prompt_tokens(turn: &TurnRecord) -> Option<u64> {

@@ -1,0 +1,74 @@
+//! Times the capture pipeline per turn, with and without the detectors, on a synthetic 100-turn
+//! conversation through a real sled store (the engine's usage as a truncating-free upstream reports
+//! it; `--tokenizer GGUF` adds local counts and token-id prefix evidence). Prints p50/mean per group of
+//! ten turns. `cargo run --release -p ctxscope-proxy --example capture_cost [-- --tokenizer PATH]`.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use ctxscope_proxy::capture::exchange::{Captured, Exchange};
+use ctxscope_proxy::capture::pipeline::Pipeline;
+use ctxscope_proxy::capture::tokens::TokenCache;
+use ctxscope_proxy::detect::DetectConfig;
+use ctxscope_store::{Endpoint, RetentionPolicy, Store, StoreOptions};
+use serde_json::{json, Value};
+
+fn captured(bytes: Vec<u8>) -> Captured {
+    let mut c = Captured::default();
+    c.push(&Bytes::from(bytes), usize::MAX);
+    c.complete = true;
+    c
+}
+
+fn exchange(messages: &[Value], reply: &str, prompt: u64, cached: u64) -> Exchange {
+    let request = json!({"model": "m", "messages": messages});
+    let response = json!({"choices": [{"message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": 60, "prompt_tokens_details": {"cached_tokens": cached}}});
+    let body = Arc::new(Mutex::new(captured(serde_json::to_vec(&request).unwrap())));
+    let mut ex = Exchange::new(Endpoint::ChatCompletions, "POST", "/v1/chat/completions", body);
+    ex.status = Some(200);
+    ex.response_content_type = Some("application/json".into());
+    ex.response = captured(serde_json::to_vec(&response).unwrap());
+    ex
+}
+
+/// Capture time per turn, in microseconds.
+fn run(detect: bool, tokenizer: Option<&str>) -> Vec<f64> {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+    let tokens = tokenizer.map(|p| TokenCache::open(std::path::Path::new(p)).unwrap());
+    let config = DetectConfig { enabled: detect, ..DetectConfig::default() };
+    let mut pipeline = Pipeline::new(store, "http://bench".into(), tokens, RetentionPolicy::default()).with_detect_config(config);
+    let mut messages = vec![json!({"role": "system", "content": "You are a helpful assistant."})];
+    let mut times = Vec::new();
+    let mut prompt = 20;
+    for turn in 0..100 {
+        messages.push(json!({"role": "user", "content": format!("Question {turn}: {}", "tell me more about the topic at hand. ".repeat(8))}));
+        let reply = format!("Answer {turn}: {}", "here is some more detail about it. ".repeat(8));
+        let ex = exchange(&messages, &reply, prompt, prompt.saturating_sub(80));
+        let started = Instant::now();
+        pipeline.capture(&ex).unwrap();
+        times.push(started.elapsed().as_secs_f64() * 1e6);
+        prompt += 160;
+        messages.push(json!({"role": "assistant", "content": reply}));
+    }
+    times
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let tokenizer = args.iter().position(|a| a == "--tokenizer").and_then(|i| args.get(i + 1)).map(String::as_str);
+    let runs = [("detectors off", run(false, tokenizer)), ("detectors on", run(true, tokenizer))];
+    println!("| turns | {} p50 µs | {} p50 µs | difference |", runs[0].0, runs[1].0);
+    println!("|---|---|---|---|");
+    for group in [0, 40, 90] {
+        let p50 = |times: &[f64]| {
+            let mut g = times[group..group + 10].to_vec();
+            g.sort_by(f64::total_cmp);
+            (g[4] + g[5]) / 2.0
+        };
+        let (off, on) = (p50(&runs[0].1), p50(&runs[1].1));
+        println!("| {}–{} | {off:.0} | {on:.0} | {:+.0} |", group + 1, group + 10, on - off);
+    }
+}

@@ -156,7 +156,7 @@ async fn multi_turn_conversation_is_threaded_and_readable_after_shutdown() {
     assert_eq!(turns[2]["messages"].as_array().unwrap().len(), 6);
     assert_eq!(turns[1]["stream"], true);
     assert_eq!(turns[1]["reply_text"], "You said: And times 3?");
-    assert_eq!(turns[0]["usage"]["prompt_tokens"].as_u64().is_some(), true);
+    assert!(turns[0]["usage"]["prompt_tokens"].as_u64().is_some());
     assert_eq!(turns[0]["params"]["temperature"], 0);
     assert!(turns[1]["chunks"].as_u64().unwrap() >= 4);
     // Each message stored once: 1 system + 3 user + 3 replies + branch question + unrelated + the branch reply + unrelated reply.

@@ -49,7 +49,7 @@ impl ModelConfig {
             rms_eps: gguf.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
             architecture: arch,
         };
-        if config.n_heads == 0 || config.dim % config.n_heads != 0 || config.n_heads % config.n_kv_heads.max(1) != 0 {
+        if config.n_heads == 0 || !config.dim.is_multiple_of(config.n_heads) || !config.n_heads.is_multiple_of(config.n_kv_heads.max(1)) {
             return Err(ModelError::Shape(format!("{} heads, {} KV heads, width {}", config.n_heads, config.n_kv_heads, config.dim)));
         }
         Ok(config)

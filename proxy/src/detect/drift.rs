@@ -5,6 +5,10 @@
 
 use std::collections::VecDeque;
 
+use ctxscope_store::{FindingKind, Severity, TurnRecord};
+
+use super::{DetectConfig, Draft};
+
 /// Recent (local, engine) prompt counts.
 #[derive(Debug, Default)]
 pub struct Drift {
@@ -74,6 +78,38 @@ impl Drift {
         ratios.sort_by(f64::total_cmp);
         ratios[ratios.len() / 2]
     }
+}
+
+/// `token_count_drift`: the engine's count has settled on a line away from the local count.
+pub(crate) fn finding(drift: &mut Drift, config: &DetectConfig, turn: &TurnRecord) -> Option<Draft> {
+    let local = turn.local_tokens.as_ref()?;
+    let engine = turn.usage.as_ref()?.prompt_tokens?;
+    // Every turn is a sample: a truncating engine's count goes flat, which `steady` refuses.
+    drift.push(local.prompt, engine, config.drift_turns);
+    let steady = drift.steady(config.drift_turns, config.drift_tolerance)?;
+    let scale_off = (steady.scale - 1.0).abs() > config.drift_fraction;
+    let offset_off = steady.offset.abs() > config.drift_offset_tokens;
+    if !scale_off && !offset_off {
+        return None;
+    }
+    let model = turn.model.as_deref().unwrap_or("");
+    let what = match (scale_off, offset_off) {
+        (true, _) => format!("{:.1}% {} tokens", (steady.scale - 1.0).abs() * 100.0, if steady.scale > 1.0 { "more" } else { "fewer" }),
+        (false, _) => format!("a steady {:+.0} tokens", steady.offset),
+    };
+    Some(Draft {
+        kind: FindingKind::TokenCountDrift,
+        severity: Severity::Warning,
+        summary: format!(
+            "engine counts {what} than {} over {} turns (engine = {:.3} x local {:+.1}): the configured tokenizer or chat template is not the engine's",
+            local.tokenizer, steady.turns, steady.scale, steady.offset
+        ),
+        evidence: serde_json::json!({
+            "scale": steady.scale, "offset": steady.offset, "residual": steady.residual, "turns": steady.turns,
+            "tokenizer": local.tokenizer, "last_local_tokens": local.prompt, "last_engine_tokens": engine,
+        }),
+        cause: format!("token_count_drift/{}/{model}/{}", turn.upstream, local.tokenizer),
+    })
 }
 
 #[cfg(test)]

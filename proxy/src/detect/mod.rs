@@ -9,6 +9,7 @@ pub mod config;
 pub mod drift;
 pub mod history;
 mod amnesia;
+mod dropped;
 mod reuse;
 mod truncation;
 
@@ -178,18 +179,18 @@ impl Detectors {
         let recent_turns = &self.recent_turns;
         let mut cx = Context { obs, config: &self.config, previous: Default::default(), previous_id, store, recent_turns, history: None };
         if let (Relation::Diverged { .. }, Some(prev)) = (&turn.relation, cx.previous()) {
-            cx.history = Some(compare_history(store, prev, obs)?);
+            cx.history = Some(dropped::compare_history(store, prev, obs)?);
         }
         let mut drafts = Vec::new();
         drafts.extend(truncation::overflow(&cx));
         let ok = (200..300).contains(&turn.status);
         if ok {
             drafts.extend(truncation::truncation(&cx, self.drift.steady(self.config.drift_turns, self.config.drift_tolerance)));
-            drafts.extend(token_drift(&mut self.drift, &self.config, turn));
+            drafts.extend(drift::finding(&mut self.drift, &self.config, turn));
             drafts.extend(reuse::reuse(&cx, &self.recent, self.cache_reported));
             drafts.extend(amnesia::amnesia(&cx));
         }
-        drafts.extend(history_dropped(&cx));
+        drafts.extend(dropped::finding(&cx));
         self.remember(obs);
         Ok(drafts)
     }
@@ -230,82 +231,7 @@ impl Detectors {
     }
 }
 
-/// `token_count_drift`: the engine's count has settled on a line away from the local count.
-fn token_drift(drift: &mut Drift, config: &DetectConfig, turn: &TurnRecord) -> Option<Draft> {
-    let local = turn.local_tokens.as_ref()?;
-    let engine = turn.usage.as_ref()?.prompt_tokens?;
-    // Every turn is a sample: a truncating engine's count goes flat, which `steady` refuses.
-    drift.push(local.prompt, engine, config.drift_turns);
-    let steady = drift.steady(config.drift_turns, config.drift_tolerance)?;
-    let scale_off = (steady.scale - 1.0).abs() > config.drift_fraction;
-    let offset_off = steady.offset.abs() > config.drift_offset_tokens;
-    if !scale_off && !offset_off {
-        return None;
-    }
-    let model = turn.model.as_deref().unwrap_or("");
-    let what = match (scale_off, offset_off) {
-        (true, _) => format!("{:.1}% {} tokens", (steady.scale - 1.0).abs() * 100.0, if steady.scale > 1.0 { "more" } else { "fewer" }),
-        (false, _) => format!("a steady {:+.0} tokens", steady.offset),
-    };
-    Some(Draft {
-        kind: FindingKind::TokenCountDrift,
-        severity: Severity::Warning,
-        summary: format!(
-            "engine counts {what} than {} over {} turns (engine = {:.3} x local {:+.1}): the configured tokenizer or chat template is not the engine's",
-            local.tokenizer, steady.turns, steady.scale, steady.offset
-        ),
-        evidence: serde_json::json!({
-            "scale": steady.scale, "offset": steady.offset, "residual": steady.residual, "turns": steady.turns,
-            "tokenizer": local.tokenizer, "last_local_tokens": local.prompt, "last_engine_tokens": engine,
-        }),
-        cause: format!("token_count_drift/{}/{model}/{}", turn.upstream, local.tokenizer),
-    })
-}
-
-/// The previous turn's history (messages and reply) against this request.
-fn compare_history(store: &Store, previous: &TurnRecord, obs: &Observation<'_>) -> Result<History, StoreError> {
-    let mut hashes = store.turn_messages(previous)?;
-    hashes.extend(previous.reply.iter().cloned());
-    let mut values = Vec::with_capacity(hashes.len());
-    for hash in &hashes {
-        let value = ctxscope_store::from_hex(hash).map(|h| store.message(&h)).transpose()?.flatten();
-        values.push(value.unwrap_or(Value::Null));
-    }
-    let request_hex: Vec<String> = obs.hashes.iter().map(ctxscope_store::to_hex).collect();
-    let request_canonical: Vec<Value> = obs.messages.iter().map(ctxscope_store::canonical_message).collect();
-    let before: Vec<_> = hashes.iter().zip(&values).map(|(hash, value)| history::Message { hash, value }).collect();
-    let after: Vec<_> = request_hex.iter().zip(&request_canonical).map(|(hash, value)| history::Message { hash, value }).collect();
-    Ok(history::compare(&before, &after))
-}
-
-/// `history_dropped`: the request continues the conversation with earlier turns removed or rewritten.
-fn history_dropped(cx: &Context<'_>) -> Option<Draft> {
-    let Some(History::Dropped(dropped)) = &cx.history else { return None };
-    let turn = cx.obs.turn;
-    let previous = cx.previous()?;
-    let tokens = |t: &TurnRecord| t.usage.as_ref().and_then(|u| u.prompt_tokens).or(t.local_tokens.as_ref().map(|l| l.prompt));
-    let lost = dropped.removed_messages.len() + dropped.rewritten_messages.len();
-    Some(Draft {
-        kind: FindingKind::HistoryDropped,
-        severity: Severity::Warning,
-        summary: format!(
-            "the client dropped or rewrote {lost} earlier message(s) ({} user turn(s)) from message {} on: {} messages before, {} now",
-            dropped.user_turns_lost, dropped.first_differing_message, dropped.messages_before, dropped.messages_after
-        ),
-        evidence: serde_json::json!({
-            "previous_turn": previous.id,
-            "first_differing_message": dropped.first_differing_message,
-            "removed_messages": dropped.removed_messages,
-            "rewritten_messages": dropped.rewritten_messages,
-            "user_turns_lost": dropped.user_turns_lost,
-            "messages_before": dropped.messages_before,
-            "messages_after": dropped.messages_after,
-            "kept_latest_reply": dropped.kept_latest_reply,
-            "tokens_before": tokens(previous),
-            "tokens_after": tokens(turn),
-            "first_before": dropped.first_before,
-            "first_after": dropped.first_after,
-        }),
-        cause: format!("history_dropped/{}", turn.conversation),
-    })
+/// A turn's prompt size: the engine's count, else the local one.
+pub(crate) fn prompt_tokens(turn: &TurnRecord) -> Option<u64> {
+    turn.usage.as_ref().and_then(|u| u.prompt_tokens).or(turn.local_tokens.as_ref().map(|l| l.prompt))
 }

@@ -2,7 +2,7 @@
 //! supplied) and `cache_miss` (it reused far less than a recent prompt left, with the cause named: a
 //! prefix-breaking edit, changed tools, or eviction).
 
-use ctxscope_store::{FindingKind, Relation, Severity, TurnRecord};
+use ctxscope_store::{FindingKind, Relation, Severity};
 use serde_json::{json, Value};
 
 use super::cache::{RecentPrompts, Shared};
@@ -99,7 +99,7 @@ fn miss(cx: &Context<'_>, recent: &RecentPrompts, cached: u64) -> Option<Draft> 
     };
     // 1. The client broke its own prefix: what the previous turn left was reusable had it been kept.
     if let (Some(broke), Some(previous)) = (prefix_break(cx), cx.previous()) {
-        let reusable = prompt_tokens(previous)?;
+        let reusable = super::prompt_tokens(previous)?;
         if !far_below(reusable) {
             return None;
         }
@@ -127,7 +127,7 @@ fn miss(cx: &Context<'_>, recent: &RecentPrompts, cached: u64) -> Option<Draft> 
         }
         None => {
             let previous = cx.previous().filter(|p| matches!(turn.relation, Relation::Extend { .. }) && p.time_unix_ms >= window_start)?;
-            (prompt_tokens(previous)?, previous.id, turn.time_unix_ms.saturating_sub(previous.time_unix_ms))
+            (super::prompt_tokens(previous)?, previous.id, turn.time_unix_ms.saturating_sub(previous.time_unix_ms))
         }
     };
     if !far_below(reusable) {
@@ -161,9 +161,6 @@ fn text_bytes(message: &Value) -> usize {
     }
 }
 
-fn prompt_tokens(turn: &TurnRecord) -> Option<u64> {
-    turn.usage.as_ref().and_then(|u| u.prompt_tokens).or(turn.local_tokens.as_ref().map(|l| l.prompt))
-}
 
 fn draft(summary: String, evidence: Value, cause: String) -> Draft {
     Draft { kind: FindingKind::CacheMiss, severity: Severity::Warning, summary, evidence, cause }

@@ -111,7 +111,8 @@ enum ModelsCommand {
 
 #[derive(Args)]
 struct EngineArgs {
-    /// A known model name (fetched on first use) or the path of a GGUF file.
+    /// A known model name (fetched on first use), the path of a GGUF file, or a Hugging Face checkpoint
+    /// directory (config.json + *.safetensors + tokenizer.json).
     #[arg(long, default_value = models::DEFAULT_MODEL)]
     model: String,
     /// Address of the engine's OpenAI-compatible API.

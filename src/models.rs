@@ -61,7 +61,8 @@ pub fn resolve(name_or_path: &str) -> Result<ModelRef, FetchError> {
         return Ok(ModelRef::Known(*spec, known_path(spec)?));
     }
     let path = PathBuf::from(name_or_path);
-    if path.is_file() {
+    // A GGUF file, or a Hugging Face checkpoint directory (config.json + safetensors + tokenizer.json).
+    if path.is_file() || path.join("config.json").is_file() {
         return Ok(ModelRef::File(path));
     }
     if name_or_path.contains(std::path::MAIN_SEPARATOR) || name_or_path.ends_with(".gguf") {

@@ -6,11 +6,13 @@ pub mod civil;
 pub mod counter;
 pub mod gguf;
 pub mod model_path;
+pub mod safetensors;
 pub mod template;
 pub mod tokenizer;
 
 pub use counter::{CounterError, Segments, TokenCounter};
 pub use gguf::{Gguf, GgufError};
 pub use model_path::{default_model_path, test_model_path, DEFAULT_MODEL_FILE};
+pub use safetensors::{SafeTensors, SafetensorsError};
 pub use template::{ChatTemplate, RenderOptions, TemplateError};
 pub use tokenizer::{TokenKind, Tokenizer, TokenizerError};

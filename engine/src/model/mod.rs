@@ -1,7 +1,9 @@
 //! A loaded model: hyperparameters, weights (f32 for the golden path, and the file's quantized blocks
-//! for the fast path), tokenizer and chat template, all from one GGUF file.
+//! for the fast path), tokenizer and chat template, from one GGUF file or a Hugging Face checkpoint
+//! directory (config.json + safetensors + tokenizer.json).
 
 mod config;
+pub mod hf;
 mod weights;
 
 use std::path::Path;
@@ -31,6 +33,8 @@ pub enum ModelError {
     Tokenizer(#[from] ctxscope_formats::TokenizerError),
     #[error("chat template: {0}")]
     Template(#[from] ctxscope_formats::TemplateError),
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
 }
 
 /// Everything needed to run and to talk to one model.
@@ -48,8 +52,11 @@ pub struct Model {
 }
 
 impl Model {
-    /// Loads a GGUF model.
+    /// Loads a GGUF file, or a Hugging Face checkpoint directory.
     pub fn load(path: &Path) -> Result<Model, ModelError> {
+        if path.is_dir() {
+            return hf::load(path);
+        }
         let io = |source| ModelError::Io { path: path.to_path_buf(), source };
         let bytes = std::fs::read(path).map_err(io)?;
         let gguf = Gguf::read_from(bytes.as_slice(), bytes.len() as u64).map_err(ModelError::Gguf)?;
@@ -63,15 +70,16 @@ impl Model {
                 stop_tokens.push(id);
             }
         }
-        for text in ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "</s>"] {
-            if let Some(id) = tokenizer.token_id(text) {
-                stop_tokens.push(id);
-            }
-        }
+        stop_tokens.extend(known_stop_tokens(&tokenizer));
         stop_tokens.sort_unstable();
         stop_tokens.dedup();
         let id = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
         let fingerprint = format!("{id}:{}", bytes.len());
         Ok(Model { id, config, weights, tokenizer, template, stop_tokens, fingerprint })
     }
+}
+
+/// Control tokens that end a turn in the common chat templates, where the vocabulary has them.
+fn known_stop_tokens(tokenizer: &Tokenizer) -> Vec<u32> {
+    ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "</s>"].iter().filter_map(|t| tokenizer.token_id(t)).collect()
 }

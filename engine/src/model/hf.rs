@@ -49,9 +49,14 @@ pub fn config_from_hf(c: &Value) -> Result<ModelConfig, ModelError> {
     if !matches!(architecture, "LlamaForCausalLM" | "MistralForCausalLM") {
         return Err(ModelError::Architecture(architecture.to_string()));
     }
-    if c.get("rope_scaling").is_some_and(|v| !v.is_null()) {
-        return Err(ModelError::Checkpoint("config.json sets rope_scaling, which this engine does not implement".into()));
+    // RoPE: `rope_theta` (+ `rope_scaling`), or transformers 5's `rope_parameters` object.
+    let rope = c.get("rope_parameters").filter(|v| v.is_object());
+    let scaling = c.get("rope_scaling").filter(|v| !v.is_null()).or(rope);
+    let rope_type = scaling.and_then(|s| s.get("rope_type").or_else(|| s.get("type"))).and_then(Value::as_str).unwrap_or("default");
+    if rope_type != "default" {
+        return Err(ModelError::Checkpoint(format!("config.json asks for {rope_type} RoPE scaling, which this engine does not implement")));
     }
+    let rope_theta = c.get("rope_theta").or_else(|| rope.and_then(|r| r.get("rope_theta"))).and_then(Value::as_f64).unwrap_or(10_000.0);
     let u = |k: &str| c.get(k).and_then(Value::as_u64).map(|v| v as usize).ok_or_else(|| ModelError::Checkpoint(format!("config.json has no {k}")));
     let (dim, n_heads) = (u("hidden_size")?, u("num_attention_heads")?);
     let n_kv_heads = c.get("num_key_value_heads").and_then(Value::as_u64).map_or(n_heads, |v| v as usize);
@@ -73,7 +78,7 @@ pub fn config_from_hf(c: &Value) -> Result<ModelConfig, ModelError> {
         ffn_dim: u("intermediate_size")?,
         vocab: u("vocab_size")?,
         ctx_len: u("max_position_embeddings")?,
-        rope_base: f("rope_theta", 10_000.0),
+        rope_base: rope_theta as f32,
         rms_eps: f("rms_norm_eps", 1e-6),
     })
 }
@@ -170,6 +175,13 @@ mod tests {
         let mut scaled = c.clone();
         scaled["rope_scaling"] = serde_json::json!({"rope_type": "llama3"});
         assert!(config_from_hf(&scaled).is_err());
+        // transformers 5 writes RoPE settings as `rope_parameters`.
+        let mut v5 = c.clone();
+        v5.as_object_mut().unwrap().remove("rope_theta");
+        v5["rope_parameters"] = serde_json::json!({"rope_theta": 100000.0, "rope_type": "default"});
+        assert_eq!(config_from_hf(&v5).unwrap().rope_base, 100000.0);
+        v5["rope_parameters"]["rope_type"] = serde_json::json!("yarn");
+        assert!(config_from_hf(&v5).is_err());
         let mut gpt = c;
         gpt["architectures"] = serde_json::json!(["GPT2LMHeadModel"]);
         assert!(matches!(config_from_hf(&gpt), Err(ModelError::Architecture(_))));

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Fills devcheck/ (ignored by git; carry it to the device machine) with what the device check needs:
+# a stripped release `ctxscope` (no debug info, so it travels under the 64 MiB limit), the default model's
+# tokenizer.json and tokenizer_config.json (built from its GGUF with the `gguf` PyPI package), and the
+# device-side script. Then run there: `python3 devcheck/hf_check.py` (see ../shared/GPU.md for the recipe).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+# shellcheck source=../lib/bench_block.sh
+. scripts/lib/bench_block.sh
+bench_model
+mkdir -p devcheck .git/info
+grep -qx "/devcheck/" .git/info/exclude 2>/dev/null || echo "/devcheck/" >> .git/info/exclude
+CARGO_PROFILE_RELEASE_DEBUG=false cargo build --release -p ctxscope --target-dir target/devcheck >&2
+cp target/devcheck/release/ctxscope devcheck/ctxscope
+cp scripts/device/hf_check.py devcheck/
+python3 -m pip install --quiet --disable-pip-version-check gguf==0.19.0 >&2
+python3 - "$model" devcheck <<'PY'
+import json, sys
+import gguf
+
+model, out = sys.argv[1], sys.argv[2]
+r = gguf.GGUFReader(model)
+strs = lambda k: [bytes(r.fields[k].parts[i]).decode("utf-8") for i in r.fields[k].data]
+ints = lambda k: [int(r.fields[k].parts[i][0]) for i in r.fields[k].data]
+tokens, kinds, merges = strs("tokenizer.ggml.tokens"), ints("tokenizer.ggml.token_type"), strs("tokenizer.ggml.merges")
+template = bytes(r.fields["tokenizer.chat_template"].parts[-1]).decode()
+added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
+         for i, (t, k) in enumerate(zip(tokens, kinds)) if k == 3]
+tokenizer = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
+    "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]},
+    "post_processor": None, "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+    "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None, "end_of_word_suffix": None,
+        "fuse_unk": False, "byte_fallback": False, "ignore_merges": False, "vocab": {t: i for i, t in enumerate(tokens)},
+        "merges": [m.split(" ", 1) for m in merges]}}
+json.dump(tokenizer, open(f"{out}/tokenizer.json", "w"))
+json.dump({"chat_template": template, "eos_token": "<|im_end|>", "bos_token": "<|im_start|>"}, open(f"{out}/tokenizer_config.json", "w"))
+PY
+du -sh devcheck >&2
+echo "devcheck/ ready: carry it and run \`python3 devcheck/hf_check.py\` on the device machine" >&2

@@ -2,7 +2,7 @@
 //! a plain CPU reference (f32, the statistics in f32 and RoPE angles in f64, as the CPU engine does),
 //! a short table printed last. Build with `--features cuda`; run where a GPU is.
 
-use ctxscope_kernels::device::Device;
+use ctxscope_kernels::device::{AttentionShape, Device};
 
 /// A small deterministic generator (xorshift), values in [-scale, scale).
 struct Rng(u64);
@@ -81,6 +81,42 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut dsum = s.clone_htod(&g)?;
     device.add(&mut dsum, &du)?;
     rows_out.push(("add_f32", g.len(), max_diff(&want, &s.clone_dtoh(&dsum)?)));
+
+    // Attention: 5 new tokens over a 300-position cache (prefill tail), and 1 over 2000 (decode).
+    for (tokens, len) in [(5usize, 300usize), (1, 2000)] {
+        let kv_heads = 3;
+        let (q, k, v) = (rng.vec(tokens * heads * head_dim, 1.0), rng.vec(len * kv_heads * head_dim, 1.0), rng.vec(len * kv_heads * head_dim, 1.0));
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let mut want = vec![0f32; q.len()];
+        for t in 0..tokens {
+            let pos = len - tokens + t;
+            for h in 0..heads {
+                let kvh = h / (heads / kv_heads);
+                let qv = &q[(t * heads + h) * head_dim..][..head_dim];
+                let scores: Vec<f32> = (0..=pos).map(|j| qv.iter().zip(&k[(j * kv_heads + kvh) * head_dim..][..head_dim]).map(|(a, b)| a * b).sum::<f32>() * scale).collect();
+                let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let e: Vec<f32> = scores.iter().map(|s| (s - m).exp()).collect();
+                let total: f32 = e.iter().sum();
+                for d in 0..head_dim {
+                    want[(t * heads + h) * head_dim + d] = (0..=pos).map(|j| e[j] * v[(j * kv_heads + kvh) * head_dim + d]).sum::<f32>() / total;
+                }
+            }
+        }
+        let (dq, dk, dv) = (s.clone_htod(&q)?, s.clone_htod(&k)?, s.clone_htod(&v)?);
+        let mut dout = s.alloc_zeros::<f32>(q.len())?;
+        device.attention(&dq, &dk, &dv, &mut dout, AttentionShape { tokens, len, heads, kv_heads, head_dim })?;
+        let name = if tokens == 1 { "attention_f32 (decode, 2000)" } else { "attention_f32 (5 over 300)" };
+        rows_out.push((name, q.len(), max_diff(&want, &s.clone_dtoh(&dout)?)));
+    }
+
+    // Embedding gather.
+    let (vocab, ids) = (1000, vec![3i32, 999, 0, 3, 517]);
+    let table = rng.vec(vocab * dim, 1.0);
+    let want: Vec<f32> = ids.iter().flat_map(|&i| table[i as usize * dim..(i as usize + 1) * dim].to_vec()).collect();
+    let (dt, di) = (s.clone_htod(&table)?, s.clone_htod(&ids)?);
+    let mut dout = s.alloc_zeros::<f32>(ids.len() * dim)?;
+    device.embed(&dt, &di, &mut dout, dim)?;
+    rows_out.push(("embed_f32", want.len(), max_diff(&want, &s.clone_dtoh(&dout)?)));
 
     println!("| kernel | elements | max abs diff vs CPU | relative |");
     println!("|---|---|---|---|");

@@ -99,6 +99,53 @@ impl Device {
     }
 }
 
+/// Shape of one attention call.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionShape {
+    /// New query tokens (the last `tokens` of the `len` cached positions).
+    pub tokens: usize,
+    /// Cached positions, the new ones included.
+    pub len: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl Device {
+    /// Causal attention of `q` over the cache `k`, `v` into `out` (see cuda/attention.cu).
+    pub fn attention(&self, q: &CudaSlice<f32>, k: &CudaSlice<f32>, v: &CudaSlice<f32>, out: &mut CudaSlice<f32>, s: AttentionShape) -> Result<(), DeviceError> {
+        let q_len = s.tokens * s.heads * s.head_dim;
+        let kv_len = s.len * s.kv_heads * s.head_dim;
+        let fits = q.len() == q_len && out.len() == q_len && k.len() == kv_len && v.len() == kv_len;
+        let valid = s.tokens <= s.len && s.kv_heads > 0 && s.heads % s.kv_heads == 0 && s.head_dim <= 128;
+        check("attention_f32", fits && valid)?;
+        let cfg = LaunchConfig { grid_dim: (s.tokens as u32, s.heads as u32, 1), block_dim: (64, 1, 1), shared_mem_bytes: 0 };
+        let scale = 1.0 / (s.head_dim as f32).sqrt();
+        let dims = [s.tokens as i32, s.len as i32, s.heads as i32, s.kv_heads as i32, s.head_dim as i32];
+        let mut launch = self.stream.launch_builder(self.function("attention_f32"));
+        launch.arg(q).arg(k).arg(v).arg(out);
+        for d in &dims {
+            launch.arg(d);
+        }
+        launch.arg(&scale);
+        // SAFETY: argument types and order match `attention_f32`; lengths and head_dim <= 128 checked above.
+        unsafe { launch.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// `out[t] = table[ids[t]]` for rows of `dim`.
+    pub fn embed(&self, table: &CudaSlice<f32>, ids: &CudaSlice<i32>, out: &mut CudaSlice<f32>, dim: usize) -> Result<(), DeviceError> {
+        check("embed_f32", out.len() == ids.len() * dim && table.len() % dim.max(1) == 0)?;
+        let cfg = LaunchConfig { grid_dim: (ids.len() as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let dim = dim as i32;
+        let mut launch = self.stream.launch_builder(self.function("embed_f32"));
+        launch.arg(table).arg(ids).arg(out).arg(&dim);
+        // SAFETY: argument types and order match `embed_f32`; ids are the caller's token ids (< vocab).
+        unsafe { launch.launch(cfg) }?;
+        Ok(())
+    }
+}
+
 fn check(kernel: &'static str, ok: bool) -> Result<(), DeviceError> {
     if ok {
         Ok(())

@@ -4,10 +4,11 @@
 //! CPU-only builds and CI never need CUDA.
 
 /// The CUDA C sources, by module name.
-pub const SOURCES: [(&str, &str); 1] = [("elementwise", include_str!("../cuda/elementwise.cu"))];
+pub const SOURCES: [(&str, &str); 2] =
+    [("elementwise", include_str!("../cuda/elementwise.cu")), ("attention", include_str!("../cuda/attention.cu"))];
 
 /// Kernel entry points every source must define (checked by the tests, launched by the wrappers).
-pub const KERNELS: [&str; 4] = ["rmsnorm_f32", "rope_f32", "swiglu_f32", "add_f32"];
+pub const KERNELS: [&str; 6] = ["rmsnorm_f32", "rope_f32", "swiglu_f32", "add_f32", "attention_f32", "embed_f32"];
 
 #[cfg(feature = "cuda")]
 pub mod device;

@@ -14,6 +14,8 @@ pub enum DeviceError {
     Compile { module: String, detail: String },
     #[error("{kernel}: {detail}")]
     Shape { kernel: &'static str, detail: String },
+    #[error("cuBLAS: {0}")]
+    Blas(String),
 }
 
 /// A GPU with the engine's kernels loaded.

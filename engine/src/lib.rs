@@ -3,6 +3,8 @@
 //! weights kept quantized), keeps per-sequence KV caches with prefix reuse across requests, and
 //! batches concurrent requests in one scheduler loop.
 
+#[cfg(feature = "cuda")]
+pub mod device;
 pub mod forward;
 pub mod kv;
 pub mod model;

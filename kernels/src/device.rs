@@ -118,7 +118,8 @@ impl Device {
     pub fn attention(&self, q: &CudaSlice<f32>, k: &CudaSlice<f32>, v: &CudaSlice<f32>, out: &mut CudaSlice<f32>, s: AttentionShape) -> Result<(), DeviceError> {
         let q_len = s.tokens * s.heads * s.head_dim;
         let kv_len = s.len * s.kv_heads * s.head_dim;
-        let fits = q.len() == q_len && out.len() == q_len && k.len() == kv_len && v.len() == kv_len;
+        // The cache may have room beyond `len`: the kernel reads positions 0..len only.
+        let fits = q.len() == q_len && out.len() == q_len && k.len() >= kv_len && v.len() >= kv_len;
         let valid = s.tokens <= s.len && s.kv_heads > 0 && s.heads % s.kv_heads == 0 && s.head_dim <= 128;
         check("attention_f32", fits && valid)?;
         let cfg = LaunchConfig { grid_dim: (s.tokens as u32, s.heads as u32, 1), block_dim: (64, 1, 1), shared_mem_bytes: 0 };

@@ -11,6 +11,9 @@ pub const SOURCES: [(&str, &str); 2] =
 pub const KERNELS: [&str; 6] = ["rmsnorm_f32", "rope_f32", "swiglu_f32", "add_f32", "attention_f32", "embed_f32"];
 
 #[cfg(feature = "cuda")]
+pub use cudarc;
+
+#[cfg(feature = "cuda")]
 pub mod blas;
 #[cfg(feature = "cuda")]
 pub mod device;

@@ -3,7 +3,9 @@
 # a stripped release `ctxscope` (no debug info, so it travels under the 64 MiB limit), the kernels'
 # check binary (`--features cuda`, CUDA loaded at run time), the default model's tokenizer.json and
 # tokenizer_config.json (built from its GGUF with the `gguf` PyPI package), and the device-side script.
-# Then run there, in one call: `./devcheck/kernels_check && python3 devcheck/hf_check.py`
+# Then run there, in one call:
+#   ./devcheck/kernels_check && python3 devcheck/hf_check.py && ./devcheck/device_check /tmp/hf_smollm2_random
+# (hf_check.py leaves the transformers-built checkpoint in /tmp/hf_smollm2_random).
 # (see ../shared/GPU.md for the recipe).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,6 +19,8 @@ CARGO_PROFILE_RELEASE_DEBUG=false cargo build --release -p ctxscope --target-dir
 cp target/devcheck/release/ctxscope devcheck/ctxscope
 CARGO_PROFILE_RELEASE_DEBUG=false cargo build --release -p ctxscope-kernels --features cuda --example check --target-dir target/devcheck >&2
 cp target/devcheck/release/examples/check devcheck/kernels_check
+CARGO_PROFILE_RELEASE_DEBUG=false cargo build --release -p ctxscope-engine --features cuda --example device_check --target-dir target/devcheck >&2
+cp target/devcheck/release/examples/device_check devcheck/device_check
 cp scripts/device/hf_check.py devcheck/
 python3 -m pip install --quiet --disable-pip-version-check gguf==0.19.0 >&2
 python3 - "$model" devcheck <<'PY'
@@ -42,4 +46,4 @@ json.dump(tokenizer, open(f"{out}/tokenizer.json", "w"))
 json.dump({"chat_template": template, "eos_token": "<|im_end|>", "bos_token": "<|im_start|>"}, open(f"{out}/tokenizer_config.json", "w"))
 PY
 du -sh devcheck >&2
-echo "devcheck/ ready: carry it and run \`./devcheck/kernels_check && python3 devcheck/hf_check.py\` on the device machine" >&2
+echo "devcheck/ ready: carry it and run the three checks above on the device machine" >&2

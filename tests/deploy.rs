@@ -142,22 +142,10 @@ async fn rules_and_dashboard_use_only_metrics_the_proxy_exports() {
 async fn prometheus_fires_on_a_real_engine_truncation() {
     let Some(prometheus) = prometheus_tool("prometheus") else { return };
     let dir = tempfile::tempdir().unwrap();
-    let (engine_port, proxy_port, admin_port, prom_port) = (free_port(), free_port(), free_port(), free_port());
-    let serve = Process::spawn(
-        "ctxscope serve",
-        Command::new(bin())
-            .arg("serve")
-            .arg("--model")
-            .arg(model_path())
-            .args(["--listen", &format!("127.0.0.1:{engine_port}"), "--proxy", &format!("127.0.0.1:{proxy_port}")])
-            .args(["--admin", &format!("127.0.0.1:{admin_port}"), "--flush-ms", "50"])
-            .arg("--data")
-            .arg(dir.path().join("data"))
-            .env("CTXSCOPE_LOG", "warn"),
-    );
-    let (proxy, admin) = (format!("http://127.0.0.1:{proxy_port}"), format!("http://127.0.0.1:{admin_port}"));
-    wait_ok(&format!("http://127.0.0.1:{engine_port}/health"), 60).await;
-    wait_ok(&format!("{admin}/healthz"), 60).await;
+    let prom_port = free_port();
+    let serve = Serve::start(&model_path(), &dir.path().join("data"), &[]).await;
+    let (proxy, admin) = (serve.proxy_url.clone(), serve.admin_url.clone());
+    let admin_addr = admin.trim_start_matches("http://").to_string();
 
     // Prometheus scraping the admin port every second, with the repository's rules.
     let config = dir.path().join("prometheus.yml");
@@ -167,7 +155,7 @@ async fn prometheus_fires_on_a_real_engine_truncation() {
         format!(
             "global: {{scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s}}\n\
              rule_files: [{rules}]\n\
-             scrape_configs:\n  - job_name: ctxscope\n    static_configs:\n      - targets: ['127.0.0.1:{admin_port}']\n",
+             scrape_configs:\n  - job_name: ctxscope\n    static_configs:\n      - targets: ['{admin_addr}']\n",
         ),
     )
     .unwrap();
@@ -180,7 +168,7 @@ async fn prometheus_fires_on_a_real_engine_truncation() {
             .arg("--log.level=warn"),
     );
     let api = format!("http://127.0.0.1:{prom_port}");
-    wait_ok(&format!("{api}/-/ready"), 30).await;
+    wait_http_ok(&format!("{api}/-/ready"), Duration::from_secs(30)).await;
     let rule_count = poll("Prometheus to load the rules", 10, || async {
         let groups = get_json(&format!("{api}/api/v1/rules")).await["data"]["groups"].clone();
         let count: usize = groups.as_array()?.iter().map(|g| g["rules"].as_array().map_or(0, |r| r.len())).sum();
@@ -208,7 +196,7 @@ async fn prometheus_fires_on_a_real_engine_truncation() {
     };
     let healthy = chat(json!({"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 4, "temperature": 0}), &[]).await;
     assert_eq!(healthy.status, 200, "{}", String::from_utf8_lossy(&healthy.body));
-    wait_turns(&admin, 1).await;
+    wait_captured_turns(&admin, 1, Duration::from_secs(20)).await;
     poll("Prometheus to scrape the healthy request", 15, || async { (!query(&api, m::REQUESTS_TOTAL).await.is_empty()).then_some(()) }).await;
     tokio::time::sleep(Duration::from_secs(3)).await; // three rule evaluations on the scraped data
     let firing = firing_alerts(&api).await;
@@ -229,7 +217,7 @@ async fn prometheus_fires_on_a_real_engine_truncation() {
     assert_eq!(cut.headers.get("x-ctxscope-patches").map(|v| v.to_str().unwrap()), Some("auto_truncate=64"), "the patch header did not reach the engine");
     let usage = cut.json()["usage"].clone();
     assert_eq!(usage["prompt_tokens"].as_u64(), Some(57), "the engine did not truncate: {usage}");
-    wait_turns(&admin, 2).await;
+    wait_captured_turns(&admin, 2, Duration::from_secs(20)).await;
 
     let started = Instant::now();
     let deadline = started + Duration::from_secs(60);
@@ -334,24 +322,6 @@ async fn poll<T, F: std::future::Future<Output = Option<T>>>(what: &str, seconds
         assert!(Instant::now() < deadline, "timed out after {seconds} s waiting for {what}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-async fn wait_ok(url: &str, seconds: u64) {
-    let addr = url.trim_start_matches("http://").split('/').next().unwrap_or_default().to_string();
-    poll(&format!("{url} to answer 200"), seconds, || async {
-        let up = std::net::TcpStream::connect(&addr).is_ok() && send("GET", url, &[], Vec::new()).await.status == 200;
-        up.then_some(())
-    })
-    .await;
-}
-
-async fn wait_turns(admin: &str, turns: u64) {
-    poll(&format!("{turns} captured turns"), 20, || async {
-        let list = get_json(&format!("{admin}/api/conversations")).await;
-        let total: u64 = list.as_array()?.iter().map(|c| c["turns"].as_u64().unwrap_or(0)).sum();
-        (total >= turns).then_some(())
-    })
-    .await;
 }
 
 /// An instant query for a bare metric name; the result vector.

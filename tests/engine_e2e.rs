@@ -43,7 +43,7 @@ impl Server {
     }
 
     async fn ready(self) -> Server {
-        wait_ok(&format!("{}/health", self.url)).await;
+        wait_http_ok(&format!("{}/health", self.url), Duration::from_secs(60)).await;
         self
     }
 
@@ -60,19 +60,6 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-async fn wait_ok(url: &str) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if std::net::TcpStream::connect(url.trim_start_matches("http://").split('/').next().unwrap_or_default()).is_ok()
-            && send("GET", url, &[], Vec::new()).await.status == 200
-        {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{url} never answered 200");
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -423,7 +410,7 @@ async fn serve_captures_the_engine_through_its_proxy() {
     .await;
     let proxy = format!("http://127.0.0.1:{proxy_port}");
     let admin = format!("http://127.0.0.1:{admin_port}");
-    wait_ok(&format!("{admin}/healthz")).await;
+    wait_http_ok(&format!("{admin}/healthz"), Duration::from_secs(60)).await;
     assert_eq!(get_json(&format!("{admin}/healthz")).await["capture"], "on");
 
     let first = json!([user("What is the capital of France?")]);
@@ -461,16 +448,6 @@ async fn serve_captures_the_engine_through_its_proxy() {
     serve.stop();
 }
 
-/// `serve` with `--findings-header` (and the given extra flags), its proxy and admin URLs.
-async fn serve_with_findings_header(data: &std::path::Path) -> (Server, String, String) {
-    let (proxy_port, admin_port) = (free_port(), free_port());
-    let (proxy, admin) = (format!("127.0.0.1:{proxy_port}"), format!("127.0.0.1:{admin_port}"));
-    let args = ["--proxy", &proxy, "--admin", &admin, "--data", data.to_str().unwrap(), "--flush-ms", "50", "--findings-header"];
-    let serve = Server::start("serve", free_port(), &args).ready().await;
-    wait_ok(&format!("http://{admin}/healthz")).await;
-    (serve, format!("http://{proxy}"), format!("http://{admin}"))
-}
-
 /// The recall conversation sent turn by turn through the proxy, as a harness would: the fact first,
 /// the question second. Returns the second reply and the findings header on each response.
 async fn recall_through(proxy: &str, patches: &str) -> (String, Vec<Option<String>>) {
@@ -491,7 +468,8 @@ async fn recall_through(proxy: &str, patches: &str) -> (String, Vec<Option<Strin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn context_faults_lose_the_fact_and_the_proxy_in_front_names_the_truncation() {
     let dir = tempfile::tempdir().unwrap();
-    let (serve, proxy, admin) = serve_with_findings_header(&dir.path().join("data")).await;
+    let serve = Serve::start(&model_path(), &dir.path().join("data"), &["--findings-header"]).await;
+    let (proxy, admin) = (serve.proxy_url.clone(), serve.admin_url.clone());
     let (golden, found) = recall_through(&proxy, "").await;
     assert!(golden.to_lowercase().contains("banana"), "golden lost the fact: {golden:?}");
     assert_eq!(found, vec![None, None], "golden raised findings");

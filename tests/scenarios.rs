@@ -76,7 +76,7 @@ struct Lab {
     dir: tempfile::TempDir,
     model: PathBuf,
     engine_url: String,
-    serve: Process,
+    serve: Serve,
     endpoints: Vec<Endpoint>,
     /// Target (and wrong tokenizer) -> index of its shared endpoint.
     shared: BTreeMap<String, usize>,
@@ -106,23 +106,9 @@ impl Lab {
     async fn start() -> Lab {
         let dir = tempfile::tempdir().unwrap();
         let model = ctxscope_formats::test_model_path().unwrap_or_else(|e| panic!("{e}"));
-        let (engine_port, proxy_port, admin_port) = (free_port(), free_port(), free_port());
-        let serve = Command::new(bin())
-            .args(["serve", "--model"])
-            .arg(&model)
-            .args(["--listen", &format!("127.0.0.1:{engine_port}"), "--proxy", &format!("127.0.0.1:{proxy_port}")])
-            .args(["--admin", &format!("127.0.0.1:{admin_port}"), "--ctx", CTX, "--flush-ms", "50", "--data"])
-            .arg(dir.path().join("serve"))
-            .env("CTXSCOPE_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn ctxscope serve");
-        let serve = Process(serve);
-        let engine_url = format!("http://127.0.0.1:{engine_port}");
-        let main = Endpoint::new("serve proxy", format!("http://127.0.0.1:{proxy_port}"), format!("http://127.0.0.1:{admin_port}"));
-        wait_http_ok(&format!("{engine_url}/health"), Duration::from_secs(60)).await;
-        wait_http_ok(&format!("{}/healthz", main.admin), Duration::from_secs(20)).await;
+        let serve = Serve::start(&model, &dir.path().join("serve"), &["--ctx", CTX]).await;
+        let engine_url = serve.engine_url.clone();
+        let main = Endpoint::new("serve proxy", serve.proxy_url.clone(), serve.admin_url.clone());
         let mut lab = Lab {
             dir,
             model,
@@ -466,6 +452,6 @@ async fn labeled_scenarios_find_every_cause_and_nothing_on_clean_traffic() {
     for proxy in lab.proxies.drain(..) {
         proxy.stop();
     }
-    terminate(&mut lab.serve.0, "ctxscope serve");
+    lab.serve.stop();
     assert!(score.problems.is_empty(), "{} problem(s); see {}:\n{}", score.problems.len(), path.display(), score.problems.join("\n"));
 }

@@ -100,16 +100,7 @@ impl Proxy {
 
     /// Waits until the admin API lists `turns` captured turns in total.
     pub async fn wait_turns(&self, turns: u32) -> serde_json::Value {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let list = get_json(&format!("{}/api/conversations", self.admin_url())).await;
-            let total: u64 = list.as_array().map_or(0, |a| a.iter().map(|c| c["turns"].as_u64().unwrap_or(0)).sum());
-            if total >= turns as u64 {
-                return list;
-            }
-            assert!(Instant::now() < deadline, "expected {turns} captured turns, have {total}: {list}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_captured_turns(&self.admin_url(), turns as u64, Duration::from_secs(10)).await
     }
 
     pub async fn metrics(&self) -> String {
@@ -208,6 +199,20 @@ pub async fn wait_http_ok(url: &str, within: Duration) {
         }
         assert!(Instant::now() < deadline, "{url} never answered 200 within {within:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until the admin API at `admin` lists `turns` captured turns in total; returns the listing.
+pub async fn wait_captured_turns(admin: &str, turns: u64, within: Duration) -> serde_json::Value {
+    let deadline = Instant::now() + within;
+    loop {
+        let list = get_json(&format!("{admin}/api/conversations")).await;
+        let total: u64 = list.as_array().map_or(0, |a| a.iter().map(|c| c["turns"].as_u64().unwrap_or(0)).sum());
+        if total >= turns {
+            return list;
+        }
+        assert!(Instant::now() < deadline, "expected {turns} captured turns, have {total}: {list}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -342,16 +347,7 @@ impl Serve {
 
     /// Waits until the admin API lists `turns` captured turns in total; returns the listing.
     pub async fn wait_turns(&self, turns: u64) -> serde_json::Value {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let list = get_json(&format!("{}/api/conversations", self.admin_url)).await;
-            let total: u64 = list.as_array().map_or(0, |a| a.iter().map(|c| c["turns"].as_u64().unwrap_or(0)).sum());
-            if total >= turns {
-                return list;
-            }
-            assert!(Instant::now() < deadline, "expected {turns} captured turns, have {total}: {list}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_captured_turns(&self.admin_url, turns, Duration::from_secs(20)).await
     }
 
     /// SIGTERM and wait for a clean exit (the proxy drains capture, then the engine stops).

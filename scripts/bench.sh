@@ -17,8 +17,7 @@ cargo bench -p ctxscope-proxy --bench latency --no-run
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 {
-  echo "Run $(date -u '+%Y-%m-%d %H:%M UTC'); nproc $(nproc); CPU $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//');"
-  echo "Tree: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' plus uncommitted changes'); load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)."
+  bench_header
   echo "Command: \`scripts/bench.sh\` = \`cargo build --release -p ctxscope && cargo bench -p ctxscope-proxy --bench latency\`${LATENCY_RATES:+ with LATENCY_RATES=$LATENCY_RATES}${LATENCY_QUICK:+ with LATENCY_QUICK=$LATENCY_QUICK}${LATENCY_PROXY_ARGS:+ with LATENCY_PROXY_ARGS=$LATENCY_PROXY_ARGS}."
   echo
   cargo bench -q -p ctxscope-proxy --bench latency

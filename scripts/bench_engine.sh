@@ -37,8 +37,7 @@ cargo bench -p ctxscope-engine --bench throughput --no-run
 out=$(mktemp)
 trap 'rm -f "$out" "$out.json"' EXIT
 {
-  echo "Run $(date -u '+%Y-%m-%d %H:%M UTC'); nproc $threads; CPU $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//');"
-  echo "Tree: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' plus uncommitted changes'); load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)."
+  bench_header
   echo "Command: \`scripts/bench_engine.sh\`${BENCH_PATHS:+ with BENCH_PATHS=$BENCH_PATHS}${BENCH_REPS:+ with BENCH_REPS=$BENCH_REPS}${BENCH_SKIP:+ with BENCH_SKIP=$BENCH_SKIP}."
   echo
   llama_bench="$(find_llama_bench)"

@@ -25,8 +25,7 @@ out=$(mktemp)
 work=$(mktemp -d)
 trap 'rm -rf "$out" "$work"' EXIT
 {
-  echo "Run $(date -u '+%Y-%m-%d %H:%M UTC'); nproc $(nproc); CPU $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//');"
-  echo "Tree: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' plus uncommitted changes'); load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)."
+  bench_header
   echo "Command: \`scripts/bench_replay.sh\`${BENCH_REPS:+ with BENCH_REPS=$BENCH_REPS} (release build; model $(basename "$model"))."
   echo
   python3 - "$bin" "$model" "$PWD/tests/fixtures/replay" "$work" "${BENCH_REPS:-3}" <<'PY'

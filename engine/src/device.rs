@@ -150,8 +150,7 @@ impl DeviceModel {
         }
         kv.len = len;
         d.rmsnorm(&x, &self.output_norm, &mut h, n, dim, c.rms_eps)?;
-        let last = s.clone_dtoh(&h.slice((n - 1) * dim..n * dim))?;
-        let last = s.clone_htod(&last)?;
+        let last = h.slice((n - 1) * dim..n * dim);
         let mut logits = s.alloc_zeros::<f32>(c.vocab)?;
         let output = self.output.as_ref().unwrap_or(&self.token_embd);
         self.blas.matmul(output, &last, &mut logits, (c.vocab, dim, 1), self.compute)?;

@@ -6,7 +6,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::cublas::{result, sys, CudaBlas};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice};
 
 use crate::device::DeviceError;
 
@@ -41,11 +41,11 @@ impl Blas {
     }
 
     /// Row-major `y[n][rows] = x[n][cols] · w[rows][cols]ᵀ` (the engine's weight layout: one row per
-    /// output). In cuBLAS's column-major terms: `yᵀ = op_T(w) · xᵀ`.
+    /// output). In cuBLAS's column-major terms: `yᵀ = op_T(w) · xᵀ`. `x` may be a view (a row range).
     pub fn matmul(
         &self,
         w: &CudaSlice<f32>,
-        x: &CudaSlice<f32>,
+        x: &(impl DevicePtr<f32> + DeviceSlice<f32>),
         y: &mut CudaSlice<f32>,
         (rows, cols, n): (usize, usize, usize),
         compute: Compute,

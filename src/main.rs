@@ -131,6 +131,9 @@ struct EngineArgs {
     /// Sequences computed together; more wait in line.
     #[arg(long, default_value_t = 16)]
     max_batch: usize,
+    /// Where the forward pass runs: cpu, cuda (GPU 0) or cuda:N; cuda needs a `--features cuda` build.
+    #[arg(long, default_value = "cpu", value_parser = ctxscope_engine::BackendKind::parse)]
+    device: ctxscope_engine::BackendKind,
 }
 
 #[derive(Args)]
@@ -198,7 +201,15 @@ impl CaptureArgs {
 
 impl From<EngineArgs> for serve::EngineSettings {
     fn from(a: EngineArgs) -> serve::EngineSettings {
-        serve::EngineSettings { model: a.model, listen: a.listen, ctx: a.ctx, path: a.path, patches: a.patches, max_batch: a.max_batch }
+        serve::EngineSettings {
+            model: a.model,
+            listen: a.listen,
+            ctx: a.ctx,
+            path: a.path,
+            patches: a.patches,
+            max_batch: a.max_batch,
+            device: a.device,
+        }
     }
 }
 

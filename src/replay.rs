@@ -275,6 +275,7 @@ impl RunArgs {
             path: ctxscope_engine::Path::Golden,
             patches: ctxscope_engine::PatchSet::default(),
             max_batch: 16,
+            device: ctxscope_engine::BackendKind::Cpu,
         };
         RunSettings { source: self.source.into(), golden: self.golden, probes: self.probes, options, engine, json: self.json, html: self.html }
     }

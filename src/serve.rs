@@ -1,6 +1,7 @@
 //! `ctxscope engine` and `ctxscope serve`: load the model (fetching the default one on first use),
 //! start the scheduler and the OpenAI-compatible server, and for `serve` put the capture proxy in
 //! front of it in the same process. Shutdown stops the proxy first (it drains capture), then the engine.
+//! `--device` picks the backend: the CPU, or a GPU in a build with the `cuda` feature.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -9,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ctxscope_engine::scheduler::{self, EngineHandle, EngineOptions};
-use ctxscope_engine::{Model, Path, ServerConfig};
+use ctxscope_engine::{BackendKind, Model, Path, ServerConfig};
 use ctxscope_proxy::{ProxyConfig, Upstream};
 use tokio::net::TcpListener;
 
@@ -23,6 +24,8 @@ pub struct EngineSettings {
     pub path: Path,
     pub patches: ctxscope_engine::PatchSet,
     pub max_batch: usize,
+    /// Where the forward pass runs (`--device`).
+    pub device: BackendKind,
 }
 
 /// Validated proxy flags of `serve`.
@@ -82,6 +85,10 @@ struct Started {
 }
 
 async fn start_engine(settings: &EngineSettings) -> Result<Started, String> {
+    // Before fetching or loading anything: a device this build cannot drive is a start-up error.
+    if !cfg!(feature = "cuda") && matches!(settings.device, BackendKind::Cuda { .. }) {
+        return Err(NO_CUDA.into());
+    }
     let name = settings.model.clone();
     let model_path = tokio::task::spawn_blocking(move || models::ensure(&name))
         .await
@@ -104,8 +111,30 @@ async fn start_engine(settings: &EngineSettings) -> Result<Started, String> {
         return Err("--max-batch must be at least 1".into());
     }
     options.max_batch = settings.max_batch;
-    let (handle, thread) = scheduler::start(Arc::new(model), options);
+    let device = settings.device;
+    let (handle, thread) = tokio::task::spawn_blocking(move || start_scheduler(Arc::new(model), options, device))
+        .await
+        .map_err(|e| format!("starting the engine: {e}"))??;
+    tracing::info!(backend = %handle.backend, "engine started");
     Ok(Started { handle, thread, model_path })
+}
+
+const NO_CUDA: &str = "this ctxscope was built without CUDA support; rebuild with `cargo build --release --features cuda`";
+
+/// Starts the scheduler on `device`; blocks while a GPU backend uploads the model.
+fn start_scheduler(model: Arc<Model>, options: EngineOptions, device: BackendKind) -> Result<(EngineHandle, std::thread::JoinHandle<()>), String> {
+    match device {
+        BackendKind::Cpu => Ok(scheduler::start(model, options)),
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda { ordinal } => {
+            let device_model = model.clone();
+            let device_options = options.clone();
+            scheduler::start_backend(model, options, move || ctxscope_engine::device::DeviceBackend::new(device_model, ordinal, &device_options))
+                .map_err(|e| format!("cannot start the engine on {device}: {e}"))
+        }
+        #[cfg(not(feature = "cuda"))]
+        BackendKind::Cuda { .. } => Err(NO_CUDA.into()),
+    }
 }
 
 /// An engine served on a loopback port inside this process (replay's engine targets).

@@ -4,7 +4,11 @@
 //! Prefix reuse is token-exact: the cache keeps finished sequences (their tokens and KV) in an LRU
 //! bounded by a token budget and finds the longest common token prefix by comparing token ids, so two
 //! different prompts can never share KV (no hashing, no collisions). Entries are keyed by a namespace
-//! (model fingerprint and computation path), so reuse never crosses models or paths.
+//! (model fingerprint and computation path), so reuse never crosses models or paths. The prefix cache
+//! holds any backend's [`SequenceKv`] (host rows here, device buffers on a GPU) and copies it through
+//! the backend, so a lookup can fail like any backend call.
+
+use crate::backend::{BackendError, SequenceKv};
 
 /// K and V rows of one sequence.
 #[derive(Debug, Clone)]
@@ -65,28 +69,29 @@ impl KvCache {
     }
 }
 
-struct Entry {
+struct Entry<K> {
     namespace: String,
     tokens: Vec<u32>,
-    kv: KvCache,
+    kv: K,
     used: u64,
 }
 
 /// Finished sequences available for prefix reuse.
-pub struct PrefixCache {
-    entries: Vec<Entry>,
+pub struct PrefixCache<K: SequenceKv = KvCache> {
+    entries: Vec<Entry<K>>,
     budget_tokens: usize,
     clock: u64,
 }
 
-impl PrefixCache {
-    pub fn new(budget_tokens: usize) -> PrefixCache {
+impl<K: SequenceKv> PrefixCache<K> {
+    pub fn new(budget_tokens: usize) -> PrefixCache<K> {
         PrefixCache { entries: Vec::new(), budget_tokens, clock: 0 }
     }
 
     /// KV for the longest cached prefix of `tokens` in `namespace`, leaving at least the last token
-    /// to compute (its logits are needed). Returns the cache and the reused token count.
-    pub fn lookup(&mut self, namespace: &str, tokens: &[u32]) -> Option<(KvCache, usize)> {
+    /// to compute (its logits are needed). Returns a copy of the cache and the reused token count;
+    /// fails when the backend cannot copy it.
+    pub fn lookup(&mut self, namespace: &str, tokens: &[u32]) -> Result<Option<(K, usize)>, BackendError> {
         let limit = tokens.len().saturating_sub(1);
         let (best, lcp) = self
             .entries
@@ -94,20 +99,15 @@ impl PrefixCache {
             .enumerate()
             .filter(|(_, e)| e.namespace == namespace)
             .map(|(i, e)| (i, common_prefix(&e.tokens[..e.kv.len().min(e.tokens.len())], tokens).min(limit)))
-            .max_by_key(|(_, lcp)| *lcp)?;
-        if lcp == 0 {
-            return None;
-        }
-        self.clock += 1;
-        let entry = &mut self.entries[best];
-        entry.used = self.clock;
-        Some((entry.kv.prefix(lcp), lcp))
+            .max_by_key(|(_, lcp)| *lcp)
+            .unwrap_or((0, 0));
+        self.take(best, lcp)
     }
 
     /// The `prefix_cache_weak_hash` fault: blocks of `block` tokens are compared only by their length
     /// and first token (a weak hash), so a prompt that shares neither text nor prefix can take another
-    /// sequence's KV. Returns the cache and the (falsely) reused token count.
-    pub fn lookup_weak(&mut self, namespace: &str, tokens: &[u32], block: usize) -> Option<(KvCache, usize)> {
+    /// sequence's KV. Returns a copy of the cache and the (falsely) reused token count.
+    pub fn lookup_weak(&mut self, namespace: &str, tokens: &[u32], block: usize) -> Result<Option<(K, usize)>, BackendError> {
         let limit = tokens.len().saturating_sub(1);
         let weak_prefix = |cached: &[u32]| -> usize {
             let mut matched = 0;
@@ -125,18 +125,24 @@ impl PrefixCache {
             .enumerate()
             .filter(|(_, e)| e.namespace == namespace)
             .map(|(i, e)| (i, weak_prefix(&e.tokens[..e.kv.len().min(e.tokens.len())]).min(limit)))
-            .max_by_key(|(_, n)| *n)?;
-        if n == 0 {
-            return None;
+            .max_by_key(|(_, n)| *n)
+            .unwrap_or((0, 0));
+        self.take(best, n)
+    }
+
+    /// A copy of entry `index`'s first `len` positions (none when `len` is 0), marked as just used.
+    fn take(&mut self, index: usize, len: usize) -> Result<Option<(K, usize)>, BackendError> {
+        if len == 0 {
+            return Ok(None);
         }
         self.clock += 1;
-        let entry = &mut self.entries[best];
+        let entry = &mut self.entries[index];
         entry.used = self.clock;
-        Some((entry.kv.prefix(n), n))
+        Ok(Some((entry.kv.prefix(len)?, len)))
     }
 
     /// Offers a finished sequence; entries it extends are replaced, the least recently used evicted.
-    pub fn insert(&mut self, namespace: &str, tokens: Vec<u32>, kv: KvCache) {
+    pub fn insert(&mut self, namespace: &str, tokens: Vec<u32>, kv: K) {
         if kv.is_empty() || self.budget_tokens == 0 {
             return;
         }
@@ -178,37 +184,59 @@ mod tests {
 
     #[test]
     fn lookup_reuses_the_longest_common_prefix_but_not_the_last_token() {
-        let mut cache = PrefixCache::new(1000);
+        let mut cache: PrefixCache = PrefixCache::new(1000);
         cache.insert("m", vec![1, 2, 3, 4, 5], kv_with(5));
-        let (kv, n) = cache.lookup("m", &[1, 2, 3, 9]).unwrap();
+        let (kv, n) = cache.lookup("m", &[1, 2, 3, 9]).unwrap().unwrap();
         assert_eq!((n, kv.len()), (3, 3));
         assert_eq!(kv.keys(1)[..3], [1000.0, 1001.0, 1002.0]);
         // Identical prompt: all but the last token.
-        assert_eq!(cache.lookup("m", &[1, 2, 3, 4, 5]).unwrap().1, 4);
-        assert!(cache.lookup("other-model", &[1, 2, 3]).is_none());
-        assert!(cache.lookup("m", &[7, 1, 2]).is_none());
+        assert_eq!(cache.lookup("m", &[1, 2, 3, 4, 5]).unwrap().unwrap().1, 4);
+        assert!(cache.lookup("other-model", &[1, 2, 3]).unwrap().is_none());
+        assert!(cache.lookup("m", &[7, 1, 2]).unwrap().is_none());
     }
 
     #[test]
     fn weak_hash_lookup_collides_on_different_prefixes() {
-        let mut cache = PrefixCache::new(1000);
+        let mut cache: PrefixCache = PrefixCache::new(1000);
         let a: Vec<u32> = (0..8).collect();
         cache.insert("m", a, kv_with(8));
         // Same first token of each 4-token block, different everything else.
         let b = vec![0, 90, 91, 92, 4, 93, 94, 95, 96];
-        assert_eq!(cache.lookup("m", &b).map(|r| r.1), Some(1));
-        assert_eq!(cache.lookup_weak("m", &b, 4).map(|r| r.1), Some(8));
+        assert_eq!(cache.lookup("m", &b).unwrap().map(|r| r.1), Some(1));
+        assert_eq!(cache.lookup_weak("m", &b, 4).unwrap().map(|r| r.1), Some(8));
     }
 
     #[test]
     fn budget_evicts_least_recently_used() {
-        let mut cache = PrefixCache::new(8);
+        let mut cache: PrefixCache = PrefixCache::new(8);
         cache.insert("m", vec![1, 1, 1, 1], kv_with(4));
         cache.insert("m", vec![2, 2, 2, 2], kv_with(4));
-        cache.lookup("m", &[1, 1, 1, 9]);
+        cache.lookup("m", &[1, 1, 1, 9]).unwrap();
         cache.insert("m", vec![3, 3, 3, 3], kv_with(4));
-        assert!(cache.lookup("m", &[2, 2, 2, 9]).is_none());
-        assert!(cache.lookup("m", &[1, 1, 1, 9]).is_some());
+        assert!(cache.lookup("m", &[2, 2, 2, 9]).unwrap().is_none());
+        assert!(cache.lookup("m", &[1, 1, 1, 9]).unwrap().is_some());
+    }
+
+    /// A cache whose copies always fail, like a device out of memory.
+    struct Unreadable(usize);
+
+    impl SequenceKv for Unreadable {
+        fn len(&self) -> usize {
+            self.0
+        }
+
+        fn prefix(&self, _len: usize) -> Result<Unreadable, BackendError> {
+            Err(BackendError::new("test", "out of memory"))
+        }
+    }
+
+    #[test]
+    fn a_failed_copy_is_the_lookup_error() {
+        let mut cache = PrefixCache::new(1000);
+        cache.insert("m", vec![1, 2, 3, 4], Unreadable(4));
+        let err = cache.lookup("m", &[1, 2, 3, 9]).err().expect("the copy fails");
+        assert_eq!(err.to_string(), "test backend: out of memory");
+        assert!(cache.lookup("m", &[5, 6]).unwrap().is_none(), "no match, no copy");
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! ctxscope's self-hosted engine. It loads Llama-family GGUF models, runs them on CPU through two
 //! matmul paths (golden: f32 weights, f32 accumulation, the reference replay trusts; fast: quantized
 //! weights kept quantized), keeps per-sequence KV caches with prefix reuse across requests, and
-//! batches concurrent requests in one scheduler loop.
+//! batches concurrent requests in one scheduler loop. The scheduler drives a [`Backend`]: the CPU, or a
+//! GPU with the `cuda` feature.
 
+pub mod backend;
 #[cfg(feature = "cuda")]
 pub mod device;
 pub mod forward;
@@ -13,6 +15,8 @@ pub mod sample;
 pub mod scheduler;
 pub mod server;
 
+pub use backend::cpu::CpuBackend;
+pub use backend::{Backend, BackendError, BackendKind};
 pub use forward::Path;
 pub use model::{Model, ModelConfig, ModelError};
 pub use patch::PatchSet;

@@ -47,6 +47,11 @@ impl Sampler {
         (z >> 11) as f64 / (1u64 << 53) as f64
     }
 
+    /// The next uniform in [0, 1) of this request's generator (what a device sampler draws with).
+    pub fn uniform(&mut self) -> f64 {
+        self.next_f64()
+    }
+
     pub fn sample(&mut self, logits: &[f32]) -> Sampled {
         let logsumexp = log_sum_exp(logits);
         let token = if self.params.temperature <= 0.0 { argmax(logits) } else { self.draw(logits) };

@@ -2,6 +2,9 @@
 //! and runs continuous batching: every step feeds each active sequence either its next prefill chunk
 //! or its last sampled token, all in one forward pass per computation path, then samples.
 //! Results go back over per-request channels; a closed channel cancels the sequence.
+//!
+//! The forward pass runs on a [`Backend`] built on the scheduler thread itself (a GPU backend is bound
+//! to its thread). A failed step ends the requests in it with an error; the others carry on.
 
 use std::collections::VecDeque;
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
@@ -10,8 +13,10 @@ use std::thread::JoinHandle;
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::forward::{forward_patched, Path, Segment};
-use crate::kv::{KvCache, PrefixCache};
+use crate::backend::cpu::CpuBackend;
+use crate::backend::{Backend, BackendError, Output, SequenceKv, Step, Want};
+use crate::forward::Path;
+use crate::kv::PrefixCache;
 use crate::model::Model;
 use crate::patch::{PatchSet, WEAK_HASH_BLOCK};
 use crate::sample::{Sampled, Sampler, SamplingParams};
@@ -76,6 +81,8 @@ pub struct EngineHandle {
     tx: Sender<GenerateRequest>,
     pub model: Arc<Model>,
     pub options: EngineOptions,
+    /// The backend's name (`cpu`, `cuda:0`, ...).
+    pub backend: String,
 }
 
 impl EngineHandle {
@@ -84,21 +91,46 @@ impl EngineHandle {
     }
 }
 
-/// Starts the scheduler thread; it runs until every handle is dropped.
+/// Starts the scheduler thread on the CPU backend; it runs until every handle is dropped.
 pub fn start(model: Arc<Model>, options: EngineOptions) -> (EngineHandle, JoinHandle<()>) {
+    let cpu_model = model.clone();
+    start_backend(model, options, move || Ok(CpuBackend::new(cpu_model))).expect("starting the engine thread (CPU)")
+}
+
+/// Starts the scheduler thread, builds its backend there with `make` and returns once it is built:
+/// a backend that cannot start (no GPU, out of memory) is this call's error. The thread runs until
+/// every handle is dropped.
+pub fn start_backend<B, F>(model: Arc<Model>, options: EngineOptions, make: F) -> Result<(EngineHandle, JoinHandle<()>), BackendError>
+where
+    B: Backend + 'static,
+    F: FnOnce() -> Result<B, BackendError> + Send + 'static,
+{
     let (tx, rx) = mpsc::channel();
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<String, BackendError>>();
     let worker_model = model.clone();
     let worker_options = options.clone();
     let thread = std::thread::Builder::new()
         .name("ctxscope-engine".into())
-        .spawn(move || Scheduler::new(worker_model, worker_options, rx).run())
-        .expect("spawning the engine thread");
-    (EngineHandle { tx, model, options }, thread)
+        .spawn(move || match make() {
+            Ok(backend) => {
+                let _ = ready_tx.send(Ok(backend.name()));
+                Scheduler::new(backend, worker_model, worker_options, rx).run();
+            }
+            Err(e) => {
+                let _ = ready_tx.send(Err(e));
+            }
+        })
+        .map_err(|e| BackendError::new("engine", format!("cannot start the engine thread: {e}")))?;
+    let backend = match ready_rx.recv() {
+        Ok(ready) => ready?,
+        Err(_) => return Err(BackendError::new("engine", "the engine thread stopped while its backend was starting")),
+    };
+    Ok((EngineHandle { tx, model, options, backend }, thread))
 }
 
-struct Sequence {
+struct Sequence<K> {
     request: GenerateRequest,
-    kv: KvCache,
+    kv: K,
     /// Tokens not yet fed: the rest of the prompt, or the last sampled token.
     pending: Vec<u32>,
     /// Every token whose KV is computed or pending, in order.
@@ -108,19 +140,36 @@ struct Sequence {
     namespace: String,
 }
 
-struct Scheduler {
+impl<K> Sequence<K> {
+    /// What this sequence needs from a step: the greedy token alone suffices unless it samples or
+    /// reports top alternatives; a backend that samples draws with this request's next uniform.
+    fn want(&mut self, backend_samples: bool) -> Want {
+        let s = &self.request.sampling;
+        let top = s.logprobs && s.top_logprobs > 0;
+        if s.temperature <= 0.0 && !top {
+            Want::Greedy
+        } else if backend_samples && !top {
+            Want::Sample { temperature: s.temperature, top_p: s.top_p, uniform: self.sampler.uniform() as f32 }
+        } else {
+            Want::Logits
+        }
+    }
+}
+
+struct Scheduler<B: Backend> {
+    backend: B,
     model: Arc<Model>,
     options: EngineOptions,
     rx: Receiver<GenerateRequest>,
     waiting: VecDeque<GenerateRequest>,
-    active: Vec<Sequence>,
-    prefix: PrefixCache,
+    active: Vec<Sequence<B::Kv>>,
+    prefix: PrefixCache<B::Kv>,
 }
 
-impl Scheduler {
-    fn new(model: Arc<Model>, options: EngineOptions, rx: Receiver<GenerateRequest>) -> Scheduler {
+impl<B: Backend> Scheduler<B> {
+    fn new(backend: B, model: Arc<Model>, options: EngineOptions, rx: Receiver<GenerateRequest>) -> Scheduler<B> {
         let prefix = PrefixCache::new(options.prefix_cache_tokens);
-        Scheduler { model, options, rx, waiting: VecDeque::new(), active: Vec::new(), prefix }
+        Scheduler { backend, model, options, rx, waiting: VecDeque::new(), active: Vec::new(), prefix }
     }
 
     fn run(mut self) {
@@ -176,16 +225,13 @@ impl Scheduler {
                 continue;
             }
             let namespace = format!("{}|{}|{}", self.model.fingerprint, request.path.as_str(), request.patches.canonical());
-            let c = &self.model.config;
-            let patches = &request.patches;
-            let found = if patches.prefix_cache_off {
-                None
-            } else if patches.prefix_cache_weak_hash {
-                self.prefix.lookup_weak(&namespace, &request.prompt, WEAK_HASH_BLOCK)
-            } else {
-                self.prefix.lookup(&namespace, &request.prompt)
+            let (kv, cached) = match self.start_kv(&namespace, &request) {
+                Ok(found) => found,
+                Err(e) => {
+                    let _ = request.events.send(Event::Error(e.to_string()));
+                    continue;
+                }
             };
-            let (kv, cached) = found.unwrap_or_else(|| (KvCache::new(c.n_layers, c.kv_dim()), 0));
             let _ = request.events.send(Event::Started { prompt_tokens: request.prompt.len(), cached_tokens: cached });
             let sampler = Sampler::new(request.sampling.clone());
             self.active.push(Sequence {
@@ -197,6 +243,22 @@ impl Scheduler {
                 namespace,
                 request,
             });
+        }
+    }
+
+    /// The cache a new sequence starts from: the longest reusable prefix, else an empty one.
+    fn start_kv(&mut self, namespace: &str, request: &GenerateRequest) -> Result<(B::Kv, usize), BackendError> {
+        let patches = &request.patches;
+        let found = if patches.prefix_cache_off {
+            None
+        } else if patches.prefix_cache_weak_hash {
+            self.prefix.lookup_weak(namespace, &request.prompt, WEAK_HASH_BLOCK)?
+        } else {
+            self.prefix.lookup(namespace, &request.prompt)?
+        };
+        match found {
+            Some(found) => Ok(found),
+            None => Ok((self.backend.new_kv()?, 0)),
         }
     }
 
@@ -223,43 +285,74 @@ impl Scheduler {
         if plan.is_empty() {
             return;
         }
-        let mut chunks: Vec<Vec<u32>> = plan.iter().map(|(i, take)| self.active[*i].pending[..*take].to_vec()).collect();
-        let logits = {
-            let mut refs: Vec<&mut Sequence> = Vec::new();
-            let mut rest: &mut [Sequence] = &mut self.active;
-            let mut offset = 0;
-            for (i, _) in &plan {
-                let (_, tail) = std::mem::take(&mut rest).split_at_mut(i - offset);
-                let (head, tail) = tail.split_first_mut().expect("planned index exists");
-                refs.push(head);
-                rest = tail;
-                offset = i + 1;
+        // A prefill chunk that leaves prompt pending has its output ignored: the cheapest will do.
+        let samples = self.backend.samples();
+        let wants: Vec<Want> = plan
+            .iter()
+            .map(|&(i, take)| if take < self.active[i].pending.len() { Want::Greedy } else { self.active[i].want(samples) })
+            .collect();
+        let outputs = {
+            let mut planned = plan.iter().zip(&wants).peekable();
+            let mut steps: Vec<Step<'_, B::Kv>> = Vec::with_capacity(plan.len());
+            for (i, seq) in self.active.iter_mut().enumerate() {
+                if let Some((&(_, take), &want)) = planned.next_if(|((p, _), _)| *p == i) {
+                    steps.push(Step { tokens: &seq.pending[..take], kv: &mut seq.kv, want });
+                }
             }
-            let mut segments: Vec<Segment<'_>> =
-                refs.into_iter().zip(chunks.iter_mut()).map(|(seq, tokens)| Segment { tokens, kv: &mut seq.kv }).collect();
-            forward_patched(&self.model, path, patches, &mut segments)
+            self.backend.forward(path, patches, &mut steps).and_then(|outputs| {
+                if outputs.len() == steps.len() {
+                    Ok(outputs)
+                } else {
+                    let message = format!("returned {} outputs for {} sequences", outputs.len(), steps.len());
+                    Err(BackendError::new("engine", message))
+                }
+            })
         };
-        let mut finished = Vec::new();
-        for ((i, take), logits) in plan.into_iter().zip(logits) {
+        let outputs = match outputs {
+            Ok(outputs) => outputs,
+            Err(e) => {
+                // Every sequence of the failed step ends; their KV may be half-written, so it is
+                // dropped rather than offered to the prefix cache.
+                for (i, _) in plan.into_iter().rev() {
+                    let seq = self.active.remove(i);
+                    let _ = seq.request.events.send(Event::Error(e.to_string()));
+                }
+                return;
+            }
+        };
+        // Sequences that end here, ascending, and whether their KV is worth keeping.
+        let mut ended: Vec<(usize, bool)> = Vec::new();
+        for (((i, take), want), output) in plan.into_iter().zip(wants).zip(outputs) {
             let seq = &mut self.active[i];
             seq.pending.drain(..take);
             if !seq.pending.is_empty() {
                 continue;
             }
-            if let Some(finish) = Self::emit(&self.model, &self.options, seq, &logits) {
+            let sampled = match (output, want) {
+                (Output::Logits(logits), _) => seq.sampler.sample(&logits),
+                (Output::Token { token, logprob }, Want::Greedy | Want::Sample { .. }) => Sampled { token, logprob, top: Vec::new() },
+                (Output::Token { .. }, Want::Logits) => {
+                    let e = BackendError::new("engine", format!("{} returned a token where the request needs logits", self.backend.name()));
+                    let _ = seq.request.events.send(Event::Error(e.to_string()));
+                    ended.push((i, false));
+                    continue;
+                }
+            };
+            if let Some(finish) = Self::emit(&self.model, &self.options, seq, sampled) {
                 let _ = seq.request.events.send(Event::Done { finish, completion_tokens: seq.generated });
-                finished.push(i);
+                ended.push((i, true));
             }
         }
-        for i in finished.into_iter().rev() {
+        for (i, keep) in ended.into_iter().rev() {
             let seq = self.active.remove(i);
-            self.retire(seq);
+            if keep {
+                self.retire(seq);
+            }
         }
     }
 
-    /// Samples the next token; returns why the sequence ends, if it does.
-    fn emit(model: &Model, options: &EngineOptions, seq: &mut Sequence, logits: &[f32]) -> Option<Finish> {
-        let sampled = seq.sampler.sample(logits);
+    /// Records the next token; returns why the sequence ends, if it does.
+    fn emit(model: &Model, options: &EngineOptions, seq: &mut Sequence<B::Kv>, sampled: Sampled) -> Option<Finish> {
         let token = sampled.token;
         if model.stop_tokens.contains(&token) {
             return Some(Finish::Stop);
@@ -277,7 +370,7 @@ impl Scheduler {
     }
 
     /// Offers a sequence's computed KV to the prefix cache.
-    fn retire(&mut self, seq: Sequence) {
+    fn retire(&mut self, seq: Sequence<B::Kv>) {
         if seq.request.patches.prefix_cache_off {
             return;
         }

@@ -1,57 +1,214 @@
-// Causal attention over a KV cache, f32, without a materialized score matrix: one block per (query
-// token, head); each thread walks a strided share of the keys with an online softmax (running max, sum
-// and weighted values), then the block merges the threads' partial states. q is [tokens][heads * hd];
-// k and v are [len][kv_heads * hd] holding every position 0..len; the queries are the last `tokens`
-// positions (query t sits at len - tokens + t and sees positions <= its own). Grouped-query: head h
-// reads KV head h / (heads / kv_heads). hd <= 128, blockDim.x == 64.
+// Causal grouped-query attention over the sequences' KV caches (see prelude: one buffer per sequence,
+// position-major), f32, no materialized score matrix. K/V tiles of 32 positions are staged in shared
+// memory; within a warp lane j scores key j, the warp keeps an online softmax (running max, sum) and
+// each lane accumulates head dims lane, lane+32, ... Query rows come from the fused qkv rows (stride
+// `q_stride` floats); head h reads KV head h / (heads / kv_heads). hd <= 128, even. `window` > 0 keeps
+// the last `window` positions (the sliding_window patch).
 
-#define ATTN_THREADS 64
+#define TILE 32
 #define MAX_HD 128
-// NVRTC has no math headers: -infinity by its bits.
-#define NEG_INF __int_as_float(0xff800000)
+#define HD_PER_LANE (MAX_HD / 32)
 
-extern "C" __global__ void attention_f32(const float* q, const float* k, const float* v, float* out,
-                                         int tokens, int len, int heads, int kv_heads, int hd, float scale) {
-    int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
-    int kvh = h / (heads / kv_heads);
-    int pos = len - tokens + t;
-    const float* qv = q + ((size_t)t * heads + h) * hd;
-    float m = NEG_INF, l = 0.0f, acc[MAX_HD];
-    for (int d = 0; d < hd; d++) acc[d] = 0.0f;
-    for (int j = tid; j <= pos; j += ATTN_THREADS) {
-        const float* kj = k + ((size_t)j * kv_heads + kvh) * hd;
-        float s = 0.0f;
-        for (int d = 0; d < hd; d++) s += qv[d] * kj[d];
-        s *= scale;
-        float m_new = fmaxf(m, s);
-        float correction = expf(m - m_new), p = expf(s - m_new);
-        const float* vj = v + ((size_t)j * kv_heads + kvh) * hd;
-        for (int d = 0; d < hd; d++) acc[d] = acc[d] * correction + p * vj[d];
-        l = l * correction + p;
-        m = m_new;
+// Folds one staged tile into a query's online-softmax state. q: the query in shared memory; valid
+// positions of this tile for this query: [lo, hi) relative to the tile.
+__device__ __forceinline__ void attend_tile(const float* qs, const float (*ks)[MAX_HD + 1], const float (*vs)[MAX_HD + 1], int lo, int hi,
+                                            int hd, float scale, float& m, float& l, float* acc) {
+    int lane = threadIdx.x & 31;
+    float s = NEG_INF;
+    if (lane >= lo && lane < hi) {
+        float dot = 0.0f;
+        for (int d = 0; d < hd; d++) dot += qs[d] * ks[lane][d];
+        s = dot * scale;
     }
-    __shared__ float ms[ATTN_THREADS], ls[ATTN_THREADS], accs[ATTN_THREADS][MAX_HD];
-    ms[tid] = m;
-    __syncthreads();
-    float global_max = NEG_INF;
-    for (int i = 0; i < ATTN_THREADS; i++) global_max = fmaxf(global_max, ms[i]);
-    float w = (m == NEG_INF) ? 0.0f : expf(m - global_max);
-    ls[tid] = l * w;
-    for (int d = 0; d < hd; d++) accs[tid][d] = acc[d] * w;
-    __syncthreads();
-    float total = 0.0f;
-    for (int i = 0; i < ATTN_THREADS; i++) total += ls[i];
-    float* o = out + ((size_t)t * heads + h) * hd;
-    for (int d = tid; d < hd; d += ATTN_THREADS) {
-        float sum = 0.0f;
-        for (int i = 0; i < ATTN_THREADS; i++) sum += accs[i][d];
-        o[d] = sum / total;
+    float m_new = fmaxf(m, warp_max(s));
+    if (m_new == NEG_INF) return;
+    float correction = expf(m - m_new);
+    float p = (s == NEG_INF) ? 0.0f : expf(s - m_new);
+    l = l * correction + warp_sum(p);
+#pragma unroll
+    for (int k = 0; k < HD_PER_LANE; k++) acc[k] *= correction;
+    for (int j = lo; j < hi; j++) {
+        float pj = __shfl_sync(0xffffffff, p, j);
+#pragma unroll
+        for (int k = 0; k < HD_PER_LANE; k++) {
+            int d = lane + 32 * k;
+            if (d < hd) acc[k] += pj * vs[j][d];
+        }
+    }
+    m = m_new;
+}
+
+// Stages K and V rows [start, start + count) of `layer` (count <= TILE) into shared memory.
+__device__ __forceinline__ void stage_tile(u64 base, int start, int count, int layer, int n_layers, int kvh, int kv_dim, int hd,
+                                           float (*ks)[MAX_HD + 1], float (*vs)[MAX_HD + 1]) {
+    for (int i = threadIdx.x; i < count * hd; i += blockDim.x) {
+        int j = i / hd, d = i % hd;
+        ks[j][d] = kv_row(base, start + j, layer, n_layers, 0, kv_dim)[kvh * hd + d];
+        vs[j][d] = kv_row(base, start + j, layer, n_layers, 1, kv_dim)[kvh * hd + d];
     }
 }
 
-// Embedding gather: out[t] = table[ids[t]], rows of `dim`.
-extern "C" __global__ void embed_f32(const float* table, const int* ids, float* out, int dim) {
-    int t = blockIdx.x;
-    const float* row = table + (size_t)ids[t] * dim;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)t * dim + i] = row[i];
+// Prefill: `tokens` query rows of ONE sequence at positions start .. start + tokens - 1 (their K/V
+// already stored). Grid (ceil(tokens / 16), heads), 128 threads: each warp owns 4 query rows.
+#define PF_ROWS 16
+extern "C" __global__ void attn_prefill(const float* __restrict__ q, int q_stride, u64 kv_base, int layer, int n_layers,
+                                        float* __restrict__ out, int tokens, int start, int heads, int kv_heads, int hd,
+                                        float scale, int window) {
+    __shared__ float ks[TILE][MAX_HD + 1], vs[TILE][MAX_HD + 1];
+    __shared__ float qs[PF_ROWS][MAX_HD];
+    int h = blockIdx.y, kvh = h / (heads / kv_heads), kv_dim = kv_heads * hd;
+    int first_row = blockIdx.x * PF_ROWS, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int rows_here = min(PF_ROWS, tokens - first_row);
+    for (int i = threadIdx.x; i < rows_here * hd; i += blockDim.x) {
+        int r = i / hd, d = i % hd;
+        qs[r][d] = q[(size_t)(first_row + r) * q_stride + h * hd + d];
+    }
+    float m[4], l[4], acc[4][HD_PER_LANE];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        m[i] = NEG_INF;
+        l[i] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < HD_PER_LANE; k++) acc[i][k] = 0.0f;
+    }
+    int last_pos = start + first_row + rows_here - 1;
+    int lowest = window > 0 ? max(0, start + first_row + 1 - window) : 0;
+    for (int t0 = (lowest / TILE) * TILE; t0 <= last_pos; t0 += TILE) {
+        int count = min(TILE, last_pos + 1 - t0);
+        __syncthreads();
+        stage_tile(kv_base, t0, count, layer, n_layers, kvh, kv_dim, hd, ks, vs);
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int r = warp * 4 + i;
+            if (r >= rows_here) break;
+            int pos = start + first_row + r;
+            int lo_pos = window > 0 ? max(0, pos + 1 - window) : 0;
+            int lo = max(0, lo_pos - t0), hi = min(count, pos + 1 - t0);
+            if (lo < hi) attend_tile(qs[r], ks, vs, lo, hi, hd, scale, m[i], l[i], acc[i]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int r = warp * 4 + i;
+        if (r >= rows_here) break;
+        float* o = out + (size_t)(first_row + r) * heads * hd + h * hd;
+#pragma unroll
+        for (int k = 0; k < HD_PER_LANE; k++) {
+            int d = lane + 32 * k;
+            if (d < hd) o[d] = acc[i][k] / l[i];
+        }
+    }
+}
+
+// Decode (split-K): one query row per sequence, row t at positions[t], its cache at kv_base[t].
+// Grid (rows, kv_heads, splits), 128 threads; the block takes every query head of its KV head group
+// (warp w: heads w, w + 4, ...; group <= 16) over its share of the visible positions, and writes an
+// unnormalized partial (acc, max, sum) that attn_combine merges. Without the patch (chunk == 0) split s
+// covers one span of ceil(visible / splits) positions; with attn_splitk_bf16=chunk, the visible
+// positions are cut into chunks of `chunk` (from the window start, as the CPU), split s takes chunks
+// s, s + splits, ..., and each chunk's max, exp-sum and normalized output are rounded to bf16 before
+// they are merged in f32.
+extern "C" __global__ void attn_decode(const float* __restrict__ q, int q_stride, const int* __restrict__ positions,
+                                       const u64* __restrict__ kv_base, int layer, int n_layers, float* __restrict__ part_o,
+                                       float* __restrict__ part_ml, int heads, int kv_heads, int hd, float scale, int window,
+                                       int splits, int chunk) {
+    __shared__ float ks[TILE][MAX_HD + 1], vs[TILE][MAX_HD + 1];
+    __shared__ float qs[16][MAX_HD];
+    int t = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z;
+    int group = heads / kv_heads, kv_dim = kv_heads * hd, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int len = positions[t] + 1;
+    int first = window > 0 ? max(0, len - window) : 0;
+    int visible = len - first;
+    u64 base = kv_base[t];
+    for (int i = threadIdx.x; i < group * hd; i += blockDim.x) {
+        int g = i / hd, d = i % hd;
+        qs[g][d] = q[(size_t)t * q_stride + (kvh * group + g) * hd + d];
+    }
+    // Block state per owned head (up to 4 per warp).
+    float bm[4], bl[4], bacc[4][HD_PER_LANE];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        bm[i] = NEG_INF;
+        bl[i] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < HD_PER_LANE; k++) bacc[i][k] = 0.0f;
+    }
+    int piece = chunk > 0 ? chunk : (visible + splits - 1) / splits;
+    int pieces = piece > 0 ? (visible + piece - 1) / piece : 0;
+    for (int c = s; c < pieces; c += splits) {
+        int p_lo = first + c * piece, p_hi = min(len, p_lo + piece);
+        float m[4], l[4], acc[4][HD_PER_LANE];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            m[i] = NEG_INF;
+            l[i] = 0.0f;
+#pragma unroll
+            for (int k = 0; k < HD_PER_LANE; k++) acc[i][k] = 0.0f;
+        }
+        for (int t0 = p_lo; t0 < p_hi; t0 += TILE) {
+            int count = min(TILE, p_hi - t0);
+            __syncthreads();
+            stage_tile(base, t0, count, layer, n_layers, kvh, kv_dim, hd, ks, vs);
+            __syncthreads();
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int g = warp + 4 * i;
+                if (g >= group) break;
+                attend_tile(qs[g], ks, vs, 0, count, hd, scale, m[i], l[i], acc[i]);
+            }
+        }
+        // Fold the piece into the block state (rounded first under the patch).
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int g = warp + 4 * i;
+            if (g >= group || m[i] == NEG_INF) continue;
+            if (chunk > 0) {
+                float rl = round_bf16(l[i]);
+#pragma unroll
+                for (int k = 0; k < HD_PER_LANE; k++) acc[i][k] = round_bf16(acc[i][k] / l[i]) * rl;
+                m[i] = round_bf16(m[i]);
+                l[i] = rl;
+            }
+            float mm = fmaxf(bm[i], m[i]);
+            float a = expf(bm[i] - mm), b = expf(m[i] - mm);
+            bl[i] = bl[i] * a + l[i] * b;
+#pragma unroll
+            for (int k = 0; k < HD_PER_LANE; k++) bacc[i][k] = bacc[i][k] * a + acc[i][k] * b;
+            bm[i] = mm;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int g = warp + 4 * i;
+        if (g >= group) break;
+        size_t slot = ((size_t)t * heads + kvh * group + g) * splits + s;
+#pragma unroll
+        for (int k = 0; k < HD_PER_LANE; k++) {
+            int d = lane + 32 * k;
+            if (d < hd) part_o[slot * hd + d] = bacc[i][k];
+        }
+        if (lane == 0) {
+            part_ml[slot * 2] = bm[i];
+            part_ml[slot * 2 + 1] = bl[i];
+        }
+    }
+}
+
+// Merges the splits' partials: grid (rows, heads), blockDim >= hd.
+extern "C" __global__ void attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml, float* __restrict__ out,
+                                        int heads, int hd, int splits) {
+    int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+    size_t slot0 = ((size_t)t * heads + h) * splits;
+    float mx = NEG_INF;
+    for (int s = 0; s < splits; s++) mx = fmaxf(mx, part_ml[(slot0 + s) * 2]);
+    float total = 0.0f, acc = 0.0f;
+    for (int s = 0; s < splits; s++) {
+        float m = part_ml[(slot0 + s) * 2];
+        if (m == NEG_INF) continue;
+        float w = expf(m - mx);
+        total += part_ml[(slot0 + s) * 2 + 1] * w;
+        if (d < hd) acc += part_o[(slot0 + s) * hd + d] * w;
+    }
+    if (d < hd) out[(size_t)t * heads * hd + h * hd + d] = acc / total;
 }

@@ -1,61 +1,132 @@
-// Row-wise and element-wise kernels of the Llama forward pass, f32 in and out, statistics in f32.
-// One block per row for the reductions; names carry the dtype (`_f32`).
+// Row-wise and element-wise kernels of the Llama forward pass. Activations are f32; statistics are f32
+// (or, under the rmsnorm_bf16 patch, the CPU emulation's bf16 warp reduction, bit for bit in order).
+// One block per row for the row-wise kernels.
 
-extern "C" __global__ void rmsnorm_f32(const float* x, const float* w, float* out, int dim, float eps) {
-    const float* row = x + (size_t)blockIdx.x * dim;
-    float* dst = out + (size_t)blockIdx.x * dim;
-    __shared__ float partial[32];
-    float sum = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        sum += row[i] * row[i];
-    }
-    for (int offset = 16; offset > 0; offset /= 2) {
-        sum += __shfl_down_sync(0xffffffff, sum, offset);
-    }
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    if (lane == 0) partial[warp] = sum;
-    __syncthreads();
-    if (warp == 0) {
-        sum = lane < (blockDim.x + 31) / 32 ? partial[lane] : 0.0f;
-        for (int offset = 16; offset > 0; offset /= 2) {
-            sum += __shfl_down_sync(0xffffffff, sum, offset);
+// out[r] = x[src(r)] / rms(x[src(r)]) * w, src(r) = rows ? rows[r] : r. flags & 1: rmsnorm_bf16 (the
+// squares rounded to bf16 and summed in 32 strided lanes, each add rounded, then a pairwise bf16 tree,
+// as engine/src/forward/ops.rs `rmsnorm_rows_bf16`).
+extern "C" __global__ void rmsnorm_f32(const float* __restrict__ x, const int* __restrict__ rows, const float* __restrict__ w,
+                                       float* __restrict__ out, int dim, float eps, int flags) {
+    __shared__ float scratch[33];
+    int r = blockIdx.x;
+    const float* row = x + (size_t)(rows ? rows[r] : r) * dim;
+    float* dst = out + (size_t)r * dim;
+    float total;
+    if (flags & 1) {
+        if (threadIdx.x < 32) {
+            float lane = 0.0f;
+            for (int i = threadIdx.x; i < dim; i += 32) lane = round_bf16(lane + round_bf16(row[i] * row[i]));
+            for (int width = 16; width > 0; width >>= 1) lane = round_bf16(lane + __shfl_down_sync(0xffffffff, lane, width));
+            if (threadIdx.x == 0) scratch[32] = lane;
         }
-        if (lane == 0) partial[0] = sum;
+        __syncthreads();
+        total = scratch[32];
+    } else {
+        float sum = 0.0f;
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) sum += row[i] * row[i];
+        total = block_sum(sum, scratch);
     }
-    __syncthreads();
-    float scale = rsqrtf(partial[0] / dim + eps);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        dst[i] = row[i] * scale * w[i];
-    }
+    float scale = 1.0f / sqrtf(total / dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = row[i] * scale * w[i];
 }
 
-// RoPE on adjacent pairs (the GGUF layout), in place: x is [tokens][heads * head_dim]; token t sits at
-// position positions[t]; angle of pair j = position * base^(-2j / head_dim), computed in f64 like the CPU.
-extern "C" __global__ void rope_f32(float* x, const int* positions, int heads, int head_dim, double base) {
-    int t = blockIdx.x;
-    int pairs = heads * head_dim / 2;
+// Embedding gather: out[t] = table[ids[t]], rows of `dim`, from f32 or bf16 tables.
+extern "C" __global__ void embed_f32(const float* __restrict__ table, const int* __restrict__ ids, float* __restrict__ out, int dim) {
+    const float* row = table + (size_t)ids[blockIdx.x] * dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)blockIdx.x * dim + i] = row[i];
+}
+
+extern "C" __global__ void embed_bf16(const bf16_t* __restrict__ table, const int* __restrict__ ids, float* __restrict__ out, int dim) {
+    const bf16_t* row = table + (size_t)ids[blockIdx.x] * dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)blockIdx.x * dim + i] = bf16_to_f32(row[i]);
+}
+
+// RoPE on adjacent pairs of the fused projection rows qkv = [tokens][q (heads*hd) | k (kv_heads*hd) |
+// v (kv_heads*hd)]: rotates q in place, rotates k and stores k and v into the token's sequence cache at
+// its position. Angle of pair j = position * base^(-2j/hd) in f64, as the CPU. flags & 1: rope_bf16
+// (position, inverse frequency, angle, cos and sin rounded to bf16); flags & 2: kv_fp8 (K and V rounded
+// to FP8 e4m3 with `kv_scale` before they are stored).
+extern "C" __global__ void rope_kv(float* __restrict__ qkv, const int* __restrict__ positions, const u64* __restrict__ kv_base,
+                                   int layer, int n_layers, int heads, int kv_heads, int hd, float base, int flags, float kv_scale) {
+    int t = blockIdx.x, pos = positions[t];
+    int q_dim = heads * hd, kv_dim = kv_heads * hd;
+    float* row = qkv + (size_t)t * (q_dim + 2 * kv_dim);
+    float* k_dst = kv_row(kv_base[t], pos, layer, n_layers, 0, kv_dim);
+    float* v_dst = kv_row(kv_base[t], pos, layer, n_layers, 1, kv_dim);
+    int half = hd / 2, pairs = (q_dim + kv_dim) / 2;
     for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
-        int j = p % (head_dim / 2);
-        double angle = (double)positions[t] * pow(base, -2.0 * j / head_dim);
-        float c = (float)cos(angle), s = (float)sin(angle);
-        float* v = x + (size_t)t * heads * head_dim + 2 * p;
+        int j = p % half;
+        double inv = pow((double)base, -2.0 * j / hd);
+        float c, s;
+        if (flags & 1) {
+            float theta = round_bf16(round_bf16((float)pos) * round_bf16((float)inv));
+            c = round_bf16((float)cos((double)theta));
+            s = round_bf16((float)sin((double)theta));
+        } else {
+            double theta = (double)pos * inv;
+            c = (float)cos(theta);
+            s = (float)sin(theta);
+        }
+        float* v = row + 2 * p;
         float a = v[0], b = v[1];
-        v[0] = a * c - b * s;
-        v[1] = a * s + b * c;
+        float ra = a * c - b * s, rb = a * s + b * c;
+        if (2 * p < q_dim) {
+            v[0] = ra;
+            v[1] = rb;
+        } else {
+            if (flags & 2) {
+                ra = round_fp8_e4m3(ra / kv_scale) * kv_scale;
+                rb = round_fp8_e4m3(rb / kv_scale) * kv_scale;
+            }
+            int i = 2 * p - q_dim;
+            k_dst[i] = ra;
+            k_dst[i + 1] = rb;
+        }
+    }
+    const float* vsrc = row + q_dim + kv_dim;
+    for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
+        float v = vsrc[i];
+        if (flags & 2) v = round_fp8_e4m3(v / kv_scale) * kv_scale;
+        v_dst[i] = v;
     }
 }
 
-// SwiGLU: out = silu(gate) * up.
-extern "C" __global__ void swiglu_f32(const float* gate, const float* up, float* out, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
-    }
+// SwiGLU of the fused gate|up rows: out[r][i] = silu(gu[r][i]) * gu[r][ffn + i].
+extern "C" __global__ void swiglu_f32(const float* __restrict__ gu, float* __restrict__ out, int rows, int ffn) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * ffn) return;
+    size_t r = i / ffn, c = i % ffn;
+    float g = gu[r * 2 * ffn + c], u = gu[r * 2 * ffn + ffn + c];
+    out[i] = g / (1.0f + expf(-g)) * u;
 }
 
 // Residual add, in place: x += y.
-extern "C" __global__ void add_f32(float* x, const float* y, int n) {
+extern "C" __global__ void add_f32(float* __restrict__ x, const float* __restrict__ y, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
+}
+
+// f32 -> bf16 (round to nearest even): the GEMM inputs of the bf16 path.
+extern "C" __global__ void to_bf16(const float* __restrict__ x, bf16_t* __restrict__ out, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = f32_to_bf16(x[i]);
+}
+
+// The patches' roundings, in place: mode 0 bf16; mode 1 FP8 e4m3 with a per-tensor scale.
+extern "C" __global__ void round_f32(float* __restrict__ x, int n, int mode, float scale) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    x[i] = mode == 0 ? round_bf16(x[i]) : round_fp8_e4m3(x[i] / scale) * scale;
+}
+
+// act_q8: llama.cpp's Q8_0 activation rounding, in place, one warp per block of 32 values of a row of
+// `cols` (cols % 32 == 0): d = f16(amax / 127), q = round-half-even(x * 127 / amax), x = q * d.
+extern "C" __global__ void q8_blocks(float* __restrict__ x, int blocks) {
+    int b = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    if (b >= blocks) return;
+    float v = x[(size_t)b * 32 + lane];
+    float amax = warp_max(fabsf(v));
+    float d = round_f16(amax / 127.0f);
+    float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    x[(size_t)b * 32 + lane] = rintf(v * id) * d;
 }

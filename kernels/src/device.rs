@@ -1,9 +1,11 @@
-//! The device: one CUDA context and stream, the kernel module compiled once with NVRTC, and a launch
-//! wrapper per kernel. Buffers are cudarc `CudaSlice`s; wrappers check lengths before launching.
+//! The device: one CUDA context and stream, every kernel module compiled once with NVRTC, and a
+//! launch wrapper per kernel. Buffers are cudarc views; each wrapper checks the lengths its kernel will
+//! touch before launching, so a shape mistake is an error and not a stray write.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
 #[derive(Debug, thiserror::Error)]
@@ -18,24 +20,122 @@ pub enum DeviceError {
     Blas(String),
 }
 
+/// A weight matrix on the device, `rows` outputs by `cols` inputs, row-major, f32 or bf16 (raw bits).
+pub struct Matrix {
+    pub data: MatrixData,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+pub enum MatrixData {
+    F32(CudaSlice<f32>),
+    Bf16(CudaSlice<u16>),
+}
+
+impl Matrix {
+    /// Uploads `rows * cols` f32 values, kept as f32 or rounded to bf16 (nearest even).
+    pub fn upload(stream: &Arc<CudaStream>, values: &[f32], rows: usize, cols: usize, bf16: bool) -> Result<Matrix, DeviceError> {
+        if values.len() != rows * cols {
+            return Err(DeviceError::Shape { kernel: "upload", detail: format!("{} values for {rows}x{cols}", values.len()) });
+        }
+        let data = if bf16 {
+            let bits: Vec<u16> = values.iter().map(|v| f32_to_bf16_bits(*v)).collect();
+            MatrixData::Bf16(stream.clone_htod(&bits)?)
+        } else {
+            MatrixData::F32(stream.clone_htod(values)?)
+        };
+        Ok(Matrix { data, rows, cols })
+    }
+
+    /// Bytes the matrix occupies (what one pass over it reads).
+    pub fn bytes(&self) -> usize {
+        self.rows * self.cols * if matches!(self.data, MatrixData::Bf16(_)) { 2 } else { 4 }
+    }
+}
+
+/// Round to nearest even, keep the top 16 bits (NaN stays NaN).
+pub fn f32_to_bf16_bits(x: f32) -> u16 {
+    if x.is_nan() {
+        return 0x7fc0;
+    }
+    let b = x.to_bits();
+    (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16
+}
+
+/// What a GEMV does with its output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemvMode {
+    /// y = Wx
+    Store = 0,
+    /// y += Wx (the residual add)
+    Accumulate = 1,
+    /// W is gate rows then up rows: y = silu(W_gate x) * (W_up x)
+    SwiGlu = 2,
+}
+
+/// Most token rows one GEMV launch takes (`GEMV_MAX_N` in cuda/gemv.cu).
+pub const GEMV_MAX_ROWS: usize = 8;
+/// Largest head size the attention kernels take (`MAX_HD`).
+pub const MAX_HEAD_DIM: usize = 128;
+/// Most query heads per KV head the decode kernel takes.
+pub const MAX_GROUP: usize = 16;
+
 /// A GPU with the engine's kernels loaded.
 pub struct Device {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
-    functions: std::collections::HashMap<&'static str, CudaFunction>,
+    pub multiprocessors: usize,
+    functions: HashMap<&'static str, CudaFunction>,
+}
+
+type In<'a, T = f32> = CudaView<'a, T>;
+type Out<'a, T = f32> = CudaViewMut<'a, T>;
+
+/// Launches `$kernel` with the arguments in the order its CUDA signature lists them.
+macro_rules! launch {
+    ($self:ident, $kernel:literal, $cfg:expr, $($arg:expr),* $(,)?) => {{
+        let mut builder = $self.stream.launch_builder($self.function($kernel));
+        $( builder.arg($arg); )*
+        // SAFETY: every call site passes the kernel's parameters in its declared order and types
+        // (cuda/*.cu), and has checked the buffer lengths the kernel indexes.
+        unsafe { builder.launch($cfg) }.map(|_| ()).map_err(DeviceError::from)
+    }};
+}
+
+fn blocks(n: usize, per_block: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: (n.div_ceil(per_block).max(1) as u32, 1, 1), block_dim: (per_block as u32, 1, 1), shared_mem_bytes: 0 }
+}
+
+fn grid(grid: (usize, usize, usize), threads: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: (grid.0 as u32, grid.1 as u32, grid.2 as u32), block_dim: (threads as u32, 1, 1), shared_mem_bytes: 0 }
+}
+
+fn check(kernel: &'static str, ok: bool, detail: impl FnOnce() -> String) -> Result<(), DeviceError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(DeviceError::Shape { kernel, detail: detail() })
+    }
 }
 
 impl Device {
-    /// Opens GPU `ordinal` and compiles every kernel source for it (once; about 0.3 s per module).
+    /// Opens GPU `ordinal` on a stream of its own (graph capture needs one) and compiles every kernel
+    /// module for it (once; well under a second for all).
     pub fn new(ordinal: usize) -> Result<Device, DeviceError> {
         let ctx = CudaContext::new(ordinal)?;
-        let stream = ctx.default_stream();
+        // One stream does all the work, so cudarc's cross-stream events are not needed (and event
+        // records would get in the way of graph capture).
+        // SAFETY: no buffer of this context is used from another stream.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream()?;
         let (major, minor) = ctx.compute_capability()?;
         let arch: &'static str = Box::leak(format!("sm_{major}{minor}").into_boxed_str());
-        let mut functions = std::collections::HashMap::new();
+        let multiprocessors = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
+        let mut functions = HashMap::new();
         for (module, source) in crate::SOURCES {
             let options = CompileOptions { arch: Some(arch), ..CompileOptions::default() };
-            let ptx = compile_ptx_with_opts(source, options).map_err(|e| DeviceError::Compile { module: module.into(), detail: e.to_string() })?;
+            let ptx = compile_ptx_with_opts(format!("{}\n{source}", crate::PRELUDE), options)
+                .map_err(|e| DeviceError::Compile { module: module.into(), detail: format!("{e:?}") })?;
             let loaded = ctx.load_module(ptx)?;
             for kernel in crate::KERNELS {
                 if let Ok(f) = loaded.load_function(kernel) {
@@ -43,7 +143,7 @@ impl Device {
                 }
             }
         }
-        Ok(Device { ctx, stream, functions })
+        Ok(Device { ctx, stream, multiprocessors, functions })
     }
 
     fn function(&self, kernel: &'static str) -> &CudaFunction {
@@ -51,108 +151,173 @@ impl Device {
         &self.functions[kernel]
     }
 
-    /// `out[r] = x[r] / rms(x[r]) * w` for each of `rows` rows of `dim`.
-    pub fn rmsnorm(&self, x: &CudaSlice<f32>, w: &CudaSlice<f32>, out: &mut CudaSlice<f32>, rows: usize, dim: usize, eps: f32) -> Result<(), DeviceError> {
-        check("rmsnorm_f32", x.len() == rows * dim && out.len() == rows * dim && w.len() == dim)?;
-        let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let dim = dim as i32;
-        let mut launch = self.stream.launch_builder(self.function("rmsnorm_f32"));
-        launch.arg(x).arg(w).arg(out).arg(&dim).arg(&eps);
-        // SAFETY: argument types and order match `rmsnorm_f32` in cuda/elementwise.cu; lengths checked above.
-        unsafe { launch.launch(cfg) }?;
+    /// `out[r] = x[rows[r] or r] / rms * w` for `n` rows of `dim`; `bf16_stats`: the rmsnorm_bf16 patch.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rmsnorm(&self, x: &In, rows: Option<&In<i32>>, w: &In, out: &mut Out, n: usize, dim: usize, eps: f32, bf16_stats: bool) -> Result<(), DeviceError> {
+        let rows_ok = rows.is_none_or(|r| r.len() >= n);
+        check("rmsnorm_f32", out.len() >= n * dim && w.len() == dim && rows_ok && (rows.is_some() || x.len() >= n * dim), || format!("{n} rows of {dim}"))?;
+        let null = 0u64;
+        let (dim, flags) = (dim as i32, i32::from(bf16_stats));
+        let mut builder = self.stream.launch_builder(self.function("rmsnorm_f32"));
+        builder.arg(x);
+        match rows {
+            Some(r) => builder.arg(r),
+            None => builder.arg(&null),
+        };
+        builder.arg(w).arg(out).arg(&dim).arg(&eps).arg(&flags);
+        // SAFETY: parameters in rmsnorm_f32's order; a null row map reads rows 0..n, checked above.
+        unsafe { builder.launch(grid((n, 1, 1), 256)) }?;
         Ok(())
     }
 
-    /// RoPE in place on `x` = [tokens][heads * head_dim], token t at `positions[t]`.
-    pub fn rope(&self, x: &mut CudaSlice<f32>, positions: &CudaSlice<i32>, heads: usize, head_dim: usize, base: f64) -> Result<(), DeviceError> {
-        let tokens = positions.len();
-        check("rope_f32", x.len() == tokens * heads * head_dim && head_dim % 2 == 0)?;
-        let cfg = LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-        let (heads, head_dim) = (heads as i32, head_dim as i32);
-        let mut launch = self.stream.launch_builder(self.function("rope_f32"));
-        launch.arg(x).arg(positions).arg(&heads).arg(&head_dim).arg(&base);
-        // SAFETY: argument types and order match `rope_f32`; lengths checked above.
-        unsafe { launch.launch(cfg) }?;
-        Ok(())
+    /// `out[t] = table[ids[t]]` for `n` ids (each < the table's rows).
+    pub fn embed(&self, table: &Matrix, ids: &In<i32>, out: &mut Out, n: usize) -> Result<(), DeviceError> {
+        let dim = table.cols;
+        check("embed", ids.len() >= n && out.len() >= n * dim, || format!("{n} ids of {dim}"))?;
+        let d = dim as i32;
+        match &table.data {
+            MatrixData::F32(t) => launch!(self, "embed_f32", grid((n, 1, 1), 256), t, ids, out, &d),
+            MatrixData::Bf16(t) => launch!(self, "embed_bf16", grid((n, 1, 1), 256), t, ids, out, &d),
+        }
     }
 
-    /// `out = silu(gate) * up`.
-    pub fn swiglu(&self, gate: &CudaSlice<f32>, up: &CudaSlice<f32>, out: &mut CudaSlice<f32>) -> Result<(), DeviceError> {
-        let n = gate.len();
-        check("swiglu_f32", up.len() == n && out.len() == n)?;
-        let n = n as i32;
-        let mut launch = self.stream.launch_builder(self.function("swiglu_f32"));
-        launch.arg(gate).arg(up).arg(out).arg(&n);
-        // SAFETY: argument types and order match `swiglu_f32`; lengths checked above.
-        unsafe { launch.launch(LaunchConfig::for_num_elems(n as u32)) }?;
-        Ok(())
+    /// RoPE on the fused qkv rows and the K/V store into each row's sequence cache (see cuda/elementwise.cu).
+    pub fn rope_kv(&self, qkv: &mut Out, positions: &In<i32>, kv_base: &In<u64>, n: usize, layer: usize, shape: &RopeShape) -> Result<(), DeviceError> {
+        let row = (shape.heads + 2 * shape.kv_heads) * shape.head_dim;
+        check("rope_kv", qkv.len() >= n * row && positions.len() >= n && kv_base.len() >= n && shape.head_dim % 2 == 0, || format!("{n} rows"))?;
+        let ints = [layer as i32, shape.n_layers as i32, shape.heads as i32, shape.kv_heads as i32, shape.head_dim as i32];
+        launch!(self, "rope_kv", grid((n, 1, 1), 128), qkv, positions, kv_base, &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &shape.base, &shape.flags, &shape.kv_scale)
     }
 
-    /// `x += y`.
-    pub fn add(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>) -> Result<(), DeviceError> {
-        let n = x.len();
-        check("add_f32", y.len() == n)?;
-        let n = n as i32;
-        let mut launch = self.stream.launch_builder(self.function("add_f32"));
-        launch.arg(x).arg(y).arg(&n);
-        // SAFETY: argument types and order match `add_f32`; lengths checked above.
-        unsafe { launch.launch(LaunchConfig::for_num_elems(n as u32)) }?;
-        Ok(())
+    /// `out[r] = silu(gu[r][..ffn]) * gu[r][ffn..]`.
+    pub fn swiglu(&self, gu: &In, out: &mut Out, n: usize, ffn: usize) -> Result<(), DeviceError> {
+        check("swiglu_f32", gu.len() >= n * 2 * ffn && out.len() >= n * ffn, || format!("{n} rows of {ffn}"))?;
+        let (rows, f) = (n as i32, ffn as i32);
+        launch!(self, "swiglu_f32", blocks(n * ffn, 256), gu, out, &rows, &f)
+    }
+
+    /// `x += y` over `n` values.
+    pub fn add(&self, x: &mut Out, y: &In, n: usize) -> Result<(), DeviceError> {
+        check("add_f32", x.len() >= n && y.len() >= n, || format!("{n} values"))?;
+        let count = n as i32;
+        launch!(self, "add_f32", blocks(n, 256), x, y, &count)
+    }
+
+    /// f32 -> bf16 bits (nearest even) over `n` values.
+    pub fn to_bf16(&self, x: &In, out: &mut Out<u16>, n: usize) -> Result<(), DeviceError> {
+        check("to_bf16", x.len() >= n && out.len() >= n, || format!("{n} values"))?;
+        let count = n as i32;
+        launch!(self, "to_bf16", blocks(n, 256), x, out, &count)
+    }
+
+    /// Rounds `n` values in place to bf16 (`fp8_scale: None`) or to FP8 e4m3 with a per-tensor scale.
+    pub fn round(&self, x: &mut Out, n: usize, fp8_scale: Option<f32>) -> Result<(), DeviceError> {
+        check("round_f32", x.len() >= n, || format!("{n} values"))?;
+        let (count, mode, scale) = (n as i32, i32::from(fp8_scale.is_some()), fp8_scale.unwrap_or(1.0));
+        launch!(self, "round_f32", blocks(n, 256), x, &count, &mode, &scale)
+    }
+
+    /// llama.cpp's Q8_0 activation rounding of `n` values in place (`n % 32 == 0`: whole blocks of rows).
+    pub fn q8_blocks(&self, x: &mut Out, n: usize) -> Result<(), DeviceError> {
+        check("q8_blocks", x.len() >= n && n % 32 == 0, || format!("{n} values"))?;
+        let count = (n / 32) as i32;
+        launch!(self, "q8_blocks", blocks(n, 256), x, &count)
+    }
+
+    /// `y[t] (op)= W x[t]` for `n <= GEMV_MAX_ROWS` token rows; `round_x` rounds x to bf16 on load.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv(&self, w: &Matrix, x: &In, y: &mut Out, n: usize, mode: GemvMode, round_x: bool) -> Result<(), DeviceError> {
+        let out_rows = if mode == GemvMode::SwiGlu { w.rows / 2 } else { w.rows };
+        let ok = n >= 1 && n <= GEMV_MAX_ROWS && w.cols % 8 == 0 && x.len() >= n * w.cols && y.len() >= n * out_rows && (mode != GemvMode::SwiGlu || w.rows % 2 == 0);
+        check("gemv", ok, || format!("{}x{} by {n} rows ({mode:?})", w.rows, w.cols))?;
+        let args = [out_rows as i32, w.cols as i32, n as i32, mode as i32, i32::from(round_x)];
+        let cfg = blocks(out_rows * 32, 256);
+        match &w.data {
+            MatrixData::Bf16(m) => launch!(self, "gemv_bf16", cfg, m, x, y, &args[0], &args[1], &args[2], &args[3], &args[4]),
+            MatrixData::F32(m) => launch!(self, "gemv_f32", cfg, m, x, y, &args[0], &args[1], &args[2], &args[3], &args[4]),
+        }
     }
 }
 
-/// Shape of one attention call.
+/// Shapes and flags of one `rope_kv` launch.
 #[derive(Debug, Clone, Copy)]
-pub struct AttentionShape {
-    /// New query tokens (the last `tokens` of the `len` cached positions).
-    pub tokens: usize,
-    /// Cached positions, the new ones included.
-    pub len: usize,
+pub struct RopeShape {
+    pub n_layers: usize,
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    pub base: f32,
+    /// 1: rope_bf16; 2: kv_fp8.
+    pub flags: i32,
+    pub kv_scale: f32,
+}
+
+/// Shape of the attention launches.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionShape {
+    pub n_layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Keep only the last `window` positions (0: all).
+    pub window: usize,
+}
+
+impl AttentionShape {
+    fn valid(&self) -> bool {
+        self.kv_heads > 0 && self.heads % self.kv_heads == 0 && self.heads / self.kv_heads <= MAX_GROUP && self.head_dim <= MAX_HEAD_DIM && self.head_dim % 2 == 0
+    }
+
+    fn q_stride(&self) -> usize {
+        (self.heads + 2 * self.kv_heads) * self.head_dim
+    }
 }
 
 impl Device {
-    /// Causal attention of `q` over the cache `k`, `v` into `out` (see cuda/attention.cu).
-    pub fn attention(&self, q: &CudaSlice<f32>, k: &CudaSlice<f32>, v: &CudaSlice<f32>, out: &mut CudaSlice<f32>, s: AttentionShape) -> Result<(), DeviceError> {
-        let q_len = s.tokens * s.heads * s.head_dim;
-        let kv_len = s.len * s.kv_heads * s.head_dim;
-        // The cache may have room beyond `len`: the kernel reads positions 0..len only.
-        let fits = q.len() == q_len && out.len() == q_len && k.len() >= kv_len && v.len() >= kv_len;
-        let valid = s.tokens <= s.len && s.kv_heads > 0 && s.heads % s.kv_heads == 0 && s.head_dim <= 128;
-        check("attention_f32", fits && valid)?;
-        let cfg = LaunchConfig { grid_dim: (s.tokens as u32, s.heads as u32, 1), block_dim: (64, 1, 1), shared_mem_bytes: 0 };
+    /// Prefill attention of `n` query rows of one sequence at positions `start..start + n` (their K/V
+    /// stored), reading q from the fused qkv rows; writes `n` rows of heads * head_dim.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_prefill(&self, qkv: &In, kv_base: u64, layer: usize, out: &mut Out, n: usize, start: usize, s: &AttentionShape) -> Result<(), DeviceError> {
+        let width = s.heads * s.head_dim;
+        check("attn_prefill", s.valid() && qkv.len() >= n * s.q_stride() && out.len() >= n * width, || format!("{n} rows"))?;
+        let ints = [s.q_stride() as i32, layer as i32, s.n_layers as i32, n as i32, start as i32, s.heads as i32, s.kv_heads as i32, s.head_dim as i32];
+        let (scale, window) = (1.0 / (s.head_dim as f32).sqrt(), s.window as i32);
+        let cfg = grid((n.div_ceil(16), s.heads, 1), 128);
+        launch!(self, "attn_prefill", cfg, qkv, &ints[0], &kv_base, &ints[1], &ints[2], out, &ints[3], &ints[4], &ints[5], &ints[6], &ints[7], &scale, &window)
+    }
+
+    /// Decode attention of `n` rows (one query per sequence) with `splits` partials per (row, head)
+    /// merged into `out`; `chunk > 0` is the attn_splitk_bf16 patch. `part_o` holds
+    /// n * heads * splits * head_dim values, `part_ml` n * heads * splits * 2.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_decode(&self, qkv: &In, positions: &In<i32>, kv_base: &In<u64>, layer: usize, parts: (&mut Out, &mut Out), out: &mut Out, n: usize, splits: usize, chunk: usize, s: &AttentionShape) -> Result<(), DeviceError> {
+        let (part_o, part_ml) = parts;
+        let slots = n * s.heads * splits;
+        let ok = s.valid() && splits >= 1 && qkv.len() >= n * s.q_stride() && positions.len() >= n && kv_base.len() >= n && part_o.len() >= slots * s.head_dim && part_ml.len() >= slots * 2 && out.len() >= n * s.heads * s.head_dim;
+        check("attn_decode", ok, || format!("{n} rows, {splits} splits"))?;
+        let ints = [s.q_stride() as i32, layer as i32, s.n_layers as i32, s.heads as i32, s.kv_heads as i32, s.head_dim as i32, s.window as i32, splits as i32, chunk as i32];
         let scale = 1.0 / (s.head_dim as f32).sqrt();
-        let dims = [s.tokens as i32, s.len as i32, s.heads as i32, s.kv_heads as i32, s.head_dim as i32];
-        let mut launch = self.stream.launch_builder(self.function("attention_f32"));
-        launch.arg(q).arg(k).arg(v).arg(out);
-        for d in &dims {
-            launch.arg(d);
-        }
-        launch.arg(&scale);
-        // SAFETY: argument types and order match `attention_f32`; lengths and head_dim <= 128 checked above.
-        unsafe { launch.launch(cfg) }?;
-        Ok(())
+        let cfg = grid((n, s.kv_heads, splits), 128);
+        launch!(self, "attn_decode", cfg, qkv, &ints[0], positions, kv_base, &ints[1], &ints[2], &mut *part_o, &mut *part_ml, &ints[3], &ints[4], &ints[5], &scale, &ints[6], &ints[7], &ints[8])?;
+        let combine = [s.heads as i32, s.head_dim as i32, splits as i32];
+        launch!(self, "attn_combine", grid((n, s.heads, 1), s.head_dim.next_multiple_of(32)), &mut *part_o, &mut *part_ml, out, &combine[0], &combine[1], &combine[2])
     }
 
-    /// `out[t] = table[ids[t]]` for rows of `dim`.
-    pub fn embed(&self, table: &CudaSlice<f32>, ids: &CudaSlice<i32>, out: &mut CudaSlice<f32>, dim: usize) -> Result<(), DeviceError> {
-        check("embed_f32", out.len() == ids.len() * dim && table.len() % dim.max(1) == 0)?;
-        let cfg = LaunchConfig { grid_dim: (ids.len() as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let dim = dim as i32;
-        let mut launch = self.stream.launch_builder(self.function("embed_f32"));
-        launch.arg(table).arg(ids).arg(out).arg(&dim);
-        // SAFETY: argument types and order match `embed_f32`; ids are the caller's token ids (< vocab).
-        unsafe { launch.launch(cfg) }?;
-        Ok(())
+    /// Greedy pick per row of `vocab` logits: the token (first index of the maximum) and its log-probability.
+    pub fn argmax(&self, logits: &In, n: usize, vocab: usize, token: &mut Out<i32>, logprob: &mut Out) -> Result<(), DeviceError> {
+        check("argmax_logprob", logits.len() >= n * vocab && token.len() >= n && logprob.len() >= n, || format!("{n} rows"))?;
+        let v = vocab as i32;
+        launch!(self, "argmax_logprob", grid((n, 1, 1), 1024), logits, &v, token, logprob)
     }
-}
 
-fn check(kernel: &'static str, ok: bool) -> Result<(), DeviceError> {
-    if ok {
-        Ok(())
-    } else {
-        Err(DeviceError::Shape { kernel, detail: "buffer lengths do not match the shape".into() })
+    /// Temperature + top-p draw per row: `params` = (temperature, top_p, uniform in [0, 1)) per row;
+    /// the drawn token and its log-probability at temperature 1.
+    #[allow(clippy::too_many_arguments)]
+    pub fn top_p(&self, logits: &In, n: usize, vocab: usize, params: (&In, &In, &In), token: &mut Out<i32>, logprob: &mut Out) -> Result<(), DeviceError> {
+        let (temperature, top_p, uniforms) = params;
+        let ok = logits.len() >= n * vocab && temperature.len() >= n && top_p.len() >= n && uniforms.len() >= n && token.len() >= n && logprob.len() >= n;
+        check("top_p_sample", ok, || format!("{n} rows"))?;
+        let v = vocab as i32;
+        launch!(self, "top_p_sample", grid((n, 1, 1), 1024), logits, &v, temperature, top_p, uniforms, token, logprob)
     }
 }

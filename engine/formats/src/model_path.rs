@@ -22,14 +22,15 @@ pub fn default_model_path() -> Result<PathBuf, NoHomeError> {
     Ok(ctxscope_home()?.join("models").join(DEFAULT_MODEL_FILE))
 }
 
-/// The model tests and benchmarks run on: `$CTXSCOPE_MODEL` when set, else the default path. Fails
-/// with the fix when the file is not there (tests never skip silently).
+/// The model tests and benchmarks run on: `$CTXSCOPE_MODEL` when set (a GGUF file, or a Hugging Face
+/// checkpoint directory with a config.json), else the default path. Fails with the fix when the model
+/// is not there (tests never skip silently).
 pub fn test_model_path() -> Result<PathBuf, String> {
     let path = match std::env::var_os("CTXSCOPE_MODEL").filter(|v| !v.is_empty()) {
         Some(p) => PathBuf::from(p),
         None => default_model_path().map_err(|e| e.to_string())?,
     };
-    if !path.is_file() {
+    if !path.is_file() && !path.join("config.json").is_file() {
         return Err(format!(
             "model file {} is missing: run scripts/fetch-model.sh (or `ctxscope models fetch`), or set CTXSCOPE_MODEL to a copy of {DEFAULT_MODEL_FILE}",
             path.display()

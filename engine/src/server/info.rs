@@ -1,6 +1,6 @@
-//! The small routes: `GET /health`, `GET /v1/models`, and llama.cpp-compatible `POST /tokenize`
-//! (`{"content", "add_special", "parse_special"}` -> `{"tokens"}`) and `POST /detokenize`
-//! (`{"tokens"}` -> `{"content"}`).
+//! The small routes: `GET /health`, `GET /v1/models` (with the backend the engine runs on), and
+//! llama.cpp-compatible `POST /tokenize` (`{"content", "add_special", "parse_special"}` -> `{"tokens"}`)
+//! and `POST /detokenize` (`{"tokens"}` -> `{"content"}`).
 
 use serde_json::{json, Value};
 
@@ -22,6 +22,7 @@ pub fn models(state: &State) -> Value {
             "created": 0,
             "owned_by": "ctxscope",
             "max_model_len": state.engine.options.ctx,
+            "backend": state.engine.backend,
         }],
     })
 }

@@ -16,7 +16,14 @@ pub fn model_path() -> PathBuf {
 }
 
 pub fn load_model() -> Arc<Model> {
-    Arc::new(Model::load(&model_path()).expect("model loads"))
+    let path = model_path();
+    Arc::new(Model::load(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display())))
+}
+
+/// One loaded model per test binary.
+pub fn shared_model() -> Arc<Model> {
+    static MODEL: std::sync::OnceLock<Arc<Model>> = std::sync::OnceLock::new();
+    MODEL.get_or_init(load_model).clone()
 }
 
 /// A scheduler over `model` with default options.
@@ -35,5 +42,5 @@ pub fn chat_prompt(model: &Model, messages: &[Value]) -> Vec<u32> {
 /// One engine per test binary, started on first use.
 pub fn shared_engine() -> &'static EngineHandle {
     static ENGINE: std::sync::OnceLock<EngineHandle> = std::sync::OnceLock::new();
-    ENGINE.get_or_init(|| start_engine(load_model()))
+    ENGINE.get_or_init(|| start_engine(shared_model()))
 }

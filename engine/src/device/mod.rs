@@ -1,0 +1,270 @@
+//! The CUDA backend (engine feature `cuda`): the model's weights on the GPU twice — f32 for the
+//! golden path (exact f32 GEMMs, the CPU golden path's numbers to ~1e-5) and bf16 for the fast path
+//! (bf16 GEMM inputs, f32 accumulation, f32 activations, norms and KV) — every sequence's KV cache on
+//! the device with the scheduler's prefix reuse, batched decode through GEMV kernels and split-K
+//! attention, and each unpatched decode pass of 1..=8 sequences captured once as a CUDA graph and
+//! replayed, so a small model is not bound by kernel launches. Greedy tokens are picked on the device;
+//! only requests that need the logits (sampling, top logprobs) copy them back.
+
+mod kv;
+mod pass;
+mod weights;
+mod workspace;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ctxscope_kernels::blas::Blas;
+use ctxscope_kernels::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use ctxscope_kernels::cudarc::driver::CudaGraph;
+use ctxscope_kernels::device::{Device, DeviceError, GEMV_MAX_ROWS, MAX_GROUP, MAX_HEAD_DIM};
+
+pub use kv::DeviceKv;
+pub use pass::Numerics;
+use pass::{Pass, Plan, PrefillChunk};
+use weights::DeviceWeights;
+use workspace::{Workspace, MAX_SPLITS};
+
+use crate::backend::{Backend, BackendError, Output, SequenceKv, Step, Want};
+use crate::forward::Path;
+use crate::model::{Model, ModelConfig};
+use crate::patch::PatchSet;
+use crate::scheduler::EngineOptions;
+
+use kv::error;
+
+/// The model on one GPU.
+pub struct DeviceBackend {
+    ordinal: usize,
+    device: Device,
+    blas: Blas,
+    config: ModelConfig,
+    golden: DeviceWeights,
+    fast: DeviceWeights,
+    ws: Workspace,
+    /// Positions per sequence cache.
+    ctx: usize,
+    graphs: HashMap<(Path, usize), CudaGraph>,
+}
+
+impl DeviceBackend {
+    /// Opens GPU `ordinal`, compiles the kernels, uploads the weights (f32 and bf16) and allocates the
+    /// workspace for `options.step_tokens` rows and `options.max_batch` sequences per pass.
+    pub fn new(model: Arc<Model>, ordinal: usize, options: &EngineOptions) -> Result<DeviceBackend, BackendError> {
+        let c = model.config.clone();
+        if c.head_dim > MAX_HEAD_DIM || c.head_dim % 2 != 0 || c.n_heads / c.n_kv_heads.max(1) > MAX_GROUP || c.dim % 32 != 0 || c.ffn_dim % 32 != 0 {
+            return Err(error(format!(
+                "model shape not supported by the kernels (head_dim {} <= {MAX_HEAD_DIM} and even, heads per KV head {} <= {MAX_GROUP}, widths multiples of 32)",
+                c.head_dim,
+                c.n_heads / c.n_kv_heads.max(1)
+            )));
+        }
+        let fail = |e: DeviceError| error(format!("GPU {ordinal}: {e}"));
+        let device = Device::new(ordinal).map_err(fail)?;
+        let blas = Blas::new(device.stream.clone()).map_err(fail)?;
+        let golden = DeviceWeights::upload(&device.stream, &model, false).map_err(fail)?;
+        let fast = DeviceWeights::upload(&device.stream, &model, true).map_err(fail)?;
+        let max_seqs = options.max_batch.max(1);
+        let ws = Workspace::new(&device.stream, &c, options.step_tokens.max(max_seqs), max_seqs).map_err(fail)?;
+        device.stream.synchronize().map_err(|e| fail(e.into()))?;
+        Ok(DeviceBackend { ordinal, device, blas, config: c, golden, fast, ws, ctx: options.ctx, graphs: HashMap::new() })
+    }
+
+    /// Bytes of weights one decode step reads on `path`.
+    pub fn weight_bytes(&self, path: Path) -> usize {
+        self.weights(path).bytes_per_token()
+    }
+
+    /// Split-K partials per (row, head) for `rows` decode rows: enough blocks to cover the chip twice.
+    fn splits(&self, rows: usize) -> usize {
+        let blocks = rows * self.config.n_kv_heads;
+        (2 * self.device.multiprocessors).div_ceil(blocks.max(1)).clamp(1, MAX_SPLITS)
+    }
+
+    fn weights(&self, path: Path) -> &DeviceWeights {
+        match path {
+            Path::Golden => &self.golden,
+            Path::Fast => &self.fast,
+        }
+    }
+
+    /// Runs one planned pass: replays (capturing on first use) the decode graph for plain decode
+    /// passes of up to GEMV_MAX_ROWS sequences, enqueues the kernels otherwise.
+    fn run(&mut self, path: Path, numerics: Numerics, plan: &Plan) -> Result<(), DeviceError> {
+        let graphable = numerics.is_plain() && plan.prefill.is_empty() && plan.rows <= GEMV_MAX_ROWS;
+        let weights = match path {
+            Path::Golden => &self.golden,
+            Path::Fast => &self.fast,
+        };
+        let pass = Pass { device: &self.device, blas: &self.blas, config: &self.config, numerics };
+        if !graphable {
+            return pass.enqueue(weights, &mut self.ws, plan);
+        }
+        let key = (path, plan.rows);
+        if !self.graphs.contains_key(&key) {
+            let stream = &self.device.stream;
+            stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+            let enqueued = pass.enqueue(weights, &mut self.ws, plan);
+            // End the capture whatever happened, so the stream is usable again.
+            let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+            enqueued?;
+            let graph = graph?.ok_or_else(|| DeviceError::Shape { kernel: "graph", detail: "capture recorded nothing".into() })?;
+            self.graphs.insert(key, graph);
+        }
+        self.graphs[&key].launch()?;
+        Ok(())
+    }
+}
+
+/// One sequence's part of a pass: its step index and the rows of its tokens taken.
+struct Part {
+    step: usize,
+    from: usize,
+    take: usize,
+    finishes: bool,
+}
+
+impl Backend for DeviceBackend {
+    type Kv = DeviceKv;
+
+    fn name(&self) -> String {
+        format!("cuda:{}", self.ordinal)
+    }
+
+    fn samples(&self) -> bool {
+        true
+    }
+
+    fn new_kv(&mut self) -> Result<DeviceKv, BackendError> {
+        let per_pos = self.config.n_layers * 2 * self.config.kv_dim();
+        DeviceKv::new(&self.device.stream, self.ctx, per_pos)
+    }
+
+    fn forward(&mut self, path: Path, patches: &PatchSet, steps: &mut [Step<'_, DeviceKv>]) -> Result<Vec<Output>, BackendError> {
+        let numerics = Numerics::new(patches);
+        for step in steps.iter() {
+            if step.tokens.is_empty() || step.kv.len() + step.tokens.len() > step.kv.capacity() {
+                return Err(error(format!("{} tokens after {} do not fit a cache of {} positions", step.tokens.len(), step.kv.len(), step.kv.capacity())));
+            }
+        }
+        // Single-token sequences first (batched decode attention), then prefill chunks.
+        let mut order: Vec<usize> = (0..steps.len()).collect();
+        order.sort_by_key(|&i| steps[i].tokens.len() != 1);
+        let mut done = vec![0usize; steps.len()];
+        let mut outputs: Vec<Option<Output>> = vec![None; steps.len()];
+        while order.iter().any(|&i| done[i] < steps[i].tokens.len()) {
+            // Fill one pass with as many rows as the workspace takes.
+            let mut parts = Vec::new();
+            let (mut rows, mut outs) = (0, 0);
+            for &i in &order {
+                let left = steps[i].tokens.len() - done[i];
+                if left == 0 || rows == self.ws.max_rows || outs == self.ws.max_seqs {
+                    continue;
+                }
+                let take = left.min(self.ws.max_rows - rows);
+                let finishes = take == left;
+                parts.push(Part { step: i, from: done[i], take, finishes });
+                rows += take;
+                outs += usize::from(finishes);
+            }
+            let (mut ids, mut positions, mut bases, mut last) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            // Sampling parameters per output row (rows that do not sample draw nothing that is read).
+            let (mut temps, mut top_ps, mut uniforms) = (Vec::new(), Vec::new(), Vec::new());
+            let mut plan = Plan { rows, decode: 0, prefill: Vec::new(), outputs: outs, splits: 1 };
+            for part in &parts {
+                let step = &steps[part.step];
+                let start = step.kv.len();
+                let row = ids.len();
+                ids.extend(step.tokens[part.from..part.from + part.take].iter().map(|&t| t.min(self.config.vocab as u32 - 1) as i32));
+                positions.extend((start..start + part.take).map(|p| p as i32));
+                bases.extend(std::iter::repeat_n(step.kv.base(), part.take));
+                if part.finishes {
+                    last.push((row + part.take - 1) as i32);
+                    let (t, p, u) = match step.want {
+                        Want::Sample { temperature, top_p, uniform } => (temperature, top_p, uniform),
+                        _ => (1.0, 1.0, 0.0),
+                    };
+                    temps.push(t);
+                    top_ps.push(p);
+                    uniforms.push(u);
+                }
+                if step.tokens.len() == 1 {
+                    plan.decode += 1;
+                } else {
+                    plan.prefill.push(PrefillChunk { row, n: part.take, start, kv_base: step.kv.base() });
+                }
+            }
+            plan.splits = self.splits(plan.decode);
+            let upload = |this: &mut DeviceBackend| -> Result<(), DeviceError> {
+                let s = &this.device.stream;
+                s.memcpy_htod(&ids, &mut this.ws.ids.slice_mut(..ids.len()))?;
+                s.memcpy_htod(&positions, &mut this.ws.positions.slice_mut(..positions.len()))?;
+                s.memcpy_htod(&bases, &mut this.ws.kv_base.slice_mut(..bases.len()))?;
+                s.memcpy_htod(&last, &mut this.ws.last_rows.slice_mut(..last.len()))?;
+                Ok(())
+            };
+            let ordinal = self.ordinal;
+            let fail = move |e: DeviceError| error(format!("GPU {ordinal}: {e}"));
+            upload(self).map_err(fail)?;
+            self.run(path, numerics, &plan).map_err(fail)?;
+            if parts.iter().any(|p| p.finishes && matches!(steps[p.step].want, Want::Sample { .. })) {
+                self.sample(&temps, &top_ps, &uniforms).map_err(fail)?;
+            }
+            let collected = self.collect(&parts, steps).map_err(fail)?;
+            for part in &parts {
+                steps[part.step].kv.commit(part.take);
+                done[part.step] += part.take;
+            }
+            for (step, output) in collected {
+                outputs[step] = Some(output);
+            }
+        }
+        Ok(outputs.into_iter().map(|o| o.expect("every step finished in some pass")).collect())
+    }
+}
+
+impl DeviceBackend {
+    /// Draws a token for each output row with the top-p kernel (after the pass, outside any graph).
+    fn sample(&mut self, temps: &[f32], top_ps: &[f32], uniforms: &[f32]) -> Result<(), DeviceError> {
+        let (s, n, ws) = (&self.device.stream, temps.len(), &mut self.ws);
+        s.memcpy_htod(temps, &mut ws.temperature.slice_mut(..n))?;
+        s.memcpy_htod(top_ps, &mut ws.top_p.slice_mut(..n))?;
+        s.memcpy_htod(uniforms, &mut ws.uniform.slice_mut(..n))?;
+        let vocab = self.config.vocab;
+        let params = (&ws.temperature.slice(..n), &ws.top_p.slice(..n), &ws.uniform.slice(..n));
+        self.device.top_p(&ws.logits.slice(..n * vocab), n, vocab, params, &mut ws.sampled.slice_mut(..n), &mut ws.sampled_logprob.slice_mut(..n))
+    }
+
+    /// Copies back what the finished sequences of a pass want (waits for the pass).
+    fn collect(&self, parts: &[Part], steps: &[Step<'_, DeviceKv>]) -> Result<Vec<(usize, Output)>, DeviceError> {
+        let s = &self.device.stream;
+        let finished: Vec<&Part> = parts.iter().filter(|p| p.finishes).collect();
+        let n = finished.len();
+        let mut tokens = vec![0i32; n];
+        let mut logprobs = vec![0f32; n];
+        s.memcpy_dtoh(&self.ws.token.slice(..n), &mut tokens)?;
+        s.memcpy_dtoh(&self.ws.logprob.slice(..n), &mut logprobs)?;
+        let (mut drawn, mut drawn_logprobs) = (vec![0i32; n], vec![0f32; n]);
+        if finished.iter().any(|p| matches!(steps[p.step].want, Want::Sample { .. })) {
+            s.memcpy_dtoh(&self.ws.sampled.slice(..n), &mut drawn)?;
+            s.memcpy_dtoh(&self.ws.sampled_logprob.slice(..n), &mut drawn_logprobs)?;
+        }
+        s.synchronize()?;
+        let vocab = self.config.vocab;
+        let mut out = Vec::with_capacity(n);
+        for (k, part) in finished.iter().enumerate() {
+            let output = match steps[part.step].want {
+                Want::Greedy => Output::Token { token: tokens[k] as u32, logprob: logprobs[k] },
+                Want::Sample { .. } => Output::Token { token: drawn[k] as u32, logprob: drawn_logprobs[k] },
+                Want::Logits => {
+                    let mut logits = vec![0f32; vocab];
+                    s.memcpy_dtoh(&self.ws.logits.slice(k * vocab..(k + 1) * vocab), &mut logits)?;
+                    Output::Logits(logits)
+                }
+            };
+            out.push((part.step, output));
+        }
+        s.synchronize()?;
+        Ok(out)
+    }
+}

@@ -1,0 +1,197 @@
+//! One forward pass on the device, enqueued on the stream without synchronizing: the same computation
+//! as the CPU's `forward_patched` (RMSNorm, RoPE on adjacent pairs, grouped-query attention over each
+//! sequence's cache, SwiGLU), with the patches' roundings at the same points. Rows 0..decode are
+//! single-token sequences (split-K decode attention, batched); prefill chunks follow, one attention
+//! launch each. Everything that varies between decode steps is read from device buffers, so a decode
+//! pass can be captured once as a CUDA graph and replayed.
+
+use ctxscope_kernels::blas::{Activations, Blas, Compute};
+use ctxscope_kernels::cudarc::driver::CudaSlice;
+use ctxscope_kernels::device::{AttentionShape, Device, DeviceError, GemvMode, Matrix, MatrixData, RopeShape, GEMV_MAX_ROWS};
+
+use super::weights::DeviceWeights;
+use super::workspace::{Scratch, Workspace};
+use crate::model::ModelConfig;
+use crate::patch::{PatchSet, KV_FP8_SCALE};
+
+/// The numerical patches as the device applies them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Numerics {
+    pub rmsnorm_bf16: bool,
+    pub residual_gemm_bf16: bool,
+    pub rope_bf16: bool,
+    pub kv_fp8: bool,
+    pub act_q8: bool,
+    /// attn_splitk_bf16's chunk (0: off).
+    pub splitk_chunk: usize,
+    /// sliding_window (0: off).
+    pub window: usize,
+}
+
+impl Numerics {
+    pub fn new(p: &PatchSet) -> Numerics {
+        Numerics {
+            rmsnorm_bf16: p.rmsnorm_bf16,
+            residual_gemm_bf16: p.residual_gemm_bf16,
+            rope_bf16: p.rope_bf16,
+            kv_fp8: p.kv_fp8,
+            act_q8: p.act_q8,
+            splitk_chunk: p.attn_splitk_bf16.unwrap_or(0),
+            window: p.sliding_window.unwrap_or(0),
+        }
+    }
+
+    /// No numerical patch: the pass a decode graph captures.
+    pub fn is_plain(&self) -> bool {
+        *self == Numerics::default()
+    }
+}
+
+/// A prefill chunk of one sequence: rows `row..row + n`, positions `start..start + n`.
+#[derive(Debug, Clone, Copy)]
+pub struct PrefillChunk {
+    pub row: usize,
+    pub n: usize,
+    pub start: usize,
+    pub kv_base: u64,
+}
+
+/// What one pass computes (the per-row ids, positions and cache addresses are already uploaded).
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub rows: usize,
+    /// Rows 0..decode are single-token sequences.
+    pub decode: usize,
+    pub prefill: Vec<PrefillChunk>,
+    /// Sequences whose logits this pass produces (their rows are in `last_rows`).
+    pub outputs: usize,
+    pub splits: usize,
+}
+
+/// The device, its cuBLAS handle and the model's shape: what every pass needs.
+pub struct Pass<'a> {
+    pub device: &'a Device,
+    pub blas: &'a Blas,
+    pub config: &'a ModelConfig,
+    pub numerics: Numerics,
+}
+
+impl Pass<'_> {
+    /// Enqueues the whole pass: logits of the `outputs` sequences into `ws.logits`, their greedy
+    /// tokens and log-probabilities into `ws.token` / `ws.logprob`.
+    pub fn enqueue(&self, w: &DeviceWeights, ws: &mut Workspace, plan: &Plan) -> Result<(), DeviceError> {
+        let (c, d, num) = (self.config, self.device, self.numerics);
+        let (n, dim) = (plan.rows, c.dim);
+        let q_stride = c.dim + 2 * c.kv_dim();
+        d.embed(&w.embed, &ws.ids.slice(..n), &mut ws.x.slice_mut(..n * dim), n)?;
+        let rope = RopeShape {
+            n_layers: c.n_layers,
+            heads: c.n_heads,
+            kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+            base: c.rope_base,
+            flags: i32::from(num.rope_bf16) | (i32::from(num.kv_fp8) << 1),
+            kv_scale: KV_FP8_SCALE,
+        };
+        let attn = AttentionShape { n_layers: c.n_layers, heads: c.n_heads, kv_heads: c.n_kv_heads, head_dim: c.head_dim, window: num.window };
+        for (i, layer) in w.layers.iter().enumerate() {
+            d.rmsnorm(&ws.x.slice(..n * dim), None, &layer.attn_norm.slice(..), &mut ws.h.slice_mut(..n * dim), n, dim, c.rms_eps, num.rmsnorm_bf16)?;
+            self.matmul(&layer.wqkv, &ws.h, &mut ws.qkv, n, GemvMode::Store, &mut ws.scratch)?;
+            d.rope_kv(&mut ws.qkv.slice_mut(..n * q_stride), &ws.positions.slice(..n), &ws.kv_base.slice(..n), n, i, &rope)?;
+            if plan.decode > 0 {
+                let m = plan.decode;
+                d.attn_decode(
+                    &ws.qkv.slice(..m * q_stride),
+                    &ws.positions.slice(..m),
+                    &ws.kv_base.slice(..m),
+                    i,
+                    (&mut ws.part_o.slice_mut(..), &mut ws.part_ml.slice_mut(..)),
+                    &mut ws.att.slice_mut(..m * dim),
+                    m,
+                    plan.splits,
+                    num.splitk_chunk,
+                    &attn,
+                )?;
+            }
+            for chunk in &plan.prefill {
+                let (r, k) = (chunk.row, chunk.n);
+                d.attn_prefill(&ws.qkv.slice(r * q_stride..(r + k) * q_stride), chunk.kv_base, i, &mut ws.att.slice_mut(r * dim..(r + k) * dim), k, chunk.start, &attn)?;
+            }
+            self.residual(&layer.wo, &ws.att, &mut ws.x, n, &mut ws.scratch)?;
+            d.rmsnorm(&ws.x.slice(..n * dim), None, &layer.ffn_norm.slice(..), &mut ws.h.slice_mut(..n * dim), n, dim, c.rms_eps, num.rmsnorm_bf16)?;
+            self.matmul(&layer.w_gu, &ws.h, &mut ws.act, n, GemvMode::SwiGlu, &mut ws.scratch)?;
+            self.residual(&layer.w_down, &ws.act, &mut ws.x, n, &mut ws.scratch)?;
+        }
+        let s = plan.outputs;
+        let last_rows = ws.last_rows.slice(..s);
+        d.rmsnorm(&ws.x.slice(..n * dim), Some(&last_rows), &w.output_norm.slice(..), &mut ws.normed.slice_mut(..s * dim), s, dim, c.rms_eps, num.rmsnorm_bf16)?;
+        self.matmul(w.output(), &ws.normed, &mut ws.logits, s, GemvMode::Store, &mut ws.scratch)?;
+        d.argmax(&ws.logits.slice(..s * c.vocab), s, c.vocab, &mut ws.token.slice_mut(..s), &mut ws.logprob.slice_mut(..s))
+    }
+
+    /// A matmul whose product is added to the residual stream `x`: fused (accumulate) unless
+    /// residual_gemm_bf16 rounds its input and product to bf16 (CPU: `residual_mm`; act_q8 after).
+    fn residual(&self, w: &Matrix, input: &CudaSlice<f32>, x: &mut CudaSlice<f32>, n: usize, s: &mut Scratch) -> Result<(), DeviceError> {
+        if !self.numerics.residual_gemm_bf16 {
+            return self.matmul(w, input, x, n, GemvMode::Accumulate, s);
+        }
+        let d = self.device;
+        let (len, out) = (n * w.cols, n * w.rows);
+        let Scratch { tmp, xb, gu, proj } = s;
+        d.stream.memcpy_dtod(&input.slice(..len), &mut tmp.slice_mut(..len))?;
+        d.round(&mut tmp.slice_mut(..len), len, None)?;
+        if self.numerics.act_q8 {
+            self.q8(tmp, len)?;
+        }
+        self.product(w, tmp, proj, n, GemvMode::Store, xb, gu)?;
+        d.round(&mut proj.slice_mut(..out), out, None)?;
+        d.add(&mut x.slice_mut(..out), &proj.slice(..out), out)
+    }
+
+    /// `out (mode)= W input` over `n` rows; act_q8 rounds the input rows first (on a copy).
+    fn matmul(&self, w: &Matrix, input: &CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize, mode: GemvMode, s: &mut Scratch) -> Result<(), DeviceError> {
+        let Scratch { tmp, xb, gu, .. } = s;
+        if !self.numerics.act_q8 {
+            return self.product(w, input, out, n, mode, xb, gu);
+        }
+        let len = n * w.cols;
+        self.device.stream.memcpy_dtod(&input.slice(..len), &mut tmp.slice_mut(..len))?;
+        self.q8(tmp, len)?;
+        self.product(w, tmp, out, n, mode, xb, gu)
+    }
+
+    fn q8(&self, x: &mut CudaSlice<f32>, len: usize) -> Result<(), DeviceError> {
+        if len % 32 != 0 {
+            return Err(DeviceError::Shape { kernel: "act_q8", detail: format!("{len} values are not whole blocks of 32") });
+        }
+        self.device.q8_blocks(&mut x.slice_mut(..len), len)
+    }
+
+    /// The product itself: GEMV for up to GEMV_MAX_ROWS rows, cuBLAS beyond (bf16 weights take bf16
+    /// inputs there; the GEMV rounds its input to bf16 on load to match).
+    #[allow(clippy::too_many_arguments)]
+    fn product(&self, w: &Matrix, src: &CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize, mode: GemvMode, xb: &mut CudaSlice<u16>, gu: &mut CudaSlice<f32>) -> Result<(), DeviceError> {
+        let d = self.device;
+        let len = n * w.cols;
+        let out_rows = if mode == GemvMode::SwiGlu { w.rows / 2 } else { w.rows };
+        let bf16 = matches!(w.data, MatrixData::Bf16(_));
+        if n <= GEMV_MAX_ROWS {
+            return d.gemv(w, &src.slice(..len), &mut out.slice_mut(..n * out_rows), n, mode, bf16);
+        }
+        let accumulate = mode == GemvMode::Accumulate;
+        let swiglu = mode == GemvMode::SwiGlu;
+        {
+            let mut gemm_out = if swiglu { gu.slice_mut(..n * w.rows) } else { out.slice_mut(..n * w.rows) };
+            if bf16 {
+                d.to_bf16(&src.slice(..len), &mut xb.slice_mut(..len), len)?;
+                self.blas.matmul(w, Activations::Bf16(&xb.slice(..len)), &mut gemm_out, n, Compute::F32, accumulate)?;
+            } else {
+                self.blas.matmul(w, Activations::F32(&src.slice(..len)), &mut gemm_out, n, Compute::F32, accumulate)?;
+            }
+        }
+        if swiglu {
+            d.swiglu(&gu.slice(..n * w.rows), &mut out.slice_mut(..n * out_rows), n, out_rows)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,106 @@
+//! A patch set means the same thing on both backends: for each numerical patch (and sliding_window),
+//! the CUDA golden path's logits against the CPU golden path's under the same patches, over a prefill
+//! and a few decode steps on the test model (`CTXSCOPE_MODEL`; on the GPU machine a transformers-built
+//! random checkpoint). Unpatched they agree to f32 rounding; patched, the backends' difference must be
+//! a small fraction of what the patch itself changes (a bf16/FP8 rounding boundary crossed on one
+//! backend and not the other is the only source of disagreement). The fast (bf16) path is held to what
+//! bf16 allows. Needs `--features cuda` and a GPU; without a GPU it says so and checks nothing.
+#![cfg(feature = "cuda")]
+
+use std::sync::Arc;
+
+use ctxscope_engine::backend::{Backend, Output, Step, Want};
+use ctxscope_engine::device::DeviceBackend;
+use ctxscope_engine::forward::{forward_patched, Segment};
+use ctxscope_engine::kv::KvCache;
+use ctxscope_engine::scheduler::EngineOptions;
+use ctxscope_engine::{Model, PatchSet, Path};
+use ctxscope_kernels::cudarc::driver::CudaContext;
+
+fn gpu_present() -> bool {
+    // SAFETY: only probes whether libcuda can be opened.
+    let driver = unsafe { ctxscope_kernels::cudarc::driver::sys::is_culib_present() };
+    driver && CudaContext::device_count().is_ok_and(|n| n > 0)
+}
+
+fn argmax(v: &[f32]) -> usize {
+    v.iter().enumerate().fold(0, |b, (i, x)| if *x > v[b] { i } else { b })
+}
+
+/// ‖a − b‖ / ‖b‖ over all steps.
+fn rel_l2(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (x, y) in a.iter().zip(b) {
+        for (p, q) in x.iter().zip(y) {
+            num += ((p - q) as f64).powi(2);
+            den += (*q as f64).powi(2);
+        }
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+/// Prefill of `prompt`, then `steps` decode steps fed `feed`; logits of every step.
+fn cpu_run(model: &Model, patches: &PatchSet, prompt: &[u32], feed: &[u32]) -> Vec<Vec<f32>> {
+    let mut kv = KvCache::new(model.config.n_layers, model.config.kv_dim());
+    let mut out = vec![forward_patched(model, Path::Golden, patches, &mut [Segment { tokens: prompt, kv: &mut kv }]).remove(0)];
+    for t in feed {
+        out.push(forward_patched(model, Path::Golden, patches, &mut [Segment { tokens: &[*t], kv: &mut kv }]).remove(0));
+    }
+    out
+}
+
+fn device_run(backend: &mut DeviceBackend, path: Path, patches: &PatchSet, prompt: &[u32], feed: &[u32]) -> Vec<Vec<f32>> {
+    let mut kv = backend.new_kv().expect("kv");
+    let mut inputs = vec![prompt.to_vec()];
+    inputs.extend(feed.iter().map(|t| vec![*t]));
+    inputs
+        .iter()
+        .map(|tokens| match backend.forward(path, patches, &mut [Step { tokens, kv: &mut kv, want: Want::Logits }]).expect("device forward").remove(0) {
+            Output::Logits(l) => l,
+            other => panic!("asked for logits, got {other:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn numerical_patches_mean_the_same_on_cpu_and_cuda() {
+    if !gpu_present() {
+        eprintln!("no CUDA device here: device_patches checks nothing");
+        return;
+    }
+    let model = Arc::new(Model::load(&ctxscope_formats::test_model_path().unwrap_or_else(|e| panic!("{e}"))).expect("model loads"));
+    let options = EngineOptions { ctx: 512, ..EngineOptions::for_model(&model) };
+    let mut backend = DeviceBackend::new(model.clone(), 0, &options).expect("a GPU is present, so the backend must start");
+    let vocab = model.config.vocab as u32;
+    let prompt: Vec<u32> = (0..40u32).map(|i| (i * 7919 + 13) % vocab).collect();
+    let golden_cpu = cpu_run(&model, &PatchSet::default(), &prompt, &[]);
+    let mut feed = vec![argmax(&golden_cpu[0]) as u32];
+    for i in 0..3 {
+        feed.push((feed[i] * 31 + 7) % vocab);
+    }
+    let golden_cpu = cpu_run(&model, &PatchSet::default(), &prompt, &feed);
+    let golden_dev = device_run(&mut backend, Path::Golden, &PatchSet::default(), &prompt, &feed);
+    let base = rel_l2(&golden_dev, &golden_cpu);
+    eprintln!("| patch | CUDA vs CPU | patch effect (CPU) | ratio |");
+    eprintln!("| none | {base:.2e} | | |");
+    assert!(base < 1e-4, "unpatched golden paths differ by {base:.2e}");
+    let mut failures = Vec::new();
+    for list in ["rmsnorm_bf16", "residual_gemm_bf16", "rope_bf16", "attn_splitk_bf16=8", "kv_fp8", "act_q8", "sliding_window=16"] {
+        let patches = PatchSet::parse(list).expect("known patch");
+        let cpu = cpu_run(&model, &patches, &prompt, &feed);
+        let dev = device_run(&mut backend, Path::Golden, &patches, &prompt, &feed);
+        let (gap, effect) = (rel_l2(&dev, &cpu), rel_l2(&cpu, &golden_cpu));
+        eprintln!("| {list} | {gap:.2e} | {effect:.2e} | {:.3} |", gap / effect.max(1e-30));
+        if effect < 1e-6 || gap > 0.25 * effect {
+            failures.push(format!("{list}: CUDA vs CPU {gap:.2e}, patch effect {effect:.2e}"));
+        }
+    }
+    let fast = device_run(&mut backend, Path::Fast, &PatchSet::default(), &prompt, &feed);
+    let fast_gap = rel_l2(&fast, &golden_cpu);
+    let agree = fast.iter().zip(&golden_cpu).filter(|(a, b)| argmax(a) == argmax(b)).count();
+    eprintln!("| fast (bf16) vs CPU golden | {fast_gap:.2e} | argmax {agree}/{} | |", fast.len());
+    if fast_gap > 3e-2 {
+        failures.push(format!("fast path {fast_gap:.2e} from golden"));
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}

@@ -1,0 +1,70 @@
+// Prepended to every module (NVRTC has no include path for our files and no standard headers): the
+// number formats the kernels convert through, by their PTX conversions (bf16 and f16 round to nearest
+// even; FP8 e4m3 saturates at +-448, sm_89+), and a warp sum.
+
+typedef unsigned short bf16_t;
+typedef unsigned long long u64;
+// -infinity by its bits (no math headers).
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ float bf16_to_f32(bf16_t b) { return __uint_as_float(((unsigned)b) << 16); }
+
+__device__ __forceinline__ bf16_t f32_to_bf16(float x) {
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
+    return r;
+}
+
+__device__ __forceinline__ float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+__device__ __forceinline__ float round_f16(float x) {
+    unsigned short h;
+    float r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(h));
+    return r;
+}
+
+// FP8 e4m3 (the `fn` variant, no infinities): x goes to the low byte of the pair.
+__device__ __forceinline__ float round_fp8_e4m3(float x) {
+    unsigned short pair;
+    unsigned int halves;
+    float r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(x));
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(pair));
+    unsigned short low = (unsigned short)(halves & 0xffff);
+    asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(low));
+    return r;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+    return v;
+}
+
+// Block-wide sum for blockDim.x a multiple of 32 (<= 1024); every thread gets the total.
+__device__ __forceinline__ float block_sum(float v, float* scratch /* [33] shared */) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float t = lane < warps ? scratch[lane] : 0.0f;
+        t = warp_sum(t);
+        if (lane == 0) scratch[32] = t;
+    }
+    __syncthreads();
+    return scratch[32];
+}
+
+// A sequence's KV cache is one buffer, position-major: [capacity][n_layers][2 (K, V)][kv_dim] floats,
+// so a prefix is one contiguous copy. Row `pos` of K (kind 0) or V (kind 1) of `layer`:
+__device__ __forceinline__ float* kv_row(u64 base, int pos, int layer, int n_layers, int kind, int kv_dim) {
+    return (float*)base + (((size_t)pos * n_layers + layer) * 2 + kind) * kv_dim;
+}

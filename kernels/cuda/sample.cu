@@ -1,0 +1,133 @@
+// Sampling on the device, so that a decode step copies back a token and not a vocabulary of logits.
+// One block (1024 threads) per row of `vocab` logits.
+
+// Greedy: the first index of the largest logit (as the host sampler), and its log-probability.
+extern "C" __global__ void argmax_logprob(const float* __restrict__ logits, int vocab, int* __restrict__ token, float* __restrict__ logprob) {
+    __shared__ float best_v[32];
+    __shared__ int best_i[32];
+    __shared__ float scratch[33];
+    const float* row = logits + (size_t)blockIdx.x * vocab;
+    float bv = NEG_INF;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        float v = row[i];
+        if (v > bv) { bv = v; bi = i; }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffff, bv, o);
+        int oi = __shfl_xor_sync(0xffffffff, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) { best_v[warp] = bv; best_i[warp] = bi; }
+    __syncthreads();
+    if (warp == 0) {
+        int warps = blockDim.x >> 5;
+        bv = lane < warps ? best_v[lane] : NEG_INF;
+        bi = lane < warps ? best_i[lane] : 0x7fffffff;
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffff, bv, o);
+            int oi = __shfl_xor_sync(0xffffffff, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        }
+        if (lane == 0) { best_v[0] = bv; best_i[0] = bi; }
+    }
+    __syncthreads();
+    float mx = best_v[0];
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) sum += expf(row[i] - mx);
+    sum = block_sum(sum, scratch);
+    if (threadIdx.x == 0) {
+        token[blockIdx.x] = best_i[0];
+        logprob[blockIdx.x] = -logf(sum);
+    }
+}
+
+// Temperature + top-p: keeps the smallest set of most probable tokens whose mass reaches top_p (found
+// by bisecting the probability threshold, no sort), then draws with uniforms[row] (the host's seeded
+// generator) over the kept tokens in index order. The kept set and its distribution are the host
+// sampler's; which token a given uniform maps to differs (the host walks the set by probability).
+// logprob: the chosen token's log-probability at temperature 1 (as the host reports it).
+extern "C" __global__ void top_p_sample(const float* __restrict__ logits, int vocab, const float* __restrict__ temperature,
+                                        const float* __restrict__ top_p, const float* __restrict__ uniforms, int* __restrict__ token,
+                                        float* __restrict__ logprob) {
+    __shared__ float scratch[33];
+    __shared__ float best_v[32];
+    __shared__ int chosen;
+    const float* row = logits + (size_t)blockIdx.x * vocab;
+    float t = temperature[blockIdx.x], want = top_p[blockIdx.x];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float mx = NEG_INF;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) mx = fmaxf(mx, row[i]);
+    mx = warp_max(mx);
+    if (lane == 0) best_v[warp] = mx;
+    __syncthreads();
+    mx = NEG_INF;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) mx = fmaxf(mx, best_v[w]);
+    float total = 0.0f, plain = 0.0f;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        total += expf((row[i] - mx) / t);
+        plain += expf(row[i] - mx);
+    }
+    total = block_sum(total, scratch);
+    plain = block_sum(plain, scratch);
+    // Largest threshold p* (relative probability in (0, 1]) whose kept mass reaches top_p.
+    float lo = 0.0f, hi = 1.0f;
+    for (int it = 0; it < 40; it++) {
+        float mid = 0.5f * (lo + hi), mass = 0.0f;
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            float p = expf((row[i] - mx) / t);
+            if (p >= mid) mass += p;
+        }
+        mass = block_sum(mass, scratch);
+        if (mass / total >= want) lo = mid; else hi = mid;
+    }
+    float kept_mass = 0.0f;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        float p = expf((row[i] - mx) / t);
+        if (p >= lo) kept_mass += p;
+    }
+    kept_mass = block_sum(kept_mass, scratch);
+    float target = uniforms[blockIdx.x] * kept_mass;
+    if (threadIdx.x == 0) chosen = -1;
+    // Walk the kept tokens in index order, a block-wide chunk at a time, until the running mass passes
+    // the target.
+    float before = 0.0f;
+    for (int c0 = 0; c0 < vocab; c0 += blockDim.x) {
+        int i = c0 + threadIdx.x;
+        float p = 0.0f;
+        if (i < vocab) {
+            p = expf((row[i] - mx) / t);
+            if (p < lo) p = 0.0f;
+        }
+        // Inclusive scan of p across the block.
+        float v = p;
+        for (int o = 1; o < 32; o <<= 1) {
+            float u = __shfl_up_sync(0xffffffff, v, o);
+            if (lane >= o) v += u;
+        }
+        __syncthreads();
+        if (lane == 31) best_v[warp] = v;
+        __syncthreads();
+        float offset = 0.0f;
+        for (int w = 0; w < warp; w++) offset += best_v[w];
+        float incl = before + offset + v;
+        if (p > 0.0f && incl > target && incl - p <= target) atomicMax(&chosen, i);
+        float chunk_total = 0.0f;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) chunk_total += best_v[w];
+        before += chunk_total;
+        __syncthreads();
+        if (chosen >= 0) break;
+    }
+    if (threadIdx.x == 0) {
+        if (chosen < 0) {
+            // Rounding left the target past the last kept token: take the most probable one.
+            int arg = 0;
+            for (int i = 0; i < vocab; i++) if (row[i] == mx) { arg = i; break; }
+            chosen = arg;
+        }
+        token[blockIdx.x] = chosen;
+        // Reported at temperature 1, as the host sampler does.
+        logprob[blockIdx.x] = row[chosen] - mx - logf(plain);
+    }
+}

@@ -2,7 +2,8 @@
 # The whole test suite, from a fresh clone: Python test dependencies, the default model (for the
 # tokenizer tests), Debian's prometheus and chromium packages, llama.cpp's
 # server (the reference peer of the scenario corpus, tests/scenarios.rs; built once, about 15 minutes on 2
-# cores), the Rust workspace tests, then the end-to-end tests with the official openai client.
+# cores), the Rust workspace tests, the CUDA backend's build and kernel compile check (no GPU needed),
+# then the end-to-end tests with the official openai client.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,4 +27,10 @@ llama_bin="$(LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}" bash scrip
 export LLAMA_SERVER="$llama_bin/llama-server"
 cargo build --workspace --locked
 cargo test --workspace --locked
+# The CUDA backend builds here too (no GPU needed: CUDA is loaded at run time), and every kernel module
+# compiles to Hopper machine code with NVRTC from PyPI; its GPU tests skip, saying so, without a GPU.
+python3 -m pip install --quiet --disable-pip-version-check nvidia-cuda-nvrtc==13.5.37
+nvrtc_lib="$(python3 -c 'import nvidia.cu13, os; print(os.path.join(list(nvidia.cu13.__path__)[0], "lib"))')"
+CTXSCOPE_REQUIRE_NVRTC=1 LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test --locked -p ctxscope-kernels --features cuda
+cargo build --locked -p ctxscope-engine --features cuda --tests --examples
 CTXSCOPE_BIN="$PWD/target/debug/ctxscope" python3 -m pytest -q tests/python

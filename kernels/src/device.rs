@@ -184,7 +184,7 @@ impl Device {
     /// RoPE on the fused qkv rows and the K/V store into each row's sequence cache (see cuda/elementwise.cu).
     pub fn rope_kv(&self, qkv: &mut Out, positions: &In<i32>, kv_base: &In<u64>, n: usize, layer: usize, shape: &RopeShape) -> Result<(), DeviceError> {
         let row = (shape.heads + 2 * shape.kv_heads) * shape.head_dim;
-        check("rope_kv", qkv.len() >= n * row && positions.len() >= n && kv_base.len() >= n && shape.head_dim % 2 == 0, || format!("{n} rows"))?;
+        check("rope_kv", qkv.len() >= n * row && positions.len() >= n && kv_base.len() >= n && shape.head_dim % 2 == 0 && layer < shape.n_layers, || format!("{n} rows, layer {layer}"))?;
         let ints = [layer as i32, shape.n_layers as i32, shape.heads as i32, shape.kv_heads as i32, shape.head_dim as i32];
         launch!(self, "rope_kv", grid((n, 1, 1), 128), qkv, positions, kv_base, &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &shape.base, &shape.flags, &shape.kv_scale)
     }
@@ -279,7 +279,7 @@ impl Device {
     #[allow(clippy::too_many_arguments)]
     pub fn attn_prefill(&self, qkv: &In, kv_base: u64, layer: usize, out: &mut Out, n: usize, start: usize, s: &AttentionShape) -> Result<(), DeviceError> {
         let width = s.heads * s.head_dim;
-        check("attn_prefill", s.valid() && qkv.len() >= n * s.q_stride() && out.len() >= n * width, || format!("{n} rows"))?;
+        check("attn_prefill", s.valid() && layer < s.n_layers && qkv.len() >= n * s.q_stride() && out.len() >= n * width, || format!("{n} rows"))?;
         let ints = [s.q_stride() as i32, layer as i32, s.n_layers as i32, n as i32, start as i32, s.heads as i32, s.kv_heads as i32, s.head_dim as i32];
         let (scale, window) = (1.0 / (s.head_dim as f32).sqrt(), s.window as i32);
         let cfg = grid((n.div_ceil(16), s.heads, 1), 128);
@@ -293,7 +293,7 @@ impl Device {
     pub fn attn_decode(&self, qkv: &In, positions: &In<i32>, kv_base: &In<u64>, layer: usize, parts: (&mut Out, &mut Out), out: &mut Out, n: usize, splits: usize, chunk: usize, s: &AttentionShape) -> Result<(), DeviceError> {
         let (part_o, part_ml) = parts;
         let slots = n * s.heads * splits;
-        let ok = s.valid() && splits >= 1 && qkv.len() >= n * s.q_stride() && positions.len() >= n && kv_base.len() >= n && part_o.len() >= slots * s.head_dim && part_ml.len() >= slots * 2 && out.len() >= n * s.heads * s.head_dim;
+        let ok = s.valid() && layer < s.n_layers && splits >= 1 && qkv.len() >= n * s.q_stride() && positions.len() >= n && kv_base.len() >= n && part_o.len() >= slots * s.head_dim && part_ml.len() >= slots * 2 && out.len() >= n * s.heads * s.head_dim;
         check("attn_decode", ok, || format!("{n} rows, {splits} splits"))?;
         let ints = [s.q_stride() as i32, layer as i32, s.n_layers as i32, s.heads as i32, s.kv_heads as i32, s.head_dim as i32, s.window as i32, splits as i32, chunk as i32];
         let scale = 1.0 / (s.head_dim as f32).sqrt();

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Fills devcheck/ (ignored by git; carry it to the device machine) with what the device checks need:
 # a stripped release `ctxscope` (no debug info, so it travels under the 64 MiB limit), the kernels'
-# check binary (`--features cuda`, CUDA loaded at run time), the default model's tokenizer.json and
-# tokenizer_config.json (built from its GGUF with the `gguf` PyPI package), and the device-side script.
-# Then run there, in one call:
-#   ./devcheck/kernels_check && python3 devcheck/hf_check.py && ./devcheck/device_check /tmp/hf_smollm2_random
-# (hf_check.py leaves the transformers-built checkpoint in /tmp/hf_smollm2_random).
-# (see ../shared/GPU.md for the recipe).
+# check binary and the engine's device bench (`--features cuda`, CUDA loaded at run time: kernels_check,
+# device_bench), the default model's tokenizer.json and
+# tokenizer_config.json (built from its GGUF with the `gguf` PyPI package), and the device-side scripts
+# (run.sh, reference.py, table.py, hf_check.py). DEVCHECK_TESTS="name ..." also builds those engine test
+# targets with `--features cuda` into devcheck/tests/ (run.sh runs each there). Then, on the device
+# machine, one call with carry ["devcheck"]: `bash devcheck/run.sh` (README.md beside this file; GPU.md in
+# the shared folder beside the checkout has the recipe). The older check (our CPU backend served over
+# HTTP against transformers) still works there too: `python3 devcheck/hf_check.py`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-# shellcheck source=../lib/bench_block.sh
+# shellcheck source=scripts/lib/bench_block.sh
 . scripts/lib/bench_block.sh
 bench_model
 mkdir -p devcheck .git/info
@@ -19,9 +21,18 @@ CARGO_PROFILE_RELEASE_DEBUG=false cargo build --release -p ctxscope --target-dir
 cp target/devcheck/release/ctxscope devcheck/ctxscope
 CARGO_PROFILE_RELEASE_DEBUG=false cargo build --release -p ctxscope-kernels --features cuda --example check --target-dir target/devcheck >&2
 cp target/devcheck/release/examples/check devcheck/kernels_check
-CARGO_PROFILE_RELEASE_DEBUG=false cargo build --release -p ctxscope-engine --features cuda --example device_check --target-dir target/devcheck >&2
-cp target/devcheck/release/examples/device_check devcheck/device_check
-cp scripts/device/hf_check.py devcheck/
+CARGO_PROFILE_RELEASE_DEBUG=false cargo build --release -p ctxscope-engine --features cuda --example device_bench --target-dir target/devcheck >&2
+cp target/devcheck/release/examples/device_bench devcheck/device_bench
+rm -f devcheck/device_check  # its example is gone (device_bench covers it)
+rm -rf devcheck/tests
+for test in ${DEVCHECK_TESTS:-}; do
+  mkdir -p devcheck/tests
+  exe=$(CARGO_PROFILE_RELEASE_DEBUG=false cargo test --release -p ctxscope-engine --features cuda --test "$test" --no-run \
+    --target-dir target/devcheck --message-format=json 2>/dev/null |
+    python3 -c 'import json, sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable")][-1])')
+  cp "$exe" "devcheck/tests/$test"
+done
+cp scripts/device/hf_check.py scripts/device/reference.py scripts/device/table.py scripts/device/run.sh devcheck/
 python3 -m pip install --quiet --disable-pip-version-check gguf==0.19.0 >&2
 python3 - "$model" devcheck <<'PY'
 import json, sys
@@ -45,5 +56,13 @@ tokenizer = {"version": "1.0", "truncation": None, "padding": None, "added_token
 json.dump(tokenizer, open(f"{out}/tokenizer.json", "w"))
 json.dump({"chat_template": template, "eos_token": "<|im_end|>", "bos_token": "<|im_start|>"}, open(f"{out}/tokenizer_config.json", "w"))
 PY
-du -sh devcheck >&2
-echo "devcheck/ ready: carry it and run the three checks above on the device machine" >&2
+# Everything that travels (tracked files, untracked files git does not ignore, devcheck/) must stay
+# under the call's 64 MiB.
+size=$( (git ls-files -z; git ls-files -z -o --exclude-standard; find devcheck -type f -print0) | du -cb --files0-from=- | tail -1 | cut -f1)
+du -sh devcheck/* >&2
+echo "travels: $((size / 1024 / 1024)) MiB of 64" >&2
+if [ "$size" -gt $((62 * 1024 * 1024)) ]; then
+  echo "devcheck/ is too large to travel: leave DEVCHECK_TESTS out or drop a binary" >&2
+  exit 1
+fi
+echo "devcheck/ ready: run \`bash devcheck/run.sh\` on the device machine with carry [\"devcheck\"]" >&2

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The whole device check in one call, on the device machine, from the repository root with devcheck/
+# carried (scripts/device/prepare.sh fills it): `bash devcheck/run.sh`. Steps, each under its own time
+# limit inside one overall budget (RUN_BUDGET seconds, default 560, under the call's 600), none stopping
+# the next:
+#   1. ./devcheck/kernels_check                      the kernels against CPU references
+#   2. python3 devcheck/reference.py                 transformers references and peers -> /tmp/ref/<shape>
+#   3. ./devcheck/device_bench /tmp/ref/<shape>      our CUDA backend, per shape -> $OUT/bench_<shape>.json
+#   4. devcheck/tests/* (if prepare.sh put any)      engine test binaries, CTXSCOPE_MODEL=/tmp/ref/smollm2_135m
+#   5. python3 devcheck/table.py                     the short table, printed last
+# Everything also goes to $OUT/run.log. Exit status: 1 when a correctness check failed (table.py), 2 when
+# only a step failed, 0 otherwise. REF_SHAPES=smollm2_135m runs one shape.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+OUT="${OUT:-/tmp/devcheck_out}"
+mkdir -p "$OUT"
+export OUT PYTHONUNBUFFERED=1
+shapes="${REF_SHAPES:-smollm2_135m,llama_1b}"
+started=$(date +%s)
+deadline=$((started + ${RUN_BUDGET:-560}))
+statuses=()
+exec > >(tee -a "$OUT/run.log") 2>&1
+
+# step NAME CAP_SECONDS COMMAND...: runs COMMAND under min(CAP, time left before the table's reserve).
+step() {
+  local name="$1" cap="$2"
+  shift 2
+  local left=$((deadline - $(date +%s) - 20))
+  if [ "$left" -le 5 ]; then
+    echo "=== $name: skipped, no time left"
+    statuses+=("$name=skipped")
+    return 0
+  fi
+  [ "$cap" -lt "$left" ] || cap="$left"
+  echo "=== $name (limit ${cap} s): $*"
+  local t0 rc
+  t0=$(date +%s)
+  timeout --kill-after=10 "$cap" "$@"
+  rc=$?
+  [ "$rc" -eq 124 ] && echo "=== $name: TIMED OUT after ${cap} s"
+  echo "=== $name: rc=$rc, $(($(date +%s) - t0)) s"
+  statuses+=("$name=$rc")
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,clocks.mem,temperature.gpu --format=csv || true
+step kernels_check 90 ./devcheck/kernels_check
+step reference 300 python3 devcheck/reference.py --shapes "$shapes"
+for s in ${shapes//,/ }; do
+  if [ -f "/tmp/ref/$s/logits_fp32.bin" ]; then
+    # device_bench rewrites $BENCH_JSON after every section: a timeout still leaves what it measured.
+    # shellcheck disable=SC2016 # expanded by the inner bash
+    step "bench_$s" 240 env BENCH_JSON="$OUT/bench_$s.json" \
+      bash -c 'exec "$0" "$1" > "/tmp/bench_$(basename "$1").stdout.json"' ./devcheck/device_bench "/tmp/ref/$s"
+  else
+    echo "=== bench_$s: skipped, no reference in /tmp/ref/$s"
+    statuses+=("bench_$s=skipped")
+  fi
+done
+if [ -d devcheck/tests ]; then
+  for t in devcheck/tests/*; do
+    [ -x "$t" ] || continue
+    # shellcheck disable=SC2016 # expanded by the inner bash
+    step "test_$(basename "$t")" 120 env CTXSCOPE_MODEL=/tmp/ref/smollm2_135m \
+      bash -c 'echo "--- $0" >> "$OUT/tests.log"; exec "$0" --nocapture >> "$OUT/tests.log" 2>&1' "$t"
+    [ -f "$OUT/tests.log" ] && tail -3 "$OUT/tests.log"
+  done
+fi
+echo "=== total $(($(date +%s) - started)) s"
+echo
+python3 devcheck/table.py --out "$OUT" --steps "${statuses[*]}"
+rc=$?
+if [ "$rc" -eq 0 ]; then
+  for s in "${statuses[@]}"; do
+    [ "${s#*=}" = 0 ] || rc=2
+  done
+fi
+exit "$rc"

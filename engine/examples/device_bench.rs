@@ -172,6 +172,8 @@ impl Report {
 struct Bench {
     backend: DeviceBackend,
     patches: PatchSet,
+    /// Seconds per graph replay measured at the end of the last `decode` (None: no graph).
+    replay_s: Option<f64>,
 }
 
 impl Bench {
@@ -242,7 +244,10 @@ impl Bench {
                 tokens.iter().zip(kvs.iter_mut()).map(|(t, kv)| Step { tokens: t, kv, want: Want::Greedy }).collect();
             next = self.step(path, &mut batch)?.into_iter().map(|o| greedy_of(Some(o))).collect::<Res<_>>()?;
         }
-        Ok(started.elapsed().as_secs_f64())
+        let secs = started.elapsed().as_secs_f64();
+        // While the caches are alive: the GPU's own time per step (the captured graph replayed).
+        self.replay_s = self.backend.time_graph_replay(path, prompts.len(), 50).map_err(|e| e.to_string())?;
+        Ok(secs)
     }
 }
 
@@ -336,7 +341,7 @@ fn run(dir: &FsPath, rep: &mut Report) {
         return;
     };
     rep.value["backend_new_s"] = json!(t.elapsed().as_secs_f64());
-    let mut bench = Bench { backend, patches: PatchSet::default() };
+    let mut bench = Bench { backend, patches: PatchSet::default(), replay_s: None };
     rep.value["device"] = json!(bench.backend.name());
 
     // Correctness: each path against both references.
@@ -421,6 +426,24 @@ fn run(dir: &FsPath, rep: &mut Report) {
                 p[format!("{key}_GBps")] = json!(bytes * steps as f64 / m / 1e9);
                 rep.save();
             }
+            // The GPU's own time per decode step (graph replays back to back, no host work).
+            if let Some(gpu) = bench.replay_s.take() {
+                let p = &mut rep.value["perf"][path.as_str()];
+                p[format!("{key}_graph_replay_s")] = json!(gpu);
+                eprintln!("  {key} {}: graph replay {:.1} us per step", path.as_str(), gpu * 1e6);
+            }
+        }
+        if path == Path::Fast && batches.contains(&1) {
+            // The same batch-1 decode with every kernel launched one by one (no graph).
+            bench.backend.set_graphs(false);
+            let prompts = vec![random_prompt(PERF_PROMPT, c.vocab, 100)];
+            if let Some(times) = rep.section("decode fast eager", || (0..decode_reps.max(1)).map(|_| bench.decode(path, &prompts, steps)).collect::<Res<Vec<f64>>>()) {
+                let m = median(times);
+                rep.value["perf"]["fast"]["decode_eager_tok_s"] = json!(steps as f64 / m);
+                eprintln!("  decode fast without graphs: {:.0} tok/s", steps as f64 / m);
+                rep.save();
+            }
+            bench.backend.set_graphs(true);
         }
         let p = &rep.value["perf"][path.as_str()];
         eprintln!(

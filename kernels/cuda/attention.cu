@@ -2,7 +2,7 @@
 // position-major), f32, no materialized score matrix. K/V tiles of 32 positions are staged in shared
 // memory; within a warp lane j scores key j, the warp keeps an online softmax (running max, sum) and
 // each lane accumulates head dims lane, lane+32, ... Query rows come from the fused qkv rows (stride
-// `q_stride` floats); head h reads KV head h / (heads / kv_heads). hd <= 128, even. `window` > 0 keeps
+// `q_stride` floats); head h reads KV head h / (heads / kv_heads). hd <= 128, a multiple of 4. `window` > 0 keeps
 // the last `window` positions (the sliding_window patch).
 
 #define TILE 32
@@ -38,13 +38,31 @@ __device__ __forceinline__ void attend_tile(const float* qs, const float (*ks)[M
     m = m_new;
 }
 
-// Stages K and V rows [start, start + count) of `layer` (count <= TILE) into shared memory.
+// Stages K and V rows [start, start + count) of `layer` (count <= TILE) into shared memory, 16 bytes
+// per load (hd % 4 == 0): every thread issues all its loads before its first store, so a tile costs
+// one memory latency, not one per element. blockDim.x == 128.
+#define STAGE_PER_THREAD (TILE * MAX_HD / 4 / 128)
 __device__ __forceinline__ void stage_tile(u64 base, int start, int count, int layer, int n_layers, int kvh, int kv_dim, int hd,
                                            float (*ks)[MAX_HD + 1], float (*vs)[MAX_HD + 1]) {
-    for (int i = threadIdx.x; i < count * hd; i += blockDim.x) {
-        int j = i / hd, d = i % hd;
-        ks[j][d] = kv_row(base, start + j, layer, n_layers, 0, kv_dim)[kvh * hd + d];
-        vs[j][d] = kv_row(base, start + j, layer, n_layers, 1, kv_dim)[kvh * hd + d];
+    int vecs = hd / 4, total = count * vecs;
+    float4 kr[STAGE_PER_THREAD], vr[STAGE_PER_THREAD];
+#pragma unroll
+    for (int u = 0; u < STAGE_PER_THREAD; u++) {
+        int i = threadIdx.x + u * 128;
+        if (i < total) {
+            int j = i / vecs, c = i % vecs;
+            kr[u] = __ldg((const float4*)(kv_row(base, start + j, layer, n_layers, 0, kv_dim) + kvh * hd) + c);
+            vr[u] = __ldg((const float4*)(kv_row(base, start + j, layer, n_layers, 1, kv_dim) + kvh * hd) + c);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < STAGE_PER_THREAD; u++) {
+        int i = threadIdx.x + u * 128;
+        if (i < total) {
+            int j = i / vecs, d = 4 * (i % vecs);
+            ks[j][d] = kr[u].x; ks[j][d + 1] = kr[u].y; ks[j][d + 2] = kr[u].z; ks[j][d + 3] = kr[u].w;
+            vs[j][d] = vr[u].x; vs[j][d + 1] = vr[u].y; vs[j][d + 2] = vr[u].z; vs[j][d + 3] = vr[u].w;
+        }
     }
 }
 
@@ -103,18 +121,20 @@ extern "C" __global__ void attn_prefill(const float* __restrict__ q, int q_strid
 
 // Decode (split-K): one query row per sequence, row t at positions[t], its cache at kv_base[t].
 // Grid (rows, kv_heads, splits), 128 threads; the block takes every query head of its KV head group
-// (warp w: heads w, w + 4, ...; group <= 16) over its share of the visible positions, and writes an
-// unnormalized partial (acc, max, sum) that attn_combine merges. Without the patch (chunk == 0) split s
-// covers one span of ceil(visible / splits) positions; with attn_splitk_bf16=chunk, the visible
-// positions are cut into chunks of `chunk` (from the window start, as the CPU), split s takes chunks
-// s, s + splits, ..., and each chunk's max, exp-sum and normalized output are rounded to bf16 before
-// they are merged in f32.
+// (warp w: heads w, w + 4, ...; group <= 16) over its share of the visible positions and writes an
+// unnormalized partial (acc, max, sum); the last block of a (row, KV head) to finish (a counter in
+// `counters`, reset by that block) merges the group's partials into `out`, so no second launch is
+// needed. Without the patch (chunk == 0) split s covers one span of ceil(visible / splits) positions;
+// with attn_splitk_bf16=chunk, the visible positions are cut into chunks of `chunk` (from the window
+// start, as the CPU), split s takes chunks s, s + splits, ..., and each chunk's max, exp-sum and
+// normalized output are rounded to bf16 before they are merged in f32. splits <= 32.
 extern "C" __global__ void attn_decode(const float* __restrict__ q, int q_stride, const int* __restrict__ positions,
                                        const u64* __restrict__ kv_base, int layer, int n_layers, float* __restrict__ part_o,
                                        float* __restrict__ part_ml, int heads, int kv_heads, int hd, float scale, int window,
-                                       int splits, int chunk) {
+                                       int splits, int chunk, float* __restrict__ out, int* __restrict__ counters) {
     __shared__ float ks[TILE][MAX_HD + 1], vs[TILE][MAX_HD + 1];
     __shared__ float qs[16][MAX_HD];
+    __shared__ int last;
     int t = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z;
     int group = heads / kv_heads, kv_dim = kv_heads * hd, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int len = positions[t] + 1;
@@ -193,22 +213,34 @@ extern "C" __global__ void attn_decode(const float* __restrict__ q, int q_stride
             part_ml[slot * 2 + 1] = bl[i];
         }
     }
-}
-
-// Merges the splits' partials: grid (rows, heads), blockDim >= hd.
-extern "C" __global__ void attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml, float* __restrict__ out,
-                                        int heads, int hd, int splits) {
-    int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
-    size_t slot0 = ((size_t)t * heads + h) * splits;
-    float mx = NEG_INF;
-    for (int s = 0; s < splits; s++) mx = fmaxf(mx, part_ml[(slot0 + s) * 2]);
-    float total = 0.0f, acc = 0.0f;
-    for (int s = 0; s < splits; s++) {
-        float m = part_ml[(slot0 + s) * 2];
-        if (m == NEG_INF) continue;
-        float w = expf(m - mx);
-        total += part_ml[(slot0 + s) * 2 + 1] * w;
-        if (d < hd) acc += part_o[(slot0 + s) * hd + d] * w;
+    // Publish the partial; the last block of this (row, KV head) merges all of them.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&counters[t * kv_heads + kvh], 1) == splits - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    __shared__ float weight[16][32];
+    // Warp w merges the statistics of heads w, w + 4, ...: lane s holds split s.
+    for (int g = warp; g < group; g += 4) {
+        size_t slot0 = ((size_t)t * heads + kvh * group + g) * splits;
+        float m = lane < splits ? __ldcg(&part_ml[(slot0 + lane) * 2]) : NEG_INF;
+        float l = lane < splits ? __ldcg(&part_ml[(slot0 + lane) * 2 + 1]) : 0.0f;
+        float mx = warp_max(m);
+        float w = (m == NEG_INF) ? 0.0f : expf(m - mx);
+        float total = warp_sum(l * w);
+        weight[g][lane] = w / total;
     }
-    if (d < hd) out[(size_t)t * heads * hd + h * hd + d] = acc / total;
+    __syncthreads();
+    for (int i = threadIdx.x; i < group * hd; i += blockDim.x) {
+        int g = i / hd, d = i % hd;
+        size_t slot0 = ((size_t)t * heads + kvh * group + g) * splits;
+        // Every split's partial is written (an empty one as zeros with weight 0), so the loads are
+        // unconditional and independent: unrolled, they are in flight together.
+        float acc = 0.0f;
+#pragma unroll 8
+        for (int sp = 0; sp < splits; sp++) acc += __ldcg(&part_o[(slot0 + sp) * hd + d]) * weight[g][sp];
+        out[(size_t)t * heads * hd + (kvh * group + g) * hd + d] = acc;
+    }
+    if (threadIdx.x == 0) counters[t * kv_heads + kvh] = 0;
 }

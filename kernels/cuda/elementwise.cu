@@ -43,20 +43,25 @@ extern "C" __global__ void embed_bf16(const bf16_t* __restrict__ table, const in
 
 // RoPE on adjacent pairs of the fused projection rows qkv = [tokens][q (heads*hd) | k (kv_heads*hd) |
 // v (kv_heads*hd)]: rotates q in place, rotates k and stores k and v into the token's sequence cache at
-// its position. Angle of pair j = position * base^(-2j/hd) in f64, as the CPU. flags & 1: rope_bf16
-// (position, inverse frequency, angle, cos and sin rounded to bf16); flags & 2: kv_fp8 (K and V rounded
-// to FP8 e4m3 with `kv_scale` before they are stored).
+// its position. Angle of pair j = position * base^(-2j/hd), the inverse frequency and the angle in f64
+// as the CPU; the angle is reduced modulo 2 pi in f64 and its sine and cosine taken in f32 (within an
+// f32 ulp of the CPU's f64 cos/sin rounded to f32). flags & 1: rope_bf16 (position, inverse frequency,
+// angle, cos and sin rounded to bf16); flags & 2: kv_fp8 (K and V rounded to FP8 e4m3 with `kv_scale`
+// before they are stored). hd <= 256.
 extern "C" __global__ void rope_kv(float* __restrict__ qkv, const int* __restrict__ positions, const u64* __restrict__ kv_base,
                                    int layer, int n_layers, int heads, int kv_heads, int hd, float base, int flags, float kv_scale) {
+    __shared__ double inv_freq[128];
     int t = blockIdx.x, pos = positions[t];
     int q_dim = heads * hd, kv_dim = kv_heads * hd;
     float* row = qkv + (size_t)t * (q_dim + 2 * kv_dim);
     float* k_dst = kv_row(kv_base[t], pos, layer, n_layers, 0, kv_dim);
     float* v_dst = kv_row(kv_base[t], pos, layer, n_layers, 1, kv_dim);
     int half = hd / 2, pairs = (q_dim + kv_dim) / 2;
+    for (int j = threadIdx.x; j < half; j += blockDim.x) inv_freq[j] = pow((double)base, -2.0 * j / hd);
+    __syncthreads();
+    const double two_pi = 6.283185307179586;
     for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
-        int j = p % half;
-        double inv = pow((double)base, -2.0 * j / hd);
+        double inv = inv_freq[p % half];
         float c, s;
         if (flags & 1) {
             float theta = round_bf16(round_bf16((float)pos) * round_bf16((float)inv));
@@ -64,8 +69,8 @@ extern "C" __global__ void rope_kv(float* __restrict__ qkv, const int* __restric
             s = round_bf16((float)sin((double)theta));
         } else {
             double theta = (double)pos * inv;
-            c = (float)cos(theta);
-            s = (float)sin(theta);
+            float r = (float)(theta - two_pi * rint(theta / two_pi));
+            sincosf(r, &s, &c);
         }
         float* v = row + 2 * p;
         float a = v[0], b = v[1];

@@ -1,16 +1,25 @@
 // Sampling on the device, so that a decode step copies back a token and not a vocabulary of logits.
 // One block (1024 threads) per row of `vocab` logits.
 
-// Greedy: the first index of the largest logit (as the host sampler), and its log-probability.
-extern "C" __global__ void argmax_logprob(const float* __restrict__ logits, int vocab, int* __restrict__ token, float* __restrict__ logprob) {
+// Greedy, one row over many blocks: grid (rows, blocks), 256 threads. Each block takes a slice of the
+// row: its maximum (first index on ties, as the host sampler), and the sum of exp(logit - its max);
+// the last block of the row to finish (a counter in `counters`, reset by it) merges the partials into
+// the row's token and the log-probability of that token.
+extern "C" __global__ void argmax_logprob(const float* __restrict__ logits, int vocab, int* __restrict__ token, float* __restrict__ logprob,
+                                          float* __restrict__ part_v, int* __restrict__ part_i, float* __restrict__ part_s,
+                                          int* __restrict__ counters) {
     __shared__ float best_v[32];
     __shared__ int best_i[32];
     __shared__ float scratch[33];
-    const float* row = logits + (size_t)blockIdx.x * vocab;
+    __shared__ int last;
+    int row = blockIdx.x, b = blockIdx.y, blocks = gridDim.y;
+    const float* r = logits + (size_t)row * vocab;
+    int per = (vocab + blocks - 1) / blocks;
+    int lo = b * per, hi = min(vocab, lo + per);
     float bv = NEG_INF;
     int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        float v = row[i];
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        float v = r[i];
         if (v > bv) { bv = v; bi = i; }
     }
     for (int o = 16; o > 0; o >>= 1) {
@@ -18,11 +27,10 @@ extern "C" __global__ void argmax_logprob(const float* __restrict__ logits, int 
         int oi = __shfl_xor_sync(0xffffffff, bi, o);
         if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
     }
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     if (lane == 0) { best_v[warp] = bv; best_i[warp] = bi; }
     __syncthreads();
     if (warp == 0) {
-        int warps = blockDim.x >> 5;
         bv = lane < warps ? best_v[lane] : NEG_INF;
         bi = lane < warps ? best_i[lane] : 0x7fffffff;
         for (int o = 16; o > 0; o >>= 1) {
@@ -35,11 +43,44 @@ extern "C" __global__ void argmax_logprob(const float* __restrict__ logits, int 
     __syncthreads();
     float mx = best_v[0];
     float sum = 0.0f;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) sum += expf(row[i] - mx);
+    if (mx != NEG_INF) {
+        for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) sum += expf(r[i] - mx);
+    }
     sum = block_sum(sum, scratch);
+    size_t slot = (size_t)row * blocks + b;
     if (threadIdx.x == 0) {
-        token[blockIdx.x] = best_i[0];
-        logprob[blockIdx.x] = -logf(sum);
+        part_v[slot] = mx;
+        part_i[slot] = best_i[0];
+        part_s[slot] = sum;
+        __threadfence();
+        last = atomicAdd(&counters[row], 1) == blocks - 1;
+    }
+    __syncthreads();
+    if (!last || warp != 0) return;
+    __threadfence();
+    // Warp 0 of the last block merges the row's partials (blocks <= 1024, 32 per lane at most).
+    float m = NEG_INF;
+    int idx = 0x7fffffff;
+    for (int k = lane; k < blocks; k += 32) {
+        float v = __ldcg(&part_v[(size_t)row * blocks + k]);
+        int i = __ldcg(&part_i[(size_t)row * blocks + k]);
+        if (v > m || (v == m && i < idx)) { m = v; idx = i; }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffff, m, o);
+        int oi = __shfl_xor_sync(0xffffffff, idx, o);
+        if (ov > m || (ov == m && oi < idx)) { m = ov; idx = oi; }
+    }
+    float total = 0.0f;
+    for (int k = lane; k < blocks; k += 32) {
+        float v = __ldcg(&part_v[(size_t)row * blocks + k]);
+        if (v != NEG_INF) total += __ldcg(&part_s[(size_t)row * blocks + k]) * expf(v - m);
+    }
+    total = warp_sum(total);
+    if (lane == 0) {
+        token[row] = idx;
+        logprob[row] = -logf(total);
+        counters[row] = 0;
     }
 }
 

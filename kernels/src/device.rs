@@ -75,10 +75,20 @@ pub enum GemvMode {
 
 /// Most token rows one GEMV launch takes (`GEMV_MAX_N` in cuda/gemv.cu).
 pub const GEMV_MAX_ROWS: usize = 8;
+/// Most input floats (rows x cols) a normed GEMV stages in shared memory (48 KiB).
+pub const GEMV_NORM_MAX_FLOATS: usize = 12 * 1024;
 /// Largest head size the attention kernels take (`MAX_HD`).
 pub const MAX_HEAD_DIM: usize = 128;
 /// Most query heads per KV head the decode kernel takes.
 pub const MAX_GROUP: usize = 16;
+
+/// Most splits of decode attention (a lane each when they are merged).
+pub const MAX_SPLITS: usize = 32;
+/// Blocks per row of the greedy pick, and the most rows one launch takes.
+const ARGMAX_BLOCKS: usize = 64;
+const ARGMAX_MAX_ROWS: usize = 1024;
+/// Counters of "last block merges" kernels: attention (row, KV head) pairs, then argmax rows.
+const ATTN_COUNTERS: usize = 1 << 16;
 
 /// A GPU with the engine's kernels loaded.
 pub struct Device {
@@ -86,6 +96,11 @@ pub struct Device {
     pub stream: Arc<CudaStream>,
     pub multiprocessors: usize,
     functions: HashMap<&'static str, CudaFunction>,
+    /// Zero between launches: each kernel's last block resets what it counted.
+    counters: CudaSlice<i32>,
+    argmax_v: CudaSlice<f32>,
+    argmax_i: CudaSlice<i32>,
+    argmax_s: CudaSlice<f32>,
 }
 
 type In<'a, T = f32> = CudaView<'a, T>;
@@ -143,7 +158,11 @@ impl Device {
                 }
             }
         }
-        Ok(Device { ctx, stream, multiprocessors, functions })
+        let counters = stream.alloc_zeros::<i32>(ATTN_COUNTERS + ARGMAX_MAX_ROWS)?;
+        let argmax_v = stream.alloc_zeros::<f32>(ARGMAX_MAX_ROWS * ARGMAX_BLOCKS)?;
+        let argmax_i = stream.alloc_zeros::<i32>(ARGMAX_MAX_ROWS * ARGMAX_BLOCKS)?;
+        let argmax_s = stream.alloc_zeros::<f32>(ARGMAX_MAX_ROWS * ARGMAX_BLOCKS)?;
+        Ok(Device { ctx, stream, multiprocessors, functions, counters, argmax_v, argmax_i, argmax_s })
     }
 
     fn function(&self, kernel: &'static str) -> &CudaFunction {
@@ -184,7 +203,7 @@ impl Device {
     /// RoPE on the fused qkv rows and the K/V store into each row's sequence cache (see cuda/elementwise.cu).
     pub fn rope_kv(&self, qkv: &mut Out, positions: &In<i32>, kv_base: &In<u64>, n: usize, layer: usize, shape: &RopeShape) -> Result<(), DeviceError> {
         let row = (shape.heads + 2 * shape.kv_heads) * shape.head_dim;
-        check("rope_kv", qkv.len() >= n * row && positions.len() >= n && kv_base.len() >= n && shape.head_dim % 2 == 0 && layer < shape.n_layers, || format!("{n} rows, layer {layer}"))?;
+        check("rope_kv", qkv.len() >= n * row && positions.len() >= n && kv_base.len() >= n && shape.head_dim % 2 == 0 && shape.head_dim <= 256 && layer < shape.n_layers, || format!("{n} rows, layer {layer}"))?;
         let ints = [layer as i32, shape.n_layers as i32, shape.heads as i32, shape.kv_heads as i32, shape.head_dim as i32];
         launch!(self, "rope_kv", grid((n, 1, 1), 128), qkv, positions, kv_base, &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &shape.base, &shape.flags, &shape.kv_scale)
     }
@@ -225,17 +244,52 @@ impl Device {
     }
 
     /// `y[t] (op)= W x[t]` for `n <= GEMV_MAX_ROWS` token rows; `round_x` rounds x to bf16 on load.
-    #[allow(clippy::too_many_arguments)]
     pub fn gemv(&self, w: &Matrix, x: &In, y: &mut Out, n: usize, mode: GemvMode, round_x: bool) -> Result<(), DeviceError> {
+        self.gemv_with(w, x, None, y, n, mode, round_x)
+    }
+
+    /// [`Device::gemv`] of RMSNorm(x) * `norm.0` (eps `norm.1`), the norm computed inside the launch;
+    /// `n * cols` must fit [`GEMV_NORM_MAX_FLOATS`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_normed(&self, w: &Matrix, x: &In, norm: (&In, f32), y: &mut Out, n: usize, mode: GemvMode, round_x: bool) -> Result<(), DeviceError> {
+        check("gemv (normed)", norm.0.len() == w.cols && n * w.cols <= GEMV_NORM_MAX_FLOATS, || format!("{n} rows of {}", w.cols))?;
+        self.gemv_with(w, x, Some(norm), y, n, mode, round_x)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn gemv_with(&self, w: &Matrix, x: &In, norm: Option<(&In, f32)>, y: &mut Out, n: usize, mode: GemvMode, round_x: bool) -> Result<(), DeviceError> {
         let out_rows = if mode == GemvMode::SwiGlu { w.rows / 2 } else { w.rows };
         let ok = n >= 1 && n <= GEMV_MAX_ROWS && w.cols % 8 == 0 && x.len() >= n * w.cols && y.len() >= n * out_rows && (mode != GemvMode::SwiGlu || w.rows % 2 == 0);
         check("gemv", ok, || format!("{}x{} by {n} rows ({mode:?})", w.rows, w.cols))?;
         let args = [out_rows as i32, w.cols as i32, n as i32, mode as i32, i32::from(round_x)];
-        let cfg = blocks(out_rows * 32, 256);
-        match &w.data {
-            MatrixData::Bf16(m) => launch!(self, "gemv_bf16", cfg, m, x, y, &args[0], &args[1], &args[2], &args[3], &args[4]),
-            MatrixData::F32(m) => launch!(self, "gemv_f32", cfg, m, x, y, &args[0], &args[1], &args[2], &args[3], &args[4]),
+        let mut cfg = blocks(out_rows * 32, 256);
+        let null = 0u64;
+        let eps = norm.map_or(0.0, |(_, e)| e);
+        if norm.is_some() {
+            cfg.shared_mem_bytes = (n * w.cols * 4) as u32;
         }
+        let kernel = match &w.data {
+            MatrixData::Bf16(_) => "gemv_bf16",
+            MatrixData::F32(_) => "gemv_f32",
+        };
+        let mut builder = self.stream.launch_builder(self.function(kernel));
+        match &w.data {
+            MatrixData::Bf16(m) => builder.arg(m),
+            MatrixData::F32(m) => builder.arg(m),
+        };
+        builder.arg(x).arg(y);
+        for a in &args {
+            builder.arg(a);
+        }
+        match norm {
+            Some((nw, _)) => builder.arg(nw),
+            None => builder.arg(&null),
+        };
+        builder.arg(&eps);
+        // SAFETY: parameters in gemv_*'s order; lengths checked above; the staged input fits the
+        // dynamic shared memory requested (n * cols floats <= 48 KiB).
+        unsafe { builder.launch(cfg) }?;
+        Ok(())
     }
 }
 
@@ -265,7 +319,7 @@ pub struct AttentionShape {
 
 impl AttentionShape {
     fn valid(&self) -> bool {
-        self.kv_heads > 0 && self.heads % self.kv_heads == 0 && self.heads / self.kv_heads <= MAX_GROUP && self.head_dim <= MAX_HEAD_DIM && self.head_dim % 2 == 0
+        self.kv_heads > 0 && self.heads % self.kv_heads == 0 && self.heads / self.kv_heads <= MAX_GROUP && self.head_dim <= MAX_HEAD_DIM && self.head_dim % 4 == 0
     }
 
     fn q_stride(&self) -> usize {
@@ -286,28 +340,30 @@ impl Device {
         launch!(self, "attn_prefill", cfg, qkv, &ints[0], &kv_base, &ints[1], &ints[2], out, &ints[3], &ints[4], &ints[5], &ints[6], &ints[7], &scale, &window)
     }
 
-    /// Decode attention of `n` rows (one query per sequence) with `splits` partials per (row, head)
-    /// merged into `out`; `chunk > 0` is the attn_splitk_bf16 patch. `part_o` holds
-    /// n * heads * splits * head_dim values, `part_ml` n * heads * splits * 2.
+    /// Decode attention of `n` rows (one query per sequence) with `splits` (<= MAX_SPLITS) partials per
+    /// (row, head), merged into `out` by the last block of each group; `chunk > 0` is the
+    /// attn_splitk_bf16 patch. `part_o` holds n * heads * splits * head_dim values, `part_ml`
+    /// n * heads * splits * 2.
     #[allow(clippy::too_many_arguments)]
     pub fn attn_decode(&self, qkv: &In, positions: &In<i32>, kv_base: &In<u64>, layer: usize, parts: (&mut Out, &mut Out), out: &mut Out, n: usize, splits: usize, chunk: usize, s: &AttentionShape) -> Result<(), DeviceError> {
         let (part_o, part_ml) = parts;
         let slots = n * s.heads * splits;
-        let ok = s.valid() && layer < s.n_layers && splits >= 1 && qkv.len() >= n * s.q_stride() && positions.len() >= n && kv_base.len() >= n && part_o.len() >= slots * s.head_dim && part_ml.len() >= slots * 2 && out.len() >= n * s.heads * s.head_dim;
+        let ok = s.valid() && layer < s.n_layers && splits >= 1 && splits <= MAX_SPLITS && n * s.kv_heads <= ATTN_COUNTERS && qkv.len() >= n * s.q_stride() && positions.len() >= n && kv_base.len() >= n && part_o.len() >= slots * s.head_dim && part_ml.len() >= slots * 2 && out.len() >= n * s.heads * s.head_dim;
         check("attn_decode", ok, || format!("{n} rows, {splits} splits"))?;
         let ints = [s.q_stride() as i32, layer as i32, s.n_layers as i32, s.heads as i32, s.kv_heads as i32, s.head_dim as i32, s.window as i32, splits as i32, chunk as i32];
         let scale = 1.0 / (s.head_dim as f32).sqrt();
         let cfg = grid((n, s.kv_heads, splits), 128);
-        launch!(self, "attn_decode", cfg, qkv, &ints[0], positions, kv_base, &ints[1], &ints[2], &mut *part_o, &mut *part_ml, &ints[3], &ints[4], &ints[5], &scale, &ints[6], &ints[7], &ints[8])?;
-        let combine = [s.heads as i32, s.head_dim as i32, splits as i32];
-        launch!(self, "attn_combine", grid((n, s.heads, 1), s.head_dim.next_multiple_of(32)), &mut *part_o, &mut *part_ml, out, &combine[0], &combine[1], &combine[2])
+        let counters = self.counters.slice(..ATTN_COUNTERS);
+        launch!(self, "attn_decode", cfg, qkv, &ints[0], positions, kv_base, &ints[1], &ints[2], part_o, part_ml, &ints[3], &ints[4], &ints[5], &scale, &ints[6], &ints[7], &ints[8], out, &counters)
     }
 
     /// Greedy pick per row of `vocab` logits: the token (first index of the maximum) and its log-probability.
     pub fn argmax(&self, logits: &In, n: usize, vocab: usize, token: &mut Out<i32>, logprob: &mut Out) -> Result<(), DeviceError> {
-        check("argmax_logprob", logits.len() >= n * vocab && token.len() >= n && logprob.len() >= n, || format!("{n} rows"))?;
+        check("argmax_logprob", logits.len() >= n * vocab && token.len() >= n && logprob.len() >= n && n <= ARGMAX_MAX_ROWS, || format!("{n} rows"))?;
         let v = vocab as i32;
-        launch!(self, "argmax_logprob", grid((n, 1, 1), 1024), logits, &v, token, logprob)
+        let blocks = ARGMAX_BLOCKS.min(vocab.div_ceil(256)).max(1);
+        let counters = self.counters.slice(ATTN_COUNTERS..);
+        launch!(self, "argmax_logprob", grid((n, blocks, 1), 256), logits, &v, token, logprob, &self.argmax_v, &self.argmax_i, &self.argmax_s, &counters)
     }
 
     /// Temperature + top-p draw per row: `params` = (temperature, top_p, uniform in [0, 1)) per row;

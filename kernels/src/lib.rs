@@ -15,7 +15,7 @@ pub const SOURCES: [(&str, &str); 4] = [
 ];
 
 /// Kernel entry points every source must define (checked by the tests, launched by the wrappers).
-pub const KERNELS: [&str; 16] = [
+pub const KERNELS: [&str; 15] = [
     "rmsnorm_f32",
     "embed_f32",
     "embed_bf16",
@@ -29,7 +29,6 @@ pub const KERNELS: [&str; 16] = [
     "gemv_f32",
     "attn_prefill",
     "attn_decode",
-    "attn_combine",
     "argmax_logprob",
     "top_p_sample",
 ];

@@ -1,8 +1,10 @@
 # Runs on the device machine (it has PyTorch and transformers; this machine has neither), from the folder
 # scripts/device/prepare.sh fills: a random-weight Llama with SmolLM2-135M's shapes built by
-# transformers, saved as safetensors, served by our engine (`ctxscope engine --model DIR`, CPU backend);
-# greedy tokens and top-5 logprobs compared with transformers' own fp32 forward on the same token ids.
-# Prints a table last. Run: `python3 devcheck/hf_check.py` with `devcheck` carried.
+# transformers, saved as safetensors, served by our engine over HTTP (`ctxscope engine --model DIR`, on
+# the CPU or, with `--device cuda`, on the GPU: golden path); greedy tokens and top-5 logprobs compared
+# with transformers' own fp32 forward on the same token ids, and a request that extends an earlier one
+# must report reused tokens (`usage.prompt_tokens_details.cached_tokens`). Prints a table last; exits
+# non-zero when a check fails. Run: `python3 devcheck/hf_check.py [--device cuda]` with `devcheck` carried.
 import json, os, shutil, subprocess, sys, time, urllib.request
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -25,7 +27,8 @@ print("files:", sorted(os.listdir(d)), flush=True)
 print(open(os.path.join(d, "config.json")).read(), flush=True)
 
 port = 31777
-engine = subprocess.Popen([os.path.join(here, "ctxscope"), "engine", "--model", d, "--listen", f"127.0.0.1:{port}"],
+device = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cpu"
+engine = subprocess.Popen([os.path.join(here, "ctxscope"), "engine", "--model", d, "--listen", f"127.0.0.1:{port}", "--device", device],
                           stdout=subprocess.DEVNULL, stderr=open(os.path.join(out, "engine.log"), "w"))
 def post(path, body):
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(), headers={"content-type": "application/json"})
@@ -85,9 +88,19 @@ for p in prompts:
     m = max(diffs) if diffs else float("nan")
     worst = max(worst, m)
     rows.append((p[:28].replace("\n", "\\n"), len(ids), agree, len(lp["tokens"]), m))
+# Prefix reuse over HTTP: the second request extends the first one's prompt.
+first = "The secret word is banana. Remember it, because later I will ask you about it."
+post("/v1/completions", {"prompt": first, "max_tokens": 4, "temperature": 0})
+again = post("/v1/completions", {"prompt": first + " What was the word?", "max_tokens": 4, "temperature": 0})
+cached = again["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
+models = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=30))
 engine.terminate(); engine.wait(timeout=30)
+print(f"device {device}; backend reported by /v1/models: {models['data'][0].get('backend')}; cached tokens on the extending request: {cached} of {again['usage']['prompt_tokens']}")
 print("| prompt | prompt tokens | greedy tokens agreeing (of ours) | max abs logprob diff, top-5 |")
 print("|---|---|---|---|")
 for r in rows:
     print(f"| {r[0]} | {r[1]} | {r[2]}/{r[3]} | {r[4]:.2e} |")
 print("worst", worst, "torch", torch.__version__)
+failed = worst > 1e-3 or cached == 0 or any(r[2] < r[3] for r in rows)
+print("hf_check:", "FAILED" if failed else "ok")
+sys.exit(1 if failed else 0)

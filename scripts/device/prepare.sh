@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fills devcheck/ (ignored by git; carry it to the device machine) with what the device checks need:
-# a stripped release `ctxscope` (no debug info, so it travels under the 64 MiB limit), the kernels'
+# a stripped release `ctxscope` built with `--features cuda` (no debug info, so it travels under the 64 MiB limit), the kernels'
 # check binary and the engine's device bench (`--features cuda`, CUDA loaded at run time: kernels_check,
 # device_bench), the default model's tokenizer.json and
 # tokenizer_config.json (built from its GGUF with the `gguf` PyPI package), and the device-side scripts
@@ -17,7 +17,7 @@ cd "$(dirname "$0")/../.."
 bench_model
 mkdir -p devcheck .git/info
 grep -qx "/devcheck/" .git/info/exclude 2>/dev/null || echo "/devcheck/" >> .git/info/exclude
-CARGO_PROFILE_RELEASE_DEBUG=false cargo build --release -p ctxscope --target-dir target/devcheck >&2
+CARGO_PROFILE_RELEASE_DEBUG=false cargo build --release -p ctxscope --features cuda --target-dir target/devcheck >&2
 cp target/devcheck/release/ctxscope devcheck/ctxscope
 CARGO_PROFILE_RELEASE_DEBUG=false cargo build --release -p ctxscope-kernels --features cuda --example check --target-dir target/devcheck >&2
 cp target/devcheck/release/examples/check devcheck/kernels_check

@@ -6,10 +6,12 @@
 #   1. ./devcheck/kernels_check                      the kernels against CPU references
 #   2. python3 devcheck/reference.py                 transformers references and peers -> /tmp/ref/<shape>
 #   3. ./devcheck/device_bench /tmp/ref/<shape>      our CUDA backend, per shape -> $OUT/bench_<shape>.json
-#   4. devcheck/tests/* (if prepare.sh put any)      engine test binaries, CTXSCOPE_MODEL=/tmp/ref/smollm2_135m
-#   5. python3 devcheck/table.py                     the short table, printed last
+#   4. python3 devcheck/hf_check.py --device cuda    `ctxscope engine --device cuda` over HTTP vs transformers
+#   5. devcheck/tests/* (if prepare.sh put any)      engine test binaries, CTXSCOPE_MODEL=/tmp/ref/smollm2_135m
+#   6. python3 devcheck/table.py                     the short table, printed last
 # Everything also goes to $OUT/run.log. Exit status: 1 when a correctness check failed (table.py), 2 when
-# only a step failed, 0 otherwise. REF_SHAPES=smollm2_135m runs one shape.
+# only a step failed, 0 otherwise. REF_SHAPES=smollm2_135m runs one shape; REUSE_REF=1 keeps the
+# references an earlier call left in /tmp/ref on a still-warm machine.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 OUT="${OUT:-/tmp/devcheck_out}"
@@ -44,7 +46,13 @@ step() {
 
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,clocks.mem,temperature.gpu --format=csv || true
 step kernels_check 90 ./devcheck/kernels_check
-step reference 300 python3 devcheck/reference.py --shapes "$shapes"
+if [ -n "${REUSE_REF:-}" ] && [ -f /tmp/ref/summary.json ]; then
+  # The machine is still the one an earlier call built the references on.
+  echo "=== reference: reused /tmp/ref (REUSE_REF)"
+  cp /tmp/ref/summary.json "$OUT/reference.json"
+else
+  step reference 300 python3 devcheck/reference.py --shapes "$shapes"
+fi
 for s in ${shapes//,/ }; do
   if [ -f "/tmp/ref/$s/logits_fp32.bin" ]; then
     # device_bench rewrites $BENCH_JSON after every section: a timeout still leaves what it measured.
@@ -56,6 +64,8 @@ for s in ${shapes//,/ }; do
     statuses+=("bench_$s=skipped")
   fi
 done
+# The server over HTTP on the GPU against transformers (and prefix reuse reported in usage).
+step hf_check_cuda 120 python3 devcheck/hf_check.py --device cuda
 if [ -d devcheck/tests ]; then
   for t in devcheck/tests/*; do
     [ -x "$t" ] || continue

@@ -45,6 +45,8 @@ pub struct DeviceBackend {
     /// Positions per sequence cache.
     ctx: usize,
     graphs: HashMap<(Path, usize), CudaGraph>,
+    /// Replay decode passes as CUDA graphs (on unless `CTXSCOPE_CUDA_GRAPHS=0`).
+    use_graphs: bool,
 }
 
 impl DeviceBackend {
@@ -52,9 +54,9 @@ impl DeviceBackend {
     /// workspace for `options.step_tokens` rows and `options.max_batch` sequences per pass.
     pub fn new(model: Arc<Model>, ordinal: usize, options: &EngineOptions) -> Result<DeviceBackend, BackendError> {
         let c = model.config.clone();
-        if c.head_dim > MAX_HEAD_DIM || c.head_dim % 2 != 0 || c.n_heads / c.n_kv_heads.max(1) > MAX_GROUP || c.dim % 32 != 0 || c.ffn_dim % 32 != 0 {
+        if c.head_dim > MAX_HEAD_DIM || c.head_dim % 4 != 0 || c.n_heads / c.n_kv_heads.max(1) > MAX_GROUP || c.dim % 32 != 0 || c.ffn_dim % 32 != 0 {
             return Err(error(format!(
-                "model shape not supported by the kernels (head_dim {} <= {MAX_HEAD_DIM} and even, heads per KV head {} <= {MAX_GROUP}, widths multiples of 32)",
+                "model shape not supported by the kernels (head_dim {} <= {MAX_HEAD_DIM} and a multiple of 4, heads per KV head {} <= {MAX_GROUP}, widths multiples of 32)",
                 c.head_dim,
                 c.n_heads / c.n_kv_heads.max(1)
             )));
@@ -67,7 +69,28 @@ impl DeviceBackend {
         let max_seqs = options.max_batch.max(1);
         let ws = Workspace::new(&device.stream, &c, options.step_tokens.max(max_seqs), max_seqs).map_err(fail)?;
         device.stream.synchronize().map_err(|e| fail(e.into()))?;
-        Ok(DeviceBackend { ordinal, device, blas, config: c, golden, fast, ws, ctx: options.ctx, graphs: HashMap::new() })
+        Ok(DeviceBackend { ordinal, device, blas, config: c, golden, fast, ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: std::env::var("CTXSCOPE_CUDA_GRAPHS").map_or(true, |v| v != "0") })
+    }
+
+    /// Turns decode-graph replay on or off (off: every pass launches its kernels one by one).
+    pub fn set_graphs(&mut self, on: bool) {
+        self.use_graphs = on;
+    }
+
+    /// Seconds per replay of the captured decode graph for `rows` sequences on `path`, replayed `reps`
+    /// times back to back: the GPU's time for a decode step without the host's part (uploading the
+    /// step, copying the tokens back). `None` until a decode pass of that size has run. The replays
+    /// rewrite the last decode pass's positions, so its sequences' caches must still be alive.
+    pub fn time_graph_replay(&mut self, path: Path, rows: usize, reps: usize) -> Result<Option<f64>, BackendError> {
+        let Some(graph) = self.graphs.get(&(path, rows)) else { return Ok(None) };
+        let fail = |e: ctxscope_kernels::cudarc::driver::DriverError| error(format!("GPU {}: {e}", self.ordinal));
+        self.device.stream.synchronize().map_err(fail)?;
+        let started = std::time::Instant::now();
+        for _ in 0..reps {
+            graph.launch().map_err(fail)?;
+        }
+        self.device.stream.synchronize().map_err(fail)?;
+        Ok(Some(started.elapsed().as_secs_f64() / reps.max(1) as f64))
     }
 
     /// Bytes of weights one decode step reads on `path`.
@@ -91,7 +114,7 @@ impl DeviceBackend {
     /// Runs one planned pass: replays (capturing on first use) the decode graph for plain decode
     /// passes of up to GEMV_MAX_ROWS sequences, enqueues the kernels otherwise.
     fn run(&mut self, path: Path, numerics: Numerics, plan: &Plan) -> Result<(), DeviceError> {
-        let graphable = numerics.is_plain() && plan.prefill.is_empty() && plan.rows <= GEMV_MAX_ROWS;
+        let graphable = self.use_graphs && numerics.is_plain() && plan.prefill.is_empty() && plan.rows <= GEMV_MAX_ROWS;
         let weights = match path {
             Path::Golden => &self.golden,
             Path::Fast => &self.fast,

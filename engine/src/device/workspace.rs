@@ -8,8 +8,7 @@ use ctxscope_kernels::device::DeviceError;
 
 use crate::model::ModelConfig;
 
-/// Most split-K partials per (row, head) of decode attention.
-pub const MAX_SPLITS: usize = 32;
+pub use ctxscope_kernels::device::MAX_SPLITS;
 
 /// Scratch for the matmul variants: rounded copies of inputs, bf16 inputs for cuBLAS, the gate|up
 /// product of a wide SwiGLU, an un-added residual product.

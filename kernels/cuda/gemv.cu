@@ -4,8 +4,6 @@
 // load (the bf16 path rounds GEMM inputs, as its cuBLAS prefill does); f32 accumulation.
 // mode 0: y = Wx; mode 1: y += Wx (the residual add, fused); mode 2: SwiGLU, W holds `rows` gate rows
 // then `rows` up rows and y[t][r] = silu(gate_r . x_t) * (up_r . x_t). cols % 8 == 0.
-// With `norm_w` (not null) the input is RMSNorm(x) * norm_w, computed by every block into shared
-// memory (dynamic, n * cols floats) before the product: the norm costs no launch of its own.
 
 #define GEMV_MAX_N 8
 #define GEMV_UNROLL 4
@@ -35,33 +33,8 @@ __device__ __forceinline__ void load_w8(const void* w, size_t chunk, float* out)
     }
 }
 
-// Stages RMSNorm(x[t]) * norm_w for the n rows into shared memory (all threads of the block).
-__device__ __forceinline__ const float* stage_normed(const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
-                                                     int cols, int n) {
-    extern __shared__ float4 staged_raw[];
-    float* xs = (float*)staged_raw;
-    __shared__ float scratch[33];
-    __shared__ float scales[GEMV_MAX_N];
-    for (int t = 0; t < n; t++) {
-        float sum = 0.0f;
-        for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-            float v = x[(size_t)t * cols + c];
-            sum += v * v;
-        }
-        sum = block_sum(sum, scratch);
-        if (threadIdx.x == 0) scales[t] = 1.0f / sqrtf(sum / cols + eps);
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < n * cols; i += blockDim.x) {
-        int t = i / cols, c = i - t * cols;
-        xs[i] = x[i] * scales[t] * norm_w[c];
-    }
-    __syncthreads();
-    return xs;
-}
-
 template <bool BF16, int MODE>
-__device__ __forceinline__ void gemv_body(const void* __restrict__ w, const float* x, float* __restrict__ y,
+__device__ __forceinline__ void gemv_body(const void* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
                                           int rows, int cols, int n, int round_x) {
     int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
     if (row >= rows) return;
@@ -116,16 +89,14 @@ __device__ __forceinline__ void gemv_body(const void* __restrict__ w, const floa
 }
 
 extern "C" __global__ void gemv_bf16(const bf16_t* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
-                                     int rows, int cols, int n, int mode, int round_x, const float* __restrict__ norm_w, float eps) {
-    if (norm_w) x = stage_normed(x, norm_w, eps, cols, n);
+                                     int rows, int cols, int n, int mode, int round_x) {
     if (mode == 0) gemv_body<true, 0>(w, x, y, rows, cols, n, round_x);
     else if (mode == 1) gemv_body<true, 1>(w, x, y, rows, cols, n, round_x);
     else gemv_body<true, 2>(w, x, y, rows, cols, n, round_x);
 }
 
 extern "C" __global__ void gemv_f32(const float* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
-                                    int rows, int cols, int n, int mode, int round_x, const float* __restrict__ norm_w, float eps) {
-    if (norm_w) x = stage_normed(x, norm_w, eps, cols, n);
+                                    int rows, int cols, int n, int mode, int round_x) {
     if (mode == 0) gemv_body<false, 0>(w, x, y, rows, cols, n, round_x);
     else if (mode == 1) gemv_body<false, 1>(w, x, y, rows, cols, n, round_x);
     else gemv_body<false, 2>(w, x, y, rows, cols, n, round_x);

@@ -75,8 +75,6 @@ pub enum GemvMode {
 
 /// Most token rows one GEMV launch takes (`GEMV_MAX_N` in cuda/gemv.cu).
 pub const GEMV_MAX_ROWS: usize = 8;
-/// Most input floats (rows x cols) a normed GEMV stages in shared memory (48 KiB).
-pub const GEMV_NORM_MAX_FLOATS: usize = 12 * 1024;
 /// Largest head size the attention kernels take (`MAX_HD`).
 pub const MAX_HEAD_DIM: usize = 128;
 /// Most query heads per KV head the decode kernel takes.
@@ -245,51 +243,15 @@ impl Device {
 
     /// `y[t] (op)= W x[t]` for `n <= GEMV_MAX_ROWS` token rows; `round_x` rounds x to bf16 on load.
     pub fn gemv(&self, w: &Matrix, x: &In, y: &mut Out, n: usize, mode: GemvMode, round_x: bool) -> Result<(), DeviceError> {
-        self.gemv_with(w, x, None, y, n, mode, round_x)
-    }
-
-    /// [`Device::gemv`] of RMSNorm(x) * `norm.0` (eps `norm.1`), the norm computed inside the launch;
-    /// `n * cols` must fit [`GEMV_NORM_MAX_FLOATS`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemv_normed(&self, w: &Matrix, x: &In, norm: (&In, f32), y: &mut Out, n: usize, mode: GemvMode, round_x: bool) -> Result<(), DeviceError> {
-        check("gemv (normed)", norm.0.len() == w.cols && n * w.cols <= GEMV_NORM_MAX_FLOATS, || format!("{n} rows of {}", w.cols))?;
-        self.gemv_with(w, x, Some(norm), y, n, mode, round_x)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn gemv_with(&self, w: &Matrix, x: &In, norm: Option<(&In, f32)>, y: &mut Out, n: usize, mode: GemvMode, round_x: bool) -> Result<(), DeviceError> {
         let out_rows = if mode == GemvMode::SwiGlu { w.rows / 2 } else { w.rows };
         let ok = n >= 1 && n <= GEMV_MAX_ROWS && w.cols % 8 == 0 && x.len() >= n * w.cols && y.len() >= n * out_rows && (mode != GemvMode::SwiGlu || w.rows % 2 == 0);
         check("gemv", ok, || format!("{}x{} by {n} rows ({mode:?})", w.rows, w.cols))?;
         let args = [out_rows as i32, w.cols as i32, n as i32, mode as i32, i32::from(round_x)];
-        let mut cfg = blocks(out_rows * 32, 256);
-        let null = 0u64;
-        let eps = norm.map_or(0.0, |(_, e)| e);
-        if norm.is_some() {
-            cfg.shared_mem_bytes = (n * w.cols * 4) as u32;
-        }
-        let kernel = match &w.data {
-            MatrixData::Bf16(_) => "gemv_bf16",
-            MatrixData::F32(_) => "gemv_f32",
-        };
-        let mut builder = self.stream.launch_builder(self.function(kernel));
+        let cfg = blocks(out_rows * 32, 256);
         match &w.data {
-            MatrixData::Bf16(m) => builder.arg(m),
-            MatrixData::F32(m) => builder.arg(m),
-        };
-        builder.arg(x).arg(y);
-        for a in &args {
-            builder.arg(a);
+            MatrixData::Bf16(m) => launch!(self, "gemv_bf16", cfg, m, x, y, &args[0], &args[1], &args[2], &args[3], &args[4]),
+            MatrixData::F32(m) => launch!(self, "gemv_f32", cfg, m, x, y, &args[0], &args[1], &args[2], &args[3], &args[4]),
         }
-        match norm {
-            Some((nw, _)) => builder.arg(nw),
-            None => builder.arg(&null),
-        };
-        builder.arg(&eps);
-        // SAFETY: parameters in gemv_*'s order; lengths checked above; the staged input fits the
-        // dynamic shared memory requested (n * cols floats <= 48 KiB).
-        unsafe { builder.launch(cfg) }?;
-        Ok(())
     }
 }
 

@@ -130,9 +130,19 @@ impl DeviceBackend {
             let enqueued = pass.enqueue(weights, &mut self.ws, plan);
             // End the capture whatever happened, so the stream is usable again.
             let graph = stream.end_capture(CUgraphInstantiate_flags(0));
-            enqueued?;
-            let graph = graph?.ok_or_else(|| DeviceError::Shape { kernel: "graph", detail: "capture recorded nothing".into() })?;
-            self.graphs.insert(key, graph);
+            match (enqueued, graph) {
+                (Ok(()), Ok(Some(graph))) => {
+                    self.graphs.insert(key, graph);
+                }
+                // A capture can be invalidated from outside (another thread synchronizing the whole
+                // context, as freeing a cuBLAS handle does): nothing was run, so run this pass
+                // eagerly and capture again next time. A real error shows up eagerly too.
+                (captured, graph) => {
+                    let why = captured.err().map(|e| e.to_string()).or(graph.err().map(|e| e.to_string())).unwrap_or_else(|| "nothing recorded".into());
+                    tracing::warn!(rows = plan.rows, path = path.as_str(), "decode graph capture failed ({why}); running this pass without a graph");
+                    return pass.enqueue(weights, &mut self.ws, plan);
+                }
+            }
         }
         self.graphs[&key].launch()?;
         Ok(())

@@ -7,7 +7,7 @@
 
 use ctxscope_kernels::blas::{Activations, Blas, Compute};
 use ctxscope_kernels::cudarc::driver::CudaSlice;
-use ctxscope_kernels::device::{AttentionShape, Device, DeviceError, GemvMode, Matrix, MatrixData, RopeShape, GEMV_MAX_ROWS, GEMV_NORM_MAX_FLOATS};
+use ctxscope_kernels::device::{AttentionShape, Device, DeviceError, GemvMode, Matrix, MatrixData, RopeShape, GEMV_MAX_ROWS};
 
 use super::weights::DeviceWeights;
 use super::workspace::{Scratch, Workspace};
@@ -95,7 +95,8 @@ impl Pass<'_> {
         };
         let attn = AttentionShape { n_layers: c.n_layers, heads: c.n_heads, kv_heads: c.n_kv_heads, head_dim: c.head_dim, window: num.window };
         for (i, layer) in w.layers.iter().enumerate() {
-            self.normed_matmul(&layer.attn_norm, &layer.wqkv, (&ws.x, &mut ws.h), &mut ws.qkv, n, GemvMode::Store, &mut ws.scratch)?;
+            d.rmsnorm(&ws.x.slice(..n * dim), None, &layer.attn_norm.slice(..), &mut ws.h.slice_mut(..n * dim), n, dim, c.rms_eps, num.rmsnorm_bf16)?;
+            self.matmul(&layer.wqkv, &ws.h, &mut ws.qkv, n, GemvMode::Store, &mut ws.scratch)?;
             d.rope_kv(&mut ws.qkv.slice_mut(..n * q_stride), &ws.positions.slice(..n), &ws.kv_base.slice(..n), n, i, &rope)?;
             if plan.decode > 0 {
                 let m = plan.decode;
@@ -117,36 +118,15 @@ impl Pass<'_> {
                 d.attn_prefill(&ws.qkv.slice(r * q_stride..(r + k) * q_stride), chunk.kv_base, i, &mut ws.att.slice_mut(r * dim..(r + k) * dim), k, chunk.start, &attn)?;
             }
             self.residual(&layer.wo, &ws.att, &mut ws.x, n, &mut ws.scratch)?;
-            self.normed_matmul(&layer.ffn_norm, &layer.w_gu, (&ws.x, &mut ws.h), &mut ws.act, n, GemvMode::SwiGlu, &mut ws.scratch)?;
+            d.rmsnorm(&ws.x.slice(..n * dim), None, &layer.ffn_norm.slice(..), &mut ws.h.slice_mut(..n * dim), n, dim, c.rms_eps, num.rmsnorm_bf16)?;
+            self.matmul(&layer.w_gu, &ws.h, &mut ws.act, n, GemvMode::SwiGlu, &mut ws.scratch)?;
             self.residual(&layer.w_down, &ws.act, &mut ws.x, n, &mut ws.scratch)?;
         }
         let s = plan.outputs;
-        if plan.prefill.is_empty() && s == n {
-            // Decode only: every row is an output row, in order, so the norm fuses into the LM head.
-            self.normed_matmul(&w.output_norm, w.output(), (&ws.x, &mut ws.normed), &mut ws.logits, s, GemvMode::Store, &mut ws.scratch)?;
-        } else {
-            let last_rows = ws.last_rows.slice(..s);
-            d.rmsnorm(&ws.x.slice(..n * dim), Some(&last_rows), &w.output_norm.slice(..), &mut ws.normed.slice_mut(..s * dim), s, dim, c.rms_eps, num.rmsnorm_bf16)?;
-            self.matmul(w.output(), &ws.normed, &mut ws.logits, s, GemvMode::Store, &mut ws.scratch)?;
-        }
+        let last_rows = ws.last_rows.slice(..s);
+        d.rmsnorm(&ws.x.slice(..n * dim), Some(&last_rows), &w.output_norm.slice(..), &mut ws.normed.slice_mut(..s * dim), s, dim, c.rms_eps, num.rmsnorm_bf16)?;
+        self.matmul(w.output(), &ws.normed, &mut ws.logits, s, GemvMode::Store, &mut ws.scratch)?;
         d.argmax(&ws.logits.slice(..s * c.vocab), s, c.vocab, &mut ws.token.slice_mut(..s), &mut ws.logprob.slice_mut(..s))
-    }
-
-    /// `out (mode)= W · (RMSNorm(x) * norm)`: for decode rows one launch (the GEMV normalizes its
-    /// input itself) unless a patch rounds the norm or the matmul input; otherwise the norm into `h`,
-    /// then the matmul.
-    #[allow(clippy::too_many_arguments)]
-    fn normed_matmul(&self, norm: &CudaSlice<f32>, w: &Matrix, (x, h): (&CudaSlice<f32>, &mut CudaSlice<f32>), out: &mut CudaSlice<f32>, n: usize, mode: GemvMode, s: &mut Scratch) -> Result<(), DeviceError> {
-        let (c, num, d) = (self.config, self.numerics, self.device);
-        let dim = c.dim;
-        let fused = n <= GEMV_MAX_ROWS && n * dim <= GEMV_NORM_MAX_FLOATS && !num.rmsnorm_bf16 && !num.act_q8;
-        if fused {
-            let out_rows = if mode == GemvMode::SwiGlu { w.rows / 2 } else { w.rows };
-            let bf16 = matches!(w.data, MatrixData::Bf16(_));
-            return d.gemv_normed(w, &x.slice(..n * dim), (&norm.slice(..), c.rms_eps), &mut out.slice_mut(..n * out_rows), n, mode, bf16);
-        }
-        d.rmsnorm(&x.slice(..n * dim), None, &norm.slice(..), &mut h.slice_mut(..n * dim), n, dim, c.rms_eps, num.rmsnorm_bf16)?;
-        self.matmul(w, h, out, n, mode, s)
     }
 
     /// A matmul whose product is added to the residual stream `x`: fused (accumulate) unless

@@ -72,6 +72,8 @@ __device__ __forceinline__ void stage_tile(u64 base, int start, int count, int l
 extern "C" __global__ void attn_prefill(const float* __restrict__ q, int q_stride, u64 kv_base, int layer, int n_layers,
                                         float* __restrict__ out, int tokens, int start, int heads, int kv_heads, int hd,
                                         float scale, int window) {
+    pdl_launch();
+    pdl_wait();
     __shared__ float ks[TILE][MAX_HD + 1], vs[TILE][MAX_HD + 1];
     __shared__ float qs[PF_ROWS][MAX_HD];
     int h = blockIdx.y, kvh = h / (heads / kv_heads), kv_dim = kv_heads * hd;
@@ -132,6 +134,8 @@ extern "C" __global__ void attn_decode(const float* __restrict__ q, int q_stride
                                        const u64* __restrict__ kv_base, int layer, int n_layers, float* __restrict__ part_o,
                                        float* __restrict__ part_ml, int heads, int kv_heads, int hd, float scale, int window,
                                        int splits, int chunk, float* __restrict__ out, int* __restrict__ counters) {
+    pdl_launch();
+    pdl_wait();
     __shared__ float ks[TILE][MAX_HD + 1], vs[TILE][MAX_HD + 1];
     __shared__ float qs[16][MAX_HD];
     __shared__ int last;

@@ -7,6 +7,8 @@
 // as engine/src/forward/ops.rs `rmsnorm_rows_bf16`).
 extern "C" __global__ void rmsnorm_f32(const float* __restrict__ x, const int* __restrict__ rows, const float* __restrict__ w,
                                        float* __restrict__ out, int dim, float eps, int flags) {
+    pdl_launch();
+    pdl_wait();
     __shared__ float scratch[33];
     int r = blockIdx.x;
     const float* row = x + (size_t)(rows ? rows[r] : r) * dim;
@@ -32,11 +34,15 @@ extern "C" __global__ void rmsnorm_f32(const float* __restrict__ x, const int* _
 
 // Embedding gather: out[t] = table[ids[t]], rows of `dim`, from f32 or bf16 tables.
 extern "C" __global__ void embed_f32(const float* __restrict__ table, const int* __restrict__ ids, float* __restrict__ out, int dim) {
+    pdl_launch();
+    pdl_wait();
     const float* row = table + (size_t)ids[blockIdx.x] * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)blockIdx.x * dim + i] = row[i];
 }
 
 extern "C" __global__ void embed_bf16(const bf16_t* __restrict__ table, const int* __restrict__ ids, float* __restrict__ out, int dim) {
+    pdl_launch();
+    pdl_wait();
     const bf16_t* row = table + (size_t)ids[blockIdx.x] * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)blockIdx.x * dim + i] = bf16_to_f32(row[i]);
 }
@@ -50,6 +56,8 @@ extern "C" __global__ void embed_bf16(const bf16_t* __restrict__ table, const in
 // before they are stored). hd <= 256.
 extern "C" __global__ void rope_kv(float* __restrict__ qkv, const int* __restrict__ positions, const u64* __restrict__ kv_base,
                                    int layer, int n_layers, int heads, int kv_heads, int hd, float base, int flags, float kv_scale) {
+    pdl_launch();
+    pdl_wait();
     __shared__ double inv_freq[128];
     int t = blockIdx.x, pos = positions[t];
     int q_dim = heads * hd, kv_dim = kv_heads * hd;
@@ -98,6 +106,8 @@ extern "C" __global__ void rope_kv(float* __restrict__ qkv, const int* __restric
 
 // SwiGLU of the fused gate|up rows: out[r][i] = silu(gu[r][i]) * gu[r][ffn + i].
 extern "C" __global__ void swiglu_f32(const float* __restrict__ gu, float* __restrict__ out, int rows, int ffn) {
+    pdl_launch();
+    pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)rows * ffn) return;
     size_t r = i / ffn, c = i % ffn;
@@ -107,18 +117,24 @@ extern "C" __global__ void swiglu_f32(const float* __restrict__ gu, float* __res
 
 // Residual add, in place: x += y.
 extern "C" __global__ void add_f32(float* __restrict__ x, const float* __restrict__ y, int n) {
+    pdl_launch();
+    pdl_wait();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }
 
 // f32 -> bf16 (round to nearest even): the GEMM inputs of the bf16 path.
 extern "C" __global__ void to_bf16(const float* __restrict__ x, bf16_t* __restrict__ out, int n) {
+    pdl_launch();
+    pdl_wait();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = f32_to_bf16(x[i]);
 }
 
 // The patches' roundings, in place: mode 0 bf16; mode 1 FP8 e4m3 with a per-tensor scale.
 extern "C" __global__ void round_f32(float* __restrict__ x, int n, int mode, float scale) {
+    pdl_launch();
+    pdl_wait();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     x[i] = mode == 0 ? round_bf16(x[i]) : round_fp8_e4m3(x[i] / scale) * scale;
@@ -127,6 +143,8 @@ extern "C" __global__ void round_f32(float* __restrict__ x, int n, int mode, flo
 // act_q8: llama.cpp's Q8_0 activation rounding, in place, one warp per block of 32 values of a row of
 // `cols` (cols % 32 == 0): d = f16(amax / 127), q = round-half-even(x * 127 / amax), x = q * d.
 extern "C" __global__ void q8_blocks(float* __restrict__ x, int blocks) {
+    pdl_launch();
+    pdl_wait();
     int b = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
     if (b >= blocks) return;
     float v = x[(size_t)b * 32 + lane];

@@ -36,14 +36,21 @@ __device__ __forceinline__ void load_w8(const void* w, size_t chunk, float* out)
 template <bool BF16, int MODE>
 __device__ __forceinline__ void gemv_body(const void* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
                                           int rows, int cols, int n, int round_x) {
+    pdl_launch();
     int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
-    if (row >= rows) return;
+    if (row >= rows) {
+        pdl_wait();
+        return;
+    }
     const int chunks = cols >> 3;
     float acc[GEMV_MAX_N], acc2[GEMV_MAX_N];
 #pragma unroll
     for (int t = 0; t < GEMV_MAX_N; t++) acc[t] = acc2[t] = 0.0f;
+    float wv[GEMV_UNROLL][8], wu[GEMV_UNROLL][8];
+    // The first batch of weights is loaded before waiting for the previous kernel (weights do not
+    // depend on it): with programmatic launch this overlaps the previous kernel's tail.
+    bool waited = false;
     for (int c0 = lane; c0 < chunks; c0 += 32 * GEMV_UNROLL) {
-        float wv[GEMV_UNROLL][8], wu[GEMV_UNROLL][8];
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; u++) {
             int c = c0 + 32 * u;
@@ -51,6 +58,10 @@ __device__ __forceinline__ void gemv_body(const void* __restrict__ w, const floa
                 load_w8<BF16>(w, (size_t)row * chunks + c, wv[u]);
                 if (MODE == 2) load_w8<BF16>(w, (size_t)(row + rows) * chunks + c, wu[u]);
             }
+        }
+        if (!waited) {
+            pdl_wait();
+            waited = true;
         }
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; u++) {
@@ -74,6 +85,7 @@ __device__ __forceinline__ void gemv_body(const void* __restrict__ w, const floa
             }
         }
     }
+    if (!waited) pdl_wait();
 #pragma unroll
     for (int t = 0; t < GEMV_MAX_N; t++) {
         if (t >= n) break;

@@ -37,6 +37,13 @@ __device__ __forceinline__ float round_fp8_e4m3(float x) {
     return r;
 }
 
+// Programmatic dependent launch (sm_90): `pdl_launch` lets the next kernel on the stream start its
+// blocks (they run up to their own pdl_wait); `pdl_wait` blocks until the previous kernel has finished
+// and its writes are visible. Every kernel waits before it reads or writes activations; only immutable
+// data (weights) may be read before. Without the launch attribute both are no-ops.
+__device__ __forceinline__ void pdl_launch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
     return v;

@@ -8,6 +8,8 @@
 extern "C" __global__ void argmax_logprob(const float* __restrict__ logits, int vocab, int* __restrict__ token, float* __restrict__ logprob,
                                           float* __restrict__ part_v, int* __restrict__ part_i, float* __restrict__ part_s,
                                           int* __restrict__ counters) {
+    pdl_launch();
+    pdl_wait();
     __shared__ float best_v[32];
     __shared__ int best_i[32];
     __shared__ float scratch[33];
@@ -92,6 +94,8 @@ extern "C" __global__ void argmax_logprob(const float* __restrict__ logits, int 
 extern "C" __global__ void top_p_sample(const float* __restrict__ logits, int vocab, const float* __restrict__ temperature,
                                         const float* __restrict__ top_p, const float* __restrict__ uniforms, int* __restrict__ token,
                                         float* __restrict__ logprob) {
+    pdl_launch();
+    pdl_wait();
     __shared__ float scratch[33];
     __shared__ float best_v[32];
     __shared__ int chosen;

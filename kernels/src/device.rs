@@ -5,7 +5,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, LaunchConfig};
+
+use crate::launch::KernelArg;
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +96,8 @@ pub struct Device {
     pub stream: Arc<CudaStream>,
     pub multiprocessors: usize,
     functions: HashMap<&'static str, CudaFunction>,
+    /// Launch with programmatic stream serialization (on unless `CTXSCOPE_CUDA_PDL=0`).
+    pub programmatic: bool,
     /// Zero between launches: each kernel's last block resets what it counted.
     counters: CudaSlice<i32>,
     argmax_v: CudaSlice<f32>,
@@ -104,14 +108,14 @@ pub struct Device {
 type In<'a, T = f32> = CudaView<'a, T>;
 type Out<'a, T = f32> = CudaViewMut<'a, T>;
 
-/// Launches `$kernel` with the arguments in the order its CUDA signature lists them.
+/// Launches `$kernel` with the arguments in the order its CUDA signature lists them (programmatic
+/// dependent launch when the device has it on; see `crate::launch`).
 macro_rules! launch {
     ($self:ident, $kernel:literal, $cfg:expr, $($arg:expr),* $(,)?) => {{
-        let mut builder = $self.stream.launch_builder($self.function($kernel));
-        $( builder.arg($arg); )*
+        let mut args = [$( KernelArg::bits($arg, &$self.stream) ),*];
         // SAFETY: every call site passes the kernel's parameters in its declared order and types
         // (cuda/*.cu), and has checked the buffer lengths the kernel indexes.
-        unsafe { builder.launch($cfg) }.map(|_| ()).map_err(DeviceError::from)
+        unsafe { crate::launch::launch(&$self.stream, $self.function($kernel), $cfg, &mut args, $self.programmatic) }.map_err(DeviceError::from)
     }};
 }
 
@@ -160,7 +164,8 @@ impl Device {
         let argmax_v = stream.alloc_zeros::<f32>(ARGMAX_MAX_ROWS * ARGMAX_BLOCKS)?;
         let argmax_i = stream.alloc_zeros::<i32>(ARGMAX_MAX_ROWS * ARGMAX_BLOCKS)?;
         let argmax_s = stream.alloc_zeros::<f32>(ARGMAX_MAX_ROWS * ARGMAX_BLOCKS)?;
-        Ok(Device { ctx, stream, multiprocessors, functions, counters, argmax_v, argmax_i, argmax_s })
+        let programmatic = major >= 9 && std::env::var("CTXSCOPE_CUDA_PDL").map_or(true, |v| v != "0");
+        Ok(Device { ctx, stream, multiprocessors, functions, programmatic, counters, argmax_v, argmax_i, argmax_s })
     }
 
     fn function(&self, kernel: &'static str) -> &CudaFunction {
@@ -173,18 +178,13 @@ impl Device {
     pub fn rmsnorm(&self, x: &In, rows: Option<&In<i32>>, w: &In, out: &mut Out, n: usize, dim: usize, eps: f32, bf16_stats: bool) -> Result<(), DeviceError> {
         let rows_ok = rows.is_none_or(|r| r.len() >= n);
         check("rmsnorm_f32", out.len() >= n * dim && w.len() == dim && rows_ok && (rows.is_some() || x.len() >= n * dim), || format!("{n} rows of {dim}"))?;
-        let null = 0u64;
-        let (dim, flags) = (dim as i32, i32::from(bf16_stats));
-        let mut builder = self.stream.launch_builder(self.function("rmsnorm_f32"));
-        builder.arg(x);
-        match rows {
-            Some(r) => builder.arg(r),
-            None => builder.arg(&null),
+        // A null row map reads rows 0..n (checked above).
+        let row_map = match rows {
+            Some(r) => r.device_ptr(&self.stream).0,
+            None => 0u64,
         };
-        builder.arg(w).arg(out).arg(&dim).arg(&eps).arg(&flags);
-        // SAFETY: parameters in rmsnorm_f32's order; a null row map reads rows 0..n, checked above.
-        unsafe { builder.launch(grid((n, 1, 1), 256)) }?;
-        Ok(())
+        let (dim, flags) = (dim as i32, i32::from(bf16_stats));
+        launch!(self, "rmsnorm_f32", grid((n, 1, 1), 256), x, &row_map, w, out, &dim, &eps, &flags)
     }
 
     /// `out[t] = table[ids[t]]` for `n` ids (each < the table's rows).

@@ -40,6 +40,8 @@ pub use cudarc;
 pub mod blas;
 #[cfg(feature = "cuda")]
 pub mod device;
+#[cfg(feature = "cuda")]
+pub mod launch;
 
 #[cfg(test)]
 mod tests {

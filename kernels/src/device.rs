@@ -244,7 +244,7 @@ impl Device {
     /// `y[t] (op)= W x[t]` for `n <= GEMV_MAX_ROWS` token rows; `round_x` rounds x to bf16 on load.
     pub fn gemv(&self, w: &Matrix, x: &In, y: &mut Out, n: usize, mode: GemvMode, round_x: bool) -> Result<(), DeviceError> {
         let out_rows = if mode == GemvMode::SwiGlu { w.rows / 2 } else { w.rows };
-        let ok = n >= 1 && n <= GEMV_MAX_ROWS && w.cols % 8 == 0 && x.len() >= n * w.cols && y.len() >= n * out_rows && (mode != GemvMode::SwiGlu || w.rows % 2 == 0);
+        let ok = (1..=GEMV_MAX_ROWS).contains(&n) && w.cols % 8 == 0 && x.len() >= n * w.cols && y.len() >= n * out_rows && (mode != GemvMode::SwiGlu || w.rows % 2 == 0);
         check("gemv", ok, || format!("{}x{} by {n} rows ({mode:?})", w.rows, w.cols))?;
         let args = [out_rows as i32, w.cols as i32, n as i32, mode as i32, i32::from(round_x)];
         let cfg = blocks(out_rows * 32, 256);
@@ -310,7 +310,7 @@ impl Device {
     pub fn attn_decode(&self, qkv: &In, positions: &In<i32>, kv_base: &In<u64>, layer: usize, parts: (&mut Out, &mut Out), out: &mut Out, n: usize, splits: usize, chunk: usize, s: &AttentionShape) -> Result<(), DeviceError> {
         let (part_o, part_ml) = parts;
         let slots = n * s.heads * splits;
-        let ok = s.valid() && layer < s.n_layers && splits >= 1 && splits <= MAX_SPLITS && n * s.kv_heads <= ATTN_COUNTERS && qkv.len() >= n * s.q_stride() && positions.len() >= n && kv_base.len() >= n && part_o.len() >= slots * s.head_dim && part_ml.len() >= slots * 2 && out.len() >= n * s.heads * s.head_dim;
+        let ok = s.valid() && layer < s.n_layers && (1..=MAX_SPLITS).contains(&splits) && n * s.kv_heads <= ATTN_COUNTERS && qkv.len() >= n * s.q_stride() && positions.len() >= n && kv_base.len() >= n && part_o.len() >= slots * s.head_dim && part_ml.len() >= slots * 2 && out.len() >= n * s.heads * s.head_dim;
         check("attn_decode", ok, || format!("{n} rows, {splits} splits"))?;
         let ints = [s.q_stride() as i32, layer as i32, s.n_layers as i32, s.heads as i32, s.kv_heads as i32, s.head_dim as i32, s.window as i32, splits as i32, chunk as i32];
         let scale = 1.0 / (s.head_dim as f32).sqrt();

@@ -9,6 +9,17 @@
 #define MAX_HD 128
 #define HD_PER_LANE (MAX_HD / 32)
 
+// Empty online-softmax states for the (up to 4) queries a warp owns.
+__device__ __forceinline__ void reset_states(float (&m)[4], float (&l)[4], float (&acc)[4][HD_PER_LANE]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        m[i] = NEG_INF;
+        l[i] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < HD_PER_LANE; k++) acc[i][k] = 0.0f;
+    }
+}
+
 // Folds one staged tile into a query's online-softmax state. q: the query in shared memory; valid
 // positions of this tile for this query: [lo, hi) relative to the tile.
 __device__ __forceinline__ void attend_tile(const float* qs, const float (*ks)[MAX_HD + 1], const float (*vs)[MAX_HD + 1], int lo, int hi,
@@ -84,13 +95,7 @@ extern "C" __global__ void attn_prefill(const float* __restrict__ q, int q_strid
         qs[r][d] = q[(size_t)(first_row + r) * q_stride + h * hd + d];
     }
     float m[4], l[4], acc[4][HD_PER_LANE];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        m[i] = NEG_INF;
-        l[i] = 0.0f;
-#pragma unroll
-        for (int k = 0; k < HD_PER_LANE; k++) acc[i][k] = 0.0f;
-    }
+    reset_states(m, l, acc);
     int last_pos = start + first_row + rows_here - 1;
     int lowest = window > 0 ? max(0, start + first_row + 1 - window) : 0;
     for (int t0 = (lowest / TILE) * TILE; t0 <= last_pos; t0 += TILE) {
@@ -151,25 +156,13 @@ extern "C" __global__ void attn_decode(const float* __restrict__ q, int q_stride
     }
     // Block state per owned head (up to 4 per warp).
     float bm[4], bl[4], bacc[4][HD_PER_LANE];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        bm[i] = NEG_INF;
-        bl[i] = 0.0f;
-#pragma unroll
-        for (int k = 0; k < HD_PER_LANE; k++) bacc[i][k] = 0.0f;
-    }
+    reset_states(bm, bl, bacc);
     int piece = chunk > 0 ? chunk : (visible + splits - 1) / splits;
     int pieces = piece > 0 ? (visible + piece - 1) / piece : 0;
     for (int c = s; c < pieces; c += splits) {
         int p_lo = first + c * piece, p_hi = min(len, p_lo + piece);
         float m[4], l[4], acc[4][HD_PER_LANE];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            m[i] = NEG_INF;
-            l[i] = 0.0f;
-#pragma unroll
-            for (int k = 0; k < HD_PER_LANE; k++) acc[i][k] = 0.0f;
-        }
+        reset_states(m, l, acc);
         for (int t0 = p_lo; t0 < p_hi; t0 += TILE) {
             int count = min(TILE, p_hi - t0);
             __syncthreads();

@@ -33,11 +33,49 @@ __device__ __forceinline__ void load_w8(const void* w, size_t chunk, float* out)
     }
 }
 
+// Mode 3 (decode QKV): warp p computes the adjacent output rows 2p and 2p + 1 of the fused QKV matrix,
+// a RoPE pair, and stores them where rope_kv would: q rotated into qkv, k rotated and v as is into each
+// token's sequence cache (and into qkv). Same angles as rope_kv (f64 frequency and angle, reduced
+// modulo 2 pi, f32 sine and cosine); no patch rounding (patched passes use the separate kernels).
+struct RopeStore {
+    const int* positions;
+    const u64* kv_base;
+    int layer, n_layers, q_dim, kv_dim, hd;
+    float base;
+};
+
+__device__ __forceinline__ void rope_store(const RopeStore& rs, float* qkv, int t, int r, float a, float b) {
+    int stride = rs.q_dim + 2 * rs.kv_dim, pos = rs.positions[t];
+    if (r < rs.q_dim + rs.kv_dim) {
+        int j = (r % rs.hd) / 2;
+        double theta = (double)pos * pow((double)rs.base, -2.0 * j / rs.hd);
+        const double two_pi = 6.283185307179586;
+        float c, s;
+        sincosf((float)(theta - two_pi * rint(theta / two_pi)), &s, &c);
+        float ra = a * c - b * s, rb = a * s + b * c;
+        qkv[(size_t)t * stride + r] = ra;
+        qkv[(size_t)t * stride + r + 1] = rb;
+        if (r >= rs.q_dim) {
+            float* k = kv_row(rs.kv_base[t], pos, rs.layer, rs.n_layers, 0, rs.kv_dim) + (r - rs.q_dim);
+            k[0] = ra;
+            k[1] = rb;
+        }
+    } else {
+        qkv[(size_t)t * stride + r] = a;
+        qkv[(size_t)t * stride + r + 1] = b;
+        float* v = kv_row(rs.kv_base[t], pos, rs.layer, rs.n_layers, 1, rs.kv_dim) + (r - rs.q_dim - rs.kv_dim);
+        v[0] = a;
+        v[1] = b;
+    }
+}
+
 template <bool BF16, int MODE>
 __device__ __forceinline__ void gemv_body(const void* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
-                                          int rows, int cols, int n, int round_x) {
+                                          int rows, int cols, int n, int round_x, const RopeStore* rs = nullptr) {
     pdl_launch();
     int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    // Mode 2 pairs row r with r + rows (gate, up); mode 3 computes rows 2p and 2p + 1 (`rows` pairs).
+    int first = MODE == 3 ? 2 * row : row, second = MODE == 3 ? 2 * row + 1 : row + rows;
     if (row >= rows) {
         pdl_wait();
         return;
@@ -55,8 +93,8 @@ __device__ __forceinline__ void gemv_body(const void* __restrict__ w, const floa
         for (int u = 0; u < GEMV_UNROLL; u++) {
             int c = c0 + 32 * u;
             if (c < chunks) {
-                load_w8<BF16>(w, (size_t)row * chunks + c, wv[u]);
-                if (MODE == 2) load_w8<BF16>(w, (size_t)(row + rows) * chunks + c, wu[u]);
+                load_w8<BF16>(w, (size_t)first * chunks + c, wv[u]);
+                if (MODE >= 2) load_w8<BF16>(w, (size_t)second * chunks + c, wu[u]);
             }
         }
         if (!waited) {
@@ -80,7 +118,7 @@ __device__ __forceinline__ void gemv_body(const void* __restrict__ w, const floa
 #pragma unroll
                 for (int i = 0; i < 8; i++) {
                     acc[t] += wv[u][i] * xv[i];
-                    if (MODE == 2) acc2[t] += wu[u][i] * xv[i];
+                    if (MODE >= 2) acc2[t] += wu[u][i] * xv[i];
                 }
             }
         }
@@ -90,7 +128,10 @@ __device__ __forceinline__ void gemv_body(const void* __restrict__ w, const floa
     for (int t = 0; t < GEMV_MAX_N; t++) {
         if (t >= n) break;
         float s = warp_sum(acc[t]);
-        if (MODE == 2) {
+        if (MODE == 3) {
+            float u = warp_sum(acc2[t]);
+            if (lane == 0) rope_store(*rs, y, t, first, s, u);
+        } else if (MODE == 2) {
             float u = warp_sum(acc2[t]);
             if (lane == 0) y[(size_t)t * rows + row] = s / (1.0f + expf(-s)) * u;
         } else if (lane == 0) {
@@ -112,4 +153,19 @@ extern "C" __global__ void gemv_f32(const float* __restrict__ w, const float* __
     if (mode == 0) gemv_body<false, 0>(w, x, y, rows, cols, n, round_x);
     else if (mode == 1) gemv_body<false, 1>(w, x, y, rows, cols, n, round_x);
     else gemv_body<false, 2>(w, x, y, rows, cols, n, round_x);
+}
+
+// Decode QKV with RoPE and the K/V store fused (mode 3 above): `pairs` = (q_dim + 2 kv_dim) / 2.
+extern "C" __global__ void gemv_qkv_rope_bf16(const bf16_t* __restrict__ w, const float* __restrict__ x, float* __restrict__ qkv,
+                                              int pairs, int cols, int n, int round_x, const int* positions, const u64* kv_base,
+                                              int layer, int n_layers, int q_dim, int kv_dim, int hd, float base) {
+    RopeStore rs = {positions, kv_base, layer, n_layers, q_dim, kv_dim, hd, base};
+    gemv_body<true, 3>(w, x, qkv, pairs, cols, n, round_x, &rs);
+}
+
+extern "C" __global__ void gemv_qkv_rope_f32(const float* __restrict__ w, const float* __restrict__ x, float* __restrict__ qkv,
+                                             int pairs, int cols, int n, int round_x, const int* positions, const u64* kv_base,
+                                             int layer, int n_layers, int q_dim, int kv_dim, int hd, float base) {
+    RopeStore rs = {positions, kv_base, layer, n_layers, q_dim, kv_dim, hd, base};
+    gemv_body<false, 3>(w, x, qkv, pairs, cols, n, round_x, &rs);
 }

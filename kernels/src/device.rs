@@ -255,6 +255,32 @@ impl Device {
     }
 }
 
+impl Device {
+    /// Decode QKV: `qkv[t] = Wqkv x[t]` for `n <= GEMV_MAX_ROWS` rows with RoPE applied and K/V stored
+    /// into each row's sequence cache, in one launch (what `gemv` + `rope_kv` do without patches).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_qkv_rope(&self, w: &Matrix, x: &In, qkv: &mut Out, n: usize, round_x: bool, positions: &In<i32>, kv_base: &In<u64>, layer: usize, shape: &RopeShape) -> Result<(), DeviceError> {
+        let (q_dim, kv_dim) = (shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim);
+        let ok = (1..=GEMV_MAX_ROWS).contains(&n)
+            && w.rows == q_dim + 2 * kv_dim
+            && w.cols % 8 == 0
+            && shape.head_dim % 2 == 0
+            && layer < shape.n_layers
+            && x.len() >= n * w.cols
+            && qkv.len() >= n * w.rows
+            && positions.len() >= n
+            && kv_base.len() >= n;
+        check("gemv_qkv_rope", ok, || format!("{}x{} by {n} rows, layer {layer}", w.rows, w.cols))?;
+        let ints = [(w.rows / 2) as i32, w.cols as i32, n as i32, i32::from(round_x)];
+        let more = [layer as i32, shape.n_layers as i32, q_dim as i32, kv_dim as i32, shape.head_dim as i32];
+        let cfg = blocks(w.rows / 2 * 32, 256);
+        match &w.data {
+            MatrixData::Bf16(m) => launch!(self, "gemv_qkv_rope_bf16", cfg, m, x, qkv, &ints[0], &ints[1], &ints[2], &ints[3], positions, kv_base, &more[0], &more[1], &more[2], &more[3], &more[4], &shape.base),
+            MatrixData::F32(m) => launch!(self, "gemv_qkv_rope_f32", cfg, m, x, qkv, &ints[0], &ints[1], &ints[2], &ints[3], positions, kv_base, &more[0], &more[1], &more[2], &more[3], &more[4], &shape.base),
+        }
+    }
+}
+
 /// Shapes and flags of one `rope_kv` launch.
 #[derive(Debug, Clone, Copy)]
 pub struct RopeShape {

@@ -93,11 +93,19 @@ impl Pass<'_> {
             flags: i32::from(num.rope_bf16) | (i32::from(num.kv_fp8) << 1),
             kv_scale: KV_FP8_SCALE,
         };
+        // Decode rows without RoPE/K-V/matmul-input patches: RoPE and the K/V store ride in the QKV GEMV.
+        let fused_rope = n <= GEMV_MAX_ROWS && rope.flags == 0 && !num.act_q8;
         let attn = AttentionShape { n_layers: c.n_layers, heads: c.n_heads, kv_heads: c.n_kv_heads, head_dim: c.head_dim, window: num.window };
         for (i, layer) in w.layers.iter().enumerate() {
             d.rmsnorm(&ws.x.slice(..n * dim), None, &layer.attn_norm.slice(..), &mut ws.h.slice_mut(..n * dim), n, dim, c.rms_eps, num.rmsnorm_bf16)?;
-            self.matmul(&layer.wqkv, &ws.h, &mut ws.qkv, n, GemvMode::Store, &mut ws.scratch)?;
-            d.rope_kv(&mut ws.qkv.slice_mut(..n * q_stride), &ws.positions.slice(..n), &ws.kv_base.slice(..n), n, i, &rope)?;
+            if fused_rope {
+                let bf16 = matches!(layer.wqkv.data, MatrixData::Bf16(_));
+                let (positions, bases) = (ws.positions.slice(..n), ws.kv_base.slice(..n));
+                d.gemv_qkv_rope(&layer.wqkv, &ws.h.slice(..n * dim), &mut ws.qkv.slice_mut(..n * q_stride), n, bf16, &positions, &bases, i, &rope)?;
+            } else {
+                self.matmul(&layer.wqkv, &ws.h, &mut ws.qkv, n, GemvMode::Store, &mut ws.scratch)?;
+                d.rope_kv(&mut ws.qkv.slice_mut(..n * q_stride), &ws.positions.slice(..n), &ws.kv_base.slice(..n), n, i, &rope)?;
+            }
             if plan.decode > 0 {
                 let m = plan.decode;
                 d.attn_decode(

@@ -47,6 +47,9 @@ pub struct DeviceBackend {
     graphs: HashMap<(Path, usize), CudaGraph>,
     /// Replay decode passes as CUDA graphs (on unless `CTXSCOPE_CUDA_GRAPHS=0`).
     use_graphs: bool,
+    /// Widest pass computed with the GEMV kernels (and captured as a graph); wider passes use cuBLAS
+    /// without a graph. `CTXSCOPE_CUDA_GEMV_ROWS` (1..=8) overrides.
+    gemv_rows: usize,
 }
 
 impl DeviceBackend {
@@ -69,7 +72,7 @@ impl DeviceBackend {
         let max_seqs = options.max_batch.max(1);
         let ws = Workspace::new(&device.stream, &c, options.step_tokens.max(max_seqs), max_seqs).map_err(fail)?;
         device.stream.synchronize().map_err(|e| fail(e.into()))?;
-        Ok(DeviceBackend { ordinal, device, blas, config: c, golden, fast, ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: std::env::var("CTXSCOPE_CUDA_GRAPHS").map_or(true, |v| v != "0") })
+        Ok(DeviceBackend { ordinal, device, blas, config: c, golden, fast, ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: std::env::var("CTXSCOPE_CUDA_GRAPHS").map_or(true, |v| v != "0"), gemv_rows: gemv_rows() })
     }
 
     /// Turns decode-graph replay on or off (off: every pass launches its kernels one by one).
@@ -112,14 +115,14 @@ impl DeviceBackend {
     }
 
     /// Runs one planned pass: replays (capturing on first use) the decode graph for plain decode
-    /// passes of up to GEMV_MAX_ROWS sequences, enqueues the kernels otherwise.
+    /// passes of up to `gemv_rows` sequences, enqueues the kernels otherwise.
     fn run(&mut self, path: Path, numerics: Numerics, plan: &Plan) -> Result<(), DeviceError> {
-        let graphable = self.use_graphs && numerics.is_plain() && plan.prefill.is_empty() && plan.rows <= GEMV_MAX_ROWS;
+        let graphable = self.use_graphs && numerics.is_plain() && plan.prefill.is_empty() && plan.rows <= self.gemv_rows;
         let weights = match path {
             Path::Golden => &self.golden,
             Path::Fast => &self.fast,
         };
-        let pass = Pass { device: &self.device, blas: &self.blas, config: &self.config, numerics };
+        let pass = Pass { device: &self.device, blas: &self.blas, config: &self.config, numerics, gemv_rows: self.gemv_rows };
         if !graphable {
             return pass.enqueue(weights, &mut self.ws, plan);
         }
@@ -147,6 +150,17 @@ impl DeviceBackend {
         self.graphs[&key].launch()?;
         Ok(())
     }
+}
+
+/// Widest decode pass run on the GEMV kernels by default. Measured on the H200 (1B shape, bf16, 8
+/// sequences): cuBLAS 4,424 tokens/s against the GEMVs' 1,707 — a GEMV's per-row FMA and input
+/// traffic grows with the rows while a tensor-core GEMM reads the weights once for all of them.
+const DEFAULT_GEMV_ROWS: usize = 3;
+
+/// The widest decode pass run on the GEMV kernels: `CTXSCOPE_CUDA_GEMV_ROWS` (1..=GEMV_MAX_ROWS),
+/// else DEFAULT_GEMV_ROWS.
+fn gemv_rows() -> usize {
+    std::env::var("CTXSCOPE_CUDA_GEMV_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_GEMV_ROWS).clamp(1, GEMV_MAX_ROWS)
 }
 
 /// One sequence's part of a pass: its step index and the rows of its tokens taken.

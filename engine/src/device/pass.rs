@@ -7,7 +7,7 @@
 
 use ctxscope_kernels::blas::{Activations, Blas, Compute};
 use ctxscope_kernels::cudarc::driver::CudaSlice;
-use ctxscope_kernels::device::{AttentionShape, Device, DeviceError, GemvMode, Matrix, MatrixData, RopeShape, GEMV_MAX_ROWS};
+use ctxscope_kernels::device::{AttentionShape, Device, DeviceError, GemvMode, Matrix, MatrixData, RopeShape};
 
 use super::weights::DeviceWeights;
 use super::workspace::{Scratch, Workspace};
@@ -74,6 +74,8 @@ pub struct Pass<'a> {
     pub blas: &'a Blas,
     pub config: &'a ModelConfig,
     pub numerics: Numerics,
+    /// Passes of up to this many rows use the GEMV kernels (at most GEMV_MAX_ROWS); wider ones cuBLAS.
+    pub gemv_rows: usize,
 }
 
 impl Pass<'_> {
@@ -94,7 +96,7 @@ impl Pass<'_> {
             kv_scale: KV_FP8_SCALE,
         };
         // Decode rows without RoPE/K-V/matmul-input patches: RoPE and the K/V store ride in the QKV GEMV.
-        let fused_rope = n <= GEMV_MAX_ROWS && rope.flags == 0 && !num.act_q8;
+        let fused_rope = n <= self.gemv_rows && rope.flags == 0 && !num.act_q8;
         let attn = AttentionShape { n_layers: c.n_layers, heads: c.n_heads, kv_heads: c.n_kv_heads, head_dim: c.head_dim, window: num.window };
         for (i, layer) in w.layers.iter().enumerate() {
             d.rmsnorm(&ws.x.slice(..n * dim), None, &layer.attn_norm.slice(..), &mut ws.h.slice_mut(..n * dim), n, dim, c.rms_eps, num.rmsnorm_bf16)?;
@@ -175,7 +177,7 @@ impl Pass<'_> {
         self.device.q8_blocks(&mut x.slice_mut(..len), len)
     }
 
-    /// The product itself: GEMV for up to GEMV_MAX_ROWS rows, cuBLAS beyond (bf16 weights take bf16
+    /// The product itself: GEMV for up to `gemv_rows` rows, cuBLAS beyond (bf16 weights take bf16
     /// inputs there; the GEMV rounds its input to bf16 on load to match).
     #[allow(clippy::too_many_arguments)]
     fn product(&self, w: &Matrix, src: &CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize, mode: GemvMode, xb: &mut CudaSlice<u16>, gu: &mut CudaSlice<f32>) -> Result<(), DeviceError> {
@@ -183,7 +185,7 @@ impl Pass<'_> {
         let len = n * w.cols;
         let out_rows = if mode == GemvMode::SwiGlu { w.rows / 2 } else { w.rows };
         let bf16 = matches!(w.data, MatrixData::Bf16(_));
-        if n <= GEMV_MAX_ROWS {
+        if n <= self.gemv_rows {
             return d.gemv(w, &src.slice(..len), &mut out.slice_mut(..n * out_rows), n, mode, bf16);
         }
         let accumulate = mode == GemvMode::Accumulate;

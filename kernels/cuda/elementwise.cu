@@ -65,9 +65,8 @@ extern "C" __global__ void rope_kv(float* __restrict__ qkv, const int* __restric
     float* k_dst = kv_row(kv_base[t], pos, layer, n_layers, 0, kv_dim);
     float* v_dst = kv_row(kv_base[t], pos, layer, n_layers, 1, kv_dim);
     int half = hd / 2, pairs = (q_dim + kv_dim) / 2;
-    for (int j = threadIdx.x; j < half; j += blockDim.x) inv_freq[j] = pow((double)base, -2.0 * j / hd);
+    for (int j = threadIdx.x; j < half; j += blockDim.x) inv_freq[j] = rope_inv_freq(base, j, hd);
     __syncthreads();
-    const double two_pi = 6.283185307179586;
     for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
         double inv = inv_freq[p % half];
         float c, s;
@@ -76,9 +75,7 @@ extern "C" __global__ void rope_kv(float* __restrict__ qkv, const int* __restric
             c = round_bf16((float)cos((double)theta));
             s = round_bf16((float)sin((double)theta));
         } else {
-            double theta = (double)pos * inv;
-            float r = (float)(theta - two_pi * rint(theta / two_pi));
-            sincosf(r, &s, &c);
+            rope_cos_sin(pos, inv, &c, &s);
         }
         float* v = row + 2 * p;
         float a = v[0], b = v[1];

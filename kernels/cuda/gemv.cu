@@ -35,7 +35,7 @@ __device__ __forceinline__ void load_w8(const void* w, size_t chunk, float* out)
 
 // Mode 3 (decode QKV): warp p computes the adjacent output rows 2p and 2p + 1 of the fused QKV matrix,
 // a RoPE pair, and stores them where rope_kv would: q rotated into qkv, k rotated and v as is into each
-// token's sequence cache (and into qkv). Same angles as rope_kv (f64 frequency and angle, reduced
+// token's sequence cache (and into qkv). Same angles as rope_kv (prelude rope_cos_sin: f64 frequency and angle, reduced
 // modulo 2 pi, f32 sine and cosine); no patch rounding (patched passes use the separate kernels).
 struct RopeStore {
     const int* positions;
@@ -48,10 +48,8 @@ __device__ __forceinline__ void rope_store(const RopeStore& rs, float* qkv, int 
     int stride = rs.q_dim + 2 * rs.kv_dim, pos = rs.positions[t];
     if (r < rs.q_dim + rs.kv_dim) {
         int j = (r % rs.hd) / 2;
-        double theta = (double)pos * pow((double)rs.base, -2.0 * j / rs.hd);
-        const double two_pi = 6.283185307179586;
         float c, s;
-        sincosf((float)(theta - two_pi * rint(theta / two_pi)), &s, &c);
+        rope_cos_sin(pos, rope_inv_freq(rs.base, j, rs.hd), &c, &s);
         float ra = a * c - b * s, rb = a * s + b * c;
         qkv[(size_t)t * stride + r] = ra;
         qkv[(size_t)t * stride + r + 1] = rb;

@@ -44,6 +44,17 @@ __device__ __forceinline__ float round_fp8_e4m3(float x) {
 __device__ __forceinline__ void pdl_launch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
+// RoPE's inverse frequency of pair j (f64, as the CPU), and cos/sin of the angle pos * inv: the angle
+// in f64, reduced modulo 2 pi in f64, its sine and cosine in f32 (within an f32 ulp of the CPU's f64
+// cos/sin rounded to f32). Shared by rope_kv and the fused QKV GEMV.
+__device__ __forceinline__ double rope_inv_freq(float base, int j, int hd) { return pow((double)base, -2.0 * j / hd); }
+
+__device__ __forceinline__ void rope_cos_sin(int pos, double inv, float* c, float* s) {
+    const double two_pi = 6.283185307179586;
+    double theta = (double)pos * inv;
+    sincosf((float)(theta - two_pi * rint(theta / two_pi)), s, c);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
     return v;

@@ -445,6 +445,9 @@ fn run(dir: &FsPath, rep: &mut Report) {
             }
             bench.backend.set_graphs(true);
         }
+        if batches.contains(&1) {
+            decode_variants(&mut bench, rep, path, &c, steps, decode_reps);
+        }
         let p = &rep.value["perf"][path.as_str()];
         eprintln!(
             "  {}: prefill {} tok/s, decode {} tok/s ({} GB/s), batch 8 {} tok/s",
@@ -455,4 +458,27 @@ fn run(dir: &FsPath, rep: &mut Report) {
             p["batch8_tok_s"]
         );
     }
+}
+
+/// Same-run A/B of the batch-1 decode GEMVs: the one-warp-per-row kernels against the streamed ones
+/// (`DeviceBackend::set_stream_gemv`) with and without an L2 lookahead and with one or two blocks per
+/// SM; tokens/s and the graph's GPU time per step into `perf.<path>.variants`. Ends on the defaults.
+fn decode_variants(bench: &mut Bench, rep: &mut Report, path: Path, c: &ModelConfig, steps: usize, reps: usize) {
+    let prompts = vec![random_prompt(PERF_PROMPT, c.vocab, 100)];
+    for (stream, ahead, per_sm) in [(false, 0, 1), (true, 0, 1), (true, 8, 1), (true, 32, 1), (true, 0, 2), (true, 8, 2)] {
+        let name = if stream { format!("stream_l2ahead{ahead}_blocks{per_sm}") } else { "warp_per_row".to_string() };
+        bench.backend.set_stream_gemv(stream, ahead, per_sm);
+        let r = rep.section(&format!("decode {} {name}", path.as_str()), || {
+            bench.decode(path, &prompts, steps.min(16))?;
+            (0..reps.max(1)).map(|_| bench.decode(path, &prompts, steps)).collect::<Res<Vec<f64>>>()
+        });
+        if let Some(times) = r {
+            let tok_s = steps as f64 / median(times);
+            let replay = bench.replay_s.take();
+            rep.value["perf"][path.as_str()]["variants"][&name] = json!({"tok_s": tok_s, "graph_replay_s": replay});
+            eprintln!("  decode {} {name}: {tok_s:.0} tok/s, graph replay {:.1} us", path.as_str(), replay.unwrap_or(0.0) * 1e6);
+            rep.save();
+        }
+    }
+    bench.backend.set_stream_gemv(true, 0, 1);
 }

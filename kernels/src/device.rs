@@ -103,6 +103,8 @@ pub struct Device {
     argmax_v: CudaSlice<f32>,
     argmax_i: CudaSlice<i32>,
     argmax_s: CudaSlice<f32>,
+    /// The streamed GEMV's tuning (`stream::StreamTuning`; public so a benchmark can vary it).
+    pub tuning: StreamTuning,
 }
 
 type In<'a, T = f32> = CudaView<'a, T>;
@@ -118,6 +120,9 @@ macro_rules! launch {
         unsafe { crate::launch::launch(&$self.stream, $self.function($kernel), $cfg, &mut args, $self.programmatic) }.map_err(DeviceError::from)
     }};
 }
+
+mod stream;
+pub use stream::{Norm, StreamOp, StreamPlan, StreamTuning};
 
 fn blocks(n: usize, per_block: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (n.div_ceil(per_block).max(1) as u32, 1, 1), block_dim: (per_block as u32, 1, 1), shared_mem_bytes: 0 }
@@ -164,8 +169,10 @@ impl Device {
         let argmax_v = stream.alloc_zeros::<f32>(ARGMAX_MAX_ROWS * ARGMAX_BLOCKS)?;
         let argmax_i = stream.alloc_zeros::<i32>(ARGMAX_MAX_ROWS * ARGMAX_BLOCKS)?;
         let argmax_s = stream.alloc_zeros::<f32>(ARGMAX_MAX_ROWS * ARGMAX_BLOCKS)?;
+        let optin = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
+        let tuning = StreamTuning::new([&functions["gemv_stream_bf16"], &functions["gemv_stream_f32"]], optin)?;
         let programmatic = major >= 9 && std::env::var("CTXSCOPE_CUDA_PDL").map_or(true, |v| v != "0");
-        Ok(Device { ctx, stream, multiprocessors, functions, programmatic, counters, argmax_v, argmax_i, argmax_s })
+        Ok(Device { ctx, stream, multiprocessors, functions, programmatic, counters, argmax_v, argmax_i, argmax_s, tuning })
     }
 
     fn function(&self, kernel: &'static str) -> &CudaFunction {

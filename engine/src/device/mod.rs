@@ -50,6 +50,9 @@ pub struct DeviceBackend {
     /// Widest pass computed with the GEMV kernels (and captured as a graph); wider passes use cuBLAS
     /// without a graph. `CTXSCOPE_CUDA_GEMV_ROWS` (1..=8) overrides.
     gemv_rows: usize,
+    /// Plain GEMV passes stream the weights with the norms folded in (`Pass::stream`; on unless
+    /// `CTXSCOPE_CUDA_STREAM_GEMV=0`).
+    stream_gemv: bool,
 }
 
 impl DeviceBackend {
@@ -72,12 +75,22 @@ impl DeviceBackend {
         let max_seqs = options.max_batch.max(1);
         let ws = Workspace::new(&device.stream, &c, options.step_tokens.max(max_seqs), max_seqs).map_err(fail)?;
         device.stream.synchronize().map_err(|e| fail(e.into()))?;
-        Ok(DeviceBackend { ordinal, device, blas, config: c, golden, fast, ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: std::env::var("CTXSCOPE_CUDA_GRAPHS").map_or(true, |v| v != "0"), gemv_rows: gemv_rows() })
+        Ok(DeviceBackend { ordinal, device, blas, config: c, golden, fast, ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: std::env::var("CTXSCOPE_CUDA_GRAPHS").map_or(true, |v| v != "0"), gemv_rows: gemv_rows(), stream_gemv: std::env::var("CTXSCOPE_CUDA_STREAM_GEMV").map_or(true, |v| v != "0") })
     }
 
     /// Turns decode-graph replay on or off (off: every pass launches its kernels one by one).
     pub fn set_graphs(&mut self, on: bool) {
         self.use_graphs = on;
+    }
+
+    /// Chooses the decode GEMVs: streamed (`stream`, with `l2_ahead` stages per block requested into
+    /// the L2 and `blocks_per_sm` blocks per SM) or the one-warp-per-row kernels. Captured graphs
+    /// are dropped, so the next passes capture the new choice.
+    pub fn set_stream_gemv(&mut self, stream: bool, l2_ahead: usize, blocks_per_sm: usize) {
+        self.stream_gemv = stream;
+        self.device.tuning.l2_ahead = l2_ahead;
+        self.device.tuning.blocks_per_sm = blocks_per_sm.clamp(1, 4);
+        self.graphs.clear();
     }
 
     /// Seconds per replay of the captured decode graph for `rows` sequences on `path`, replayed `reps`
@@ -122,7 +135,7 @@ impl DeviceBackend {
             Path::Golden => &self.golden,
             Path::Fast => &self.fast,
         };
-        let pass = Pass { device: &self.device, blas: &self.blas, config: &self.config, numerics, gemv_rows: self.gemv_rows };
+        let pass = Pass { device: &self.device, blas: &self.blas, config: &self.config, numerics, gemv_rows: self.gemv_rows, stream: self.stream_gemv };
         if !graphable {
             return pass.enqueue(weights, &mut self.ws, plan);
         }

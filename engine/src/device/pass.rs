@@ -7,7 +7,7 @@
 
 use ctxscope_kernels::blas::{Activations, Blas, Compute};
 use ctxscope_kernels::cudarc::driver::CudaSlice;
-use ctxscope_kernels::device::{AttentionShape, Device, DeviceError, GemvMode, Matrix, MatrixData, RopeShape};
+use ctxscope_kernels::device::{AttentionShape, Device, DeviceError, GemvMode, Matrix, MatrixData, RopeShape, StreamOp};
 
 use super::weights::DeviceWeights;
 use super::workspace::{Scratch, Workspace};
@@ -76,6 +76,9 @@ pub struct Pass<'a> {
     pub numerics: Numerics,
     /// Passes of up to this many rows use the GEMV kernels (at most GEMV_MAX_ROWS); wider ones cuBLAS.
     pub gemv_rows: usize,
+    /// Plain GEMV passes stream the weights through shared memory with the RMSNorms folded into the
+    /// products that consume them (`Device::gemv_stream`), where every matrix's plan fits.
+    pub stream: bool,
 }
 
 impl Pass<'_> {
@@ -97,14 +100,19 @@ impl Pass<'_> {
         };
         // Decode rows without RoPE/K-V/matmul-input patches: RoPE and the K/V store ride in the QKV GEMV.
         let fused_rope = n <= self.gemv_rows && rope.flags == 0 && !num.act_q8;
+        let streamed = self.streamable(w, n);
+        let bf16 = w.bf16();
         let attn = AttentionShape { n_layers: c.n_layers, heads: c.n_heads, kv_heads: c.n_kv_heads, head_dim: c.head_dim, window: num.window };
         for (i, layer) in w.layers.iter().enumerate() {
-            d.rmsnorm(&ws.x.slice(..n * dim), None, &layer.attn_norm.slice(..), &mut ws.h.slice_mut(..n * dim), n, dim, c.rms_eps, num.rmsnorm_bf16)?;
-            if fused_rope {
-                let bf16 = matches!(layer.wqkv.data, MatrixData::Bf16(_));
-                let (positions, bases) = (ws.positions.slice(..n), ws.kv_base.slice(..n));
+            let (positions, bases) = (ws.positions.slice(..n), ws.kv_base.slice(..n));
+            if streamed {
+                let norm = Some((&layer.attn_norm.slice(..), c.rms_eps));
+                d.gemv_stream_qkv_rope(&layer.wqkv, &ws.x.slice(..n * dim), &mut ws.qkv.slice_mut(..n * q_stride), n, bf16, norm, &positions, &bases, i, &rope)?;
+            } else if fused_rope {
+                d.rmsnorm(&ws.x.slice(..n * dim), None, &layer.attn_norm.slice(..), &mut ws.h.slice_mut(..n * dim), n, dim, c.rms_eps, num.rmsnorm_bf16)?;
                 d.gemv_qkv_rope(&layer.wqkv, &ws.h.slice(..n * dim), &mut ws.qkv.slice_mut(..n * q_stride), n, bf16, &positions, &bases, i, &rope)?;
             } else {
+                d.rmsnorm(&ws.x.slice(..n * dim), None, &layer.attn_norm.slice(..), &mut ws.h.slice_mut(..n * dim), n, dim, c.rms_eps, num.rmsnorm_bf16)?;
                 self.matmul(&layer.wqkv, &ws.h, &mut ws.qkv, n, GemvMode::Store, &mut ws.scratch)?;
                 d.rope_kv(&mut ws.qkv.slice_mut(..n * q_stride), &ws.positions.slice(..n), &ws.kv_base.slice(..n), n, i, &rope)?;
             }
@@ -127,6 +135,13 @@ impl Pass<'_> {
                 let (r, k) = (chunk.row, chunk.n);
                 d.attn_prefill(&ws.qkv.slice(r * q_stride..(r + k) * q_stride), chunk.kv_base, i, &mut ws.att.slice_mut(r * dim..(r + k) * dim), k, chunk.start, &attn)?;
             }
+            if streamed {
+                let (ffn, norm) = (layer.w_down.cols, Some((&layer.ffn_norm.slice(..), c.rms_eps)));
+                d.gemv_stream(&layer.wo, &ws.att.slice(..n * dim), &mut ws.x.slice_mut(..n * dim), n, GemvMode::Accumulate, bf16, None)?;
+                d.gemv_stream(&layer.w_gu, &ws.x.slice(..n * dim), &mut ws.act.slice_mut(..n * ffn), n, GemvMode::SwiGlu, bf16, norm)?;
+                d.gemv_stream(&layer.w_down, &ws.act.slice(..n * ffn), &mut ws.x.slice_mut(..n * dim), n, GemvMode::Accumulate, bf16, None)?;
+                continue;
+            }
             self.residual(&layer.wo, &ws.att, &mut ws.x, n, &mut ws.scratch)?;
             d.rmsnorm(&ws.x.slice(..n * dim), None, &layer.ffn_norm.slice(..), &mut ws.h.slice_mut(..n * dim), n, dim, c.rms_eps, num.rmsnorm_bf16)?;
             self.matmul(&layer.w_gu, &ws.h, &mut ws.act, n, GemvMode::SwiGlu, &mut ws.scratch)?;
@@ -134,9 +149,32 @@ impl Pass<'_> {
         }
         let s = plan.outputs;
         let last_rows = ws.last_rows.slice(..s);
-        d.rmsnorm(&ws.x.slice(..n * dim), Some(&last_rows), &w.output_norm.slice(..), &mut ws.normed.slice_mut(..s * dim), s, dim, c.rms_eps, num.rmsnorm_bf16)?;
-        self.matmul(w.output(), &ws.normed, &mut ws.logits, s, GemvMode::Store, &mut ws.scratch)?;
+        if streamed && plan.prefill.is_empty() && s == n {
+            // Every row is an output, in order: the final norm folds into the output projection.
+            let norm = Some((&w.output_norm.slice(..), c.rms_eps));
+            d.gemv_stream(w.output(), &ws.x.slice(..n * dim), &mut ws.logits.slice_mut(..s * c.vocab), s, GemvMode::Store, bf16, norm)?;
+        } else if streamed {
+            d.rmsnorm(&ws.x.slice(..n * dim), Some(&last_rows), &w.output_norm.slice(..), &mut ws.normed.slice_mut(..s * dim), s, dim, c.rms_eps, num.rmsnorm_bf16)?;
+            d.gemv_stream(w.output(), &ws.normed.slice(..s * dim), &mut ws.logits.slice_mut(..s * c.vocab), s, GemvMode::Store, bf16, None)?;
+        } else {
+            d.rmsnorm(&ws.x.slice(..n * dim), Some(&last_rows), &w.output_norm.slice(..), &mut ws.normed.slice_mut(..s * dim), s, dim, c.rms_eps, num.rmsnorm_bf16)?;
+            self.matmul(w.output(), &ws.normed, &mut ws.logits, s, GemvMode::Store, &mut ws.scratch)?;
+        }
         d.argmax(&ws.logits.slice(..s * c.vocab), s, c.vocab, &mut ws.token.slice_mut(..s), &mut ws.logprob.slice_mut(..s))
+    }
+
+    /// Whether this pass of `n` rows takes the streamed GEMVs: asked for, no numerical patch (they
+    /// round between the steps the streamed kernels fuse), few enough rows, and every plan fits.
+    fn streamable(&self, w: &DeviceWeights, n: usize) -> bool {
+        let d = self.device;
+        let fits = |m: &Matrix, op: StreamOp| d.stream_plan(m, n, op).is_some();
+        self.stream
+            && n <= self.gemv_rows
+            && self.numerics.is_plain()
+            && fits(w.output(), StreamOp::Gemv(GemvMode::Store))
+            && w.layers.iter().all(|l| {
+                fits(&l.wqkv, StreamOp::QkvRope) && fits(&l.wo, StreamOp::Gemv(GemvMode::Accumulate)) && fits(&l.w_gu, StreamOp::Gemv(GemvMode::SwiGlu)) && fits(&l.w_down, StreamOp::Gemv(GemvMode::Accumulate))
+            })
     }
 
     /// A matmul whose product is added to the residual stream `x`: fused (accumulate) unless

@@ -2,7 +2,7 @@
 //! with Q, K, V fused into one matrix and gate/up into another, so a layer is four weight passes.
 
 use ctxscope_kernels::cudarc::driver::{CudaSlice, CudaStream};
-use ctxscope_kernels::device::{DeviceError, Matrix};
+use ctxscope_kernels::device::{DeviceError, Matrix, MatrixData};
 use std::sync::Arc;
 
 use crate::model::{Matrix as HostMatrix, Model};
@@ -60,6 +60,11 @@ impl DeviceWeights {
             None => None,
         };
         Ok(DeviceWeights { embed: matrix(&[&w.token_embd])?, layers, output_norm: stream.clone_htod(&w.output_norm)?, output })
+    }
+
+    /// Whether the matrices are bf16 (the fast path; the GEMVs then round their inputs to bf16).
+    pub fn bf16(&self) -> bool {
+        matches!(self.embed.data, MatrixData::Bf16(_))
     }
 
     /// The output projection (tied or not).

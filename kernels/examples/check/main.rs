@@ -20,6 +20,7 @@ mod rng;
 mod rope;
 mod sample;
 mod shapes;
+mod stream;
 mod timing;
 
 use std::process::ExitCode;
@@ -49,13 +50,15 @@ fn run() -> Res<bool> {
     let ready = started.elapsed().as_secs_f64();
     let name = dev.ctx.name()?;
     println!("{name}, {} SMs: Device::new(0) (context + NVRTC compile of {} modules) took {ready:.2} s", dev.multiprocessors, ctxscope_kernels::SOURCES.len());
-    let sections: [(&str, Section); 14] = [
+    let sections: [(&str, Section); 16] = [
         ("rmsnorm", norm::check_rmsnorm),
         ("embed", elementwise::check_embed),
         ("rope_kv", rope::check_rope_kv),
         ("elementwise", elementwise::check_elementwise),
         ("gemv", gemv::check_gemv),
         ("gemv timing", gemv::time_gemv),
+        ("gemv_stream", stream::check_stream),
+        ("gemv_stream timing", stream::time_stream),
         ("cuBLAS matmul", matmul::check_matmul),
         ("attn_prefill", attention::check_prefill),
         ("attn_decode", attention::check_decode),

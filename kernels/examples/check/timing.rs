@@ -8,7 +8,7 @@ use crate::report::{nan_buf, Report, Res};
 use crate::rng::Rng;
 
 /// Median and minimum milliseconds of `runs` event-timed calls of `f` after 5 warm-ups.
-fn time_ms(dev: &Device, runs: usize, mut f: impl FnMut() -> Res) -> Res<(f64, f64)> {
+pub(crate) fn time_ms(dev: &Device, runs: usize, mut f: impl FnMut() -> Res) -> Res<(f64, f64)> {
     let s = &dev.stream;
     for _ in 0..5 {
         f()?;

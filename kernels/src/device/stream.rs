@@ -1,0 +1,149 @@
+//! The streamed decode GEMV (cuda/gemv.cu `gemv_stream_*`): its launch plan (units per stage, shared
+//! memory, grid) and wrappers for the plain products and for the QKV projection with RoPE and the K/V
+//! store, each optionally taking the RMSNorm of its input rows.
+
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{CudaFunction, LaunchConfig};
+
+use super::{check, Device, DeviceError, GemvMode, In, Matrix, MatrixData, Out, RopeShape, GEMV_MAX_ROWS};
+use crate::launch::KernelArg;
+
+/// Slots of the shared-memory ring (`STREAM_RING`).
+const RING: usize = 4;
+/// A stage is the largest power of two of units that fits here (at least one unit).
+const STAGE_TARGET: usize = 16 << 10;
+/// Most units per stage (`STREAM_MAX_TASKS`).
+const MAX_UNITS_PER_STAGE: usize = 32;
+
+/// How one streamed GEMV launch is cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamPlan {
+    /// Output units (rows, gate/up pairs or RoPE pairs) per stage.
+    pub units_per_stage: usize,
+    pub stage_bytes: usize,
+    /// Dynamic shared memory: the ring and the staged input rows.
+    pub smem: usize,
+    pub blocks: usize,
+}
+
+/// The norm applied to the input rows on the way in: (weight, epsilon).
+pub type Norm<'a, 'b> = Option<(&'a In<'b>, f32)>;
+
+/// Tuning of the streamed GEMV, set when the device opens: `CTXSCOPE_CUDA_STREAM_BLOCKS` blocks per
+/// SM (default 1), `CTXSCOPE_CUDA_L2_AHEAD` stages per block requested into the L2 beyond the ring
+/// (default 0), `CTXSCOPE_CUDA_CARVEOUT` the kernels' preferred shared-memory carveout in percent
+/// (default 100: room for the next kernel's ring while this one runs).
+#[derive(Debug, Clone, Copy)]
+pub struct StreamTuning {
+    pub blocks_per_sm: usize,
+    pub l2_ahead: usize,
+    pub carveout: i32,
+    /// Largest dynamic shared memory a block may ask for.
+    pub smem_limit: usize,
+}
+
+impl StreamTuning {
+    /// Reads the environment and lets `kernels` (the two streamed GEMVs) take all the dynamic shared
+    /// memory a block may opt in to (`optin` less their static arrays), with the carveout asked for.
+    pub(super) fn new(kernels: [&CudaFunction; 2], optin: usize) -> Result<StreamTuning, DeviceError> {
+        let var = |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+        let carveout = var("CTXSCOPE_CUDA_CARVEOUT", 100).min(100) as i32;
+        let mut smem_limit = optin;
+        for f in kernels {
+            let fixed = f.get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)? as usize;
+            let dynamic = optin.saturating_sub(fixed);
+            f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic as i32)?;
+            f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, carveout)?;
+            smem_limit = smem_limit.min(dynamic);
+        }
+        Ok(StreamTuning { blocks_per_sm: var("CTXSCOPE_CUDA_STREAM_BLOCKS", 1).clamp(1, 4), l2_ahead: var("CTXSCOPE_CUDA_L2_AHEAD", 0).min(64), carveout, smem_limit })
+    }
+}
+
+/// What a streamed GEMV computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamOp {
+    Gemv(GemvMode),
+    /// The fused QKV projection with RoPE and the K/V store (the kernel's mode 3).
+    QkvRope,
+}
+
+impl StreamOp {
+    fn mode(self) -> i32 {
+        match self {
+            StreamOp::Gemv(m) => m as i32,
+            StreamOp::QkvRope => 3,
+        }
+    }
+}
+
+impl Device {
+    /// The plan for `n` token rows through `w`, or `None` when the shape is not streamable or the ring
+    /// and the input rows do not fit in one block's shared memory (the caller falls back to `gemv`).
+    pub fn stream_plan(&self, w: &Matrix, n: usize, op: StreamOp) -> Option<StreamPlan> {
+        let mode = op.mode();
+        let elem = if matches!(w.data, MatrixData::Bf16(_)) { 2 } else { 4 };
+        let k = if mode >= 2 { 2 } else { 1 };
+        let units = w.rows / k;
+        if !(1..=GEMV_MAX_ROWS).contains(&n) || units == 0 || !w.cols.is_multiple_of(8) || !w.rows.is_multiple_of(k) {
+            return None;
+        }
+        let unit_bytes = k * w.cols * elem;
+        let mut ups = 1;
+        while ups < MAX_UNITS_PER_STAGE && ups < units && 2 * ups * unit_bytes <= STAGE_TARGET {
+            ups *= 2;
+        }
+        let stage_bytes = ups * unit_bytes;
+        let smem = RING * stage_bytes + n * w.cols * 4;
+        let stages = units.div_ceil(ups);
+        let blocks = stages.min(self.tuning.blocks_per_sm * self.multiprocessors).max(1);
+        (smem <= self.tuning.smem_limit).then_some(StreamPlan { units_per_stage: ups, stage_bytes, smem, blocks })
+    }
+
+    /// `y[t] (mode)= W x[t]` for `n` token rows, streaming W through shared memory; `norm` normalizes
+    /// each x row first (as `rmsnorm`), `round_x` rounds the (normalized) input to bf16.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_stream(&self, w: &Matrix, x: &In, y: &mut Out, n: usize, mode: GemvMode, round_x: bool, norm: Norm) -> Result<(), DeviceError> {
+        let out_rows = if mode == GemvMode::SwiGlu { w.rows / 2 } else { w.rows };
+        let ok = x.len() >= n * w.cols && y.len() >= n * out_rows;
+        check("gemv_stream", ok, || format!("{}x{} by {n} rows ({mode:?})", w.rows, w.cols))?;
+        let rope = [0u64, 0];
+        let ints = [0i32; 5];
+        self.stream_launch(w, x, y, n, StreamOp::Gemv(mode), round_x, norm, rope, ints, 0.0)
+    }
+
+    /// Decode QKV as `gemv_qkv_rope` (RoPE applied, K/V stored into each row's sequence cache),
+    /// streaming the weights and optionally normalizing the input rows.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_stream_qkv_rope(&self, w: &Matrix, x: &In, qkv: &mut Out, n: usize, round_x: bool, norm: Norm, positions: &In<i32>, kv_base: &In<u64>, layer: usize, shape: &RopeShape) -> Result<(), DeviceError> {
+        let (q_dim, kv_dim) = (shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim);
+        let ok = w.rows == q_dim + 2 * kv_dim && shape.head_dim.is_multiple_of(2) && layer < shape.n_layers && x.len() >= n * w.cols && qkv.len() >= n * w.rows && positions.len() >= n && kv_base.len() >= n;
+        check("gemv_stream_qkv_rope", ok, || format!("{}x{} by {n} rows, layer {layer}", w.rows, w.cols))?;
+        let rope = [positions.bits(&self.stream), kv_base.bits(&self.stream)];
+        let ints = [layer as i32, shape.n_layers as i32, q_dim as i32, kv_dim as i32, shape.head_dim as i32];
+        self.stream_launch(w, x, qkv, n, StreamOp::QkvRope, round_x, norm, rope, ints, shape.base)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn stream_launch(&self, w: &Matrix, x: &In, y: &mut Out, n: usize, op: StreamOp, round_x: bool, norm: Norm, rope: [u64; 2], ints: [i32; 5], base: f32) -> Result<(), DeviceError> {
+        let mode = op.mode();
+        let Some(plan) = self.stream_plan(w, n, op) else {
+            return Err(DeviceError::Shape { kernel: "gemv_stream", detail: format!("{}x{} by {n} rows (mode {mode}): not a streamable shape, or its ring and input rows exceed a block's shared memory", w.rows, w.cols) });
+        };
+        if let Some((g, _)) = norm {
+            check("gemv_stream", g.len() == w.cols, || format!("norm weight of {} for {} columns", g.len(), w.cols))?;
+        }
+        let (norm_w, eps) = match norm {
+            Some((g, eps)) => (g.bits(&self.stream), eps),
+            None => (0u64, 0.0),
+        };
+        let units = if mode >= 2 { w.rows / 2 } else { w.rows };
+        let args = [units as i32, w.cols as i32, n as i32, mode, i32::from(round_x), plan.units_per_stage as i32, self.tuning.l2_ahead as i32];
+        let cfg = LaunchConfig { grid_dim: (plan.blocks as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: plan.smem as u32 };
+        let (positions, kv_base) = (&rope[0], &rope[1]);
+        match &w.data {
+            MatrixData::Bf16(m) => launch!(self, "gemv_stream_bf16", cfg, m, x, y, &norm_w, &eps, &args[0], &args[1], &args[2], &args[3], &args[4], &args[5], &args[6], positions, kv_base, &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &base),
+            MatrixData::F32(m) => launch!(self, "gemv_stream_f32", cfg, m, x, y, &norm_w, &eps, &args[0], &args[1], &args[2], &args[3], &args[4], &args[5], &args[6], positions, kv_base, &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &base),
+        }
+    }
+}

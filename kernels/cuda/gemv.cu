@@ -169,23 +169,20 @@ extern "C" __global__ void gemv_qkv_rope_f32(const float* __restrict__ w, const 
 }
 
 // ---- Streamed decode GEMV ----
-// The same products (modes 0-3 above) with the weights streamed through shared memory, for decode
-// passes: a persistent grid (about one block per SM) where each block owns a contiguous range of
-// stages. A stage is `ups` consecutive output units whose weight rows are contiguous in memory (a unit
-// is a row, a gate row and its up row (mode 2), or a RoPE pair of rows (mode 3)); it is copied with
-// 16-byte cp.async into a ring of STREAM_RING slots. The ring is filled before griddepcontrol.wait, so
-// with programmatic launch a block's first stages arrive while the previous kernel is still running,
-// and `l2_ahead` further stages per block are requested into the L2 ahead of the ring. The input rows
-// are staged in shared memory once per block, through the RMSNorm when `norm_w` is given (statistics
-// summed in rmsnorm_f32's order by as many threads, so the normalized rows are bit-identical to that
-// kernel's output) and rounded to bf16 when `round_x`. Below 8 units per stage a unit's dot product is
-// split over 8 / ups warps whose partial sums are added in a fixed order: the result depends on the
-// matrix shape only, not on n or on the grid.
+// The same products (modes 0-3 above) for decode passes, with each lane's weight loads running ahead
+// of its arithmetic through shared memory: a persistent grid (a few blocks per SM) in which every warp
+// owns a contiguous range of output units (a row; a gate row and its up row, mode 2; a RoPE pair of
+// rows, mode 3) and walks them a 16-byte chunk per lane at a time, as the one-warp-per-row kernel above.
+// Each lane keeps D iterations of its own chunks in flight with cp.async into its own shared-memory
+// slots (it reads back only what it copied, so no barrier is needed), and issues the first D before
+// griddepcontrol.wait: with programmatic launch those weights arrive while the previous kernel is still
+// running. The input rows are staged in shared memory once per block, through the RMSNorm when `norm_w`
+// is given (statistics summed in rmsnorm_f32's order by as many threads, so the normalized rows are
+// bit-identical to that kernel's output) and rounded to bf16 when `round_x`. A unit's sum is reduced
+// the same way whatever n and the grid are.
 
 #define STREAM_THREADS 256
 #define STREAM_WARPS (STREAM_THREADS / 32)
-#define STREAM_RING 4
-#define STREAM_MAX_TASKS 32
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
     unsigned a;
@@ -199,51 +196,9 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
-// Waits until at most STREAM_RING - 1 copy groups of this thread are in flight.
-__device__ __forceinline__ void cp_async_wait_ring() { asm volatile("cp.async.wait_group %0;" ::"n"(STREAM_RING - 1) : "memory"); }
-
-// The weights of one launch: `units` units of `k` rows of `row_bytes` each (see mode above).
-struct StreamShape {
-    const unsigned char* w;
-    size_t row_bytes;
-    int units, ups, mode;
-};
-
-// Stage s as at most two contiguous byte ranges (mode 2: the gate rows, then the up rows `units` rows
-// later); their offsets in a slot are 0 and ups * row_bytes.
-__device__ __forceinline__ int stage_ranges(const StreamShape& sh, int s, const unsigned char** src, size_t* bytes) {
-    int u0 = s * sh.ups, m = min(sh.ups, sh.units - u0);
-    if (sh.mode == 2) {
-        src[0] = sh.w + (size_t)u0 * sh.row_bytes;
-        src[1] = sh.w + (size_t)(sh.units + u0) * sh.row_bytes;
-        bytes[0] = bytes[1] = (size_t)m * sh.row_bytes;
-        return 2;
-    }
-    int k = sh.mode == 3 ? 2 : 1;
-    src[0] = sh.w + (size_t)k * u0 * sh.row_bytes;
-    bytes[0] = (size_t)k * m * sh.row_bytes;
-    return 1;
-}
-
-__device__ __forceinline__ void stage_issue(const StreamShape& sh, int s, unsigned char* slot) {
-    const unsigned char* src[2];
-    size_t bytes[2];
-    int parts = stage_ranges(sh, s, src, bytes);
-    for (int p = 0; p < parts; p++) {
-        unsigned char* dst = slot + (size_t)p * sh.ups * sh.row_bytes;
-        for (size_t i = (size_t)threadIdx.x * 16; i < bytes[p]; i += STREAM_THREADS * 16) cp_async16(dst + i, src[p] + i);
-    }
-}
-
-// One thread asks the L2 for stage s (sm_90 bulk prefetch; no-op before).
-__device__ __forceinline__ void stage_prefetch_l2(const StreamShape& sh, int s) {
-#if __CUDA_ARCH__ >= 900
-    const unsigned char* src[2];
-    size_t bytes[2];
-    int parts = stage_ranges(sh, s, src, bytes);
-    for (int p = 0; p < parts; p++) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src[p]), "r"((unsigned)bytes[p]) : "memory");
-#endif
-}
+// Waits until at most N of this thread's copy groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 // Eight (bf16) or four (f32) weights of a 16-byte chunk as f32.
 template <bool BF16>
@@ -260,8 +215,7 @@ __device__ __forceinline__ void unpack16(uint4 u, float* out) {
     }
 }
 
-// Unit u's output(s) for token row t from its dot product(s) s (and v: the up row, or the pair's
-// second row).
+// Unit u's output for token row t from its dot products s (and v: the up row, or the pair's second row).
 __device__ __forceinline__ void stream_epilogue(int mode, float* y, int units, int u, int t, float s, float v, const RopeStore* rs) {
     if (mode == 3) {
         rope_store(*rs, y, t, 2 * u, s, v);
@@ -272,69 +226,89 @@ __device__ __forceinline__ void stream_epilogue(int mode, float* y, int units, i
     }
 }
 
-template <bool BF16>
+// K rows per unit (1: modes 0, 1; 2: modes 2, 3), D (a power of two) iterations in flight per lane.
+// Shared memory: the lanes' slots, then the n input rows, then the norm weight.
+template <bool BF16, int K, int D>
 __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
                                                  const float* __restrict__ norm_w, float eps, int units, int cols, int n, int mode,
-                                                 int round_x, int ups, int l2_ahead, const RopeStore* rs) {
+                                                 int round_x, const RopeStore* rs) {
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ float scratch[33];
-    __shared__ float part[STREAM_MAX_TASKS][GEMV_MAX_N][2];
     pdl_launch();
-    const int E = BF16 ? 8 : 4, k = mode >= 2 ? 2 : 1;
-    const size_t row_bytes = (size_t)cols * (BF16 ? 2 : 4), stage_bytes = (size_t)ups * k * row_bytes;
-    const StreamShape sh = {(const unsigned char*)w, row_bytes, units, ups, mode};
-    const int stages = (units + ups - 1) / ups;
-    const int s0 = (int)((long long)blockIdx.x * stages / gridDim.x);
-    const int count = (int)((long long)(blockIdx.x + 1) * stages / gridDim.x) - s0;
-    float* xs = (float*)(smem + STREAM_RING * stage_bytes);
+    const int E = BF16 ? 8 : 4;
+    const int chunks = cols / E, per_unit = (chunks + 31) / 32;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long long warps = (long long)gridDim.x * STREAM_WARPS, gw = (long long)blockIdx.x * STREAM_WARPS + warp;
+    const int ua = (int)(gw * units / warps), ub = (int)((gw + 1) * units / warps);
+    // This thread's slot d, row r: ring[(d * K + r) * STREAM_THREADS + threadIdx.x].
+    uint4* ring = (uint4*)smem;
+    float* xs = (float*)(smem + (size_t)D * K * STREAM_THREADS * 16);
+    float* gs = xs + (size_t)n * cols;
+    const uint4* wc = (const uint4*)w;
 
-    // Weights do not depend on the previous kernel: fill the ring (one copy group per slot, empty
-    // ones included, so the group count is uniform) and ask the L2 for what follows, then wait.
-    for (int i = 0; i < STREAM_RING; i++) {
-        if (i < count) stage_issue(sh, s0 + i, smem + i * stage_bytes);
-        cp_async_commit();
+    // The issue cursor walks the warp's units a chunk per lane at a time, D iterations ahead.
+    int iu = ua, ij = 0, issued = 0;
+    auto issue_next = [&]() {
+        if (iu < ub) {
+            int c = lane + 32 * ij;
+            if (c < chunks) {
+#pragma unroll
+                for (int r = 0; r < K; r++) {
+                    size_t row = mode == 2 ? (size_t)iu + (size_t)r * units : (size_t)K * iu + r;
+                    cp_async16(&ring[((issued & (D - 1)) * K + r) * STREAM_THREADS + threadIdx.x], wc + row * chunks + c);
+                }
+            }
+            if (++ij == per_unit) {
+                ij = 0;
+                iu++;
+            }
+        }
+        issued++;
+        cp_async_commit();  // empty groups too: one group per iteration
+    };
+    // Weights (the norm weight rides in the first group) do not depend on the previous kernel: start
+    // them before waiting for it.
+    if (norm_w) {
+        for (int i = 4 * threadIdx.x; i < cols; i += 4 * STREAM_THREADS) cp_async16(gs + i, norm_w + i);
     }
-    if (threadIdx.x == 0) {
-        for (int i = STREAM_RING; i < STREAM_RING + l2_ahead && i < count; i++) stage_prefetch_l2(sh, s0 + i);
-    }
+#pragma unroll
+    for (int i = 0; i < D; i++) issue_next();
     pdl_wait();
 
-    // The input rows into shared memory (normalized and rounded as asked).
+    // The input rows into shared memory, normalized (rmsnorm_f32's sum and formula) and rounded as asked.
     for (int t = 0; t < n; t++) {
         const float* row = x + (size_t)t * cols;
-        float scale = 1.0f;
-        if (norm_w) {
-            float sum = 0.0f;
-            for (int i = threadIdx.x; i < cols; i += STREAM_THREADS) sum += row[i] * row[i];
-            float total = block_sum(sum, scratch);
-            scale = 1.0f / sqrtf(total / cols + eps);
-        }
+        float* xr = xs + (size_t)t * cols;
+        float sum = 0.0f;
         for (int i = threadIdx.x; i < cols; i += STREAM_THREADS) {
-            float v = norm_w ? row[i] * scale * norm_w[i] : row[i];
-            xs[(size_t)t * cols + i] = round_x ? round_bf16(v) : v;
+            float v = row[i];
+            sum += v * v;
+            xr[i] = v;
+        }
+        if (norm_w) {
+            cp_async_wait<D - 1>();  // the first group (with the norm weight) has landed
+            float scale = 1.0f / sqrtf(block_sum(sum, scratch) / cols + eps);
+            for (int i = threadIdx.x; i < cols; i += STREAM_THREADS) xr[i] = xr[i] * scale * gs[i];
+        }
+        if (round_x) {
+            for (int i = threadIdx.x; i < cols; i += STREAM_THREADS) xr[i] = round_bf16(xr[i]);
         }
     }
+    __syncthreads();
 
-    const int spw = ups >= STREAM_WARPS ? 1 : STREAM_WARPS / ups;
-    const int chunks = (int)(row_bytes / 16);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int i = 0; i < count; i++) {
-        cp_async_wait_ring();
-        __syncthreads();  // stage i (and, the first time, xs) visible to every thread
-        unsigned char* slot = smem + (i % STREAM_RING) * stage_bytes;
-        const int u0 = (s0 + i) * ups, m = min(ups, units - u0);
-        for (int task = warp; task < m * spw; task += STREAM_WARPS) {
-            const int j = task / spw, seg = task % spw;
-            const uint4* ra = (const uint4*)(slot + (size_t)(mode == 3 ? 2 * j : j) * row_bytes);
-            const uint4* rb = mode == 2 ? (const uint4*)(slot + (size_t)(ups + j) * row_bytes) : ra + chunks;
-            const int lo = seg * chunks / spw, hi = (seg + 1) * chunks / spw;
-            float acc[GEMV_MAX_N], acc2[GEMV_MAX_N];
+    int step = 0;
+    for (int u = ua; u < ub; u++) {
+        float acc[GEMV_MAX_N], acc2[GEMV_MAX_N];
 #pragma unroll
-            for (int t = 0; t < GEMV_MAX_N; t++) acc[t] = acc2[t] = 0.0f;
-            for (int c = lo + lane; c < hi; c += 32) {
+        for (int t = 0; t < GEMV_MAX_N; t++) acc[t] = acc2[t] = 0.0f;
+        for (int j = 0; j < per_unit; j++, step++) {
+            cp_async_wait<D - 1>();  // this lane's iteration `step` has landed
+            const int c = lane + 32 * j;
+            if (c < chunks) {
+                const int slot = (step & (D - 1)) * K;
                 float wa[8], wb[8];
-                unpack16<BF16>(ra[c], wa);
-                if (k == 2) unpack16<BF16>(rb[c], wb);
+                unpack16<BF16>(ring[slot * STREAM_THREADS + threadIdx.x], wa);
+                if (K == 2) unpack16<BF16>(ring[(slot + 1) * STREAM_THREADS + threadIdx.x], wb);
 #pragma unroll
                 for (int t = 0; t < GEMV_MAX_N; t++) {
                     if (t >= n) break;
@@ -349,50 +323,49 @@ __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, con
 #pragma unroll
                     for (int e = 0; e < E; e++) {
                         acc[t] += wa[e] * xv[e];
-                        if (k == 2) acc2[t] += wb[e] * xv[e];
+                        if (K == 2) acc2[t] += wb[e] * xv[e];
                     }
                 }
             }
+            // The slot just read is refilled only now, after the arithmetic that consumed it.
+            issue_next();
+        }
 #pragma unroll
-            for (int t = 0; t < GEMV_MAX_N; t++) {
-                if (t >= n) break;
-                float s = warp_sum(acc[t]), v = k == 2 ? warp_sum(acc2[t]) : 0.0f;
-                if (lane == 0) {
-                    part[task][t][0] = s;
-                    part[task][t][1] = v;
-                }
-            }
+        for (int t = 0; t < GEMV_MAX_N; t++) {
+            if (t >= n) break;
+            float s = warp_sum(acc[t]), v = K == 2 ? warp_sum(acc2[t]) : 0.0f;
+            if (lane == 0) stream_epilogue(mode, y, units, u, t, s, v, rs);
         }
-        __syncthreads();  // partial sums written; every warp is done with this slot
-        if (threadIdx.x < m * n) {
-            const int j = threadIdx.x / n, t = threadIdx.x % n;
-            float s = 0.0f, v = 0.0f;
-            for (int q = 0; q < spw; q++) {
-                s += part[j * spw + q][t][0];
-                v += part[j * spw + q][t][1];
-            }
-            stream_epilogue(mode, y, units, u0 + j, t, s, v, rs);
-        }
-        if (i + STREAM_RING < count) stage_issue(sh, s0 + i + STREAM_RING, slot);
-        cp_async_commit();
-        if (threadIdx.x == 0 && l2_ahead > 0 && i + STREAM_RING + l2_ahead < count) stage_prefetch_l2(sh, s0 + i + STREAM_RING + l2_ahead);
     }
 }
 
-// units: output rows (modes 0, 1), gate/up pairs (2) or RoPE pairs (3); ups: units per stage (a
-// power of two <= STREAM_MAX_TASKS); dynamic shared memory: STREAM_RING stages + n * cols floats.
-// positions .. base: mode 3's RoPE and K/V store (unused otherwise).
-#define GEMV_STREAM_PARAMS                                                                                                           \
-    const float *__restrict__ x, float *__restrict__ y, const float *__restrict__ norm_w, float eps, int units, int cols, int n, int mode, \
-        int round_x, int ups, int l2_ahead, const int *positions, const u64 *kv_base, int layer, int n_layers, int q_dim, int kv_dim,  \
-        int hd, float base
-
-extern "C" __global__ void gemv_stream_bf16(const bf16_t* __restrict__ w, GEMV_STREAM_PARAMS) {
-    RopeStore rs = {positions, kv_base, layer, n_layers, q_dim, kv_dim, hd, base};
-    gemv_stream_body<true>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, ups, l2_ahead, &rs);
+// Dispatch on the rows per unit (mode) and the bytes each lane keeps in flight (128 or 256).
+template <bool BF16>
+__device__ __forceinline__ void gemv_stream_dispatch(const void* w, const float* x, float* y, const float* norm_w, float eps, int units,
+                                                     int cols, int n, int mode, int round_x, int lane_bytes, const RopeStore* rs) {
+    bool deep = lane_bytes >= 256;
+    if (mode >= 2) {
+        if (deep) gemv_stream_body<BF16, 2, 8>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, rs);
+        else gemv_stream_body<BF16, 2, 4>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, rs);
+    } else {
+        if (deep) gemv_stream_body<BF16, 1, 16>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, rs);
+        else gemv_stream_body<BF16, 1, 8>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, rs);
+    }
 }
 
-extern "C" __global__ void gemv_stream_f32(const float* __restrict__ w, GEMV_STREAM_PARAMS) {
+// units: output rows (modes 0, 1), gate/up pairs (2) or RoPE pairs (3); dynamic shared memory:
+// lane_bytes per thread (128 or 256) + (n + 1) * cols floats. positions .. base: mode 3's RoPE and K/V store.
+#define GEMV_STREAM_PARAMS                                                                                                            \
+    const float *__restrict__ x, float *__restrict__ y, const float *__restrict__ norm_w, float eps, int units, int cols, int n, int mode, \
+        int round_x, int lane_bytes, const int *positions, const u64 *kv_base, int layer, int n_layers, int q_dim, int kv_dim, int hd,  \
+        float base
+
+extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_bf16(const bf16_t* __restrict__ w, GEMV_STREAM_PARAMS) {
     RopeStore rs = {positions, kv_base, layer, n_layers, q_dim, kv_dim, hd, base};
-    gemv_stream_body<false>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, ups, l2_ahead, &rs);
+    gemv_stream_dispatch<true>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, lane_bytes, &rs);
+}
+
+extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_f32(const float* __restrict__ w, GEMV_STREAM_PARAMS) {
+    RopeStore rs = {positions, kv_base, layer, n_layers, q_dim, kv_dim, hd, base};
+    gemv_stream_dispatch<false>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, lane_bytes, &rs);
 }

@@ -83,12 +83,12 @@ impl DeviceBackend {
         self.use_graphs = on;
     }
 
-    /// Chooses the decode GEMVs: streamed (`stream`, with `l2_ahead` stages per block requested into
-    /// the L2 and `blocks_per_sm` blocks per SM) or the one-warp-per-row kernels. Captured graphs
-    /// are dropped, so the next passes capture the new choice.
-    pub fn set_stream_gemv(&mut self, stream: bool, l2_ahead: usize, blocks_per_sm: usize) {
+    /// Chooses the decode GEMVs: streamed (`stream`, with `lane_bytes` in flight per lane and
+    /// `blocks_per_sm` blocks per SM) or the one-warp-per-row kernels. Captured graphs are dropped,
+    /// so the next passes capture the new choice.
+    pub fn set_stream_gemv(&mut self, stream: bool, lane_bytes: usize, blocks_per_sm: usize) {
         self.stream_gemv = stream;
-        self.device.tuning.l2_ahead = l2_ahead;
+        self.device.tuning.lane_bytes = ctxscope_kernels::device::lane_bytes(lane_bytes);
         self.device.tuning.blocks_per_sm = blocks_per_sm.clamp(1, 4);
         self.graphs.clear();
     }

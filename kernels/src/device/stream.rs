@@ -8,20 +8,13 @@ use cudarc::driver::{CudaFunction, LaunchConfig};
 use super::{check, Device, DeviceError, GemvMode, In, Matrix, MatrixData, Out, RopeShape, GEMV_MAX_ROWS};
 use crate::launch::KernelArg;
 
-/// Slots of the shared-memory ring (`STREAM_RING`).
-const RING: usize = 4;
-/// A stage is the largest power of two of units that fits here (at least one unit).
-const STAGE_TARGET: usize = 16 << 10;
-/// Most units per stage (`STREAM_MAX_TASKS`).
-const MAX_UNITS_PER_STAGE: usize = 32;
+/// Threads per block (`STREAM_THREADS`): eight warps.
+const THREADS: usize = 256;
 
 /// How one streamed GEMV launch is cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StreamPlan {
-    /// Output units (rows, gate/up pairs or RoPE pairs) per stage.
-    pub units_per_stage: usize,
-    pub stage_bytes: usize,
-    /// Dynamic shared memory: the ring and the staged input rows.
+    /// Dynamic shared memory: every thread's in-flight slots and the staged input rows.
     pub smem: usize,
     pub blocks: usize,
 }
@@ -30,13 +23,13 @@ pub struct StreamPlan {
 pub type Norm<'a, 'b> = Option<(&'a In<'b>, f32)>;
 
 /// Tuning of the streamed GEMV, set when the device opens: `CTXSCOPE_CUDA_STREAM_BLOCKS` blocks per
-/// SM (default 1), `CTXSCOPE_CUDA_L2_AHEAD` stages per block requested into the L2 beyond the ring
-/// (default 0), `CTXSCOPE_CUDA_CARVEOUT` the kernels' preferred shared-memory carveout in percent
-/// (default 100: room for the next kernel's ring while this one runs).
+/// SM (default 4, fewer where that many do not fit), `CTXSCOPE_CUDA_LANE_BYTES` weight bytes each
+/// lane keeps in flight (128 or 256, default 128), `CTXSCOPE_CUDA_CARVEOUT` the kernels' preferred
+/// shared-memory carveout in percent (default 100). Defaults measured on the H200 (BENCHMARKS.md).
 #[derive(Debug, Clone, Copy)]
 pub struct StreamTuning {
     pub blocks_per_sm: usize,
-    pub l2_ahead: usize,
+    pub lane_bytes: usize,
     pub carveout: i32,
     /// Largest dynamic shared memory a block may ask for.
     pub smem_limit: usize,
@@ -56,7 +49,16 @@ impl StreamTuning {
             f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, carveout)?;
             smem_limit = smem_limit.min(dynamic);
         }
-        Ok(StreamTuning { blocks_per_sm: var("CTXSCOPE_CUDA_STREAM_BLOCKS", 1).clamp(1, 4), l2_ahead: var("CTXSCOPE_CUDA_L2_AHEAD", 0).min(64), carveout, smem_limit })
+        Ok(StreamTuning { blocks_per_sm: var("CTXSCOPE_CUDA_STREAM_BLOCKS", 4).clamp(1, 4), lane_bytes: lane_bytes(var("CTXSCOPE_CUDA_LANE_BYTES", 128)), carveout, smem_limit })
+    }
+}
+
+/// The in-flight bytes per lane the kernel has instantiations for: 256 for 256 and above, else 128.
+pub fn lane_bytes(asked: usize) -> usize {
+    if asked >= 256 {
+        256
+    } else {
+        128
     }
 }
 
@@ -82,22 +84,21 @@ impl Device {
     /// and the input rows do not fit in one block's shared memory (the caller falls back to `gemv`).
     pub fn stream_plan(&self, w: &Matrix, n: usize, op: StreamOp) -> Option<StreamPlan> {
         let mode = op.mode();
-        let elem = if matches!(w.data, MatrixData::Bf16(_)) { 2 } else { 4 };
         let k = if mode >= 2 { 2 } else { 1 };
         let units = w.rows / k;
         if !(1..=GEMV_MAX_ROWS).contains(&n) || units == 0 || !w.cols.is_multiple_of(8) || !w.rows.is_multiple_of(k) {
             return None;
         }
-        let unit_bytes = k * w.cols * elem;
-        let mut ups = 1;
-        while ups < MAX_UNITS_PER_STAGE && ups < units && 2 * ups * unit_bytes <= STAGE_TARGET {
-            ups *= 2;
+        // The lanes' slots, the input rows and the norm weight.
+        let smem = self.tuning.lane_bytes * THREADS + (n + 1) * w.cols * 4;
+        if smem > self.tuning.smem_limit {
+            return None;
         }
-        let stage_bytes = ups * unit_bytes;
-        let smem = RING * stage_bytes + n * w.cols * 4;
-        let stages = units.div_ceil(ups);
-        let blocks = stages.min(self.tuning.blocks_per_sm * self.multiprocessors).max(1);
-        (smem <= self.tuning.smem_limit).then_some(StreamPlan { units_per_stage: ups, stage_bytes, smem, blocks })
+        // Every block must be resident at once (each owns a share of the work): no more per SM than fit.
+        let kernel = if matches!(w.data, MatrixData::Bf16(_)) { "gemv_stream_bf16" } else { "gemv_stream_f32" };
+        let fit = self.function(kernel).occupancy_max_active_blocks_per_multiprocessor(THREADS as u32, smem, None).ok()? as usize;
+        let blocks = units.div_ceil(THREADS / 32).min(self.tuning.blocks_per_sm.min(fit) * self.multiprocessors);
+        (blocks > 0).then_some(StreamPlan { smem, blocks })
     }
 
     /// `y[t] (mode)= W x[t]` for `n` token rows, streaming W through shared memory; `norm` normalizes
@@ -138,12 +139,12 @@ impl Device {
             None => (0u64, 0.0),
         };
         let units = if mode >= 2 { w.rows / 2 } else { w.rows };
-        let args = [units as i32, w.cols as i32, n as i32, mode, i32::from(round_x), plan.units_per_stage as i32, self.tuning.l2_ahead as i32];
-        let cfg = LaunchConfig { grid_dim: (plan.blocks as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: plan.smem as u32 };
+        let args = [units as i32, w.cols as i32, n as i32, mode, i32::from(round_x), self.tuning.lane_bytes as i32];
+        let cfg = LaunchConfig { grid_dim: (plan.blocks as u32, 1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: plan.smem as u32 };
         let (positions, kv_base) = (&rope[0], &rope[1]);
         match &w.data {
-            MatrixData::Bf16(m) => launch!(self, "gemv_stream_bf16", cfg, m, x, y, &norm_w, &eps, &args[0], &args[1], &args[2], &args[3], &args[4], &args[5], &args[6], positions, kv_base, &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &base),
-            MatrixData::F32(m) => launch!(self, "gemv_stream_f32", cfg, m, x, y, &norm_w, &eps, &args[0], &args[1], &args[2], &args[3], &args[4], &args[5], &args[6], positions, kv_base, &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &base),
+            MatrixData::Bf16(m) => launch!(self, "gemv_stream_bf16", cfg, m, x, y, &norm_w, &eps, &args[0], &args[1], &args[2], &args[3], &args[4], &args[5], positions, kv_base, &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &base),
+            MatrixData::F32(m) => launch!(self, "gemv_stream_f32", cfg, m, x, y, &norm_w, &eps, &args[0], &args[1], &args[2], &args[3], &args[4], &args[5], positions, kv_base, &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &base),
         }
     }
 }

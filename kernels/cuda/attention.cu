@@ -49,20 +49,19 @@ __device__ __forceinline__ void attend_tile(const float* qs, const float (*ks)[M
     m = m_new;
 }
 
-// Stages K and V rows [start + from, start + count) of `layer` (count <= TILE) into tile rows from ..
-// count of shared memory, 16 bytes
+// Stages K and V rows [start, start + count) of `layer` (count <= TILE) into shared memory, 16 bytes
 // per load (hd % 4 == 0): every thread issues all its loads before its first store, so a tile costs
 // one memory latency, not one per element. blockDim.x == 128.
 #define STAGE_PER_THREAD (TILE * MAX_HD / 4 / 128)
-__device__ __forceinline__ void stage_tile(u64 base, int start, int from, int count, int layer, int n_layers, int kvh, int kv_dim, int hd,
+__device__ __forceinline__ void stage_tile(u64 base, int start, int count, int layer, int n_layers, int kvh, int kv_dim, int hd,
                                            float (*ks)[MAX_HD + 1], float (*vs)[MAX_HD + 1]) {
-    int vecs = hd / 4, total = (count - from) * vecs;
+    int vecs = hd / 4, total = count * vecs;
     float4 kr[STAGE_PER_THREAD], vr[STAGE_PER_THREAD];
 #pragma unroll
     for (int u = 0; u < STAGE_PER_THREAD; u++) {
         int i = threadIdx.x + u * 128;
         if (i < total) {
-            int j = from + i / vecs, c = i % vecs;
+            int j = i / vecs, c = i % vecs;
             kr[u] = __ldg((const float4*)(kv_row(base, start + j, layer, n_layers, 0, kv_dim) + kvh * hd) + c);
             vr[u] = __ldg((const float4*)(kv_row(base, start + j, layer, n_layers, 1, kv_dim) + kvh * hd) + c);
         }
@@ -71,7 +70,7 @@ __device__ __forceinline__ void stage_tile(u64 base, int start, int from, int co
     for (int u = 0; u < STAGE_PER_THREAD; u++) {
         int i = threadIdx.x + u * 128;
         if (i < total) {
-            int j = from + i / vecs, d = 4 * (i % vecs);
+            int j = i / vecs, d = 4 * (i % vecs);
             ks[j][d] = kr[u].x; ks[j][d + 1] = kr[u].y; ks[j][d + 2] = kr[u].z; ks[j][d + 3] = kr[u].w;
             vs[j][d] = vr[u].x; vs[j][d + 1] = vr[u].y; vs[j][d + 2] = vr[u].z; vs[j][d + 3] = vr[u].w;
         }
@@ -102,7 +101,7 @@ extern "C" __global__ void attn_prefill(const float* __restrict__ q, int q_strid
     for (int t0 = (lowest / TILE) * TILE; t0 <= last_pos; t0 += TILE) {
         int count = min(TILE, last_pos + 1 - t0);
         __syncthreads();
-        stage_tile(kv_base, t0, 0, count, layer, n_layers, kvh, kv_dim, hd, ks, vs);
+        stage_tile(kv_base, t0, count, layer, n_layers, kvh, kv_dim, hd, ks, vs);
         __syncthreads();
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -141,28 +140,16 @@ extern "C" __global__ void attn_decode(const float* __restrict__ q, int q_stride
                                        float* __restrict__ part_ml, int heads, int kv_heads, int hd, float scale, int window,
                                        int splits, int chunk, float* __restrict__ out, int* __restrict__ counters) {
     pdl_launch();
+    pdl_wait();
     __shared__ float ks[TILE][MAX_HD + 1], vs[TILE][MAX_HD + 1];
     __shared__ float qs[16][MAX_HD];
     __shared__ int last;
     int t = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z;
     int group = heads / kv_heads, kv_dim = kv_heads * hd, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    // Positions and cache addresses come from the host, not from the previous kernel.
     int len = positions[t] + 1;
     int first = window > 0 ? max(0, len - window) : 0;
     int visible = len - first;
     u64 base = kv_base[t];
-    int piece = chunk > 0 ? chunk : (visible + splits - 1) / splits;
-    int pieces = piece > 0 ? (visible + piece - 1) / piece : 0;
-    // Without the patch a block has one piece, and the cache rows before the current position are not
-    // written by the previous kernel (it stores the current one): its first tile up to there is staged
-    // before waiting for that kernel.
-    int staged = 0;
-    if (chunk == 0 && s < pieces) {
-        int p_lo = first + s * piece, count = min(TILE, min(len, p_lo + piece) - p_lo);
-        staged = max(0, min(count, len - 1 - p_lo));
-        if (staged > 0) stage_tile(base, p_lo, 0, staged, layer, n_layers, kvh, kv_dim, hd, ks, vs);
-    }
-    pdl_wait();
     for (int i = threadIdx.x; i < group * hd; i += blockDim.x) {
         int g = i / hd, d = i % hd;
         qs[g][d] = q[(size_t)t * q_stride + (kvh * group + g) * hd + d];
@@ -170,6 +157,8 @@ extern "C" __global__ void attn_decode(const float* __restrict__ q, int q_stride
     // Block state per owned head (up to 4 per warp).
     float bm[4], bl[4], bacc[4][HD_PER_LANE];
     reset_states(bm, bl, bacc);
+    int piece = chunk > 0 ? chunk : (visible + splits - 1) / splits;
+    int pieces = piece > 0 ? (visible + piece - 1) / piece : 0;
     for (int c = s; c < pieces; c += splits) {
         int p_lo = first + c * piece, p_hi = min(len, p_lo + piece);
         float m[4], l[4], acc[4][HD_PER_LANE];
@@ -177,7 +166,7 @@ extern "C" __global__ void attn_decode(const float* __restrict__ q, int q_stride
         for (int t0 = p_lo; t0 < p_hi; t0 += TILE) {
             int count = min(TILE, p_hi - t0);
             __syncthreads();
-            stage_tile(base, t0, c == s && t0 == p_lo ? staged : 0, count, layer, n_layers, kvh, kv_dim, hd, ks, vs);
+            stage_tile(base, t0, count, layer, n_layers, kvh, kv_dim, hd, ks, vs);
             __syncthreads();
 #pragma unroll
             for (int i = 0; i < 4; i++) {

@@ -461,18 +461,14 @@ fn run(dir: &FsPath, rep: &mut Report) {
 }
 
 /// Same-run A/B of the batch-1 decode GEMVs: the one-warp-per-row kernels against the streamed ones
-/// (`DeviceBackend::set_stream_gemv`), one launch per product or a layer's products chained, with two
-/// to four blocks per SM; tokens/s and the graph's GPU time per step into `perf.<path>.variants`. Ends on the
+/// (`DeviceBackend::set_stream_gemv`) with 128 or 256 bytes in flight per lane and three or four
+/// blocks per SM; tokens/s and the graph's GPU time per step into `perf.<path>.variants`. Ends on the
 /// defaults.
 fn decode_variants(bench: &mut Bench, rep: &mut Report, path: Path, c: &ModelConfig, steps: usize, reps: usize) {
     let prompts = vec![random_prompt(PERF_PROMPT, c.vocab, 100)];
-    for (stream, chain, lane_bytes, per_sm) in [(false, false, 128, 4), (true, false, 128, 4), (true, true, 128, 2), (true, true, 128, 3), (true, true, 128, 4)] {
-        let name = match (stream, chain) {
-            (false, _) => "warp_per_row".to_string(),
-            (true, false) => format!("stream_lane{lane_bytes}_blocks{per_sm}"),
-            (true, true) => format!("chain_lane{lane_bytes}_blocks{per_sm}"),
-        };
-        bench.backend.set_stream_gemv(stream, chain, lane_bytes, per_sm);
+    for (stream, lane_bytes, per_sm) in [(false, 128, 4), (true, 128, 3), (true, 128, 4), (true, 256, 3)] {
+        let name = if stream { format!("stream_lane{lane_bytes}_blocks{per_sm}") } else { "warp_per_row".to_string() };
+        bench.backend.set_stream_gemv(stream, lane_bytes, per_sm);
         let r = rep.section(&format!("decode {} {name}", path.as_str()), || {
             bench.decode(path, &prompts, steps.min(16))?;
             (0..reps.max(1)).map(|_| bench.decode(path, &prompts, steps)).collect::<Res<Vec<f64>>>()
@@ -485,5 +481,5 @@ fn decode_variants(bench: &mut Bench, rep: &mut Report, path: Path, c: &ModelCon
             rep.save();
         }
     }
-    bench.backend.set_stream_gemv(true, true, 128, 4);
+    bench.backend.set_stream_gemv(true, 128, 4);
 }

@@ -222,100 +222,70 @@ __device__ __forceinline__ void stream_epilogue(int mode, float* y, int units, i
     } else {
         float* dst = y + (size_t)t * units + u;
         if (mode == 2) *dst = s / (1.0f + expf(-s)) * v;
-        else *dst = mode == 1 ? __ldcg(dst) + s : s;  // through L2: in a chain another block may have written it
+        else *dst = mode == 1 ? *dst + s : s;
     }
 }
 
-// One streamed product: the weights, the n input rows (x) and outputs (y) and the optional norm
-// weight; `units` as above, `mode` 0-3, `layer` for mode 3's K/V store. The layout of a chain's phase
-// descriptors (kernels/src/device/chain.rs writes them).
-struct ChainPhase {
-    const void* w;
-    const float* x;
-    float* y;
-    const float* norm_w;
-    int units, cols, mode, layer;
-};
-
-// Where a warp stands in its share of a phase: its units [ua, ub) and the issue cursor, D iterations
-// ahead of the arithmetic.
-struct StreamCursor {
-    int ua, ub, iu, ij, issued;
-};
-
-// Shared memory: the lanes' slots (lane_bytes = D * K * 16 per thread), the norm weight (up to gs_cols
-// floats), then n rows of `xs_cols` input floats.
-struct StreamSmem {
-    int lane_bytes, gs_cols, xs_cols;
-    __device__ __forceinline__ float* gs(unsigned char* smem) const { return (float*)(smem + (size_t)lane_bytes * STREAM_THREADS); }
-    __device__ __forceinline__ float* xs(unsigned char* smem) const { return gs(smem) + gs_cols; }
-};
-
-// Issues this lane's next iteration of phase p (one copy group, empty past the end).
+// K rows per unit (1: modes 0, 1; 2: modes 2, 3), D (a power of two) iterations in flight per lane.
+// Shared memory: the lanes' slots, then the n input rows, then the norm weight.
 template <bool BF16, int K, int D>
-__device__ __forceinline__ void stream_issue(const ChainPhase& p, StreamCursor& cur, uint4* ring) {
-    const int chunks = p.cols / (BF16 ? 8 : 4), per_unit = (chunks + 31) / 32, lane = threadIdx.x & 31;
-    if (cur.iu < cur.ub) {
-        int c = lane + 32 * cur.ij;
-        if (c < chunks) {
+__device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+                                                 const float* __restrict__ norm_w, float eps, int units, int cols, int n, int mode,
+                                                 int round_x, const RopeStore* rs) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    __shared__ float scratch[33];
+    pdl_launch();
+    const int E = BF16 ? 8 : 4;
+    const int chunks = cols / E, per_unit = (chunks + 31) / 32;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long long warps = (long long)gridDim.x * STREAM_WARPS, gw = (long long)blockIdx.x * STREAM_WARPS + warp;
+    const int ua = (int)(gw * units / warps), ub = (int)((gw + 1) * units / warps);
+    // This thread's slot d, row r: ring[(d * K + r) * STREAM_THREADS + threadIdx.x].
+    uint4* ring = (uint4*)smem;
+    float* xs = (float*)(smem + (size_t)D * K * STREAM_THREADS * 16);
+    float* gs = xs + (size_t)n * cols;
+    const uint4* wc = (const uint4*)w;
+
+    // The issue cursor walks the warp's units a chunk per lane at a time, D iterations ahead.
+    int iu = ua, ij = 0, issued = 0;
+    auto issue_next = [&]() {
+        if (iu < ub) {
+            int c = lane + 32 * ij;
+            if (c < chunks) {
 #pragma unroll
-            for (int r = 0; r < K; r++) {
-                size_t row = p.mode == 2 ? (size_t)cur.iu + (size_t)r * p.units : (size_t)K * cur.iu + r;
-                cp_async16(&ring[((cur.issued & (D - 1)) * K + r) * STREAM_THREADS + threadIdx.x], (const uint4*)p.w + row * chunks + c);
+                for (int r = 0; r < K; r++) {
+                    size_t row = mode == 2 ? (size_t)iu + (size_t)r * units : (size_t)K * iu + r;
+                    cp_async16(&ring[((issued & (D - 1)) * K + r) * STREAM_THREADS + threadIdx.x], wc + row * chunks + c);
+                }
+            }
+            if (++ij == per_unit) {
+                ij = 0;
+                iu++;
             }
         }
-        if (++cur.ij == per_unit) {
-            cur.ij = 0;
-            cur.iu++;
-        }
-    }
-    cur.issued++;
-    cp_async_commit();  // empty groups too: one group per iteration
-}
-
-// Starts phase p: this warp's share, its first D iterations and (riding in the first group) the norm
-// weight. Reads only weights, so it may run before the inputs are ready.
-template <bool BF16, int K, int D>
-__device__ __forceinline__ StreamCursor stream_prefetch(const ChainPhase& p, unsigned char* smem, const StreamSmem& lay) {
-    const long long warps = (long long)gridDim.x * STREAM_WARPS, gw = (long long)blockIdx.x * STREAM_WARPS + (threadIdx.x >> 5);
-    StreamCursor cur;
-    cur.ua = (int)(gw * p.units / warps);
-    cur.ub = (int)((gw + 1) * p.units / warps);
-    cur.iu = cur.ua;
-    cur.ij = 0;
-    cur.issued = 0;
-    if (p.norm_w) {
-        float* gs = lay.gs(smem);
-        for (int i = 4 * threadIdx.x; i < p.cols; i += 4 * STREAM_THREADS) cp_async16(gs + i, p.norm_w + i);
+        issued++;
+        cp_async_commit();  // empty groups too: one group per iteration
+    };
+    // Weights (the norm weight rides in the first group) do not depend on the previous kernel: start
+    // them before waiting for it.
+    if (norm_w) {
+        for (int i = 4 * threadIdx.x; i < cols; i += 4 * STREAM_THREADS) cp_async16(gs + i, norm_w + i);
     }
 #pragma unroll
-    for (int i = 0; i < D; i++) stream_issue<BF16, K, D>(p, cur, (uint4*)smem);
-    return cur;
-}
-
-// Runs phase p once its inputs are ready (after the programmatic wait or a grid barrier): stages the
-// input rows (through L2: other blocks wrote them), then the warp's units.
-template <bool BF16, int K, int D>
-__device__ __forceinline__ void stream_run(const ChainPhase& p, StreamCursor& cur, unsigned char* smem, const StreamSmem& lay, float* scratch,
-                                           int n, float eps, int round_x, const RopeStore* rs) {
-    const int xs_cols = lay.xs_cols;
-    const int E = BF16 ? 8 : 4, cols = p.cols;
-    const int chunks = cols / E, per_unit = (chunks + 31) / 32, lane = threadIdx.x & 31;
-    uint4* ring = (uint4*)smem;
-    float* xs = lay.xs(smem);
-    const float* gs = lay.gs(smem);
+    for (int i = 0; i < D; i++) issue_next();
+    pdl_wait();
 
     // The input rows into shared memory, normalized (rmsnorm_f32's sum and formula) and rounded as asked.
     for (int t = 0; t < n; t++) {
-        const float* row = p.x + (size_t)t * cols;
-        float* xr = xs + (size_t)t * xs_cols;
+        const float* row = x + (size_t)t * cols;
+        float* xr = xs + (size_t)t * cols;
         float sum = 0.0f;
         for (int i = threadIdx.x; i < cols; i += STREAM_THREADS) {
-            float v = __ldcg(row + i);
+            float v = row[i];
             sum += v * v;
             xr[i] = v;
         }
-        if (p.norm_w) {
+        if (norm_w) {
             cp_async_wait<D - 1>();  // the first group (with the norm weight) has landed
             float scale = 1.0f / sqrtf(block_sum(sum, scratch) / cols + eps);
             for (int i = threadIdx.x; i < cols; i += STREAM_THREADS) xr[i] = xr[i] * scale * gs[i];
@@ -327,7 +297,7 @@ __device__ __forceinline__ void stream_run(const ChainPhase& p, StreamCursor& cu
     __syncthreads();
 
     int step = 0;
-    for (int u = cur.ua; u < cur.ub; u++) {
+    for (int u = ua; u < ub; u++) {
         float acc[GEMV_MAX_N], acc2[GEMV_MAX_N];
 #pragma unroll
         for (int t = 0; t < GEMV_MAX_N; t++) acc[t] = acc2[t] = 0.0f;
@@ -342,7 +312,7 @@ __device__ __forceinline__ void stream_run(const ChainPhase& p, StreamCursor& cu
 #pragma unroll
                 for (int t = 0; t < GEMV_MAX_N; t++) {
                     if (t >= n) break;
-                    const float4* xp = (const float4*)(xs + (size_t)t * xs_cols + (size_t)c * E);
+                    const float4* xp = (const float4*)(xs + (size_t)t * cols + (size_t)c * E);
                     float xv[8];
                     float4 a = xp[0];
                     xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w;
@@ -358,43 +328,33 @@ __device__ __forceinline__ void stream_run(const ChainPhase& p, StreamCursor& cu
                 }
             }
             // The slot just read is refilled only now, after the arithmetic that consumed it.
-            stream_issue<BF16, K, D>(p, cur, ring);
+            issue_next();
         }
 #pragma unroll
         for (int t = 0; t < GEMV_MAX_N; t++) {
             if (t >= n) break;
             float s = warp_sum(acc[t]), v = K == 2 ? warp_sum(acc2[t]) : 0.0f;
-            if (lane == 0) stream_epilogue(p.mode, p.y, p.units, u, t, s, v, rs);
+            if (lane == 0) stream_epilogue(mode, y, units, u, t, s, v, rs);
         }
     }
 }
 
-// The rows per unit (mode) and the bytes each lane keeps in flight (128 or 256) pick the instance.
-#define STREAM_DISPATCH(mode, lane_bytes, CALL)                      \
-    if ((mode) >= 2) {                                                \
-        if ((lane_bytes) >= 256) CALL(2, 8) else CALL(2, 4)           \
-    } else {                                                          \
-        if ((lane_bytes) >= 256) CALL(1, 16) else CALL(1, 8)          \
-    }
-
+// Dispatch on the rows per unit (mode) and the bytes each lane keeps in flight (128 or 256).
 template <bool BF16>
-__device__ __forceinline__ void gemv_stream_kernel(const ChainPhase& p, int n, int round_x, float eps, int lane_bytes, const RopeStore* rs) {
-    extern __shared__ __align__(128) unsigned char smem[];
-    __shared__ float scratch[33];
-    pdl_launch();
-    const StreamSmem lay = {lane_bytes, p.cols, p.cols};
-#define STREAM_ONE(K, D)                                                              \
-    {                                                                                 \
-        StreamCursor cur = stream_prefetch<BF16, K, D>(p, smem, lay);                  \
-        pdl_wait();                                                                   \
-        stream_run<BF16, K, D>(p, cur, smem, lay, scratch, n, eps, round_x, rs);       \
+__device__ __forceinline__ void gemv_stream_dispatch(const void* w, const float* x, float* y, const float* norm_w, float eps, int units,
+                                                     int cols, int n, int mode, int round_x, int lane_bytes, const RopeStore* rs) {
+    bool deep = lane_bytes >= 256;
+    if (mode >= 2) {
+        if (deep) gemv_stream_body<BF16, 2, 8>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, rs);
+        else gemv_stream_body<BF16, 2, 4>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, rs);
+    } else {
+        if (deep) gemv_stream_body<BF16, 1, 16>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, rs);
+        else gemv_stream_body<BF16, 1, 8>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, rs);
     }
-    STREAM_DISPATCH(p.mode, lane_bytes, STREAM_ONE)
-#undef STREAM_ONE
 }
 
 // units: output rows (modes 0, 1), gate/up pairs (2) or RoPE pairs (3); dynamic shared memory:
-// lane_bytes per thread (128 or 256) + (1 + n) * cols floats. positions .. base: mode 3's RoPE and K/V store.
+// lane_bytes per thread (128 or 256) + (n + 1) * cols floats. positions .. base: mode 3's RoPE and K/V store.
 #define GEMV_STREAM_PARAMS                                                                                                            \
     const float *__restrict__ x, float *__restrict__ y, const float *__restrict__ norm_w, float eps, int units, int cols, int n, int mode, \
         int round_x, int lane_bytes, const int *positions, const u64 *kv_base, int layer, int n_layers, int q_dim, int kv_dim, int hd,  \
@@ -402,92 +362,10 @@ __device__ __forceinline__ void gemv_stream_kernel(const ChainPhase& p, int n, i
 
 extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_bf16(const bf16_t* __restrict__ w, GEMV_STREAM_PARAMS) {
     RopeStore rs = {positions, kv_base, layer, n_layers, q_dim, kv_dim, hd, base};
-    ChainPhase p = {w, x, y, norm_w, units, cols, mode, layer};
-    gemv_stream_kernel<true>(p, n, round_x, eps, lane_bytes, &rs);
+    gemv_stream_dispatch<true>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, lane_bytes, &rs);
 }
 
 extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_f32(const float* __restrict__ w, GEMV_STREAM_PARAMS) {
     RopeStore rs = {positions, kv_base, layer, n_layers, q_dim, kv_dim, hd, base};
-    ChainPhase p = {w, x, y, norm_w, units, cols, mode, layer};
-    gemv_stream_kernel<false>(p, n, round_x, eps, lane_bytes, &rs);
-}
-
-// ---- Chained decode GEMVs ----
-// Several streamed products in one launch (a layer's output projection, gate/up, down and the next
-// layer's QKV, say), separated by grid-wide barriers instead of kernel boundaries: every block of the
-// persistent grid is resident (the host caps the grid by occupancy), and before arriving at a barrier
-// each warp already issues its first iterations of the next phase, so the weights keep streaming while
-// the slowest block finishes. Each phase computes exactly what gemv_stream computes for it.
-
-// All blocks of the grid meet here; bar = {arrived, generation}, zero between launches. The last to
-// arrive resets the count and advances the generation. A block that waits ~2 s traps (a missing block
-// means a broken residency assumption: fail loudly instead of hanging).
-__device__ __forceinline__ void grid_barrier(unsigned* bar) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        volatile unsigned* generation = bar + 1;
-        unsigned seen = *generation;
-        __threadfence();
-        if (atomicAdd(bar, 1u) == gridDim.x - 1) {
-            atomicExch(bar, 0u);
-            __threadfence();
-            atomicAdd(bar + 1, 1u);
-        } else {
-            long long start = clock64();
-            while (*generation == seen) {
-                if (clock64() - start > (1LL << 32)) asm volatile("trap;");
-            }
-        }
-        __threadfence();
-    }
-    __syncthreads();
-}
-
-template <bool BF16>
-__device__ __forceinline__ void gemv_chain_kernel(const ChainPhase* __restrict__ phases, int count, int n, int round_x, float eps, int lane_bytes,
-                                                  int gs_cols, int xs_cols, unsigned* bar, RopeStore rs) {
-    extern __shared__ __align__(128) unsigned char smem[];
-    __shared__ float scratch[33];
-    pdl_launch();
-    const StreamSmem lay = {lane_bytes, gs_cols, xs_cols};
-    // Phase i's cursor lives between its prefetch (before the wait or barrier) and its run.
-    StreamCursor cur;
-    for (int i = 0; i < count; i++) {
-        const ChainPhase p = phases[i];
-        rs.layer = p.layer;
-#define CHAIN_ONE(K, D)                                                                            \
-    {                                                                                              \
-        if (i == 0) {                                                                              \
-            cur = stream_prefetch<BF16, K, D>(p, smem, lay);                                       \
-            pdl_wait();                                                                            \
-        }                                                                                          \
-        stream_run<BF16, K, D>(p, cur, smem, lay, scratch, n, eps, round_x, &rs);                \
-    }
-        STREAM_DISPATCH(p.mode, lane_bytes, CHAIN_ONE)
-#undef CHAIN_ONE
-        if (i + 1 < count) {
-            const ChainPhase next = phases[i + 1];
-#define CHAIN_NEXT(K, D) { cur = stream_prefetch<BF16, K, D>(next, smem, lay); }
-            STREAM_DISPATCH(next.mode, lane_bytes, CHAIN_NEXT)
-#undef CHAIN_NEXT
-            grid_barrier(bar);
-        }
-    }
-}
-
-// `count` phases (descriptors in device memory), n token rows of at most xs_cols inputs each, norm
-// weights of at most gs_cols; dynamic shared memory: lane_bytes per thread + (gs_cols + n * xs_cols)
-// floats. bar: two zeroed words.
-#define GEMV_CHAIN_PARAMS                                                                                                                     \
-    const ChainPhase *__restrict__ phases, int count, int n, int round_x, float eps, int lane_bytes, int gs_cols, int xs_cols, unsigned *bar, \
-        const int *positions, const u64 *kv_base, int n_layers, int q_dim, int kv_dim, int hd, float base
-
-extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 3) gemv_chain_bf16(GEMV_CHAIN_PARAMS) {
-    RopeStore rs = {positions, kv_base, 0, n_layers, q_dim, kv_dim, hd, base};
-    gemv_chain_kernel<true>(phases, count, n, round_x, eps, lane_bytes, gs_cols, xs_cols, bar, rs);
-}
-
-extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 3) gemv_chain_f32(GEMV_CHAIN_PARAMS) {
-    RopeStore rs = {positions, kv_base, 0, n_layers, q_dim, kv_dim, hd, base};
-    gemv_chain_kernel<false>(phases, count, n, round_x, eps, lane_bytes, gs_cols, xs_cols, bar, rs);
+    gemv_stream_dispatch<false>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, lane_bytes, &rs);
 }

@@ -103,8 +103,6 @@ pub struct Device {
     argmax_v: CudaSlice<f32>,
     argmax_i: CudaSlice<i32>,
     argmax_s: CudaSlice<f32>,
-    /// The chained GEMVs' grid barrier: {arrived, generation}, zero between launches.
-    chain_barrier: CudaSlice<u32>,
     /// The streamed GEMV's tuning (`stream::StreamTuning`; public so a benchmark can vary it).
     pub tuning: StreamTuning,
 }
@@ -123,9 +121,7 @@ macro_rules! launch {
     }};
 }
 
-mod chain;
 mod stream;
-pub use chain::{ChainStep, ChainTable};
 pub use stream::{lane_bytes, Norm, StreamOp, StreamPlan, StreamTuning};
 
 fn blocks(n: usize, per_block: usize) -> LaunchConfig {
@@ -174,10 +170,9 @@ impl Device {
         let argmax_i = stream.alloc_zeros::<i32>(ARGMAX_MAX_ROWS * ARGMAX_BLOCKS)?;
         let argmax_s = stream.alloc_zeros::<f32>(ARGMAX_MAX_ROWS * ARGMAX_BLOCKS)?;
         let optin = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
-        let tuning = StreamTuning::new([&functions["gemv_stream_bf16"], &functions["gemv_stream_f32"], &functions["gemv_chain_bf16"], &functions["gemv_chain_f32"]], optin)?;
-        let chain_barrier = stream.alloc_zeros::<u32>(2)?;
+        let tuning = StreamTuning::new([&functions["gemv_stream_bf16"], &functions["gemv_stream_f32"]], optin)?;
         let programmatic = major >= 9 && std::env::var("CTXSCOPE_CUDA_PDL").map_or(true, |v| v != "0");
-        Ok(Device { ctx, stream, multiprocessors, functions, programmatic, counters, argmax_v, argmax_i, argmax_s, chain_barrier, tuning })
+        Ok(Device { ctx, stream, multiprocessors, functions, programmatic, counters, argmax_v, argmax_i, argmax_s, tuning })
     }
 
     fn function(&self, kernel: &'static str) -> &CudaFunction {

@@ -15,7 +15,7 @@ pub const SOURCES: [(&str, &str); 4] = [
 ];
 
 /// Kernel entry points every source must define (checked by the tests, launched by the wrappers).
-pub const KERNELS: [&str; 21] = [
+pub const KERNELS: [&str; 19] = [
     "rmsnorm_f32",
     "embed_f32",
     "embed_bf16",
@@ -31,8 +31,6 @@ pub const KERNELS: [&str; 21] = [
     "gemv_qkv_rope_f32",
     "gemv_stream_bf16",
     "gemv_stream_f32",
-    "gemv_chain_bf16",
-    "gemv_chain_f32",
     "attn_prefill",
     "attn_decode",
     "argmax_logprob",

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use ctxscope_kernels::blas::Blas;
 use ctxscope_kernels::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use ctxscope_kernels::cudarc::driver::CudaGraph;
-use ctxscope_kernels::device::{ChainStep, ChainTable, Device, DeviceError, GemvMode, StreamOp, GEMV_MAX_ROWS, MAX_GROUP, MAX_HEAD_DIM};
+use ctxscope_kernels::device::{Device, DeviceError, GEMV_MAX_ROWS, MAX_GROUP, MAX_HEAD_DIM};
 
 pub use kv::DeviceKv;
 pub use pass::Numerics;
@@ -53,10 +53,6 @@ pub struct DeviceBackend {
     /// Plain GEMV passes stream the weights with the norms folded in (`Pass::stream`; on unless
     /// `CTXSCOPE_CUDA_STREAM_GEMV=0`).
     stream_gemv: bool,
-    /// Chain each layer's streamed products into one launch (`Pass::chain`; on unless
-    /// `CTXSCOPE_CUDA_CHAIN=0`), from these tables (golden, fast; `None` where a shape does not fit).
-    use_chain: bool,
-    chains: [Option<ChainTable>; 2],
 }
 
 impl DeviceBackend {
@@ -78,10 +74,8 @@ impl DeviceBackend {
         let fast = DeviceWeights::upload(&device.stream, &model, true).map_err(fail)?;
         let max_seqs = options.max_batch.max(1);
         let ws = Workspace::new(&device.stream, &c, options.step_tokens.max(max_seqs), max_seqs).map_err(fail)?;
-        let rows = max_seqs.min(GEMV_MAX_ROWS);
-        let chains = [chain_table(&device, &golden, &ws, rows), chain_table(&device, &fast, &ws, rows)];
         device.stream.synchronize().map_err(|e| fail(e.into()))?;
-        Ok(DeviceBackend { ordinal, device, blas, config: c, golden, fast, ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: std::env::var("CTXSCOPE_CUDA_GRAPHS").map_or(true, |v| v != "0"), gemv_rows: gemv_rows(), stream_gemv: std::env::var("CTXSCOPE_CUDA_STREAM_GEMV").map_or(true, |v| v != "0"), use_chain: std::env::var("CTXSCOPE_CUDA_CHAIN").map_or(true, |v| v != "0"), chains })
+        Ok(DeviceBackend { ordinal, device, blas, config: c, golden, fast, ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: std::env::var("CTXSCOPE_CUDA_GRAPHS").map_or(true, |v| v != "0"), gemv_rows: gemv_rows(), stream_gemv: std::env::var("CTXSCOPE_CUDA_STREAM_GEMV").map_or(true, |v| v != "0") })
     }
 
     /// Turns decode-graph replay on or off (off: every pass launches its kernels one by one).
@@ -90,12 +84,10 @@ impl DeviceBackend {
     }
 
     /// Chooses the decode GEMVs: streamed (`stream`, with `lane_bytes` in flight per lane and
-    /// `blocks_per_sm` blocks per SM; `chain`: a layer's products in one launch) or the
-    /// one-warp-per-row kernels. Captured graphs are dropped,
+    /// `blocks_per_sm` blocks per SM) or the one-warp-per-row kernels. Captured graphs are dropped,
     /// so the next passes capture the new choice.
-    pub fn set_stream_gemv(&mut self, stream: bool, chain: bool, lane_bytes: usize, blocks_per_sm: usize) {
+    pub fn set_stream_gemv(&mut self, stream: bool, lane_bytes: usize, blocks_per_sm: usize) {
         self.stream_gemv = stream;
-        self.use_chain = chain;
         self.device.tuning.lane_bytes = ctxscope_kernels::device::lane_bytes(lane_bytes);
         self.device.tuning.blocks_per_sm = blocks_per_sm.clamp(1, 4);
         self.graphs.clear();
@@ -143,8 +135,7 @@ impl DeviceBackend {
             Path::Golden => &self.golden,
             Path::Fast => &self.fast,
         };
-        let chain = if self.use_chain { self.chains[usize::from(path == Path::Fast)].as_ref() } else { None };
-        let pass = Pass { device: &self.device, blas: &self.blas, config: &self.config, numerics, gemv_rows: self.gemv_rows, stream: self.stream_gemv, chain };
+        let pass = Pass { device: &self.device, blas: &self.blas, config: &self.config, numerics, gemv_rows: self.gemv_rows, stream: self.stream_gemv };
         if !graphable {
             return pass.enqueue(weights, &mut self.ws, plan);
         }
@@ -171,29 +162,6 @@ impl DeviceBackend {
         }
         self.graphs[&key].launch()?;
         Ok(())
-    }
-}
-
-/// The chain table of `w` over the workspace: per layer its output projection, gate/up (its FFN norm
-/// folded), down, then the next layer's QKV (its attention norm folded) or, after the last layer, the
-/// output head (the final norm folded). `None` (chaining off) where a shape is refused.
-fn chain_table(device: &Device, w: &DeviceWeights, ws: &Workspace, rows: usize) -> Option<ChainTable> {
-    let mut steps = Vec::with_capacity(4 * w.layers.len());
-    for (i, l) in w.layers.iter().enumerate() {
-        steps.push(ChainStep { w: &l.wo, op: StreamOp::Gemv(GemvMode::Accumulate), x: &ws.att, y: &ws.x, norm: None, layer: i });
-        steps.push(ChainStep { w: &l.w_gu, op: StreamOp::Gemv(GemvMode::SwiGlu), x: &ws.x, y: &ws.act, norm: Some(&l.ffn_norm), layer: i });
-        steps.push(ChainStep { w: &l.w_down, op: StreamOp::Gemv(GemvMode::Accumulate), x: &ws.act, y: &ws.x, norm: None, layer: i });
-        steps.push(match w.layers.get(i + 1) {
-            Some(next) => ChainStep { w: &next.wqkv, op: StreamOp::QkvRope, x: &ws.x, y: &ws.qkv, norm: Some(&next.attn_norm), layer: i + 1 },
-            None => ChainStep { w: w.output(), op: StreamOp::Gemv(GemvMode::Store), x: &ws.x, y: &ws.logits, norm: Some(&w.output_norm), layer: i },
-        });
-    }
-    match device.chain_table(&steps, rows) {
-        Ok(table) => Some(table),
-        Err(e) => {
-            tracing::warn!("decode chains off: {e}");
-            None
-        }
     }
 }
 

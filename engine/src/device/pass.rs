@@ -7,7 +7,7 @@
 
 use ctxscope_kernels::blas::{Activations, Blas, Compute};
 use ctxscope_kernels::cudarc::driver::CudaSlice;
-use ctxscope_kernels::device::{AttentionShape, ChainTable, Device, DeviceError, GemvMode, Matrix, MatrixData, RopeShape, StreamOp};
+use ctxscope_kernels::device::{AttentionShape, Device, DeviceError, GemvMode, Matrix, MatrixData, RopeShape, StreamOp};
 
 use super::weights::DeviceWeights;
 use super::workspace::{Scratch, Workspace};
@@ -79,10 +79,6 @@ pub struct Pass<'a> {
     /// Plain GEMV passes stream the weights through shared memory with the RMSNorms folded into the
     /// products that consume them (`Device::gemv_stream`), where every matrix's plan fits.
     pub stream: bool,
-    /// Streamed decode passes whose rows are all outputs run each layer's products after attention
-    /// (output projection, gate/up, down, the next layer's QKV or the output head) as one chained
-    /// launch from this table (`Device::gemv_chain`: 4 entries per layer).
-    pub chain: Option<&'a ChainTable>,
 }
 
 impl Pass<'_> {
@@ -105,14 +101,11 @@ impl Pass<'_> {
         // Decode rows without RoPE/K-V/matmul-input patches: RoPE and the K/V store ride in the QKV GEMV.
         let fused_rope = n <= self.gemv_rows && rope.flags == 0 && !num.act_q8;
         let streamed = self.streamable(w, n);
-        let chain = self.chain.filter(|t| streamed && plan.prefill.is_empty() && plan.outputs == n && d.chain_plan(t, n).is_some());
         let bf16 = w.bf16();
         let attn = AttentionShape { n_layers: c.n_layers, heads: c.n_heads, kv_heads: c.n_kv_heads, head_dim: c.head_dim, window: num.window };
         for (i, layer) in w.layers.iter().enumerate() {
             let (positions, bases) = (ws.positions.slice(..n), ws.kv_base.slice(..n));
-            if chain.is_some() && i > 0 {
-                // The previous layer's chain ended with this layer's QKV.
-            } else if streamed {
+            if streamed {
                 let norm = Some((&layer.attn_norm.slice(..), c.rms_eps));
                 d.gemv_stream_qkv_rope(&layer.wqkv, &ws.x.slice(..n * dim), &mut ws.qkv.slice_mut(..n * q_stride), n, bf16, norm, &positions, &bases, i, &rope)?;
             } else if fused_rope {
@@ -142,10 +135,6 @@ impl Pass<'_> {
                 let (r, k) = (chunk.row, chunk.n);
                 d.attn_prefill(&ws.qkv.slice(r * q_stride..(r + k) * q_stride), chunk.kv_base, i, &mut ws.att.slice_mut(r * dim..(r + k) * dim), k, chunk.start, &attn)?;
             }
-            if let Some(table) = chain {
-                d.gemv_chain(table, 4 * i, 4, n, bf16, c.rms_eps, &positions, &bases, &rope)?;
-                continue;
-            }
             if streamed {
                 let (ffn, norm) = (layer.w_down.cols, Some((&layer.ffn_norm.slice(..), c.rms_eps)));
                 d.gemv_stream(&layer.wo, &ws.att.slice(..n * dim), &mut ws.x.slice_mut(..n * dim), n, GemvMode::Accumulate, bf16, None)?;
@@ -160,9 +149,7 @@ impl Pass<'_> {
         }
         let s = plan.outputs;
         let last_rows = ws.last_rows.slice(..s);
-        if chain.is_some() {
-            // The last layer's chain ended with the output head.
-        } else if streamed && plan.prefill.is_empty() && s == n {
+        if streamed && plan.prefill.is_empty() && s == n {
             // Every row is an output, in order: the final norm folds into the output projection.
             let norm = Some((&w.output_norm.slice(..), c.rms_eps));
             d.gemv_stream(w.output(), &ws.x.slice(..n * dim), &mut ws.logits.slice_mut(..s * c.vocab), s, GemvMode::Store, bf16, norm)?;

@@ -10,7 +10,6 @@
 //! (`rng`).
 
 mod attention;
-mod chain;
 mod elementwise;
 mod gemv;
 mod matmul;
@@ -51,7 +50,7 @@ fn run() -> Res<bool> {
     let ready = started.elapsed().as_secs_f64();
     let name = dev.ctx.name()?;
     println!("{name}, {} SMs: Device::new(0) (context + NVRTC compile of {} modules) took {ready:.2} s", dev.multiprocessors, ctxscope_kernels::SOURCES.len());
-    let sections: [(&str, Section); 17] = [
+    let sections: [(&str, Section); 16] = [
         ("rmsnorm", norm::check_rmsnorm),
         ("embed", elementwise::check_embed),
         ("rope_kv", rope::check_rope_kv),
@@ -60,7 +59,6 @@ fn run() -> Res<bool> {
         ("gemv timing", gemv::time_gemv),
         ("gemv_stream", stream::check_stream),
         ("gemv_stream timing", stream::time_stream),
-        ("gemv_chain", chain::check_chain),
         ("cuBLAS matmul", matmul::check_matmul),
         ("attn_prefill", attention::check_prefill),
         ("attn_decode", attention::check_decode),

@@ -9,7 +9,7 @@ use super::{check, Device, DeviceError, GemvMode, In, Matrix, MatrixData, Out, R
 use crate::launch::KernelArg;
 
 /// Threads per block (`STREAM_THREADS`): eight warps.
-pub(super) const THREADS: usize = 256;
+const THREADS: usize = 256;
 
 /// How one streamed GEMV launch is cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,9 +36,9 @@ pub struct StreamTuning {
 }
 
 impl StreamTuning {
-    /// Reads the environment and lets `kernels` (the streamed and chained GEMVs) take all the dynamic shared
+    /// Reads the environment and lets `kernels` (the two streamed GEMVs) take all the dynamic shared
     /// memory a block may opt in to (`optin` less their static arrays), with the carveout asked for.
-    pub(super) fn new(kernels: [&CudaFunction; 4], optin: usize) -> Result<StreamTuning, DeviceError> {
+    pub(super) fn new(kernels: [&CudaFunction; 2], optin: usize) -> Result<StreamTuning, DeviceError> {
         let var = |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
         let carveout = var("CTXSCOPE_CUDA_CARVEOUT", 100).min(100) as i32;
         let mut smem_limit = optin;
@@ -71,7 +71,7 @@ pub enum StreamOp {
 }
 
 impl StreamOp {
-    pub(super) fn mode(self) -> i32 {
+    fn mode(self) -> i32 {
         match self {
             StreamOp::Gemv(m) => m as i32,
             StreamOp::QkvRope => 3,

@@ -21,6 +21,11 @@ pub(crate) fn error(message: impl std::fmt::Display) -> BackendError {
     BackendError { backend: "cuda", message: message.to_string() }
 }
 
+/// A device error, attributed to GPU `ordinal`.
+pub(crate) fn gpu_error(ordinal: usize) -> impl Fn(ctxscope_kernels::device::DeviceError) -> BackendError {
+    move |e| error(format!("GPU {ordinal}: {e}"))
+}
+
 impl DeviceKv {
     pub fn new(stream: &Arc<CudaStream>, capacity: usize, per_pos: usize) -> Result<DeviceKv, BackendError> {
         // SAFETY: positions are written (rope_kv) before attention reads them; nothing reads past `len`.

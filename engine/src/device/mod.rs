@@ -31,7 +31,7 @@ use crate::model::{Model, ModelConfig};
 use crate::patch::PatchSet;
 use crate::scheduler::EngineOptions;
 
-use kv::error;
+use kv::{error, gpu_error};
 
 /// The model on one GPU.
 pub struct DeviceBackend {
@@ -39,8 +39,8 @@ pub struct DeviceBackend {
     device: Device,
     blas: Blas,
     config: ModelConfig,
-    golden: DeviceWeights,
-    fast: DeviceWeights,
+    /// The golden (f32) and fast (bf16) weights, indexed by `path_index`.
+    weights: [DeviceWeights; 2],
     ws: Workspace,
     /// Positions per sequence cache.
     ctx: usize,
@@ -67,15 +67,14 @@ impl DeviceBackend {
                 c.n_heads / c.n_kv_heads.max(1)
             )));
         }
-        let fail = |e: DeviceError| error(format!("GPU {ordinal}: {e}"));
-        let device = Device::new(ordinal).map_err(fail)?;
-        let blas = Blas::new(device.stream.clone()).map_err(fail)?;
-        let golden = DeviceWeights::upload(&device.stream, &model, false).map_err(fail)?;
-        let fast = DeviceWeights::upload(&device.stream, &model, true).map_err(fail)?;
+        let fail = gpu_error(ordinal);
+        let device = Device::new(ordinal).map_err(&fail)?;
+        let blas = Blas::new(device.stream.clone()).map_err(&fail)?;
+        let (golden, fast) = DeviceWeights::upload(&device.stream, &model).map_err(&fail)?;
         let max_seqs = options.max_batch.max(1);
-        let ws = Workspace::new(&device.stream, &c, options.step_tokens.max(max_seqs), max_seqs).map_err(fail)?;
+        let ws = Workspace::new(&device.stream, &c, options.step_tokens.max(max_seqs), max_seqs).map_err(&fail)?;
         device.stream.synchronize().map_err(|e| fail(e.into()))?;
-        Ok(DeviceBackend { ordinal, device, blas, config: c, golden, fast, ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: std::env::var("CTXSCOPE_CUDA_GRAPHS").map_or(true, |v| v != "0"), gemv_rows: gemv_rows(), stream_gemv: std::env::var("CTXSCOPE_CUDA_STREAM_GEMV").map_or(true, |v| v != "0") })
+        Ok(DeviceBackend { ordinal, device, blas, config: c, weights: [golden, fast], ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: std::env::var("CTXSCOPE_CUDA_GRAPHS").map_or(true, |v| v != "0"), gemv_rows: gemv_rows(), stream_gemv: std::env::var("CTXSCOPE_CUDA_STREAM_GEMV").map_or(true, |v| v != "0") })
     }
 
     /// Turns decode-graph replay on or off (off: every pass launches its kernels one by one).
@@ -99,7 +98,7 @@ impl DeviceBackend {
     /// rewrite the last decode pass's positions, so its sequences' caches must still be alive.
     pub fn time_graph_replay(&mut self, path: Path, rows: usize, reps: usize) -> Result<Option<f64>, BackendError> {
         let Some(graph) = self.graphs.get(&(path, rows)) else { return Ok(None) };
-        let fail = |e: ctxscope_kernels::cudarc::driver::DriverError| error(format!("GPU {}: {e}", self.ordinal));
+        let fail = |e: ctxscope_kernels::cudarc::driver::DriverError| gpu_error(self.ordinal)(e.into());
         self.device.stream.synchronize().map_err(fail)?;
         let started = std::time::Instant::now();
         for _ in 0..reps {
@@ -121,20 +120,15 @@ impl DeviceBackend {
     }
 
     fn weights(&self, path: Path) -> &DeviceWeights {
-        match path {
-            Path::Golden => &self.golden,
-            Path::Fast => &self.fast,
-        }
+        &self.weights[path_index(path)]
     }
 
     /// Runs one planned pass: replays (capturing on first use) the decode graph for plain decode
     /// passes of up to `gemv_rows` sequences, enqueues the kernels otherwise.
     fn run(&mut self, path: Path, numerics: Numerics, plan: &Plan) -> Result<(), DeviceError> {
         let graphable = self.use_graphs && numerics.is_plain() && plan.prefill.is_empty() && plan.rows <= self.gemv_rows;
-        let weights = match path {
-            Path::Golden => &self.golden,
-            Path::Fast => &self.fast,
-        };
+        // A field borrow (not `self.weights(path)`), so the workspace can be borrowed mutably beside it.
+        let weights = &self.weights[path_index(path)];
         let pass = Pass { device: &self.device, blas: &self.blas, config: &self.config, numerics, gemv_rows: self.gemv_rows, stream: self.stream_gemv };
         if !graphable {
             return pass.enqueue(weights, &mut self.ws, plan);
@@ -162,6 +156,14 @@ impl DeviceBackend {
         }
         self.graphs[&key].launch()?;
         Ok(())
+    }
+}
+
+/// Where `path`'s weights sit in `DeviceBackend::weights`.
+fn path_index(path: Path) -> usize {
+    match path {
+        Path::Golden => 0,
+        Path::Fast => 1,
     }
 }
 
@@ -263,14 +265,13 @@ impl Backend for DeviceBackend {
                 s.memcpy_htod(&last, &mut this.ws.last_rows.slice_mut(..last.len()))?;
                 Ok(())
             };
-            let ordinal = self.ordinal;
-            let fail = move |e: DeviceError| error(format!("GPU {ordinal}: {e}"));
-            upload(self).map_err(fail)?;
-            self.run(path, numerics, &plan).map_err(fail)?;
+            let fail = gpu_error(self.ordinal);
+            upload(self).map_err(&fail)?;
+            self.run(path, numerics, &plan).map_err(&fail)?;
             if parts.iter().any(|p| p.finishes && matches!(steps[p.step].want, Want::Sample { .. })) {
-                self.sample(&temps, &top_ps, &uniforms).map_err(fail)?;
+                self.sample(&temps, &top_ps, &uniforms).map_err(&fail)?;
             }
-            let collected = self.collect(&parts, steps).map_err(fail)?;
+            let collected = self.collect(&parts, steps).map_err(&fail)?;
             for part in &parts {
                 steps[part.step].kv.commit(part.take);
                 done[part.step] += part.take;

@@ -37,29 +37,32 @@ fn concat(parts: &[&HostMatrix]) -> (Vec<f32>, usize, usize) {
 }
 
 impl DeviceWeights {
-    /// Uploads `model`'s weights (dequantized f32 on the host) as f32 or rounded to bf16.
-    pub fn upload(stream: &Arc<CudaStream>, model: &Model, bf16: bool) -> Result<DeviceWeights, DeviceError> {
-        let matrix = |parts: &[&HostMatrix]| {
+    /// Uploads `model`'s weights (dequantized f32 on the host) twice: as f32 (the golden path) and
+    /// rounded to bf16 (the fast path), each fused matrix concatenated once for both.
+    pub fn upload(stream: &Arc<CudaStream>, model: &Model) -> Result<(DeviceWeights, DeviceWeights), DeviceError> {
+        let matrix = |parts: &[&HostMatrix]| -> Result<[Matrix; 2], DeviceError> {
             let (values, rows, cols) = concat(parts);
-            Matrix::upload(stream, &values, rows, cols, bf16)
+            Ok([Matrix::upload(stream, &values, rows, cols, false)?, Matrix::upload(stream, &values, rows, cols, true)?])
         };
+        let norm = |v: &[f32]| -> Result<[CudaSlice<f32>; 2], DeviceError> { Ok([stream.clone_htod(v)?, stream.clone_htod(v)?]) };
         let w = &model.weights;
-        let mut layers = Vec::with_capacity(w.layers.len());
+        let (mut golden, mut fast) = (Vec::with_capacity(w.layers.len()), Vec::with_capacity(w.layers.len()));
         for l in &w.layers {
-            layers.push(DeviceLayer {
-                attn_norm: stream.clone_htod(&l.attn_norm)?,
-                wqkv: matrix(&[&l.wq, &l.wk, &l.wv])?,
-                wo: matrix(&[&l.wo])?,
-                ffn_norm: stream.clone_htod(&l.ffn_norm)?,
-                w_gu: matrix(&[&l.w_gate, &l.w_up])?,
-                w_down: matrix(&[&l.w_down])?,
-            });
+            let ([attn_norm, attn_norm_b], [ffn_norm, ffn_norm_b]) = (norm(&l.attn_norm)?, norm(&l.ffn_norm)?);
+            let ([wqkv, wqkv_b], [wo, wo_b]) = (matrix(&[&l.wq, &l.wk, &l.wv])?, matrix(&[&l.wo])?);
+            let ([w_gu, w_gu_b], [w_down, w_down_b]) = (matrix(&[&l.w_gate, &l.w_up])?, matrix(&[&l.w_down])?);
+            golden.push(DeviceLayer { attn_norm, wqkv, wo, ffn_norm, w_gu, w_down });
+            fast.push(DeviceLayer { attn_norm: attn_norm_b, wqkv: wqkv_b, wo: wo_b, ffn_norm: ffn_norm_b, w_gu: w_gu_b, w_down: w_down_b });
         }
-        let output = match &w.output {
-            Some(o) => Some(matrix(&[o])?),
-            None => None,
+        let (output, output_b) = match w.output.as_ref().map(|o| matrix(&[o])).transpose()? {
+            Some([a, b]) => (Some(a), Some(b)),
+            None => (None, None),
         };
-        Ok(DeviceWeights { embed: matrix(&[&w.token_embd])?, layers, output_norm: stream.clone_htod(&w.output_norm)?, output })
+        let ([embed, embed_b], [output_norm, output_norm_b]) = (matrix(&[&w.token_embd])?, norm(&w.output_norm)?);
+        Ok((
+            DeviceWeights { embed, layers: golden, output_norm, output },
+            DeviceWeights { embed: embed_b, layers: fast, output_norm: output_norm_b, output: output_b },
+        ))
     }
 
     /// Whether the matrices are bf16 (the fast path; the GEMVs then round their inputs to bf16).

@@ -37,18 +37,7 @@ pub(crate) fn check_gemv(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res {
                         }
                         dev.gemv(w, &dx.slice(0..n * cols), &mut y.as_view_mut(), n, mode, round_x)?;
                         let got = read(s, &y)?;
-                        let d = &refs[usize::from(round_x)];
-                        let want: Vec<f64> = (0..n * rows)
-                            .map(|i| {
-                                let (t, r) = (i / rows, i % rows);
-                                let g = d[r * 8 + t];
-                                match mode {
-                                    GemvMode::Store => g,
-                                    GemvMode::Accumulate => f64::from(y0[i]) + g,
-                                    GemvMode::SwiGlu => g / (1.0 + (-g).exp()) * d[(r + rows) * 8 + t],
-                                }
-                            })
-                            .collect();
+                        let want = gemv_want(&refs[usize::from(round_x)], &y0, rows, n, mode);
                         row.add(&format!("n={n} {mode:?} round_x={round_x}"), compare(&got[..n * rows], &want).tail(&got[n * rows..]));
                     }
                 }
@@ -57,6 +46,22 @@ pub(crate) fn check_gemv(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res {
         }
     }
     Ok(())
+}
+
+/// What a GEMV of `n` token rows writes in `mode`, from the f64 dot products `d` (`dots` over 8 token
+/// rows of the gate rows then the up rows) and, for Accumulate, the output's prior values `y0`.
+pub(crate) fn gemv_want(d: &[f64], y0: &[f32], rows: usize, n: usize, mode: GemvMode) -> Vec<f64> {
+    (0..n * rows)
+        .map(|i| {
+            let (t, r) = (i / rows, i % rows);
+            let g = d[r * 8 + t];
+            match mode {
+                GemvMode::Store => g,
+                GemvMode::Accumulate => f64::from(y0[i]) + g,
+                GemvMode::SwiGlu => g / (1.0 + (-g).exp()) * d[(r + rows) * 8 + t],
+            }
+        })
+        .collect()
 }
 
 /// A bf16 matrix of random values (magnitudes 2^-8 .. 2^-1, random signs) built from bits directly,

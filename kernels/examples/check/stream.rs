@@ -7,6 +7,7 @@
 use ctxscope_kernels::cudarc::driver::DevicePtr;
 use ctxscope_kernels::device::{Device, GemvMode, Matrix, RopeShape, StreamOp};
 
+use crate::gemv::gemv_want;
 use crate::reference::dots;
 use crate::report::{compare, nan_buf, read, to_f64, Report, Res, Row, F32_LIMIT, TAIL};
 use crate::rng::Rng;
@@ -58,18 +59,7 @@ pub(crate) fn check_stream(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res
                             let gv = dg.as_view();
                             dev.gemv_stream(w, &dx.slice(0..n * cols), &mut y.as_view_mut(), n, mode, round_x, norm.then_some((&gv, EPS)))?;
                             let got = read(s, &y)?;
-                            let d = &refs[usize::from(norm)][usize::from(round_x)];
-                            let want: Vec<f64> = (0..n * rows)
-                                .map(|i| {
-                                    let (t, r) = (i / rows, i % rows);
-                                    let p = d[r * 8 + t];
-                                    match mode {
-                                        GemvMode::Store => p,
-                                        GemvMode::Accumulate => f64::from(y0[i]) + p,
-                                        GemvMode::SwiGlu => p / (1.0 + (-p).exp()) * d[(r + rows) * 8 + t],
-                                    }
-                                })
-                                .collect();
+                            let want = gemv_want(&refs[usize::from(norm)][usize::from(round_x)], &y0, rows, n, mode);
                             row.add(&format!("n={n} {mode:?} norm={norm} round_x={round_x}"), compare(&got[..n * rows], &want).tail(&got[n * rows..]));
                         }
                     }

@@ -71,7 +71,7 @@ impl tower::Service<Request<ProxyBody>> for Forward {
                     Ok(Response::from_parts(parts, body.boxed_unsync()))
                 }
                 Err(error) => {
-                    let detail = describe_client_error(&error);
+                    let detail = describe_error(&error);
                     let message = format!("ctxscope: upstream {} failed: {detail}", upstream.display);
                     metrics::counter!(crate::metrics::UPSTREAM_ERRORS_TOTAL).increment(1);
                     tracing::warn!(upstream = %upstream.display, error = %detail, "upstream request failed");
@@ -85,9 +85,9 @@ impl tower::Service<Request<ProxyBody>> for Forward {
 }
 
 /// The error and its causes in one line ("client error (Connect): tcp connect error: Connection refused").
-fn describe_client_error(error: &hyper_util::client::legacy::Error) -> String {
+pub fn describe_error(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
+    let mut source = error.source();
     while let Some(cause) = source {
         text.push_str(": ");
         text.push_str(&cause.to_string());

@@ -20,6 +20,7 @@ use tokio::sync::{watch, Semaphore};
 use super::gate::{Gate, Refused};
 use super::payload::render;
 use super::AlertSink;
+use crate::forward::describe_error;
 use crate::metrics::{ALERTS_DROPPED_TOTAL, ALERTS_SENT_TOTAL};
 
 /// First retry delay; doubled per attempt up to [`MAX_BACKOFF`].
@@ -383,7 +384,7 @@ impl Poster {
             .header(header::USER_AGENT, USER_AGENT)
             .body(Full::new(body))?;
         let exchange = async {
-            let response = self.client.request(request).await.map_err(|e| PostError::Connect(describe(&e)))?;
+            let response = self.client.request(request).await.map_err(|e| PostError::Connect(describe_error(&e)))?;
             let status = response.status();
             let retry_after = retry_after(status, response.headers());
             // Read (bounded) for connection reuse; the content does not matter.
@@ -410,18 +411,6 @@ fn retry_after(status: StatusCode, headers: &HeaderMap) -> Option<Duration> {
     }
     let seconds: u64 = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim().parse().ok()?;
     Some(Duration::from_secs(seconds).min(RETRY_AFTER_CAP))
-}
-
-/// The error and its causes in one line ("client error (Connect): tcp connect error: Connection refused").
-fn describe(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

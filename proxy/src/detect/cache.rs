@@ -40,14 +40,19 @@ impl RecentPrompts {
         self.entries.is_empty()
     }
 
-    /// The longest prefix `ids` shares with an entry newer than `since_unix_ms` (all when `None`).
-    pub fn longest(&self, ids: &[u32], since_unix_ms: Option<u64>) -> Option<Shared> {
-        self.entries
-            .iter()
-            .filter(|e| since_unix_ms.is_none_or(|t| e.time_unix_ms >= t))
-            .map(|e| Shared { tokens: common_prefix(&e.ids, ids), conversation: e.conversation, turn: e.turn, time_unix_ms: e.time_unix_ms })
-            .max_by_key(|s| (s.tokens, s.time_unix_ms))
+    /// The prefix `ids` shares with each entry, in one pass (the detectors then pick from it with
+    /// `longest` under their own time windows).
+    pub fn shared(&self, ids: &[u32]) -> Vec<Shared> {
+        self.entries.iter().map(|e| Shared { tokens: common_prefix(&e.ids, ids), conversation: e.conversation, turn: e.turn, time_unix_ms: e.time_unix_ms }).collect()
     }
+}
+
+/// The longest of `shared` from an entry newer than `since_unix_ms` (all when `None`); ties go to the newest.
+pub fn longest(shared: &[Shared], since_unix_ms: Option<u64>) -> Option<Shared> {
+    shared.iter().filter(|s| since_unix_ms.is_none_or(|t| s.time_unix_ms >= t)).copied().max_by_key(|s| (s.tokens, s.time_unix_ms))
+}
+
+impl RecentPrompts {
 
     /// Adds an entry; entries it extends are dropped (it shares at least as much with anything they do).
     pub fn push(&mut self, entry: Recent) {
@@ -86,9 +91,10 @@ mod tests {
         recent_prompts.push(recent(&[1, 2, 3, 4, 5], 2, 20));
         assert_eq!(recent_prompts.entries.len(), 1, "the extension replaced its prefix");
         recent_prompts.push(recent(&[9, 9], 3, 30));
-        let best = recent_prompts.longest(&[1, 2, 3, 4, 7], None).unwrap();
+        let shared = recent_prompts.shared(&[1, 2, 3, 4, 7]);
+        let best = longest(&shared, None).unwrap();
         assert_eq!((best.tokens, best.turn), (4, 2));
-        assert_eq!(recent_prompts.longest(&[1, 2, 3, 4, 7], Some(25)).unwrap().tokens, 0);
+        assert_eq!(longest(&shared, Some(25)).unwrap().tokens, 0);
     }
 
     #[test]

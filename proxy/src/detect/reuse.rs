@@ -5,30 +5,33 @@
 use ctxscope_store::{FindingKind, Relation, Severity};
 use serde_json::{json, Value};
 
-use super::cache::{RecentPrompts, Shared};
+use super::cache::{longest, RecentPrompts, Shared};
 use super::history::{self, Break, History};
 use super::{Context, Draft};
 
 pub(crate) fn reuse(cx: &Context<'_>, recent: &RecentPrompts, cache_reported: bool) -> Vec<Draft> {
     let turn = cx.obs.turn;
     let Some(cached) = turn.usage.as_ref().and_then(|u| u.cached_tokens) else { return Vec::new() };
-    let mut drafts = Vec::new();
-    drafts.extend(phantom(cx, recent, cached));
-    if cache_reported || cached > 0 {
-        drafts.extend(miss(cx, recent, cached));
+    if cached == 0 && !cache_reported {
+        return Vec::new();
     }
+    // The prefix this prompt shares with each recent one, computed once for both detectors.
+    let shared = cx.obs.prompt_ids.map(|ids| recent.shared(ids));
+    let mut drafts = Vec::new();
+    drafts.extend(phantom(cx, shared.as_deref(), cached));
+    drafts.extend(miss(cx, shared.as_deref(), cached));
     drafts
 }
 
 /// The most an honest engine could have reused: the longest token prefix shared with an earlier
 /// prompt, or, with no tokenizer, a byte bound on the messages shared with an earlier turn.
-fn reusable_bound(cx: &Context<'_>, recent: &RecentPrompts) -> (u64, &'static str, Option<Shared>) {
+fn reusable_bound(cx: &Context<'_>, shared: Option<&[Shared]>) -> (u64, &'static str, Option<Shared>) {
     let obs = cx.obs;
     // Messages shared with an earlier captured turn (persisted: survives a proxy restart).
     let shared_messages = obs.turn.base.map_or(0, |b| b.len as usize);
-    match (obs.prompt_ids, obs.segment_ends) {
-        (Some(ids), Some(ends)) => {
-            let best = recent.longest(ids, None);
+    match (obs.prompt_ids, obs.segment_ends, shared) {
+        (Some(ids), Some(ends), Some(shared)) => {
+            let best = longest(shared, None);
             // Whole messages shared with a stored turn: covers prompts sent before this proxy started
             // (a partial message shared with such a prompt is not counted; see docs/findings.md).
             let by_messages = if shared_messages == 0 { 0 } else { ends.get(shared_messages - 1).copied().unwrap_or(ids.len()) };
@@ -43,12 +46,12 @@ fn reusable_bound(cx: &Context<'_>, recent: &RecentPrompts) -> (u64, &'static st
     }
 }
 
-fn phantom(cx: &Context<'_>, recent: &RecentPrompts, cached: u64) -> Option<Draft> {
+fn phantom(cx: &Context<'_>, shared: Option<&[Shared]>, cached: u64) -> Option<Draft> {
     let turn = cx.obs.turn;
     if cached <= cx.config.cache_block_tokens {
         return None;
     }
-    let (local_bound, method, source) = reusable_bound(cx, recent);
+    let (local_bound, method, source) = reusable_bound(cx, shared);
     // The bound is in local tokens, `cached` in the engine's: tokens the engine counts beyond the local
     // count (a default system prompt its template adds) may all sit in the shared prefix.
     let engine = turn.usage.as_ref().and_then(|u| u.prompt_tokens);
@@ -88,7 +91,7 @@ fn phantom(cx: &Context<'_>, recent: &RecentPrompts, cached: u64) -> Option<Draf
     })
 }
 
-fn miss(cx: &Context<'_>, recent: &RecentPrompts, cached: u64) -> Option<Draft> {
+fn miss(cx: &Context<'_>, shared: Option<&[Shared]>, cached: u64) -> Option<Draft> {
     let turn = cx.obs.turn;
     let config = cx.config;
     // The engine cannot have kept more than it processed (a truncating engine is engine_truncation's).
@@ -120,9 +123,9 @@ fn miss(cx: &Context<'_>, recent: &RecentPrompts, cached: u64) -> Option<Draft> 
     }
     // 2. The prefix was intact: the engine evicted it (or never kept it).
     let window_start = turn.time_unix_ms.saturating_sub(config.miss_window.as_millis() as u64);
-    let (reusable, source_turn, since_ms) = match cx.obs.prompt_ids {
-        Some(ids) => {
-            let best = recent.longest(ids, Some(window_start))?;
+    let (reusable, source_turn, since_ms) = match shared {
+        Some(shared) => {
+            let best = longest(shared, Some(window_start))?;
             (best.tokens as u64, best.turn, turn.time_unix_ms.saturating_sub(best.time_unix_ms))
         }
         None => {

@@ -15,21 +15,30 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
     return v;
 }
 
+// Eight (bf16) or four (f32) weights of a 16-byte chunk as f32.
+template <bool BF16>
+__device__ __forceinline__ void unpack16(uint4 u, float* out) {
+    unsigned int words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if (BF16) {
+            out[2 * i] = __uint_as_float(words[i] << 16);
+            out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+        } else {
+            out[i] = __uint_as_float(words[i]);
+        }
+    }
+}
+
 // Eight weights of row-chunk `chunk` (8 columns) as f32.
 template <bool BF16>
 __device__ __forceinline__ void load_w8(const void* w, size_t chunk, float* out) {
     if (BF16) {
-        uint4 u = load_stream((const uint4*)w + chunk);
-        unsigned int words[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            out[2 * i] = __uint_as_float(words[i] << 16);
-            out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
-        }
+        unpack16<true>(load_stream((const uint4*)w + chunk), out);
     } else {
         uint4 a = load_stream((const uint4*)w + 2 * chunk), b = load_stream((const uint4*)w + 2 * chunk + 1);
-        out[0] = __uint_as_float(a.x); out[1] = __uint_as_float(a.y); out[2] = __uint_as_float(a.z); out[3] = __uint_as_float(a.w);
-        out[4] = __uint_as_float(b.x); out[5] = __uint_as_float(b.y); out[6] = __uint_as_float(b.z); out[7] = __uint_as_float(b.w);
+        unpack16<false>(a, out);
+        unpack16<false>(b, out + 4);
     }
 }
 
@@ -199,21 +208,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 // Waits until at most N of this thread's copy groups are still in flight.
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-
-// Eight (bf16) or four (f32) weights of a 16-byte chunk as f32.
-template <bool BF16>
-__device__ __forceinline__ void unpack16(uint4 u, float* out) {
-    unsigned int words[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        if (BF16) {
-            out[2 * i] = __uint_as_float(words[i] << 16);
-            out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
-        } else {
-            out[i] = __uint_as_float(words[i]);
-        }
-    }
-}
 
 // Unit u's output for token row t from its dot products s (and v: the up row, or the pair's second row).
 __device__ __forceinline__ void stream_epilogue(int mode, float* y, int units, int u, int t, float s, float v, const RopeStore* rs) {

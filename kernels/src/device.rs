@@ -75,6 +75,17 @@ pub enum GemvMode {
     SwiGlu = 2,
 }
 
+impl GemvMode {
+    /// Outputs per token row of a matrix of `rows` rows (SwiGLU pairs a gate row with an up row).
+    pub fn outputs(self, rows: usize) -> usize {
+        if self == GemvMode::SwiGlu {
+            rows / 2
+        } else {
+            rows
+        }
+    }
+}
+
 /// Most token rows one GEMV launch takes (`GEMV_MAX_N` in cuda/gemv.cu).
 pub const GEMV_MAX_ROWS: usize = 8;
 /// Largest head size the attention kernels take (`MAX_HD`).
@@ -250,7 +261,7 @@ impl Device {
 
     /// `y[t] (op)= W x[t]` for `n <= GEMV_MAX_ROWS` token rows; `round_x` rounds x to bf16 on load.
     pub fn gemv(&self, w: &Matrix, x: &In, y: &mut Out, n: usize, mode: GemvMode, round_x: bool) -> Result<(), DeviceError> {
-        let out_rows = if mode == GemvMode::SwiGlu { w.rows / 2 } else { w.rows };
+        let out_rows = mode.outputs(w.rows);
         let ok = (1..=GEMV_MAX_ROWS).contains(&n) && w.cols % 8 == 0 && x.len() >= n * w.cols && y.len() >= n * out_rows && (mode != GemvMode::SwiGlu || w.rows % 2 == 0);
         check("gemv", ok, || format!("{}x{} by {n} rows ({mode:?})", w.rows, w.cols))?;
         let args = [out_rows as i32, w.cols as i32, n as i32, mode as i32, i32::from(round_x)];
@@ -267,25 +278,32 @@ impl Device {
     /// into each row's sequence cache, in one launch (what `gemv` + `rope_kv` do without patches).
     #[allow(clippy::too_many_arguments)]
     pub fn gemv_qkv_rope(&self, w: &Matrix, x: &In, qkv: &mut Out, n: usize, round_x: bool, positions: &In<i32>, kv_base: &In<u64>, layer: usize, shape: &RopeShape) -> Result<(), DeviceError> {
-        let (q_dim, kv_dim) = (shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim);
-        let ok = (1..=GEMV_MAX_ROWS).contains(&n)
-            && w.rows == q_dim + 2 * kv_dim
-            && w.cols % 8 == 0
-            && shape.head_dim % 2 == 0
-            && layer < shape.n_layers
-            && x.len() >= n * w.cols
-            && qkv.len() >= n * w.rows
-            && positions.len() >= n
-            && kv_base.len() >= n;
-        check("gemv_qkv_rope", ok, || format!("{}x{} by {n} rows, layer {layer}", w.rows, w.cols))?;
+        let more = qkv_rope_args("gemv_qkv_rope", w, x, qkv, n, positions, kv_base, layer, shape)?;
         let ints = [(w.rows / 2) as i32, w.cols as i32, n as i32, i32::from(round_x)];
-        let more = [layer as i32, shape.n_layers as i32, q_dim as i32, kv_dim as i32, shape.head_dim as i32];
         let cfg = blocks(w.rows / 2 * 32, 256);
         match &w.data {
             MatrixData::Bf16(m) => launch!(self, "gemv_qkv_rope_bf16", cfg, m, x, qkv, &ints[0], &ints[1], &ints[2], &ints[3], positions, kv_base, &more[0], &more[1], &more[2], &more[3], &more[4], &shape.base),
             MatrixData::F32(m) => launch!(self, "gemv_qkv_rope_f32", cfg, m, x, qkv, &ints[0], &ints[1], &ints[2], &ints[3], positions, kv_base, &more[0], &more[1], &more[2], &more[3], &more[4], &shape.base),
         }
     }
+}
+
+/// Checks the shapes of a fused QKV + RoPE launch (`gemv_qkv_rope`, `gemv_stream_qkv_rope`) and
+/// returns the kernel's RoPE arguments: layer, n_layers, q_dim, kv_dim, head_dim.
+#[allow(clippy::too_many_arguments)]
+fn qkv_rope_args(kernel: &'static str, w: &Matrix, x: &In, qkv: &Out, n: usize, positions: &In<i32>, kv_base: &In<u64>, layer: usize, shape: &RopeShape) -> Result<[i32; 5], DeviceError> {
+    let (q_dim, kv_dim) = (shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim);
+    let ok = (1..=GEMV_MAX_ROWS).contains(&n)
+        && w.rows == q_dim + 2 * kv_dim
+        && w.cols % 8 == 0
+        && shape.head_dim % 2 == 0
+        && layer < shape.n_layers
+        && x.len() >= n * w.cols
+        && qkv.len() >= n * w.rows
+        && positions.len() >= n
+        && kv_base.len() >= n;
+    check(kernel, ok, || format!("{}x{} by {n} rows, layer {layer}", w.rows, w.cols))?;
+    Ok([layer as i32, shape.n_layers as i32, q_dim as i32, kv_dim as i32, shape.head_dim as i32])
 }
 
 /// Shapes and flags of one `rope_kv` launch.

@@ -1,9 +1,10 @@
 //! The CUDA backend (engine feature `cuda`): the model's weights on the GPU twice — f32 for the
 //! golden path (exact f32 GEMMs, the CPU golden path's numbers to ~1e-5) and bf16 for the fast path
 //! (bf16 GEMM inputs, f32 accumulation, f32 activations, norms and KV) — every sequence's KV cache on
-//! the device with the scheduler's prefix reuse, batched decode through GEMV kernels and split-K
-//! attention, and each unpatched decode pass of 1..=8 sequences captured once as a CUDA graph and
-//! replayed, so a small model is not bound by kernel launches. Greedy tokens are picked on the device;
+//! the device with the scheduler's prefix reuse, batched decode through GEMV kernels (streamed, with
+//! the RMSNorms folded in; `pass`) and split-K attention, and each unpatched decode pass of up to
+//! `gemv_rows` sequences captured once as a CUDA graph and replayed, so a small model is not bound
+//! by kernel launches. Greedy tokens are picked on the device;
 //! only requests that need the logits (sampling, top logprobs) copy them back.
 
 mod kv;

@@ -108,13 +108,14 @@ impl Pass<'_> {
             if streamed {
                 let norm = Some((&layer.attn_norm.slice(..), c.rms_eps));
                 d.gemv_stream_qkv_rope(&layer.wqkv, &ws.x.slice(..n * dim), &mut ws.qkv.slice_mut(..n * q_stride), n, bf16, norm, &positions, &bases, i, &rope)?;
-            } else if fused_rope {
-                d.rmsnorm(&ws.x.slice(..n * dim), None, &layer.attn_norm.slice(..), &mut ws.h.slice_mut(..n * dim), n, dim, c.rms_eps, num.rmsnorm_bf16)?;
-                d.gemv_qkv_rope(&layer.wqkv, &ws.h.slice(..n * dim), &mut ws.qkv.slice_mut(..n * q_stride), n, bf16, &positions, &bases, i, &rope)?;
             } else {
                 d.rmsnorm(&ws.x.slice(..n * dim), None, &layer.attn_norm.slice(..), &mut ws.h.slice_mut(..n * dim), n, dim, c.rms_eps, num.rmsnorm_bf16)?;
-                self.matmul(&layer.wqkv, &ws.h, &mut ws.qkv, n, GemvMode::Store, &mut ws.scratch)?;
-                d.rope_kv(&mut ws.qkv.slice_mut(..n * q_stride), &ws.positions.slice(..n), &ws.kv_base.slice(..n), n, i, &rope)?;
+                if fused_rope {
+                    d.gemv_qkv_rope(&layer.wqkv, &ws.h.slice(..n * dim), &mut ws.qkv.slice_mut(..n * q_stride), n, bf16, &positions, &bases, i, &rope)?;
+                } else {
+                    self.matmul(&layer.wqkv, &ws.h, &mut ws.qkv, n, GemvMode::Store, &mut ws.scratch)?;
+                    d.rope_kv(&mut ws.qkv.slice_mut(..n * q_stride), &positions, &bases, n, i, &rope)?;
+                }
             }
             if plan.decode > 0 {
                 let m = plan.decode;
@@ -153,12 +154,13 @@ impl Pass<'_> {
             // Every row is an output, in order: the final norm folds into the output projection.
             let norm = Some((&w.output_norm.slice(..), c.rms_eps));
             d.gemv_stream(w.output(), &ws.x.slice(..n * dim), &mut ws.logits.slice_mut(..s * c.vocab), s, GemvMode::Store, bf16, norm)?;
-        } else if streamed {
-            d.rmsnorm(&ws.x.slice(..n * dim), Some(&last_rows), &w.output_norm.slice(..), &mut ws.normed.slice_mut(..s * dim), s, dim, c.rms_eps, num.rmsnorm_bf16)?;
-            d.gemv_stream(w.output(), &ws.normed.slice(..s * dim), &mut ws.logits.slice_mut(..s * c.vocab), s, GemvMode::Store, bf16, None)?;
         } else {
             d.rmsnorm(&ws.x.slice(..n * dim), Some(&last_rows), &w.output_norm.slice(..), &mut ws.normed.slice_mut(..s * dim), s, dim, c.rms_eps, num.rmsnorm_bf16)?;
-            self.matmul(w.output(), &ws.normed, &mut ws.logits, s, GemvMode::Store, &mut ws.scratch)?;
+            if streamed {
+                d.gemv_stream(w.output(), &ws.normed.slice(..s * dim), &mut ws.logits.slice_mut(..s * c.vocab), s, GemvMode::Store, bf16, None)?;
+            } else {
+                self.matmul(w.output(), &ws.normed, &mut ws.logits, s, GemvMode::Store, &mut ws.scratch)?;
+            }
         }
         d.argmax(&ws.logits.slice(..s * c.vocab), s, c.vocab, &mut ws.token.slice_mut(..s), &mut ws.logprob.slice_mut(..s))
     }
@@ -221,7 +223,7 @@ impl Pass<'_> {
     fn product(&self, w: &Matrix, src: &CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize, mode: GemvMode, xb: &mut CudaSlice<u16>, gu: &mut CudaSlice<f32>) -> Result<(), DeviceError> {
         let d = self.device;
         let len = n * w.cols;
-        let out_rows = if mode == GemvMode::SwiGlu { w.rows / 2 } else { w.rows };
+        let out_rows = mode.outputs(w.rows);
         let bf16 = matches!(w.data, MatrixData::Bf16(_));
         if n <= self.gemv_rows {
             return d.gemv(w, &src.slice(..len), &mut out.slice_mut(..n * out_rows), n, mode, bf16);

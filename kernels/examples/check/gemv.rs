@@ -3,12 +3,13 @@
 
 use std::sync::Arc;
 
-use ctxscope_kernels::cudarc::driver::{sys, CudaStream};
+use ctxscope_kernels::cudarc::driver::CudaStream;
 use ctxscope_kernels::device::{Device, GemvMode, Matrix, MatrixData};
 
 use crate::reference::{bf16, dots, par_rows};
 use crate::report::{compare, nan_buf, read, Report, Res, Row, F32_LIMIT, TAIL};
 use crate::rng::Rng;
+use crate::timing::time_ms;
 
 pub(crate) fn check_gemv(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res {
     let s = &dev.stream;
@@ -84,29 +85,21 @@ fn random_bf16_matrix(s: &Arc<CudaStream>, rng: &mut Rng, rows: usize, cols: usi
 /// output against f64 (these shapes are not covered above).
 pub(crate) fn time_gemv(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res {
     let s = &dev.stream;
-    let (warmup, runs) = (5usize, 50usize);
+    let runs = 50usize;
     let mut row = Row::new("gemv_bf16 timed shapes, last run (n=1, round_x)", F32_LIMIT);
     // The SwiGLU matrix (64 MiB) is near the L2 size: two copies, alternated, so the L2 cannot serve it.
     for (rows, cols, mode, copies) in [(2 * 8192usize, 2048usize, GemvMode::SwiGlu, 2usize), (128_256, 2048, GemvMode::Store, 1)] {
         let (mats, bits): (Vec<Matrix>, Vec<Vec<u16>>) = (0..copies).map(|_| random_bf16_matrix(s, rng, rows, cols)).collect::<Res<Vec<_>>>()?.into_iter().unzip();
-        let out_rows = if mode == GemvMode::SwiGlu { rows / 2 } else { rows };
+        let out_rows = mode.outputs(rows);
         let x = rng.vec(cols, 1.0);
         let dx = s.clone_htod(&x)?;
         let mut y = nan_buf(s, out_rows + TAIL)?;
-        for i in 0..warmup {
-            dev.gemv(&mats[i % copies], &dx.as_view(), &mut y.as_view_mut(), 1, mode, true)?;
-        }
-        let mut events = Vec::with_capacity(runs);
-        for i in 0..runs {
-            let start = s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-            dev.gemv(&mats[i % copies], &dx.as_view(), &mut y.as_view_mut(), 1, mode, true)?;
-            let end = s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-            events.push((start, end));
-        }
-        s.synchronize()?;
-        let mut ms = events.iter().map(|(a, b)| a.elapsed_ms(b)).collect::<Result<Vec<f32>, _>>()?;
-        ms.sort_by(f32::total_cmp);
-        let (median, min) = (f64::from(ms[runs / 2]), f64::from(ms[0]));
+        // Launches alternate over the copies; `launches` counts them, so the last one's copy is known.
+        let mut launches = 0usize;
+        let (median, min) = time_ms(dev, runs, || {
+            launches += 1;
+            Ok(dev.gemv(&mats[(launches - 1) % copies], &dx.as_view(), &mut y.as_view_mut(), 1, mode, true)?)
+        })?;
         let bytes = mats[0].bytes() as f64;
         rep.info.push(format!(
             "gemv_bf16 {mode:?} {rows}x{cols} n=1: median {:.1} us (min {:.1}) over {runs} launches: {:.0} GB/s of weights",
@@ -116,7 +109,7 @@ pub(crate) fn time_gemv(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res {
         ));
 
         let got = read(s, &y)?;
-        let last = &bits[(runs - 1) % copies];
+        let last = &bits[(launches - 1) % copies];
         let xs: Vec<f64> = x.iter().map(|&v| f64::from(bf16(v))).collect();
         let mut d = vec![0f64; rows];
         par_rows(&mut d, 1, |r, o| {

@@ -141,7 +141,7 @@ pub(crate) fn time_stream(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res 
         let bytes = rows * cols * 2;
         let copies = (200usize << 20).div_ceil(bytes).max(1);
         let mats = (0..copies).map(|_| Matrix::upload(s, &rng.vec(rows * cols, 0.05), rows, cols, true)).collect::<Result<Vec<_>, _>>()?;
-        let out_rows = if mode == GemvMode::SwiGlu { rows / 2 } else { rows };
+        let out_rows = mode.outputs(rows);
         let dx = s.clone_htod(&rng.vec(cols, 1.0))?;
         let mut y = nan_buf(s, out_rows)?;
         let (mut i, mut j) = (0usize, 0usize);

@@ -1,11 +1,11 @@
-//! The streamed decode GEMV (cuda/gemv.cu `gemv_stream_*`): its launch plan (units per stage, shared
+//! The streamed decode GEMV (cuda/gemv.cu `gemv_stream_*`): its launch plan (output units, shared
 //! memory, grid) and wrappers for the plain products and for the QKV projection with RoPE and the K/V
 //! store, each optionally taking the RMSNorm of its input rows.
 
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, LaunchConfig};
 
-use super::{check, Device, DeviceError, GemvMode, In, Matrix, MatrixData, Out, RopeShape, GEMV_MAX_ROWS};
+use super::{check, qkv_rope_args, Device, DeviceError, GemvMode, In, Matrix, MatrixData, Out, RopeShape, GEMV_MAX_ROWS};
 use crate::launch::KernelArg;
 
 /// Threads per block (`STREAM_THREADS`): eight warps.
@@ -14,6 +14,8 @@ const THREADS: usize = 256;
 /// How one streamed GEMV launch is cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StreamPlan {
+    /// Output units: rows, gate/up pairs (SwiGLU) or RoPE pairs (QKV).
+    pub units: usize,
     /// Dynamic shared memory: every thread's in-flight slots and the staged input rows.
     pub smem: usize,
     pub blocks: usize,
@@ -30,7 +32,6 @@ pub type Norm<'a, 'b> = Option<(&'a In<'b>, f32)>;
 pub struct StreamTuning {
     pub blocks_per_sm: usize,
     pub lane_bytes: usize,
-    pub carveout: i32,
     /// Largest dynamic shared memory a block may ask for.
     pub smem_limit: usize,
 }
@@ -49,7 +50,7 @@ impl StreamTuning {
             f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, carveout)?;
             smem_limit = smem_limit.min(dynamic);
         }
-        Ok(StreamTuning { blocks_per_sm: var("CTXSCOPE_CUDA_STREAM_BLOCKS", 4).clamp(1, 4), lane_bytes: lane_bytes(var("CTXSCOPE_CUDA_LANE_BYTES", 128)), carveout, smem_limit })
+        Ok(StreamTuning { blocks_per_sm: var("CTXSCOPE_CUDA_STREAM_BLOCKS", 4).clamp(1, 4), lane_bytes: lane_bytes(var("CTXSCOPE_CUDA_LANE_BYTES", 128)), smem_limit })
     }
 }
 
@@ -98,15 +99,14 @@ impl Device {
         let kernel = if matches!(w.data, MatrixData::Bf16(_)) { "gemv_stream_bf16" } else { "gemv_stream_f32" };
         let fit = self.function(kernel).occupancy_max_active_blocks_per_multiprocessor(THREADS as u32, smem, None).ok()? as usize;
         let blocks = units.div_ceil(THREADS / 32).min(self.tuning.blocks_per_sm.min(fit) * self.multiprocessors);
-        (blocks > 0).then_some(StreamPlan { smem, blocks })
+        (blocks > 0).then_some(StreamPlan { units, smem, blocks })
     }
 
     /// `y[t] (mode)= W x[t]` for `n` token rows, streaming W through shared memory; `norm` normalizes
     /// each x row first (as `rmsnorm`), `round_x` rounds the (normalized) input to bf16.
     #[allow(clippy::too_many_arguments)]
     pub fn gemv_stream(&self, w: &Matrix, x: &In, y: &mut Out, n: usize, mode: GemvMode, round_x: bool, norm: Norm) -> Result<(), DeviceError> {
-        let out_rows = if mode == GemvMode::SwiGlu { w.rows / 2 } else { w.rows };
-        let ok = x.len() >= n * w.cols && y.len() >= n * out_rows;
+        let ok = x.len() >= n * w.cols && y.len() >= n * mode.outputs(w.rows);
         check("gemv_stream", ok, || format!("{}x{} by {n} rows ({mode:?})", w.rows, w.cols))?;
         let rope = [0u64, 0];
         let ints = [0i32; 5];
@@ -117,11 +117,8 @@ impl Device {
     /// streaming the weights and optionally normalizing the input rows.
     #[allow(clippy::too_many_arguments)]
     pub fn gemv_stream_qkv_rope(&self, w: &Matrix, x: &In, qkv: &mut Out, n: usize, round_x: bool, norm: Norm, positions: &In<i32>, kv_base: &In<u64>, layer: usize, shape: &RopeShape) -> Result<(), DeviceError> {
-        let (q_dim, kv_dim) = (shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim);
-        let ok = w.rows == q_dim + 2 * kv_dim && shape.head_dim.is_multiple_of(2) && layer < shape.n_layers && x.len() >= n * w.cols && qkv.len() >= n * w.rows && positions.len() >= n && kv_base.len() >= n;
-        check("gemv_stream_qkv_rope", ok, || format!("{}x{} by {n} rows, layer {layer}", w.rows, w.cols))?;
+        let ints = qkv_rope_args("gemv_stream_qkv_rope", w, x, qkv, n, positions, kv_base, layer, shape)?;
         let rope = [positions.bits(&self.stream), kv_base.bits(&self.stream)];
-        let ints = [layer as i32, shape.n_layers as i32, q_dim as i32, kv_dim as i32, shape.head_dim as i32];
         self.stream_launch(w, x, qkv, n, StreamOp::QkvRope, round_x, norm, rope, ints, shape.base)
     }
 
@@ -138,8 +135,7 @@ impl Device {
             Some((g, eps)) => (g.bits(&self.stream), eps),
             None => (0u64, 0.0),
         };
-        let units = if mode >= 2 { w.rows / 2 } else { w.rows };
-        let args = [units as i32, w.cols as i32, n as i32, mode, i32::from(round_x), self.tuning.lane_bytes as i32];
+        let args = [plan.units as i32, w.cols as i32, n as i32, mode, i32::from(round_x), self.tuning.lane_bytes as i32];
         let cfg = LaunchConfig { grid_dim: (plan.blocks as u32, 1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: plan.smem as u32 };
         let (positions, kv_base) = (&rope[0], &rope[1]);
         match &w.data {

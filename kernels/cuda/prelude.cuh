@@ -44,6 +44,79 @@ __device__ __forceinline__ float round_fp8_e4m3(float x) {
 __device__ __forceinline__ void pdl_launch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
+// Timeline tracing, a diagnostic (kernels/src/device/trace.rs), compiled in only with CTX_TRACE
+// (CTXSCOPE_CUDA_TRACE=1: even unused, the marks cost the streamed GEMV registers): while `ctx_trace`
+// points at a buffer ([0] records written, [1] capacity, then (time, tag) pairs), each block's first
+// thread appends a record at the marks its kernel makes: the global timer in ns, and kernel kind << 56
+// | event << 48 | blocks in the grid << 24 | block. A mark at a block's end waits for its other warps
+// first (only when tracing: the barrier is uniform).
+__device__ u64* ctx_trace;
+// Kinds (gemv_stream: TRACE_STREAM + its mode) and events, as trace.rs names them.
+#define TRACE_ATTN_DECODE 1
+#define TRACE_ARGMAX 2
+#define TRACE_STREAM 16
+#define TRACE_START 0
+#define TRACE_WAITED 1
+#define TRACE_STAGED 2
+#define TRACE_END 3
+
+#ifdef CTX_TRACE
+// One opaque PTX block with its own scratch registers (a C++ version or an out-of-line call made the
+// streamed GEMV spill): only thread 0 of a block with the buffer set appends, past capacity nothing.
+__device__ __forceinline__ void trace_mark(int kind, int event) {
+    asm volatile(
+        "{\n\t"
+        ".reg .u64 tr_t, tr_i, tr_cap, tr_now, tr_tag, tr_x, tr_a;\n\t"
+        ".reg .u32 tr_u, tr_v;\n\t"
+        ".reg .pred tr_p, tr_q;\n\t"
+        "mov.u64 tr_t, %0;\n\t"
+        "mov.u32 tr_u, %%tid.x;\n\t"
+        "setp.eq.u32 tr_q, tr_u, 0;\n\t"
+        "setp.ne.and.u64 tr_p, tr_t, 0, tr_q;\n\t"
+        "@tr_p atom.global.add.u64 tr_i, [tr_t], 1;\n\t"
+        "@tr_p ld.global.u64 tr_cap, [tr_t+8];\n\t"
+        "@tr_p setp.lt.and.u64 tr_p, tr_i, tr_cap, tr_p;\n\t"
+        "mov.u64 tr_now, %%globaltimer;\n\t"
+        "mov.u32 tr_u, %%nctaid.x;\n\t"
+        "mov.u32 tr_v, %%nctaid.y;\n\t"
+        "mul.lo.u32 tr_u, tr_u, tr_v;\n\t"
+        "mov.u32 tr_v, %%nctaid.z;\n\t"
+        "mul.lo.u32 tr_u, tr_u, tr_v;\n\t"
+        "cvt.u64.u32 tr_tag, tr_u;\n\t"
+        "shl.b64 tr_tag, tr_tag, 24;\n\t"
+        "mov.u32 tr_u, %%ctaid.z;\n\t"
+        "mov.u32 tr_v, %%nctaid.y;\n\t"
+        "mul.lo.u32 tr_u, tr_u, tr_v;\n\t"
+        "mov.u32 tr_v, %%ctaid.y;\n\t"
+        "add.u32 tr_u, tr_u, tr_v;\n\t"
+        "mov.u32 tr_v, %%nctaid.x;\n\t"
+        "mul.lo.u32 tr_u, tr_u, tr_v;\n\t"
+        "mov.u32 tr_v, %%ctaid.x;\n\t"
+        "add.u32 tr_u, tr_u, tr_v;\n\t"
+        "cvt.u64.u32 tr_x, tr_u;\n\t"
+        "or.b64 tr_tag, tr_tag, tr_x;\n\t"
+        "cvt.u64.u32 tr_x, %1;\n\t"
+        "shl.b64 tr_x, tr_x, 56;\n\t"
+        "or.b64 tr_tag, tr_tag, tr_x;\n\t"
+        "cvt.u64.u32 tr_x, %2;\n\t"
+        "shl.b64 tr_x, tr_x, 48;\n\t"
+        "or.b64 tr_tag, tr_tag, tr_x;\n\t"
+        "shl.b64 tr_a, tr_i, 4;\n\t"
+        "add.u64 tr_a, tr_a, tr_t;\n\t"
+        "@tr_p st.global.v2.u64 [tr_a+16], {tr_now, tr_tag};\n\t"
+        "}\n" ::"l"(ctx_trace), "r"(kind), "r"(event) : "memory");
+}
+
+__device__ __forceinline__ void trace_end(int kind, int event) {
+    if (ctx_trace == nullptr) return;
+    __syncthreads();
+    trace_mark(kind, event);
+}
+#else
+__device__ __forceinline__ void trace_mark(int, int) {}
+__device__ __forceinline__ void trace_end(int, int) {}
+#endif
+
 // RoPE's inverse frequency of pair j (f64, as the CPU), and cos/sin of the angle pos * inv: the angle
 // in f64, reduced modulo 2 pi in f64, its sine and cosine in f32 (within an f32 ulp of the CPU's f64
 // cos/sin rounded to f32). Shared by rope_kv and the fused QKV GEMV.

@@ -9,7 +9,9 @@ extern "C" __global__ void argmax_logprob(const float* __restrict__ logits, int 
                                           float* __restrict__ part_v, int* __restrict__ part_i, float* __restrict__ part_s,
                                           int* __restrict__ counters) {
     pdl_launch();
+    trace_mark(TRACE_ARGMAX, TRACE_START);
     pdl_wait();
+    trace_mark(TRACE_ARGMAX, TRACE_WAITED);
     __shared__ float best_v[32];
     __shared__ int best_i[32];
     __shared__ float scratch[33];
@@ -84,6 +86,7 @@ extern "C" __global__ void argmax_logprob(const float* __restrict__ logits, int 
         logprob[row] = -logf(total);
         counters[row] = 0;
     }
+    trace_mark(TRACE_ARGMAX, TRACE_END);  // the merging warp only
 }
 
 // Temperature + top-p: keeps the smallest set of most probable tokens whose mass reaches top_p (found

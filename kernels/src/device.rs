@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, LaunchConfig};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, LaunchConfig};
 
 use crate::launch::KernelArg;
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
@@ -107,6 +107,10 @@ pub struct Device {
     pub stream: Arc<CudaStream>,
     pub multiprocessors: usize,
     functions: HashMap<&'static str, CudaFunction>,
+    /// The compiled modules (kept for their `ctx_trace` globals: `trace`).
+    modules: Vec<Arc<CudaModule>>,
+    /// The kernels were compiled with their timeline marks (`CTXSCOPE_CUDA_TRACE=1`; see `trace`).
+    pub tracing: bool,
     /// Launch with programmatic stream serialization (on unless `CTXSCOPE_CUDA_PDL=0`).
     pub programmatic: bool,
     /// Zero between launches: each kernel's last block resets what it counted.
@@ -133,7 +137,8 @@ macro_rules! launch {
 }
 
 mod stream;
-pub use stream::{lane_bytes, Norm, StreamOp, StreamPlan, StreamTuning};
+pub mod trace;
+pub use stream::{block_threads, lane_bytes, Norm, StreamOp, StreamPlan, StreamTuning};
 
 fn blocks(n: usize, per_block: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (n.div_ceil(per_block).max(1) as u32, 1, 1), block_dim: (per_block as u32, 1, 1), shared_mem_bytes: 0 }
@@ -165,8 +170,11 @@ impl Device {
         let arch: &'static str = Box::leak(format!("sm_{major}{minor}").into_boxed_str());
         let multiprocessors = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
         let mut functions = HashMap::new();
+        let mut modules = Vec::new();
+        let tracing = std::env::var("CTXSCOPE_CUDA_TRACE").is_ok_and(|v| v == "1");
         for (module, source) in crate::SOURCES {
-            let options = CompileOptions { arch: Some(arch), ..CompileOptions::default() };
+            let defines = if tracing { vec!["-DCTX_TRACE".to_string()] } else { Vec::new() };
+            let options = CompileOptions { arch: Some(arch), options: defines, ..CompileOptions::default() };
             let ptx = compile_ptx_with_opts(format!("{}\n{source}", crate::PRELUDE), options)
                 .map_err(|e| DeviceError::Compile { module: module.into(), detail: format!("{e:?}") })?;
             let loaded = ctx.load_module(ptx)?;
@@ -175,6 +183,7 @@ impl Device {
                     functions.insert(kernel, f);
                 }
             }
+            modules.push(loaded);
         }
         let counters = stream.alloc_zeros::<i32>(ATTN_COUNTERS + ARGMAX_MAX_ROWS)?;
         let argmax_v = stream.alloc_zeros::<f32>(ARGMAX_MAX_ROWS * ARGMAX_BLOCKS)?;
@@ -183,7 +192,7 @@ impl Device {
         let optin = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
         let tuning = StreamTuning::new([&functions["gemv_stream_bf16"], &functions["gemv_stream_f32"]], optin)?;
         let programmatic = major >= 9 && std::env::var("CTXSCOPE_CUDA_PDL").map_or(true, |v| v != "0");
-        Ok(Device { ctx, stream, multiprocessors, functions, programmatic, counters, argmax_v, argmax_i, argmax_s, tuning })
+        Ok(Device { ctx, stream, multiprocessors, functions, modules, tracing, programmatic, counters, argmax_v, argmax_i, argmax_s, tuning })
     }
 
     fn function(&self, kernel: &'static str) -> &CudaFunction {

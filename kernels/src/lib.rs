@@ -73,11 +73,14 @@ mod tests {
             eprintln!("libnvrtc not found (set LD_LIBRARY_PATH to its folder): kernels not compiled");
             return;
         }
-        for (module, source) in SOURCES {
-            let options = cudarc::nvrtc::CompileOptions { arch: Some("sm_90"), ..Default::default() };
-            let full = format!("{PRELUDE}\n{source}");
-            if let Err(e) = cudarc::nvrtc::compile_ptx_with_opts(full, options) {
-                panic!("{module} does not compile: {e:?}");
+        // As served, and with the timeline marks compiled in (CTXSCOPE_CUDA_TRACE=1).
+        for defines in [vec![], vec!["-DCTX_TRACE".to_string()]] {
+            for (module, source) in SOURCES {
+                let options = cudarc::nvrtc::CompileOptions { arch: Some("sm_90"), options: defines.clone(), ..Default::default() };
+                let full = format!("{PRELUDE}\n{source}");
+                if let Err(e) = cudarc::nvrtc::compile_ptx_with_opts(full, options) {
+                    panic!("{module} does not compile (options {defines:?}): {e:?}");
+                }
             }
         }
     }

@@ -11,7 +11,8 @@
 #   6. python3 devcheck/table.py                     the short table, printed last
 # Everything also goes to $OUT/run.log. Exit status: 1 when a correctness check failed (table.py), 2 when
 # only a step failed, 0 otherwise. REF_SHAPES=smollm2_135m runs one shape; REUSE_REF=1 keeps the
-# references an earlier call left in /tmp/ref on a still-warm machine.
+# references an earlier call left in /tmp/ref on a still-warm machine; RUN_TRACE=1 adds a traced run
+# of the 1B decode variants (below).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 OUT="${OUT:-/tmp/devcheck_out}"
@@ -64,6 +65,13 @@ for s in ${shapes//,/ }; do
     statuses+=("bench_$s=skipped")
   fi
 done
+# RUN_TRACE=1: the fast path's decode variants again on the 1B shape with the kernels' timeline marks
+# compiled in (CTXSCOPE_CUDA_TRACE=1; slower kernels, a second compile): per kernel kind, where a
+# step's time goes, printed into run.log.
+if [ "${RUN_TRACE:-0}" = 1 ] && [ -f /tmp/ref/llama_1b/config.json ]; then
+  step trace_llama_1b 150 env CTXSCOPE_CUDA_TRACE=1 BENCH_VARIANTS_ONLY=1 BENCH_JSON=/tmp/trace_llama_1b.json \
+    bash -c 'exec "$0" "$1" > /dev/null' ./devcheck/device_bench /tmp/ref/llama_1b
+fi
 # The server over HTTP on the GPU against transformers (and prefix reuse reported in usage).
 step hf_check_cuda 120 python3 devcheck/hf_check.py --device cuda
 if [ -d devcheck/tests ]; then

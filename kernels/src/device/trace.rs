@@ -1,0 +1,246 @@
+//! Kernel timeline tracing, a diagnostic (kernels compiled with it: `CTXSCOPE_CUDA_TRACE=1`): while a
+//! trace is on, the streamed GEMVs, decode attention and argmax append (global timer, kernel, event, block) records to a device buffer (prelude
+//! `trace_mark`); `launches` groups them into launches and `summary` says where a pass's time went:
+//! each launch's start relative to the previous one's end, its wait for the previous kernel, its input
+//! staging and its work.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+
+use cudarc::driver::{CudaSlice, DevicePtr};
+
+use super::{Device, DeviceError};
+
+/// Event numbers (prelude `TRACE_*`): a block starts (0), returns from `griddepcontrol.wait` (1), has
+/// its input staged (2; attention: its partial written), ends (3, the last of them).
+const EVENTS: usize = 4;
+const START: usize = 0;
+const WAITED: usize = 1;
+const STAGED: usize = 2;
+
+/// A trace being recorded: the device buffer ([0] records written, [1] capacity, then pairs).
+pub struct Trace {
+    buf: CudaSlice<u64>,
+    capacity: usize,
+}
+
+/// One record: when (ns, the GPU's global timer), which kernel, which event, which block of how many.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record {
+    pub ns: u64,
+    pub kind: u8,
+    pub event: u8,
+    pub blocks: u32,
+    pub block: u32,
+}
+
+/// One launch's blocks: per block, the time of each event it marked.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    pub kind: u8,
+    pub blocks: u32,
+    pub marks: HashMap<u32, [Option<u64>; EVENTS]>,
+}
+
+/// The name of a kernel kind (prelude `TRACE_*`; gemv_stream kinds are 16 + mode).
+pub fn kind_name(kind: u8) -> &'static str {
+    match kind {
+        1 => "attn_decode",
+        2 => "argmax",
+        16 => "stream store",
+        17 => "stream accumulate",
+        18 => "stream swiglu",
+        19 => "stream qkv+rope",
+        _ => "unknown",
+    }
+}
+
+impl Launch {
+    /// Earliest and latest time of `event` over the blocks that marked it.
+    pub fn span(&self, event: usize) -> Option<(u64, u64)> {
+        let times = self.marks.values().filter_map(|m| m[event]);
+        times.fold(None, |acc, t| Some(acc.map_or((t, t), |(lo, hi): (u64, u64)| (lo.min(t), hi.max(t)))))
+    }
+
+    /// The last mark of any block: the launch's end as far as the trace can tell.
+    pub fn last(&self) -> u64 {
+        self.marks.values().flat_map(|m| m.iter().flatten().copied()).max().unwrap_or(0)
+    }
+
+    pub fn first(&self) -> u64 {
+        self.span(START).map_or(0, |s| s.0)
+    }
+}
+
+impl Device {
+    /// Starts recording up to `capacity` records (every module's `ctx_trace` pointed at a fresh buffer).
+    /// Work already enqueued may add records too: synchronize first for a clean trace.
+    pub fn trace_start(&self, capacity: usize) -> Result<Trace, DeviceError> {
+        if !self.tracing {
+            return Err(DeviceError::Shape { kernel: "trace", detail: "the kernels were compiled without their marks: set CTXSCOPE_CUDA_TRACE=1".into() });
+        }
+        let mut buf = self.stream.alloc_zeros::<u64>(2 + 2 * capacity)?;
+        self.stream.memcpy_htod(&[0u64, capacity as u64], &mut buf.slice_mut(0..2))?;
+        let ptr = buf.device_ptr(&self.stream).0;
+        self.set_trace(ptr)?;
+        Ok(Trace { buf, capacity })
+    }
+
+    /// Waits for the enqueued work, stops recording and returns the records (and how many did not fit).
+    pub fn trace_stop(&self, trace: Trace) -> Result<(Vec<Record>, usize), DeviceError> {
+        self.stream.synchronize()?;
+        self.set_trace(0)?;
+        let host = self.stream.clone_dtoh(&trace.buf)?;
+        let written = host[0] as usize;
+        let kept = written.min(trace.capacity);
+        let records = (0..kept)
+            .map(|i| {
+                let (ns, tag) = (host[2 + 2 * i], host[3 + 2 * i]);
+                Record { ns, kind: (tag >> 56) as u8, event: ((tag >> 48) & 0xff) as u8, blocks: ((tag >> 24) & 0xff_ffff) as u32, block: (tag & 0xff_ffff) as u32 }
+            })
+            .collect();
+        Ok((records, written - kept))
+    }
+
+    fn set_trace(&self, ptr: u64) -> Result<(), DeviceError> {
+        for module in &self.modules {
+            let mut global = module.get_global("ctx_trace", &self.stream)?;
+            // SAFETY: `ctx_trace` is a `u64*` in every module (the prelude).
+            let Some(mut view) = (unsafe { global.transmute_mut::<u64>(1) }) else {
+                return Err(DeviceError::Shape { kernel: "trace", detail: "ctx_trace is not a pointer".into() });
+            };
+            self.stream.memcpy_htod(&[ptr], &mut view)?;
+        }
+        Ok(())
+    }
+}
+
+/// Groups records into launches, in order of their first start. Launches of one kernel never run at
+/// once on a stream, so a block's start opens a new launch of its kind when the latest one already
+/// has that block started; its other marks go to the latest launch of its kind where that block
+/// started and has not marked that event yet.
+pub fn launches(records: &[Record]) -> Vec<Launch> {
+    let mut sorted = records.to_vec();
+    sorted.sort_by_key(|r| (r.ns, r.event));
+    let mut out: Vec<Launch> = Vec::new();
+    let mut latest: HashMap<(u8, u32), Vec<usize>> = HashMap::new();
+    for r in sorted {
+        let event = usize::from(r.event).min(EVENTS - 1);
+        let key = (r.kind, r.blocks);
+        let list = latest.entry(key).or_default();
+        let target = if event == START {
+            match list.last() {
+                Some(&i) if !out[i].marks.contains_key(&r.block) => Some(i),
+                _ => None,
+            }
+        } else {
+            list.iter().rev().copied().find(|&i| out[i].marks.get(&r.block).is_some_and(|m| m[event].is_none()))
+        };
+        let i = match target {
+            Some(i) => i,
+            None if event == START => {
+                out.push(Launch { kind: r.kind, blocks: r.blocks, marks: HashMap::new() });
+                list.push(out.len() - 1);
+                out.len() - 1
+            }
+            None => continue, // a mark whose start fell outside the trace
+        };
+        out[i].marks.entry(r.block).or_insert([None; EVENTS])[event] = Some(r.ns);
+    }
+    out.sort_by_key(Launch::first);
+    out
+}
+
+/// Per kernel kind, means over its launches (µs): the gap from the previous launch's last mark to its
+/// first start (negative: it started before the previous one ended, as programmatic launch allows),
+/// from that end to its first block's release from the wait, the spread of the releases, the staging
+/// (last release to last staged), the work after staging (to its last mark), and the whole launch
+/// (first start to last mark); then the pass from first start to last mark.
+pub fn summary(launches: &[Launch]) -> Vec<String> {
+    #[derive(Default)]
+    struct Sum {
+        n: usize,
+        gap: f64,
+        release: f64,
+        spread: f64,
+        staging: f64,
+        work: f64,
+        whole: f64,
+        blocks: u32,
+    }
+    let us = |a: u64, b: u64| (a as f64 - b as f64) / 1e3;
+    let mut by_kind: Vec<(u8, Sum)> = Vec::new();
+    for (i, l) in launches.iter().enumerate() {
+        let Some(prev) = i.checked_sub(1).map(|p| launches[p].last()) else { continue };
+        let slot = match by_kind.iter().position(|(k, _)| *k == l.kind) {
+            Some(p) => p,
+            None => {
+                by_kind.push((l.kind, Sum::default()));
+                by_kind.len() - 1
+            }
+        };
+        let s = &mut by_kind[slot].1;
+        let (first, last) = (l.first(), l.last());
+        let waited = l.span(WAITED).unwrap_or((first, first));
+        let staged = l.span(STAGED).map_or(waited.1, |s| s.1);
+        s.n += 1;
+        s.gap += us(first, prev);
+        s.release += us(waited.0, prev);
+        s.spread += us(waited.1, waited.0);
+        s.staging += us(staged, waited.1);
+        s.work += us(last, staged);
+        s.whole += us(last, first);
+        s.blocks = l.blocks;
+    }
+    let mut lines = Vec::new();
+    for (kind, s) in &by_kind {
+        let n = s.n.max(1) as f64;
+        let mut line = String::new();
+        let _ = write!(
+            line,
+            "{:<18} x{:<3} {:>4} blocks: gap {:>6.2}  release {:>6.2}  spread {:>5.2}  staging {:>5.2}  work {:>6.2}  launch {:>6.2} us",
+            kind_name(*kind),
+            s.n,
+            s.blocks,
+            s.gap / n,
+            s.release / n,
+            s.spread / n,
+            s.staging / n,
+            s.work / n,
+            s.whole / n
+        );
+        lines.push(line);
+    }
+    if let (Some(a), Some(b)) = (launches.first(), launches.last()) {
+        lines.push(format!("{} launches traced, first start to last mark {:.1} us", launches.len(), us(b.last(), a.first())));
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(ns: u64, kind: u8, event: u8, blocks: u32, block: u32) -> Record {
+        Record { ns, kind, event, blocks, block }
+    }
+
+    #[test]
+    fn records_group_into_launches_even_when_the_next_starts_before_the_previous_ends() {
+        let mut r = Vec::new();
+        // Launch A (kind 17, 2 blocks) 0..100, launch B (kind 18) starts at 90 (programmatic), then A again.
+        for b in 0..2 {
+            r.extend([rec(0 + b as u64, 17, 0, 2, b), rec(10, 17, 1, 2, b), rec(20, 17, 2, 2, b), rec(100, 17, 3, 2, b)]);
+            r.extend([rec(90, 18, 0, 2, b), rec(101, 18, 1, 2, b), rec(110, 18, 2, 2, b), rec(200, 18, 3, 2, b)]);
+            r.extend([rec(195, 17, 0, 2, b), rec(201, 17, 1, 2, b), rec(210, 17, 2, 2, b), rec(300, 17, 3, 2, b)]);
+        }
+        let l = launches(&r);
+        assert_eq!(l.iter().map(|l| l.kind).collect::<Vec<_>>(), vec![17, 18, 17]);
+        assert!(l.iter().all(|l| l.marks.len() == 2 && l.marks.values().all(|m| m.iter().all(Option::is_some))));
+        assert_eq!((l[0].last(), l[1].first(), l[2].last()), (100, 90, 300));
+        let lines = summary(&l);
+        // B started 10 ns before A's end: a negative gap; released 1 ns after it.
+        assert!(lines[0].starts_with("stream swiglu") && lines[0].contains("gap  -0.01") && lines[0].contains("release   0.00"), "{lines:?}");
+        assert!(lines.last().unwrap().contains("3 launches traced, first start to last mark 0.3 us"), "{lines:?}");
+    }
+}

@@ -26,16 +26,9 @@ fn main() {
     let paths: Vec<Path> = std::env::var("BENCH_PATHS")
         .unwrap_or_else(|_| "fast,golden".into())
         .split(',')
-        .map(|p| {
-            Path::parse(p.trim())
-                .unwrap_or_else(|| panic!("BENCH_PATHS: unknown path {p:?} (golden, fast)"))
-        })
+        .map(|p| Path::parse(p.trim()).unwrap_or_else(|| panic!("BENCH_PATHS: unknown path {p:?} (golden, fast)")))
         .collect();
-    let reps: usize = std::env::var("BENCH_REPS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3)
-        .max(1);
+    let reps: usize = std::env::var("BENCH_REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(3).max(1);
     let skip = std::env::var("BENCH_SKIP").unwrap_or_default();
     let skipped = |name: &str| skip.split(',').any(|s| s.trim() == name);
     let reference = |var: &str| std::env::var(var).ok().and_then(|v| v.parse::<f64>().ok());
@@ -50,56 +43,26 @@ fn main() {
         rayon::current_num_threads(),
         avx2()
     );
-    let ratio_header = if llama_pp.is_some() {
-        " ours / llama.cpp |"
-    } else {
-        ""
-    };
+    let ratio_header = if llama_pp.is_some() { " ours / llama.cpp |" } else { "" };
     println!("| path | test | batch | tokens/s (mean ± sd) | runs |{ratio_header}");
-    println!(
-        "|---|---|---|---|---|{}",
-        if llama_pp.is_some() { "---|" } else { "" }
-    );
+    println!("|---|---|---|---|---|{}", if llama_pp.is_some() { "---|" } else { "" });
     // Warm up: page in the weights and start the thread pool.
-    forward(
-        &model,
-        Path::Fast,
-        &mut [Segment {
-            tokens: &tokens(&model, 16, 0),
-            kv: &mut kv(&model),
-        }],
-    );
+    forward(&model, Path::Fast, &mut [Segment { tokens: &tokens(&model, 16, 0), kv: &mut kv(&model) }]);
     for path in paths {
         for (test, batch) in [("pp512", 1), ("pp512", 8), ("tg128", 1), ("tg128", 8)] {
             let name = format!("{test}-b{batch}");
             if skipped(&name) {
                 continue;
             }
-            let runs = if path == Path::Golden && test == "pp512" && batch == 8 {
-                1
-            } else {
-                reps
-            };
+            let runs = if path == Path::Golden && test == "pp512" && batch == 8 { 1 } else { reps };
             let rates: Vec<f64> = (0..runs)
-                .map(|rep| {
-                    if test == "pp512" {
-                        prefill(&model, path, batch, rep)
-                    } else {
-                        decode(&model, path, batch, rep)
-                    }
-                })
+                .map(|rep| if test == "pp512" { prefill(&model, path, batch, rep) } else { decode(&model, path, batch, rep) })
                 .collect();
             let mean = rates.iter().sum::<f64>() / rates.len() as f64;
-            let sd =
-                (rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / rates.len() as f64).sqrt();
+            let sd = (rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / rates.len() as f64).sqrt();
             let reference = if test == "pp512" { llama_pp } else { llama_tg };
-            let ratio = reference
-                .map(|r| format!(" {:.2} |", mean / r))
-                .unwrap_or_default();
-            println!(
-                "| {} | {test} | {batch} | {mean:.1} ± {sd:.1} | {runs} |{ratio}",
-                path.as_str()
-            );
+            let ratio = reference.map(|r| format!(" {:.2} |", mean / r)).unwrap_or_default();
+            println!("| {} | {test} | {batch} | {mean:.1} ± {sd:.1} | {runs} |{ratio}", path.as_str());
         }
     }
     if !skipped("matmuls") {
@@ -117,20 +80,12 @@ fn matmuls(model: &Model) {
     let output = model.weights.output();
     println!("\n| matrix | type | rows x cols | n | golden ms | fast ms | fast weight GB/s | fast GMAC/s |");
     println!("|---|---|---|---|---|---|---|---|");
-    for (name, w) in [
-        ("attn_q", &layer.wq),
-        ("ffn_gate", &layer.w_gate),
-        ("ffn_down", &layer.w_down),
-        ("output", output),
-    ] {
+    for (name, w) in [("attn_q", &layer.wq), ("ffn_gate", &layer.w_gate), ("ffn_down", &layer.w_down), ("output", output)] {
         for n in [1, 8, 512] {
             if name == "output" && n == 512 {
                 continue;
             }
-            let x: Vec<f32> = tokens(model, n * w.cols, 7)
-                .iter()
-                .map(|t| (*t % 2001) as f32 / 1000.0 - 1.0)
-                .collect();
+            let x: Vec<f32> = tokens(model, n * w.cols, 7).iter().map(|t| (*t % 2001) as f32 / 1000.0 - 1.0).collect();
             let mut out = vec![0f32; n * w.rows];
             let time = |path: Path, out: &mut [f32]| {
                 let (mut calls, start) = (0u32, Instant::now());
@@ -140,11 +95,7 @@ fn matmuls(model: &Model) {
                 }
                 start.elapsed().as_secs_f64() / calls as f64
             };
-            let golden = if std::env::var_os("BENCH_NO_GOLDEN_MATMUL").is_some() {
-                f64::NAN
-            } else {
-                time(Path::Golden, &mut out)
-            };
+            let golden = if std::env::var_os("BENCH_NO_GOLDEN_MATMUL").is_some() { f64::NAN } else { time(Path::Golden, &mut out) };
             let fast = time(Path::Fast, &mut out);
             let macs = (w.rows * w.cols * n) as f64;
             println!(
@@ -180,15 +131,9 @@ fn tokens(model: &Model, len: usize, seed: u64) -> Vec<u32> {
 
 /// Tokens/s prefilling `batch` prompts of PP tokens in one forward call.
 fn prefill(model: &Model, path: Path, batch: usize, rep: usize) -> f64 {
-    let prompts: Vec<Vec<u32>> = (0..batch)
-        .map(|b| tokens(model, PP, (rep * 8 + b) as u64))
-        .collect();
+    let prompts: Vec<Vec<u32>> = (0..batch).map(|b| tokens(model, PP, (rep * 8 + b) as u64)).collect();
     let mut caches: Vec<KvCache> = (0..batch).map(|_| kv(model)).collect();
-    let mut segments: Vec<Segment<'_>> = prompts
-        .iter()
-        .zip(caches.iter_mut())
-        .map(|(t, kv)| Segment { tokens: t, kv })
-        .collect();
+    let mut segments: Vec<Segment<'_>> = prompts.iter().zip(caches.iter_mut()).map(|(t, kv)| Segment { tokens: t, kv }).collect();
     let start = Instant::now();
     forward(model, path, &mut segments);
     (batch * PP) as f64 / start.elapsed().as_secs_f64()
@@ -197,20 +142,12 @@ fn prefill(model: &Model, path: Path, batch: usize, rep: usize) -> f64 {
 /// Tokens/s decoding TG tokens in each of `batch` sequences from an empty context, one token per
 /// sequence per forward call (sampling excluded: the inputs are fixed).
 fn decode(model: &Model, path: Path, batch: usize, rep: usize) -> f64 {
-    let inputs: Vec<Vec<u32>> = (0..batch)
-        .map(|b| tokens(model, TG, (100 + rep * 8 + b) as u64))
-        .collect();
+    let inputs: Vec<Vec<u32>> = (0..batch).map(|b| tokens(model, TG, (100 + rep * 8 + b) as u64)).collect();
     let mut caches: Vec<KvCache> = (0..batch).map(|_| kv(model)).collect();
     let start = Instant::now();
     for step in 0..TG {
-        let mut segments: Vec<Segment<'_>> = inputs
-            .iter()
-            .zip(caches.iter_mut())
-            .map(|(t, kv)| Segment {
-                tokens: &t[step..step + 1],
-                kv,
-            })
-            .collect();
+        let mut segments: Vec<Segment<'_>> =
+            inputs.iter().zip(caches.iter_mut()).map(|(t, kv)| Segment { tokens: &t[step..step + 1], kv }).collect();
         forward(model, path, &mut segments);
     }
     (batch * TG) as f64 / start.elapsed().as_secs_f64()
@@ -229,39 +166,15 @@ fn numerics(model: &Model) {
     println!("|---|---|---|---|---|---|---|");
     let (mut all_max, mut all_sum, mut all_count) = (0f32, 0f64, 0usize);
     for q in questions {
-        let opts = RenderOptions {
-            add_generation_prompt: true,
-            bos_token: "",
-            eos_token: "",
-            tools: None,
-        };
-        let text = model
-            .template
-            .render(&[json!({"role": "user", "content": q})], &opts)
-            .expect("template renders");
+        let opts = RenderOptions { add_generation_prompt: true, bos_token: "", eos_token: "", tools: None };
+        let text = model.template.render(&[json!({"role": "user", "content": q})], &opts).expect("template renders");
         let prompt = model.tokenizer.encode(&text, true);
         let (mut kg, mut kf) = (kv(model), kv(model));
         let (mut input, mut rows, mut agree) = (prompt.clone(), 0, 0);
         let (mut max, mut sum, mut peak) = (0f32, 0f64, 0f32);
         for _ in 0..9 {
-            let g = forward(
-                model,
-                Path::Golden,
-                &mut [Segment {
-                    tokens: &input,
-                    kv: &mut kg,
-                }],
-            )
-            .remove(0);
-            let f = forward(
-                model,
-                Path::Fast,
-                &mut [Segment {
-                    tokens: &input,
-                    kv: &mut kf,
-                }],
-            )
-            .remove(0);
+            let g = forward(model, Path::Golden, &mut [Segment { tokens: &input, kv: &mut kg }]).remove(0);
+            let f = forward(model, Path::Fast, &mut [Segment { tokens: &input, kv: &mut kf }]).remove(0);
             for (a, b) in g.iter().zip(&f) {
                 max = max.max((a - b).abs());
                 sum += (a - b).abs() as f64;
@@ -273,26 +186,17 @@ fn numerics(model: &Model) {
             input = vec![next];
         }
         let count = rows * model.config.vocab;
-        println!(
-            "| {q:?} | {} | {rows} | {max:.4} | {:.5} | {peak:.2} | {agree}/{rows} |",
-            prompt.len(),
-            sum / count as f64
-        );
+        println!("| {q:?} | {} | {rows} | {max:.4} | {:.5} | {peak:.2} | {agree}/{rows} |", prompt.len(), sum / count as f64);
         all_max = all_max.max(max);
         all_sum += sum;
         all_count += count;
     }
-    println!(
-        "| all | | | {all_max:.4} | {:.5} | | |",
-        all_sum / all_count as f64
-    );
+    println!("| all | | | {all_max:.4} | {:.5} | | |", all_sum / all_count as f64);
 }
 
 fn avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
-    return is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c");
+    return is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
     #[cfg(not(target_arch = "x86_64"))]
     false
 }

@@ -13,10 +13,10 @@ use std::time::Instant;
 
 use ctxscope_engine::backend::{Backend, Output, Step, Want};
 use ctxscope_engine::device::DeviceBackend;
+use ctxscope_kernels::device::StreamTuning;
 use ctxscope_engine::forward::{forward, Segment};
 use ctxscope_engine::kv::KvCache;
 use ctxscope_engine::{EngineOptions, Model, ModelConfig, PatchSet, Path};
-use ctxscope_kernels::device::StreamTuning;
 use serde_json::{json, Value};
 
 type Kv = <DeviceBackend as Backend>::Kv;
@@ -26,16 +26,11 @@ const PERF_PROMPT: usize = 512;
 const DECODE_STEPS: usize = 128;
 
 fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 fn argmax(v: &[f32]) -> usize {
-    v.iter()
-        .enumerate()
-        .fold(0, |b, (i, x)| if *x > v[b] { i } else { b })
+    v.iter().enumerate().fold(0, |b, (i, x)| if *x > v[b] { i } else { b })
 }
 
 fn top5(v: &[f32]) -> Vec<usize> {
@@ -75,13 +70,7 @@ fn compare(reference: &[Vec<f32>], ours: &[Vec<f32>]) -> Value {
         }
     }
     let finite = |v: &[f64]| v.iter().all(|x| x.is_finite());
-    let worst = |v: &[f64]| {
-        if finite(v) {
-            v.iter().cloned().fold(0f64, f64::max)
-        } else {
-            f64::NAN
-        }
-    };
+    let worst = |v: &[f64]| if finite(v) { v.iter().cloned().fold(0f64, f64::max) } else { f64::NAN };
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
     json!({
         "steps": rel.len(), "rel_l2": rel, "max_abs_rel": mx, "worst_rel_l2": worst(&rel), "mean_rel_l2": mean(&rel),
@@ -99,16 +88,9 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &FsPath) -> Res<T> {
 fn read_logits(path: &FsPath, rows: usize, vocab: usize) -> Res<Vec<Vec<f32>>> {
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
     if bytes.len() != rows * vocab * 4 {
-        return Err(format!(
-            "{}: {} bytes, expected {rows} x {vocab} f32",
-            path.display(),
-            bytes.len()
-        ));
+        return Err(format!("{}: {} bytes, expected {rows} x {vocab} f32", path.display(), bytes.len()));
     }
-    let all: Vec<f32> = bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
+    let all: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
     Ok(all.chunks(vocab).map(<[f32]>::to_vec).collect())
 }
 
@@ -156,10 +138,7 @@ impl Report {
         if let Some(file) = &self.file {
             let tmp = file.with_extension("partial");
             let text = serde_json::to_string(&self.json()).unwrap_or_default();
-            if std::fs::write(&tmp, text)
-                .and_then(|_| std::fs::rename(&tmp, file))
-                .is_err()
-            {
+            if std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, file)).is_err() {
                 eprintln!("cannot write {}", file.display());
             }
         }
@@ -173,21 +152,11 @@ impl Report {
             Ok(r) => r,
             Err(p) => Err(format!(
                 "panic: {}",
-                p.downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default()
+                p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
             )),
         };
         let secs = started.elapsed().as_secs_f64();
-        eprintln!(
-            "[{name}] {secs:.2} s{}",
-            result
-                .as_ref()
-                .err()
-                .map(|e| format!(": ERROR {e}"))
-                .unwrap_or_default()
-        );
+        eprintln!("[{name}] {secs:.2} s{}", result.as_ref().err().map(|e| format!(": ERROR {e}")).unwrap_or_default());
         self.value["section_s"][name] = json!(secs);
         let out = match result {
             Ok(v) => Some(v),
@@ -219,10 +188,7 @@ impl Bench {
     /// One forward over several sequences; one output each.
     fn step(&mut self, path: Path, steps: &mut [Step<'_, Kv>]) -> Res<Vec<Output>> {
         let n = steps.len();
-        let out = self
-            .backend
-            .forward(path, &self.patches, steps)
-            .map_err(|e| e.to_string())?;
+        let out = self.backend.forward(path, &self.patches, steps).map_err(|e| e.to_string())?;
         if out.len() != n {
             return Err(format!("{n} steps gave {} outputs", out.len()));
         }
@@ -230,17 +196,7 @@ impl Bench {
     }
 
     fn logits(&mut self, path: Path, tokens: &[u32], kv: &mut Kv) -> Res<Vec<f32>> {
-        match self
-            .step(
-                path,
-                &mut [Step {
-                    tokens,
-                    kv,
-                    want: Want::Logits,
-                }],
-            )?
-            .pop()
-        {
+        match self.step(path, &mut [Step { tokens, kv, want: Want::Logits }])?.pop() {
             Some(Output::Logits(v)) => Ok(v),
             Some(Output::Token { .. }) => Err("asked for logits, got a token".into()),
             None => Err("no output".into()),
@@ -248,17 +204,7 @@ impl Bench {
     }
 
     fn greedy(&mut self, path: Path, tokens: &[u32], kv: &mut Kv) -> Res<u32> {
-        greedy_of(
-            self.step(
-                path,
-                &mut [Step {
-                    tokens,
-                    kv,
-                    want: Want::Greedy,
-                }],
-            )?
-            .pop(),
-        )
+        greedy_of(self.step(path, &mut [Step { tokens, kv, want: Want::Greedy }])?.pop())
     }
 
     /// The prompt's last-position logits, then one row per fed token.
@@ -298,32 +244,15 @@ impl Bench {
         let started = Instant::now();
         for _ in 0..steps {
             let tokens: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
-            let mut batch: Vec<Step<'_, Kv>> = tokens
-                .iter()
-                .zip(kvs.iter_mut())
-                .map(|(t, kv)| Step {
-                    tokens: t,
-                    kv,
-                    want: Want::Greedy,
-                })
-                .collect();
-            next = self
-                .step(path, &mut batch)?
-                .into_iter()
-                .map(|o| greedy_of(Some(o)))
-                .collect::<Res<_>>()?;
+            let mut batch: Vec<Step<'_, Kv>> =
+                tokens.iter().zip(kvs.iter_mut()).map(|(t, kv)| Step { tokens: t, kv, want: Want::Greedy }).collect();
+            next = self.step(path, &mut batch)?.into_iter().map(|o| greedy_of(Some(o))).collect::<Res<_>>()?;
         }
         let secs = started.elapsed().as_secs_f64();
         // While the caches are alive: the GPU's own time per step (the captured graph replayed).
-        self.replay_s = self
-            .backend
-            .time_graph_replay(path, prompts.len(), 50)
-            .map_err(|e| e.to_string())?;
+        self.replay_s = self.backend.time_graph_replay(path, prompts.len(), 50).map_err(|e| e.to_string())?;
         if self.trace {
-            self.trace_lines = self
-                .backend
-                .trace_graph_replay(path, prompts.len())
-                .map_err(|e| e.to_string())?;
+            self.trace_lines = self.backend.trace_graph_replay(path, prompts.len()).map_err(|e| e.to_string())?;
         }
         Ok(secs)
     }
@@ -355,28 +284,18 @@ fn main() {
     };
     let dir = std::path::PathBuf::from(dir);
     let file = std::env::var_os("BENCH_JSON").map(std::path::PathBuf::from);
-    let mut report = Report {
-        value: json!({"dir": dir.display().to_string(), "section_s": {}}),
-        errors: Vec::new(),
-        file,
-    };
+    let mut report = Report { value: json!({"dir": dir.display().to_string(), "section_s": {}}), errors: Vec::new(), file };
     let started = Instant::now();
     run(&dir, &mut report);
     report.value["wall_s"] = json!(started.elapsed().as_secs_f64());
     report.save();
-    println!(
-        "{}",
-        serde_json::to_string(&report.json())
-            .unwrap_or_else(|e| format!("{{\"errors\": [\"json: {e}\"]}}"))
-    );
+    println!("{}", serde_json::to_string(&report.json()).unwrap_or_else(|e| format!("{{\"errors\": [\"json: {e}\"]}}")));
     std::process::exit(i32::from(!report.errors.is_empty()));
 }
 
 fn run(dir: &FsPath, rep: &mut Report) {
     let started = Instant::now();
-    let Some(model) = rep.section("load", || {
-        Model::load(dir).map(Arc::new).map_err(|e| e.to_string())
-    }) else {
+    let Some(model) = rep.section("load", || Model::load(dir).map(Arc::new).map_err(|e| e.to_string())) else {
         return;
     };
     let c = model.config.clone();
@@ -393,14 +312,14 @@ fn run(dir: &FsPath, rep: &mut Report) {
         None
     } else {
         rep.section("references", || {
-            let prompt: Vec<u32> = read_json(&dir.join("prompt.json"))?;
-            let fed: Vec<u32> = read_json(&dir.join("tokens.json"))?;
-            let rows = fed.len() + 1;
-            let fp32 = read_logits(&dir.join("logits_fp32.bin"), rows, c.vocab)?;
-            let bf16 = read_logits(&dir.join("logits_bf16.bin"), rows, c.vocab)?;
-            // fp32 with bf16-rounded GEMM inputs: what the fast path should compute (older folders lack it).
-            let fastsim = read_logits(&dir.join("logits_fastsim.bin"), rows, c.vocab).ok();
-            Ok((prompt, fed, fp32, bf16, fastsim))
+        let prompt: Vec<u32> = read_json(&dir.join("prompt.json"))?;
+        let fed: Vec<u32> = read_json(&dir.join("tokens.json"))?;
+        let rows = fed.len() + 1;
+        let fp32 = read_logits(&dir.join("logits_fp32.bin"), rows, c.vocab)?;
+        let bf16 = read_logits(&dir.join("logits_bf16.bin"), rows, c.vocab)?;
+        // fp32 with bf16-rounded GEMM inputs: what the fast path should compute (older folders lack it).
+        let fastsim = read_logits(&dir.join("logits_fastsim.bin"), rows, c.vocab).ok();
+        Ok((prompt, fed, fp32, bf16, fastsim))
         })
     };
 
@@ -409,35 +328,14 @@ fn run(dir: &FsPath, rep: &mut Report) {
     let mut cpu_golden: Option<Vec<Vec<f32>>> = None;
     if let Some((prompt, fed, fp32, _, _)) = &refs {
         let params = rep.value["model"]["params"].as_u64().unwrap_or(0);
-        let cpu_steps =
-            env_usize("BENCH_CPU_STEPS", if params > 500_000_000 { 2 } else { 4 }).min(fed.len());
+        let cpu_steps = env_usize("BENCH_CPU_STEPS", if params > 500_000_000 { 2 } else { 4 }).min(fed.len());
         if let Some((rows, secs)) = rep.section("cpu golden", || {
             let t = Instant::now();
             let mut kv = KvCache::new(c.n_layers, c.kv_dim());
             let mut rows = Vec::new();
-            rows.push(
-                forward(
-                    &model,
-                    Path::Golden,
-                    &mut [Segment {
-                        tokens: prompt,
-                        kv: &mut kv,
-                    }],
-                )
-                .remove(0),
-            );
+            rows.push(forward(&model, Path::Golden, &mut [Segment { tokens: prompt, kv: &mut kv }]).remove(0));
             for &t in &fed[..cpu_steps] {
-                rows.push(
-                    forward(
-                        &model,
-                        Path::Golden,
-                        &mut [Segment {
-                            tokens: &[t],
-                            kv: &mut kv,
-                        }],
-                    )
-                    .remove(0),
-                );
+                rows.push(forward(&model, Path::Golden, &mut [Segment { tokens: &[t], kv: &mut kv }]).remove(0));
             }
             Ok((rows, t.elapsed().as_secs_f64()))
         }) {
@@ -453,19 +351,11 @@ fn run(dir: &FsPath, rep: &mut Report) {
     options.step_tokens = options.step_tokens.max(PERF_PROMPT);
     rep.value["options"] = json!({"ctx": options.ctx, "max_batch": options.max_batch, "step_tokens": options.step_tokens});
     let t = Instant::now();
-    let Some(backend) = rep.section("backend", || {
-        DeviceBackend::new(model.clone(), 0, &options).map_err(|e| e.to_string())
-    }) else {
+    let Some(backend) = rep.section("backend", || DeviceBackend::new(model.clone(), 0, &options).map_err(|e| e.to_string())) else {
         return;
     };
     rep.value["backend_new_s"] = json!(t.elapsed().as_secs_f64());
-    let mut bench = Bench {
-        backend,
-        patches: PatchSet::default(),
-        replay_s: None,
-        trace: false,
-        trace_lines: None,
-    };
+    let mut bench = Bench { backend, patches: PatchSet::default(), replay_s: None, trace: false, trace_lines: None };
     rep.value["device"] = json!(bench.backend.name());
 
     // Correctness: each path against both references.
@@ -514,8 +404,7 @@ fn run(dir: &FsPath, rep: &mut Report) {
     let decode_reps = env_usize("BENCH_DECODE_REPS", 2);
     let steps = env_usize("BENCH_DECODE_STEPS", DECODE_STEPS);
     let mean_ctx = PERF_PROMPT + steps / 2;
-    rep.value["perf"] =
-        json!({"prompt_tokens": PERF_PROMPT, "decode_steps": steps, "mean_ctx": mean_ctx});
+    rep.value["perf"] = json!({"prompt_tokens": PERF_PROMPT, "decode_steps": steps, "mean_ctx": mean_ctx});
     for path in [Path::Fast, Path::Golden] {
         if variants_only {
             if path == Path::Fast {
@@ -528,12 +417,9 @@ fn run(dir: &FsPath, rep: &mut Report) {
         let backend_weight_bytes = bench.backend.weight_bytes(path);
         rep.value["perf"][path.as_str()] = json!({"weight_bytes": weight_bytes, "backend_weight_bytes_per_step": backend_weight_bytes});
         let prompt = random_prompt(PERF_PROMPT, c.vocab, 7);
-        if let Some(times) = rep.section(&format!("prefill {}", path.as_str()), || {
-            bench.prefill_times(path, &prompt, reps)
-        }) {
+        if let Some(times) = rep.section(&format!("prefill {}", path.as_str()), || bench.prefill_times(path, &prompt, reps)) {
             let m = median(times.clone());
-            let flops =
-                2.0 * rep.value["model"]["params"].as_f64().unwrap_or(0.0) * PERF_PROMPT as f64;
+            let flops = 2.0 * rep.value["model"]["params"].as_f64().unwrap_or(0.0) * PERF_PROMPT as f64;
             let p = &mut rep.value["perf"][path.as_str()];
             p["prefill_s"] = json!(m);
             p["prefill_runs_s"] = json!(times);
@@ -542,19 +428,11 @@ fn run(dir: &FsPath, rep: &mut Report) {
             rep.save();
         }
         for &batch in &batches {
-            let key = if batch == 1 {
-                "decode".to_string()
-            } else {
-                format!("batch{batch}")
-            };
-            let prompts: Vec<Vec<u32>> = (0..batch)
-                .map(|i| random_prompt(PERF_PROMPT, c.vocab, 100 + i as u64))
-                .collect();
+            let key = if batch == 1 { "decode".to_string() } else { format!("batch{batch}") };
+            let prompts: Vec<Vec<u32>> = (0..batch).map(|i| random_prompt(PERF_PROMPT, c.vocab, 100 + i as u64)).collect();
             let r = rep.section(&format!("{key} {}", path.as_str()), || {
                 bench.decode(path, &prompts, steps.min(16))?; // warm-up (graph capture, if any)
-                (0..decode_reps.max(1))
-                    .map(|_| bench.decode(path, &prompts, steps))
-                    .collect::<Res<Vec<f64>>>()
+                (0..decode_reps.max(1)).map(|_| bench.decode(path, &prompts, steps)).collect::<Res<Vec<f64>>>()
             });
             if let Some(times) = r {
                 let m = median(times.clone());
@@ -572,28 +450,17 @@ fn run(dir: &FsPath, rep: &mut Report) {
             if let Some(gpu) = bench.replay_s.take() {
                 let p = &mut rep.value["perf"][path.as_str()];
                 p[format!("{key}_graph_replay_s")] = json!(gpu);
-                eprintln!(
-                    "  {key} {}: graph replay {:.1} us per step",
-                    path.as_str(),
-                    gpu * 1e6
-                );
+                eprintln!("  {key} {}: graph replay {:.1} us per step", path.as_str(), gpu * 1e6);
             }
         }
         if path == Path::Fast && batches.contains(&1) {
             // The same batch-1 decode with every kernel launched one by one (no graph).
             bench.backend.set_graphs(false);
             let prompts = vec![random_prompt(PERF_PROMPT, c.vocab, 100)];
-            if let Some(times) = rep.section("decode fast eager", || {
-                (0..decode_reps.max(1))
-                    .map(|_| bench.decode(path, &prompts, steps))
-                    .collect::<Res<Vec<f64>>>()
-            }) {
+            if let Some(times) = rep.section("decode fast eager", || (0..decode_reps.max(1)).map(|_| bench.decode(path, &prompts, steps)).collect::<Res<Vec<f64>>>()) {
                 let m = median(times);
                 rep.value["perf"]["fast"]["decode_eager_tok_s"] = json!(steps as f64 / m);
-                eprintln!(
-                    "  decode fast without graphs: {:.0} tok/s",
-                    steps as f64 / m
-                );
+                eprintln!("  decode fast without graphs: {:.0} tok/s", steps as f64 / m);
                 rep.save();
             }
             bench.backend.set_graphs(true);
@@ -613,77 +480,39 @@ fn run(dir: &FsPath, rep: &mut Report) {
     }
 }
 
-/// Same-run A/B of the batch-1 decode GEMVs: the one-warp-per-row kernels against the streamed ones
-/// (`DeviceBackend::set_stream_gemv`) at several block sizes, blocks per SM, bytes in flight per lane
-/// and with or without the rotated input staging; tokens/s and the graph's GPU time per step into
-/// `perf.<path>.variants`. Ends on the tuning it started with.
-fn decode_variants(
-    bench: &mut Bench,
-    rep: &mut Report,
-    path: Path,
-    c: &ModelConfig,
-    steps: usize,
-    reps: usize,
-) {
+/// Same-run A/B of the batch-1 decode kernels: the one-warp-per-row GEMVs against the streamed ones
+/// (`DeviceBackend::set_stream_gemv`) at several blocks per SM and bytes in flight per lane, and
+/// decode attention cut into fewer split-K partials (`set_attn_splits`); tokens/s, the graph's GPU time
+/// per step and (kernels compiled with their marks) the traced timeline into `perf.<path>.variants`.
+/// Ends on the settings it started with.
+fn decode_variants(bench: &mut Bench, rep: &mut Report, path: Path, c: &ModelConfig, steps: usize, reps: usize) {
     let prompts = vec![random_prompt(PERF_PROMPT, c.vocab, 100)];
-    let start = bench.backend.stream_tuning();
+    let (start, start_splits) = (bench.backend.stream_tuning(), bench.backend.attn_splits());
     bench.trace = true;
-    // (threads, blocks per SM, lane bytes, rotate); threads 0: one warp per row.
-    let variants = [
-        (0, 0, 0, false),
-        (256, 4, 128, false),
-        (256, 4, 128, true),
-        (256, 2, 256, true),
-        (512, 2, 128, true),
-        (512, 1, 256, true),
-        (1024, 1, 128, false),
-        (1024, 1, 128, true),
-    ];
-    for (threads, per_sm, lane_bytes, rotate) in variants {
-        let stream = threads > 0;
-        let name = if stream {
-            format!(
-                "stream_t{threads}_b{per_sm}_lane{lane_bytes}{}",
-                if rotate { "_rot" } else { "" }
-            )
-        } else {
-            "warp_per_row".to_string()
-        };
-        let tuning = if stream {
-            StreamTuning {
-                threads,
-                blocks_per_sm: per_sm,
-                lane_bytes,
-                rotate,
-                ..start
-            }
-        } else {
-            start
-        };
-        bench.backend.set_stream_gemv(stream, tuning);
+    // (streamed, blocks per SM, lane bytes, attention splits; 0: the default).
+    let variants = [(false, 4, 128, 0), (true, 4, 128, 0), (true, 4, 128, 16), (true, 4, 128, 8), (true, 3, 128, 0), (true, 2, 256, 0), (true, 3, 256, 0)];
+    for (stream, per_sm, lane_bytes, splits) in variants {
+        let gemv = if stream { format!("stream_lane{lane_bytes}_blocks{per_sm}") } else { "warp_per_row".to_string() };
+        let name = if splits > 0 { format!("{gemv}_attn{splits}") } else { gemv };
+        bench.backend.set_stream_gemv(stream, StreamTuning { blocks_per_sm: per_sm, lane_bytes, ..start });
+        bench.backend.set_attn_splits(if splits > 0 { splits } else { start_splits });
         let r = rep.section(&format!("decode {} {name}", path.as_str()), || {
             bench.decode(path, &prompts, steps.min(16))?;
-            (0..reps.max(1))
-                .map(|_| bench.decode(path, &prompts, steps))
-                .collect::<Res<Vec<f64>>>()
+            (0..reps.max(1)).map(|_| bench.decode(path, &prompts, steps)).collect::<Res<Vec<f64>>>()
         });
         if let Some(times) = r {
             let tok_s = steps as f64 / median(times);
             let replay = bench.replay_s.take();
             let trace = bench.trace_lines.take();
-            eprintln!(
-                "  decode {} {name}: {tok_s:.0} tok/s, graph replay {:.1} us",
-                path.as_str(),
-                replay.unwrap_or(0.0) * 1e6
-            );
+            eprintln!("  decode {} {name}: {tok_s:.0} tok/s, graph replay {:.1} us", path.as_str(), replay.unwrap_or(0.0) * 1e6);
             for line in trace.iter().flatten() {
                 eprintln!("    {line}");
             }
-            rep.value["perf"][path.as_str()]["variants"][&name] =
-                json!({"tok_s": tok_s, "graph_replay_s": replay, "trace": trace});
+            rep.value["perf"][path.as_str()]["variants"][&name] = json!({"tok_s": tok_s, "graph_replay_s": replay, "trace": trace});
             rep.save();
         }
     }
     bench.trace = false;
+    bench.backend.set_attn_splits(start_splits);
     bench.backend.set_stream_gemv(true, start);
 }

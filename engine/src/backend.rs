@@ -38,11 +38,7 @@ pub enum Want {
     /// A token drawn at `temperature` from the smallest most-probable set reaching `top_p`, with
     /// `uniform` (in [0, 1), from the request's seeded generator) — asked only of a backend whose
     /// [`Backend::samples`] is true; answered with [`Output::Token`].
-    Sample {
-        temperature: f32,
-        top_p: f32,
-        uniform: f32,
-    },
+    Sample { temperature: f32, top_p: f32, uniform: f32 },
 }
 
 /// One sequence's part of a step: tokens at positions `kv.len() ..`, appended to `kv` as computed.
@@ -57,10 +53,7 @@ pub struct Step<'a, K> {
 pub enum Output {
     Logits(Vec<f32>),
     /// The chosen token (greedy or sampled) and its log-probability at temperature 1.
-    Token {
-        token: u32,
-        logprob: f32,
-    },
+    Token { token: u32, logprob: f32 },
 }
 
 /// A place to run the model.
@@ -79,20 +72,12 @@ pub trait Backend {
     }
 
     /// Runs every step's tokens in one pass under `path` and `patches`; one output per step, in order.
-    fn forward(
-        &mut self,
-        path: Path,
-        patches: &PatchSet,
-        steps: &mut [Step<'_, Self::Kv>],
-    ) -> Result<Vec<Output>, BackendError>;
+    fn forward(&mut self, path: Path, patches: &PatchSet, steps: &mut [Step<'_, Self::Kv>]) -> Result<Vec<Output>, BackendError>;
 }
 
 impl BackendError {
     pub fn new(backend: &'static str, message: impl Into<String>) -> BackendError {
-        BackendError {
-            backend,
-            message: message.into(),
-        }
+        BackendError { backend, message: message.into() }
     }
 }
 
@@ -101,27 +86,18 @@ impl BackendError {
 pub enum BackendKind {
     #[default]
     Cpu,
-    Cuda {
-        ordinal: usize,
-    },
+    Cuda { ordinal: usize },
 }
 
 impl BackendKind {
     pub fn parse(text: &str) -> Result<BackendKind, String> {
-        let bad = || {
-            format!(
-                "{text:?} is not a device; use cpu, cuda or cuda:N (N: the GPU's index, from 0)"
-            )
-        };
+        let bad = || format!("{text:?} is not a device; use cpu, cuda or cuda:N (N: the GPU's index, from 0)");
         match text.trim() {
             "cpu" => Ok(BackendKind::Cpu),
             "cuda" => Ok(BackendKind::Cuda { ordinal: 0 }),
             other => {
                 let ordinal = other.strip_prefix("cuda:").ok_or_else(bad)?;
-                ordinal
-                    .parse()
-                    .map(|ordinal| BackendKind::Cuda { ordinal })
-                    .map_err(|_| bad())
+                ordinal.parse().map(|ordinal| BackendKind::Cuda { ordinal }).map_err(|_| bad())
             }
         }
     }
@@ -143,14 +119,8 @@ mod tests {
     #[test]
     fn device_names_parse() {
         assert_eq!(BackendKind::parse("cpu"), Ok(BackendKind::Cpu));
-        assert_eq!(
-            BackendKind::parse("cuda"),
-            Ok(BackendKind::Cuda { ordinal: 0 })
-        );
-        assert_eq!(
-            BackendKind::parse("cuda:3"),
-            Ok(BackendKind::Cuda { ordinal: 3 })
-        );
+        assert_eq!(BackendKind::parse("cuda"), Ok(BackendKind::Cuda { ordinal: 0 }));
+        assert_eq!(BackendKind::parse("cuda:3"), Ok(BackendKind::Cuda { ordinal: 3 }));
         for bad in ["gpu", "cuda:", "cuda:x", "cuda:-1", ""] {
             assert!(BackendKind::parse(bad).is_err(), "{bad:?}");
         }

@@ -21,12 +21,7 @@ pub struct KvCache {
 
 impl KvCache {
     pub fn new(n_layers: usize, kv_dim: usize) -> KvCache {
-        KvCache {
-            kv_dim,
-            k: vec![Vec::new(); n_layers],
-            v: vec![Vec::new(); n_layers],
-            len: 0,
-        }
+        KvCache { kv_dim, k: vec![Vec::new(); n_layers], v: vec![Vec::new(); n_layers], len: 0 }
     }
 
     /// Positions computed and committed.
@@ -69,18 +64,8 @@ impl KvCache {
     /// A copy of the first `len` positions.
     pub fn prefix(&self, len: usize) -> KvCache {
         let len = len.min(self.len);
-        let cut = |layers: &Vec<Vec<f32>>| {
-            layers
-                .iter()
-                .map(|l| l[..len * self.kv_dim].to_vec())
-                .collect()
-        };
-        KvCache {
-            kv_dim: self.kv_dim,
-            k: cut(&self.k),
-            v: cut(&self.v),
-            len,
-        }
+        let cut = |layers: &Vec<Vec<f32>>| layers.iter().map(|l| l[..len * self.kv_dim].to_vec()).collect();
+        KvCache { kv_dim: self.kv_dim, k: cut(&self.k), v: cut(&self.v), len }
     }
 }
 
@@ -100,33 +85,20 @@ pub struct PrefixCache<K: SequenceKv = KvCache> {
 
 impl<K: SequenceKv> PrefixCache<K> {
     pub fn new(budget_tokens: usize) -> PrefixCache<K> {
-        PrefixCache {
-            entries: Vec::new(),
-            budget_tokens,
-            clock: 0,
-        }
+        PrefixCache { entries: Vec::new(), budget_tokens, clock: 0 }
     }
 
     /// KV for the longest cached prefix of `tokens` in `namespace`, leaving at least the last token
     /// to compute (its logits are needed). Returns a copy of the cache and the reused token count;
     /// fails when the backend cannot copy it.
-    pub fn lookup(
-        &mut self,
-        namespace: &str,
-        tokens: &[u32],
-    ) -> Result<Option<(K, usize)>, BackendError> {
+    pub fn lookup(&mut self, namespace: &str, tokens: &[u32]) -> Result<Option<(K, usize)>, BackendError> {
         let limit = tokens.len().saturating_sub(1);
         let (best, lcp) = self
             .entries
             .iter()
             .enumerate()
             .filter(|(_, e)| e.namespace == namespace)
-            .map(|(i, e)| {
-                (
-                    i,
-                    common_prefix(&e.tokens[..e.kv.len().min(e.tokens.len())], tokens).min(limit),
-                )
-            })
+            .map(|(i, e)| (i, common_prefix(&e.tokens[..e.kv.len().min(e.tokens.len())], tokens).min(limit)))
             .max_by_key(|(_, lcp)| *lcp)
             .unwrap_or((0, 0));
         self.take(best, lcp)
@@ -135,12 +107,7 @@ impl<K: SequenceKv> PrefixCache<K> {
     /// The `prefix_cache_weak_hash` fault: blocks of `block` tokens are compared only by their length
     /// and first token (a weak hash), so a prompt that shares neither text nor prefix can take another
     /// sequence's KV. Returns a copy of the cache and the (falsely) reused token count.
-    pub fn lookup_weak(
-        &mut self,
-        namespace: &str,
-        tokens: &[u32],
-        block: usize,
-    ) -> Result<Option<(K, usize)>, BackendError> {
+    pub fn lookup_weak(&mut self, namespace: &str, tokens: &[u32], block: usize) -> Result<Option<(K, usize)>, BackendError> {
         let limit = tokens.len().saturating_sub(1);
         let weak_prefix = |cached: &[u32]| -> usize {
             let mut matched = 0;
@@ -157,12 +124,7 @@ impl<K: SequenceKv> PrefixCache<K> {
             .iter()
             .enumerate()
             .filter(|(_, e)| e.namespace == namespace)
-            .map(|(i, e)| {
-                (
-                    i,
-                    weak_prefix(&e.tokens[..e.kv.len().min(e.tokens.len())]).min(limit),
-                )
-            })
+            .map(|(i, e)| (i, weak_prefix(&e.tokens[..e.kv.len().min(e.tokens.len())]).min(limit)))
             .max_by_key(|(_, n)| *n)
             .unwrap_or((0, 0));
         self.take(best, n)
@@ -184,27 +146,11 @@ impl<K: SequenceKv> PrefixCache<K> {
         if kv.is_empty() || self.budget_tokens == 0 {
             return;
         }
-        self.entries.retain(|e| {
-            !(e.namespace == namespace
-                && tokens.starts_with(&e.tokens[..e.kv.len().min(e.tokens.len())]))
-        });
+        self.entries.retain(|e| !(e.namespace == namespace && tokens.starts_with(&e.tokens[..e.kv.len().min(e.tokens.len())])));
         self.clock += 1;
-        self.entries.push(Entry {
-            namespace: namespace.to_string(),
-            tokens,
-            kv,
-            used: self.clock,
-        });
-        while self.entries.iter().map(|e| e.kv.len()).sum::<usize>() > self.budget_tokens
-            && self.entries.len() > 1
-        {
-            let oldest = self
-                .entries
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, e)| e.used)
-                .map(|(i, _)| i)
-                .unwrap_or(0);
+        self.entries.push(Entry { namespace: namespace.to_string(), tokens, kv, used: self.clock });
+        while self.entries.iter().map(|e| e.kv.len()).sum::<usize>() > self.budget_tokens && self.entries.len() > 1 {
+            let oldest = self.entries.iter().enumerate().min_by_key(|(_, e)| e.used).map(|(i, _)| i).unwrap_or(0);
             self.entries.remove(oldest);
         }
         if self.entries.iter().map(|e| e.kv.len()).sum::<usize>() > self.budget_tokens {
@@ -288,15 +234,9 @@ mod tests {
     fn a_failed_copy_is_the_lookup_error() {
         let mut cache = PrefixCache::new(1000);
         cache.insert("m", vec![1, 2, 3, 4], Unreadable(4));
-        let err = cache
-            .lookup("m", &[1, 2, 3, 9])
-            .err()
-            .expect("the copy fails");
+        let err = cache.lookup("m", &[1, 2, 3, 9]).err().expect("the copy fails");
         assert_eq!(err.to_string(), "test backend: out of memory");
-        assert!(
-            cache.lookup("m", &[5, 6]).unwrap().is_none(),
-            "no match, no copy"
-        );
+        assert!(cache.lookup("m", &[5, 6]).unwrap().is_none(), "no match, no copy");
     }
 
     #[test]

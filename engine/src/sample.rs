@@ -14,13 +14,7 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams {
-            temperature: 0.0,
-            top_p: 1.0,
-            seed: 0,
-            top_logprobs: 0,
-            logprobs: false,
-        }
+        SamplingParams { temperature: 0.0, top_p: 1.0, seed: 0, top_logprobs: 0, logprobs: false }
     }
 }
 
@@ -60,31 +54,15 @@ impl Sampler {
 
     pub fn sample(&mut self, logits: &[f32]) -> Sampled {
         let logsumexp = log_sum_exp(logits);
-        let token = if self.params.temperature <= 0.0 {
-            argmax(logits)
-        } else {
-            self.draw(logits)
-        };
-        let want_top = if self.params.logprobs {
-            self.params.top_logprobs
-        } else {
-            0
-        };
-        Sampled {
-            token,
-            logprob: logits[token as usize] - logsumexp,
-            top: top_k(logits, want_top, logsumexp),
-        }
+        let token = if self.params.temperature <= 0.0 { argmax(logits) } else { self.draw(logits) };
+        let want_top = if self.params.logprobs { self.params.top_logprobs } else { 0 };
+        Sampled { token, logprob: logits[token as usize] - logsumexp, top: top_k(logits, want_top, logsumexp) }
     }
 
     fn draw(&mut self, logits: &[f32]) -> u32 {
         let t = self.params.temperature;
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut probs: Vec<(u32, f64)> = logits
-            .iter()
-            .enumerate()
-            .map(|(i, l)| (i as u32, (((l - max) / t) as f64).exp()))
-            .collect();
+        let mut probs: Vec<(u32, f64)> = logits.iter().enumerate().map(|(i, l)| (i as u32, (((l - max) / t) as f64).exp())).collect();
         probs.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         let total: f64 = probs.iter().map(|p| p.1).sum();
         let mut kept = 0.0;
@@ -133,20 +111,10 @@ pub fn top_k(logits: &[f32], k: usize, logsumexp: f32) -> Vec<(u32, f32)> {
     }
     let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
     let k = k.min(idx.len());
-    idx.select_nth_unstable_by(k - 1, |a, b| {
-        logits[*b as usize]
-            .total_cmp(&logits[*a as usize])
-            .then(a.cmp(b))
-    });
+    idx.select_nth_unstable_by(k - 1, |a, b| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b)));
     idx.truncate(k);
-    idx.sort_by(|a, b| {
-        logits[*b as usize]
-            .total_cmp(&logits[*a as usize])
-            .then(a.cmp(b))
-    });
-    idx.into_iter()
-        .map(|i| (i, logits[i as usize] - logsumexp))
-        .collect()
+    idx.sort_by(|a, b| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b)));
+    idx.into_iter().map(|i| (i, logits[i as usize] - logsumexp)).collect()
 }
 
 #[cfg(test)]
@@ -155,11 +123,7 @@ mod tests {
 
     #[test]
     fn greedy_picks_argmax_with_logprobs() {
-        let mut s = Sampler::new(SamplingParams {
-            logprobs: true,
-            top_logprobs: 2,
-            ..Default::default()
-        });
+        let mut s = Sampler::new(SamplingParams { logprobs: true, top_logprobs: 2, ..Default::default() });
         let out = s.sample(&[0.0, 3.0, 1.0]);
         assert_eq!(out.token, 1);
         assert_eq!(out.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 2]);
@@ -169,20 +133,8 @@ mod tests {
     #[test]
     fn seeded_sampling_is_reproducible_and_top_p_cuts_the_tail() {
         let logits = [2.0, 1.9, -10.0, -10.0];
-        let params = SamplingParams {
-            temperature: 1.0,
-            top_p: 0.9,
-            seed: 42,
-            ..Default::default()
-        };
-        let draw = |p: &SamplingParams| {
-            (0..50)
-                .map(|_| 0)
-                .scan(Sampler::new(p.clone()), |s, _| {
-                    Some(s.sample(&logits).token)
-                })
-                .collect::<Vec<_>>()
-        };
+        let params = SamplingParams { temperature: 1.0, top_p: 0.9, seed: 42, ..Default::default() };
+        let draw = |p: &SamplingParams| (0..50).map(|_| 0).scan(Sampler::new(p.clone()), |s, _| Some(s.sample(&logits).token)).collect::<Vec<_>>();
         let a = draw(&params);
         assert_eq!(a, draw(&params));
         assert!(a.iter().all(|t| *t < 2));

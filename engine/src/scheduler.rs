@@ -36,12 +36,7 @@ pub struct EngineOptions {
 
 impl EngineOptions {
     pub fn for_model(model: &Model) -> EngineOptions {
-        EngineOptions {
-            ctx: model.config.ctx_len,
-            max_batch: 16,
-            step_tokens: 512,
-            prefix_cache_tokens: 32_768,
-        }
+        EngineOptions { ctx: model.config.ctx_len, max_batch: 16, step_tokens: 512, prefix_cache_tokens: 32_768 }
     }
 }
 
@@ -57,15 +52,9 @@ pub enum Finish {
 /// What a request hears back, in order: `Started`, `Token`*, then `Done` or `Error`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
-    Started {
-        prompt_tokens: usize,
-        cached_tokens: usize,
-    },
+    Started { prompt_tokens: usize, cached_tokens: usize },
     Token(Sampled),
-    Done {
-        finish: Finish,
-        completion_tokens: usize,
-    },
+    Done { finish: Finish, completion_tokens: usize },
     Error(String),
 }
 
@@ -105,18 +94,13 @@ impl EngineHandle {
 /// Starts the scheduler thread on the CPU backend; it runs until every handle is dropped.
 pub fn start(model: Arc<Model>, options: EngineOptions) -> (EngineHandle, JoinHandle<()>) {
     let cpu_model = model.clone();
-    start_backend(model, options, move || Ok(CpuBackend::new(cpu_model)))
-        .expect("starting the engine thread (CPU)")
+    start_backend(model, options, move || Ok(CpuBackend::new(cpu_model))).expect("starting the engine thread (CPU)")
 }
 
 /// Starts the scheduler thread, builds its backend there with `make` and returns once it is built:
 /// a backend that cannot start (no GPU, out of memory) is this call's error. The thread runs until
 /// every handle is dropped.
-pub fn start_backend<B, F>(
-    model: Arc<Model>,
-    options: EngineOptions,
-    make: F,
-) -> Result<(EngineHandle, JoinHandle<()>), BackendError>
+pub fn start_backend<B, F>(model: Arc<Model>, options: EngineOptions, make: F) -> Result<(EngineHandle, JoinHandle<()>), BackendError>
 where
     B: Backend + 'static,
     F: FnOnce() -> Result<B, BackendError> + Send + 'static,
@@ -139,22 +123,9 @@ where
         .map_err(|e| BackendError::new("engine", format!("cannot start the engine thread: {e}")))?;
     let backend = match ready_rx.recv() {
         Ok(ready) => ready?,
-        Err(_) => {
-            return Err(BackendError::new(
-                "engine",
-                "the engine thread stopped while its backend was starting",
-            ))
-        }
+        Err(_) => return Err(BackendError::new("engine", "the engine thread stopped while its backend was starting")),
     };
-    Ok((
-        EngineHandle {
-            tx,
-            model,
-            options,
-            backend,
-        },
-        thread,
-    ))
+    Ok((EngineHandle { tx, model, options, backend }, thread))
 }
 
 struct Sequence<K> {
@@ -178,11 +149,7 @@ impl<K> Sequence<K> {
         if s.temperature <= 0.0 && !top {
             Want::Greedy
         } else if backend_samples && !top {
-            Want::Sample {
-                temperature: s.temperature,
-                top_p: s.top_p,
-                uniform: self.sampler.uniform() as f32,
-            }
+            Want::Sample { temperature: s.temperature, top_p: s.top_p, uniform: self.sampler.uniform() as f32 }
         } else {
             Want::Logits
         }
@@ -200,22 +167,9 @@ struct Scheduler<B: Backend> {
 }
 
 impl<B: Backend> Scheduler<B> {
-    fn new(
-        backend: B,
-        model: Arc<Model>,
-        options: EngineOptions,
-        rx: Receiver<GenerateRequest>,
-    ) -> Scheduler<B> {
+    fn new(backend: B, model: Arc<Model>, options: EngineOptions, rx: Receiver<GenerateRequest>) -> Scheduler<B> {
         let prefix = PrefixCache::new(options.prefix_cache_tokens);
-        Scheduler {
-            backend,
-            model,
-            options,
-            rx,
-            waiting: VecDeque::new(),
-            active: Vec::new(),
-            prefix,
-        }
+        Scheduler { backend, model, options, rx, waiting: VecDeque::new(), active: Vec::new(), prefix }
     }
 
     fn run(mut self) {
@@ -230,21 +184,14 @@ impl<B: Backend> Scheduler<B> {
                 match self.rx.try_recv() {
                     Ok(request) => self.waiting.push_back(request),
                     Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected)
-                        if self.active.is_empty() && self.waiting.is_empty() =>
-                    {
-                        return
-                    }
+                    Err(TryRecvError::Disconnected) if self.active.is_empty() && self.waiting.is_empty() => return,
                     Err(TryRecvError::Disconnected) => break,
                 }
             }
             self.admit();
             self.cancel_closed();
             // One forward pass per (path, patch set) in use; unpatched golden first, as before.
-            let mut groups: Vec<(Path, PatchSet)> = vec![
-                (Path::Golden, PatchSet::default()),
-                (Path::Fast, PatchSet::default()),
-            ];
+            let mut groups: Vec<(Path, PatchSet)> = vec![(Path::Golden, PatchSet::default()), (Path::Fast, PatchSet::default())];
             for seq in &self.active {
                 let key = (seq.request.path, seq.request.patches.clone());
                 if !groups.contains(&key) {
@@ -259,9 +206,7 @@ impl<B: Backend> Scheduler<B> {
 
     fn admit(&mut self) {
         while self.active.len() < self.options.max_batch {
-            let Some(mut request) = self.waiting.pop_front() else {
-                break;
-            };
+            let Some(mut request) = self.waiting.pop_front() else { break };
             if request.events.is_closed() {
                 continue;
             }
@@ -274,20 +219,12 @@ impl<B: Backend> Scheduler<B> {
                 let message = if request.prompt.is_empty() {
                     "the prompt is empty".to_string()
                 } else {
-                    format!(
-                        "the prompt has {} tokens; this engine's context is {limit} tokens",
-                        request.prompt.len()
-                    )
+                    format!("the prompt has {} tokens; this engine's context is {limit} tokens", request.prompt.len())
                 };
                 let _ = request.events.send(Event::Error(message));
                 continue;
             }
-            let namespace = format!(
-                "{}|{}|{}",
-                self.model.fingerprint,
-                request.path.as_str(),
-                request.patches.canonical()
-            );
+            let namespace = format!("{}|{}|{}", self.model.fingerprint, request.path.as_str(), request.patches.canonical());
             let (kv, cached) = match self.start_kv(&namespace, &request) {
                 Ok(found) => found,
                 Err(e) => {
@@ -295,10 +232,7 @@ impl<B: Backend> Scheduler<B> {
                     continue;
                 }
             };
-            let _ = request.events.send(Event::Started {
-                prompt_tokens: request.prompt.len(),
-                cached_tokens: cached,
-            });
+            let _ = request.events.send(Event::Started { prompt_tokens: request.prompt.len(), cached_tokens: cached });
             let sampler = Sampler::new(request.sampling.clone());
             self.active.push(Sequence {
                 pending: request.prompt[cached..].to_vec(),
@@ -313,17 +247,12 @@ impl<B: Backend> Scheduler<B> {
     }
 
     /// The cache a new sequence starts from: the longest reusable prefix, else an empty one.
-    fn start_kv(
-        &mut self,
-        namespace: &str,
-        request: &GenerateRequest,
-    ) -> Result<(B::Kv, usize), BackendError> {
+    fn start_kv(&mut self, namespace: &str, request: &GenerateRequest) -> Result<(B::Kv, usize), BackendError> {
         let patches = &request.patches;
         let found = if patches.prefix_cache_off {
             None
         } else if patches.prefix_cache_weak_hash {
-            self.prefix
-                .lookup_weak(namespace, &request.prompt, WEAK_HASH_BLOCK)?
+            self.prefix.lookup_weak(namespace, &request.prompt, WEAK_HASH_BLOCK)?
         } else {
             self.prefix.lookup(namespace, &request.prompt)?
         };
@@ -334,9 +263,7 @@ impl<B: Backend> Scheduler<B> {
     }
 
     fn cancel_closed(&mut self) {
-        let (closed, open): (Vec<_>, Vec<_>) = std::mem::take(&mut self.active)
-            .into_iter()
-            .partition(|s| s.request.events.is_closed());
+        let (closed, open): (Vec<_>, Vec<_>) = std::mem::take(&mut self.active).into_iter().partition(|s| s.request.events.is_closed());
         self.active = open;
         for seq in closed {
             self.retire(seq);
@@ -348,11 +275,7 @@ impl<B: Backend> Scheduler<B> {
         let mut budget = self.options.step_tokens;
         let mut plan: Vec<(usize, usize)> = Vec::new();
         for (i, seq) in self.active.iter().enumerate() {
-            if seq.request.path != path
-                || seq.request.patches != *patches
-                || seq.pending.is_empty()
-                || budget == 0
-            {
+            if seq.request.path != path || seq.request.patches != *patches || seq.pending.is_empty() || budget == 0 {
                 continue;
             }
             let take = seq.pending.len().min(budget);
@@ -366,40 +289,24 @@ impl<B: Backend> Scheduler<B> {
         let samples = self.backend.samples();
         let wants: Vec<Want> = plan
             .iter()
-            .map(|&(i, take)| {
-                if take < self.active[i].pending.len() {
-                    Want::Greedy
-                } else {
-                    self.active[i].want(samples)
-                }
-            })
+            .map(|&(i, take)| if take < self.active[i].pending.len() { Want::Greedy } else { self.active[i].want(samples) })
             .collect();
         let outputs = {
             let mut planned = plan.iter().zip(&wants).peekable();
             let mut steps: Vec<Step<'_, B::Kv>> = Vec::with_capacity(plan.len());
             for (i, seq) in self.active.iter_mut().enumerate() {
                 if let Some((&(_, take), &want)) = planned.next_if(|((p, _), _)| *p == i) {
-                    steps.push(Step {
-                        tokens: &seq.pending[..take],
-                        kv: &mut seq.kv,
-                        want,
-                    });
+                    steps.push(Step { tokens: &seq.pending[..take], kv: &mut seq.kv, want });
                 }
             }
-            self.backend
-                .forward(path, patches, &mut steps)
-                .and_then(|outputs| {
-                    if outputs.len() == steps.len() {
-                        Ok(outputs)
-                    } else {
-                        let message = format!(
-                            "returned {} outputs for {} sequences",
-                            outputs.len(),
-                            steps.len()
-                        );
-                        Err(BackendError::new("engine", message))
-                    }
-                })
+            self.backend.forward(path, patches, &mut steps).and_then(|outputs| {
+                if outputs.len() == steps.len() {
+                    Ok(outputs)
+                } else {
+                    let message = format!("returned {} outputs for {} sequences", outputs.len(), steps.len());
+                    Err(BackendError::new("engine", message))
+                }
+            })
         };
         let outputs = match outputs {
             Ok(outputs) => outputs,
@@ -423,29 +330,16 @@ impl<B: Backend> Scheduler<B> {
             }
             let sampled = match (output, want) {
                 (Output::Logits(logits), _) => seq.sampler.sample(&logits),
-                (Output::Token { token, logprob }, Want::Greedy | Want::Sample { .. }) => Sampled {
-                    token,
-                    logprob,
-                    top: Vec::new(),
-                },
+                (Output::Token { token, logprob }, Want::Greedy | Want::Sample { .. }) => Sampled { token, logprob, top: Vec::new() },
                 (Output::Token { .. }, Want::Logits) => {
-                    let e = BackendError::new(
-                        "engine",
-                        format!(
-                            "{} returned a token where the request needs logits",
-                            self.backend.name()
-                        ),
-                    );
+                    let e = BackendError::new("engine", format!("{} returned a token where the request needs logits", self.backend.name()));
                     let _ = seq.request.events.send(Event::Error(e.to_string()));
                     ended.push((i, false));
                     continue;
                 }
             };
             if let Some(finish) = Self::emit(&self.model, &self.options, seq, sampled) {
-                let _ = seq.request.events.send(Event::Done {
-                    finish,
-                    completion_tokens: seq.generated,
-                });
+                let _ = seq.request.events.send(Event::Done { finish, completion_tokens: seq.generated });
                 ended.push((i, true));
             }
         }
@@ -458,12 +352,7 @@ impl<B: Backend> Scheduler<B> {
     }
 
     /// Records the next token; returns why the sequence ends, if it does.
-    fn emit(
-        model: &Model,
-        options: &EngineOptions,
-        seq: &mut Sequence<B::Kv>,
-        sampled: Sampled,
-    ) -> Option<Finish> {
+    fn emit(model: &Model, options: &EngineOptions, seq: &mut Sequence<B::Kv>, sampled: Sampled) -> Option<Finish> {
         let token = sampled.token;
         if model.stop_tokens.contains(&token) {
             return Some(Finish::Stop);

@@ -8,9 +8,7 @@ mod common;
 
 use ctxscope_engine::backend::{Backend, BackendError, Output, Step};
 use ctxscope_engine::sample::{Sampled, SamplingParams};
-use ctxscope_engine::scheduler::{
-    self, EngineHandle, EngineOptions, Event, Finish, GenerateRequest,
-};
+use ctxscope_engine::scheduler::{self, EngineHandle, EngineOptions, Event, Finish, GenerateRequest};
 use ctxscope_engine::{CpuBackend, Model, PatchSet, Path};
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -49,11 +47,7 @@ on_every_backend!(
 /// Engine limits for every test; a backend is built with these (bodies change only the prefix cache,
 /// which is the scheduler's, not the backend's).
 fn options(model: &Model) -> EngineOptions {
-    EngineOptions {
-        ctx: model.config.ctx_len.min(512),
-        max_batch: 8,
-        ..EngineOptions::for_model(model)
-    }
+    EngineOptions { ctx: model.config.ctx_len.min(512), max_batch: 8, ..EngineOptions::for_model(model) }
 }
 
 fn cpu_backend() -> impl Fn() -> Result<CpuBackend, BackendError> + Send + Clone + 'static {
@@ -63,9 +57,7 @@ fn cpu_backend() -> impl Fn() -> Result<CpuBackend, BackendError> + Send + Clone
 
 /// The CUDA backend on GPU 0; `None` (the test skips, saying so) only when this machine has no GPU.
 #[cfg(feature = "cuda")]
-fn cuda_backend() -> Option<
-    impl Fn() -> Result<ctxscope_engine::device::DeviceBackend, BackendError> + Send + Clone + 'static,
-> {
+fn cuda_backend() -> Option<impl Fn() -> Result<ctxscope_engine::device::DeviceBackend, BackendError> + Send + Clone + 'static> {
     let model = common::shared_model();
     let options = options(&model);
     let make = move || ctxscope_engine::device::DeviceBackend::new(model.clone(), 0, &options);
@@ -82,10 +74,7 @@ fn cuda_backend() -> Option<
 #[cfg(feature = "cuda")]
 fn gpu_present() -> bool {
     std::path::Path::new("/dev/nvidia0").exists()
-        || std::process::Command::new("nvidia-smi")
-            .arg("-L")
-            .output()
-            .is_ok_and(|o| o.status.success() && !o.stdout.is_empty())
+        || std::process::Command::new("nvidia-smi").arg("-L").output().is_ok_and(|o| o.status.success() && !o.stdout.is_empty())
 }
 
 fn start<B, F>(make: F, options: EngineOptions) -> EngineHandle
@@ -93,9 +82,7 @@ where
     B: Backend + 'static,
     F: FnOnce() -> Result<B, BackendError> + Send + 'static,
 {
-    scheduler::start_backend(common::shared_model(), options, make)
-        .unwrap_or_else(|e| panic!("the engine starts: {e}"))
-        .0
+    scheduler::start_backend(common::shared_model(), options, make).unwrap_or_else(|e| panic!("the engine starts: {e}")).0
 }
 
 fn tokens(text: &str) -> Vec<u32> {
@@ -125,50 +112,23 @@ impl Heard {
 
     /// Fails the test unless the request finished normally.
     fn done(self) -> Heard {
-        assert!(
-            self.started && self.finish.is_some() && self.error.is_none(),
-            "{self:?}"
-        );
+        assert!(self.started && self.finish.is_some() && self.error.is_none(), "{self:?}");
         self
     }
 }
 
-fn submit(
-    engine: &EngineHandle,
-    prompt: Vec<u32>,
-    max_tokens: usize,
-    sampling: SamplingParams,
-    patches: PatchSet,
-) -> UnboundedReceiver<Event> {
+fn submit(engine: &EngineHandle, prompt: Vec<u32>, max_tokens: usize, sampling: SamplingParams, patches: PatchSet) -> UnboundedReceiver<Event> {
     let (events, rx) = tokio::sync::mpsc::unbounded_channel();
-    let request = GenerateRequest {
-        prompt,
-        max_tokens,
-        sampling,
-        path: Path::Golden,
-        patches,
-        events,
-    };
+    let request = GenerateRequest { prompt, max_tokens, sampling, path: Path::Golden, patches, events };
     engine.submit(request).expect("the engine is running");
     rx
 }
 
 fn hear(mut rx: UnboundedReceiver<Event>) -> Heard {
-    let mut heard = Heard {
-        started: false,
-        cached: 0,
-        sampled: Vec::new(),
-        finish: None,
-        error: None,
-    };
+    let mut heard = Heard { started: false, cached: 0, sampled: Vec::new(), finish: None, error: None };
     loop {
-        match rx
-            .blocking_recv()
-            .expect("the engine answers before closing the channel")
-        {
-            Event::Started { cached_tokens, .. } => {
-                (heard.started, heard.cached) = (true, cached_tokens)
-            }
+        match rx.blocking_recv().expect("the engine answers before closing the channel") {
+            Event::Started { cached_tokens, .. } => (heard.started, heard.cached) = (true, cached_tokens),
             Event::Token(s) => heard.sampled.push(s),
             Event::Done { finish, .. } => heard.finish = Some(finish),
             Event::Error(message) => heard.error = Some(message),
@@ -179,21 +139,13 @@ fn hear(mut rx: UnboundedReceiver<Event>) -> Heard {
     }
 }
 
-fn generate(
-    engine: &EngineHandle,
-    prompt: Vec<u32>,
-    max_tokens: usize,
-    sampling: SamplingParams,
-    patches: PatchSet,
-) -> Heard {
+fn generate(engine: &EngineHandle, prompt: Vec<u32>, max_tokens: usize, sampling: SamplingParams, patches: PatchSet) -> Heard {
     hear(submit(engine, prompt, max_tokens, sampling, patches))
 }
 
 /// (a) A request extending an earlier one's prompt starts from its KV and generates what a cold run
 /// of the same prompt (prefix cache off) generates.
-fn prefix_reuse_matches_a_cold_run<B: Backend + 'static>(
-    make: impl Fn() -> Result<B, BackendError> + Send + Clone + 'static,
-) {
+fn prefix_reuse_matches_a_cold_run<B: Backend + 'static>(make: impl Fn() -> Result<B, BackendError> + Send + Clone + 'static) {
     let model = common::shared_model();
     let engine = start(make, options(&model));
     let first = tokens("Once upon a time, in a small village by the sea,");
@@ -201,35 +153,18 @@ fn prefix_reuse_matches_a_cold_run<B: Backend + 'static>(
     second.extend(tokens(" there lived an old fisherman and his"));
     generate(&engine, first.clone(), 4, greedy(), PatchSet::default()).done();
     let warm = generate(&engine, second.clone(), 6, greedy(), PatchSet::default()).done();
-    assert!(
-        warm.cached >= first.len(),
-        "{} tokens reused; the first prompt has {}",
-        warm.cached,
-        first.len()
-    );
+    assert!(warm.cached >= first.len(), "{} tokens reused; the first prompt has {}", warm.cached, first.len());
     let off = PatchSet::parse("prefix_cache_off").expect("a known patch");
     let cold = generate(&engine, second, 6, greedy(), off).done();
     assert_eq!(cold.cached, 0);
-    assert_eq!(
-        warm.ids(),
-        cold.ids(),
-        "prefix reuse changed the greedy tokens"
-    );
+    assert_eq!(warm.ids(), cold.ids(), "prefix reuse changed the greedy tokens");
 }
 
 /// (b) Four greedy requests computed together give the tokens each gives alone.
-fn batching_matches_single_runs<B: Backend + 'static>(
-    make: impl Fn() -> Result<B, BackendError> + Send + Clone + 'static,
-) {
+fn batching_matches_single_runs<B: Backend + 'static>(make: impl Fn() -> Result<B, BackendError> + Send + Clone + 'static) {
     let model = common::shared_model();
     // No prefix reuse: every run computes its whole prompt, alone or batched.
-    let engine = start(
-        make,
-        EngineOptions {
-            prefix_cache_tokens: 0,
-            ..options(&model)
-        },
-    );
+    let engine = start(make, EngineOptions { prefix_cache_tokens: 0, ..options(&model) });
     let prompts: Vec<Vec<u32>> = [
         "The capital of France is",
         "List three prime numbers:",
@@ -239,55 +174,24 @@ fn batching_matches_single_runs<B: Backend + 'static>(
     .iter()
     .map(|text| tokens(text))
     .collect();
-    let alone: Vec<Vec<u32>> = prompts
-        .iter()
-        .map(|p| {
-            generate(&engine, p.clone(), 5, greedy(), PatchSet::default())
-                .done()
-                .ids()
-        })
-        .collect();
-    let pending: Vec<_> = prompts
-        .iter()
-        .map(|p| submit(&engine, p.clone(), 5, greedy(), PatchSet::default()))
-        .collect();
-    let together: Vec<Vec<u32>> = pending
-        .into_iter()
-        .map(|rx| hear(rx).done().ids())
-        .collect();
+    let alone: Vec<Vec<u32>> = prompts.iter().map(|p| generate(&engine, p.clone(), 5, greedy(), PatchSet::default()).done().ids()).collect();
+    let pending: Vec<_> = prompts.iter().map(|p| submit(&engine, p.clone(), 5, greedy(), PatchSet::default())).collect();
+    let together: Vec<Vec<u32>> = pending.into_iter().map(|rx| hear(rx).done().ids()).collect();
     assert_eq!(together, alone, "batching changed the greedy tokens");
 }
 
 /// (c) A request that needs logits (top alternatives) and a plain greedy one, which a backend may
 /// answer with the greedy token alone, choose the same tokens with the same log-probabilities.
-fn greedy_and_logits_wants_agree<B: Backend + 'static>(
-    make: impl Fn() -> Result<B, BackendError> + Send + Clone + 'static,
-) {
+fn greedy_and_logits_wants_agree<B: Backend + 'static>(make: impl Fn() -> Result<B, BackendError> + Send + Clone + 'static) {
     let model = common::shared_model();
-    let engine = start(
-        make,
-        EngineOptions {
-            prefix_cache_tokens: 0,
-            ..options(&model)
-        },
-    );
+    let engine = start(make, EngineOptions { prefix_cache_tokens: 0, ..options(&model) });
     let prompt = tokens("Roses are red, violets are");
     let plain = generate(&engine, prompt.clone(), 6, greedy(), PatchSet::default()).done();
-    let rich_params = SamplingParams {
-        logprobs: true,
-        top_logprobs: 3,
-        ..greedy()
-    };
+    let rich_params = SamplingParams { logprobs: true, top_logprobs: 3, ..greedy() };
     let rich = generate(&engine, prompt, 6, rich_params, PatchSet::default()).done();
     assert_eq!(plain.ids(), rich.ids());
     for (p, r) in plain.sampled.iter().zip(&rich.sampled) {
-        assert!(
-            (p.logprob - r.logprob).abs() < 1e-3,
-            "token {}: logprob {} (greedy) vs {} (logits)",
-            p.token,
-            p.logprob,
-            r.logprob
-        );
+        assert!((p.logprob - r.logprob).abs() < 1e-3, "token {}: logprob {} (greedy) vs {} (logits)", p.token, p.logprob, r.logprob);
         assert!(p.logprob <= 0.0 && p.logprob.is_finite(), "{p:?}");
         assert_eq!(r.top.len(), 3, "{r:?}");
         // Greedy: the chosen token is (tied for) the most likely.
@@ -298,58 +202,19 @@ fn greedy_and_logits_wants_agree<B: Backend + 'static>(
 /// Sampling (on the device where the backend samples, else on the host): the same seed draws the same
 /// tokens twice; a top_p so small that only the most likely token is kept draws the greedy tokens; the
 /// reported log-probabilities are those of the drawn tokens (finite, <= 0).
-fn seeded_sampling_repeats_and_a_tiny_top_p_is_greedy<B: Backend + 'static>(
-    make: impl Fn() -> Result<B, BackendError> + Send + Clone + 'static,
-) {
+fn seeded_sampling_repeats_and_a_tiny_top_p_is_greedy<B: Backend + 'static>(make: impl Fn() -> Result<B, BackendError> + Send + Clone + 'static) {
     let model = common::shared_model();
-    let engine = start(
-        make,
-        EngineOptions {
-            prefix_cache_tokens: 0,
-            ..options(&model)
-        },
-    );
+    let engine = start(make, EngineOptions { prefix_cache_tokens: 0, ..options(&model) });
     let prompt = tokens("The weather today is");
-    let warm = SamplingParams {
-        temperature: 0.9,
-        top_p: 0.95,
-        seed: 7,
-        ..greedy()
-    };
-    let first = generate(
-        &engine,
-        prompt.clone(),
-        8,
-        warm.clone(),
-        PatchSet::default(),
-    )
-    .done();
+    let warm = SamplingParams { temperature: 0.9, top_p: 0.95, seed: 7, ..greedy() };
+    let first = generate(&engine, prompt.clone(), 8, warm.clone(), PatchSet::default()).done();
     let again = generate(&engine, prompt.clone(), 8, warm, PatchSet::default()).done();
-    assert_eq!(
-        first.ids(),
-        again.ids(),
-        "the same seed drew different tokens"
-    );
-    assert!(
-        first
-            .sampled
-            .iter()
-            .all(|s| s.logprob <= 0.0 && s.logprob.is_finite()),
-        "{first:?}"
-    );
+    assert_eq!(first.ids(), again.ids(), "the same seed drew different tokens");
+    assert!(first.sampled.iter().all(|s| s.logprob <= 0.0 && s.logprob.is_finite()), "{first:?}");
     let plain = generate(&engine, prompt.clone(), 8, greedy(), PatchSet::default()).done();
-    let narrow = SamplingParams {
-        temperature: 1.0,
-        top_p: 1e-6,
-        seed: 3,
-        ..greedy()
-    };
+    let narrow = SamplingParams { temperature: 1.0, top_p: 1e-6, seed: 3, ..greedy() };
     let narrowed = generate(&engine, prompt, 8, narrow, PatchSet::default()).done();
-    assert_eq!(
-        narrowed.ids(),
-        plain.ids(),
-        "top_p 1e-6 kept more than the most likely token"
-    );
+    assert_eq!(narrowed.ids(), plain.ids(), "top_p 1e-6 kept more than the most likely token");
     for (n, p) in narrowed.sampled.iter().zip(&plain.sampled) {
         assert!((n.logprob - p.logprob).abs() < 1e-3, "{n:?} vs {p:?}");
     }
@@ -367,12 +232,7 @@ struct Faulty<B> {
 
 impl<B> Faulty<B> {
     fn wrap(inner: B) -> Faulty<B> {
-        Faulty {
-            inner,
-            fail_batched: false,
-            fail_new_kv: None,
-            new_kv_calls: 0,
-        }
+        Faulty { inner, fail_batched: false, fail_new_kv: None, new_kv_calls: 0 }
     }
 }
 
@@ -400,12 +260,7 @@ impl<B: Backend> Backend for Faulty<B> {
         self.inner.new_kv()
     }
 
-    fn forward(
-        &mut self,
-        path: Path,
-        patches: &PatchSet,
-        steps: &mut [Step<'_, B::Kv>],
-    ) -> Result<Vec<Output>, BackendError> {
+    fn forward(&mut self, path: Path, patches: &PatchSet, steps: &mut [Step<'_, B::Kv>]) -> Result<Vec<Output>, BackendError> {
         let outputs = self.inner.forward(path, patches, steps)?;
         if self.fail_batched && steps.len() >= 2 {
             self.fail_batched = false;
@@ -417,110 +272,49 @@ impl<B: Backend> Backend for Faulty<B> {
 
 /// (d) A failed forward pass ends every request in it with the backend's error; their KV (written,
 /// but not trusted) is not reused, and the engine goes on serving.
-fn a_failed_step_ends_only_its_requests<B: Backend + 'static>(
-    make: impl Fn() -> Result<B, BackendError> + Send + Clone + 'static,
-) {
+fn a_failed_step_ends_only_its_requests<B: Backend + 'static>(make: impl Fn() -> Result<B, BackendError> + Send + Clone + 'static) {
     let model = common::shared_model();
-    let engine = start(
-        move || {
-            Ok(Faulty {
-                fail_batched: true,
-                ..Faulty::wrap(make()?)
-            })
-        },
-        options(&model),
-    );
+    let engine = start(move || Ok(Faulty { fail_batched: true, ..Faulty::wrap(make()?) }), options(&model));
     let first_prompt = tokens("Count from one to one hundred: one, two, three, four,");
-    let mut first = submit(
-        &engine,
-        first_prompt.clone(),
-        64,
-        greedy(),
-        PatchSet::default(),
-    );
+    let mut first = submit(&engine, first_prompt.clone(), 64, greedy(), PatchSet::default());
     assert!(matches!(first.blocking_recv(), Some(Event::Started { .. })));
     assert!(matches!(first.blocking_recv(), Some(Event::Token(_))));
     // The first request is decoding: the second joins its step, which fails.
-    let second = generate(
-        &engine,
-        tokens("A second request joins the batch"),
-        4,
-        greedy(),
-        PatchSet::default(),
-    );
+    let second = generate(&engine, tokens("A second request joins the batch"), 4, greedy(), PatchSet::default());
     let first = hear(first);
     for heard in [&first, &second] {
-        assert_eq!(
-            heard.error.as_deref(),
-            Some("faulty backend: injected forward failure"),
-            "{heard:?}"
-        );
+        assert_eq!(heard.error.as_deref(), Some("faulty backend: injected forward failure"), "{heard:?}");
     }
     let again = generate(&engine, first_prompt, 4, greedy(), PatchSet::default()).done();
-    assert_eq!(
-        again.cached, 0,
-        "a failed sequence's KV was offered for reuse"
-    );
+    assert_eq!(again.cached, 0, "a failed sequence's KV was offered for reuse");
 }
 
 /// A backend that cannot give a new sequence its cache refuses that request alone.
-fn a_failed_admission_ends_only_its_request<B: Backend + 'static>(
-    make: impl Fn() -> Result<B, BackendError> + Send + Clone + 'static,
-) {
+fn a_failed_admission_ends_only_its_request<B: Backend + 'static>(make: impl Fn() -> Result<B, BackendError> + Send + Clone + 'static) {
     let model = common::shared_model();
-    let engine = start(
-        move || {
-            Ok(Faulty {
-                fail_new_kv: Some(0),
-                ..Faulty::wrap(make()?)
-            })
-        },
-        options(&model),
-    );
+    let engine = start(move || Ok(Faulty { fail_new_kv: Some(0), ..Faulty::wrap(make()?) }), options(&model));
     let prompt = tokens("No room for this one");
     let refused = generate(&engine, prompt.clone(), 2, greedy(), PatchSet::default());
     assert!(!refused.started, "{refused:?}");
-    assert_eq!(
-        refused.error.as_deref(),
-        Some("faulty backend: injected new_kv failure")
-    );
+    assert_eq!(refused.error.as_deref(), Some("faulty backend: injected new_kv failure"));
     generate(&engine, prompt, 2, greedy(), PatchSet::default()).done();
 }
 
 /// (e) `start_backend` returns the error of a backend that cannot be built, or says its thread died.
-fn a_backend_that_cannot_start_is_the_start_error<B: Backend + 'static>(
-    _make: impl Fn() -> Result<B, BackendError> + Send + Clone + 'static,
-) {
+fn a_backend_that_cannot_start_is_the_start_error<B: Backend + 'static>(_make: impl Fn() -> Result<B, BackendError> + Send + Clone + 'static) {
     let model = common::shared_model();
-    let failing =
-        || -> Result<B, BackendError> { Err(BackendError::new("test", "no such device")) };
-    let err = scheduler::start_backend(model.clone(), options(&model), failing)
-        .err()
-        .expect("the start fails");
+    let failing = || -> Result<B, BackendError> { Err(BackendError::new("test", "no such device")) };
+    let err = scheduler::start_backend(model.clone(), options(&model), failing).err().expect("the start fails");
     assert_eq!(err.to_string(), "test backend: no such device");
-    let panicking = || -> Result<B, BackendError> {
-        panic!("a backend constructor that panics (expected by this test)")
-    };
-    let err = scheduler::start_backend(model.clone(), options(&model), panicking)
-        .err()
-        .expect("the start fails");
-    assert!(
-        err.to_string()
-            .contains("stopped while its backend was starting"),
-        "{err}"
-    );
+    let panicking = || -> Result<B, BackendError> { panic!("a backend constructor that panics (expected by this test)") };
+    let err = scheduler::start_backend(model.clone(), options(&model), panicking).err().expect("the start fails");
+    assert!(err.to_string().contains("stopped while its backend was starting"), "{err}");
 }
 
 #[test]
 fn the_handle_names_its_backend() {
     let model = common::shared_model();
-    assert_eq!(
-        scheduler::start(model.clone(), options(&model)).0.backend,
-        "cpu"
-    );
-    let engine = start(
-        || Ok(Faulty::wrap(CpuBackend::new(common::shared_model()))),
-        options(&model),
-    );
+    assert_eq!(scheduler::start(model.clone(), options(&model)).0.backend, "cpu");
+    let engine = start(|| Ok(Faulty::wrap(CpuBackend::new(common::shared_model()))), options(&model));
     assert_eq!(engine.backend, "faulty cpu");
 }

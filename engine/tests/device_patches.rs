@@ -29,9 +29,7 @@ fn gpu_present() -> bool {
 }
 
 fn argmax(v: &[f32]) -> usize {
-    v.iter()
-        .enumerate()
-        .fold(0, |b, (i, x)| if *x > v[b] { i } else { b })
+    v.iter().enumerate().fold(0, |b, (i, x)| if *x > v[b] { i } else { b })
 }
 
 /// ‖a − b‖ / ‖b‖ over all steps.
@@ -49,62 +47,22 @@ fn rel_l2(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
 /// Prefill of `prompt`, then `steps` decode steps fed `feed`; logits of every step.
 fn cpu_run(model: &Model, patches: &PatchSet, prompt: &[u32], feed: &[u32]) -> Vec<Vec<f32>> {
     let mut kv = KvCache::new(model.config.n_layers, model.config.kv_dim());
-    let mut out = vec![forward_patched(
-        model,
-        Path::Golden,
-        patches,
-        &mut [Segment {
-            tokens: prompt,
-            kv: &mut kv,
-        }],
-    )
-    .remove(0)];
+    let mut out = vec![forward_patched(model, Path::Golden, patches, &mut [Segment { tokens: prompt, kv: &mut kv }]).remove(0)];
     for t in feed {
-        out.push(
-            forward_patched(
-                model,
-                Path::Golden,
-                patches,
-                &mut [Segment {
-                    tokens: &[*t],
-                    kv: &mut kv,
-                }],
-            )
-            .remove(0),
-        );
+        out.push(forward_patched(model, Path::Golden, patches, &mut [Segment { tokens: &[*t], kv: &mut kv }]).remove(0));
     }
     out
 }
 
-fn device_run(
-    backend: &mut DeviceBackend,
-    path: Path,
-    patches: &PatchSet,
-    prompt: &[u32],
-    feed: &[u32],
-) -> Vec<Vec<f32>> {
+fn device_run(backend: &mut DeviceBackend, path: Path, patches: &PatchSet, prompt: &[u32], feed: &[u32]) -> Vec<Vec<f32>> {
     let mut kv = backend.new_kv().expect("kv");
     let mut inputs = vec![prompt.to_vec()];
     inputs.extend(feed.iter().map(|t| vec![*t]));
     inputs
         .iter()
-        .map(|tokens| {
-            match backend
-                .forward(
-                    path,
-                    patches,
-                    &mut [Step {
-                        tokens,
-                        kv: &mut kv,
-                        want: Want::Logits,
-                    }],
-                )
-                .expect("device forward")
-                .remove(0)
-            {
-                Output::Logits(l) => l,
-                other => panic!("asked for logits, got {other:?}"),
-            }
+        .map(|tokens| match backend.forward(path, patches, &mut [Step { tokens, kv: &mut kv, want: Want::Logits }]).expect("device forward").remove(0) {
+            Output::Logits(l) => l,
+            other => panic!("asked for logits, got {other:?}"),
         })
         .collect()
 }
@@ -115,16 +73,9 @@ fn numerical_patches_mean_the_same_on_cpu_and_cuda() {
         eprintln!("no CUDA device here: device_patches checks nothing");
         return;
     }
-    let model = Arc::new(
-        Model::load(&ctxscope_formats::test_model_path().unwrap_or_else(|e| panic!("{e}")))
-            .expect("model loads"),
-    );
-    let options = EngineOptions {
-        ctx: 512,
-        ..EngineOptions::for_model(&model)
-    };
-    let mut backend = DeviceBackend::new(model.clone(), 0, &options)
-        .expect("a GPU is present, so the backend must start");
+    let model = Arc::new(Model::load(&ctxscope_formats::test_model_path().unwrap_or_else(|e| panic!("{e}"))).expect("model loads"));
+    let options = EngineOptions { ctx: 512, ..EngineOptions::for_model(&model) };
+    let mut backend = DeviceBackend::new(model.clone(), 0, &options).expect("a GPU is present, so the backend must start");
     let vocab = model.config.vocab as u32;
     let prompt: Vec<u32> = (0..40u32).map(|i| (i * 7919 + 13) % vocab).collect();
     let golden_cpu = cpu_run(&model, &PatchSet::default(), &prompt, &[]);
@@ -133,61 +84,27 @@ fn numerical_patches_mean_the_same_on_cpu_and_cuda() {
         feed.push((feed[i] * 31 + 7) % vocab);
     }
     let golden_cpu = cpu_run(&model, &PatchSet::default(), &prompt, &feed);
-    let golden_dev = device_run(
-        &mut backend,
-        Path::Golden,
-        &PatchSet::default(),
-        &prompt,
-        &feed,
-    );
+    let golden_dev = device_run(&mut backend, Path::Golden, &PatchSet::default(), &prompt, &feed);
     let base = rel_l2(&golden_dev, &golden_cpu);
     eprintln!("| patch | CUDA vs CPU | effect on CPU | effect on CUDA | gap / effect |");
     eprintln!("| none | {base:.2e} | | |");
     assert!(base < 1e-4, "unpatched golden paths differ by {base:.2e}");
     let mut failures = Vec::new();
-    for list in [
-        "rmsnorm_bf16",
-        "residual_gemm_bf16",
-        "rope_bf16",
-        "attn_splitk_bf16=8",
-        "kv_fp8",
-        "act_q8",
-        "sliding_window=16",
-    ] {
+    for list in ["rmsnorm_bf16", "residual_gemm_bf16", "rope_bf16", "attn_splitk_bf16=8", "kv_fp8", "act_q8", "sliding_window=16"] {
         let patches = PatchSet::parse(list).expect("known patch");
         let cpu = cpu_run(&model, &patches, &prompt, &feed);
         let dev = device_run(&mut backend, Path::Golden, &patches, &prompt, &feed);
-        let (gap, effect, effect_dev) = (
-            rel_l2(&dev, &cpu),
-            rel_l2(&cpu, &golden_cpu),
-            rel_l2(&dev, &golden_dev),
-        );
-        eprintln!(
-            "| {list} | {gap:.2e} | {effect:.2e} | {effect_dev:.2e} | {:.3} |",
-            gap / effect.max(1e-30)
-        );
+        let (gap, effect, effect_dev) = (rel_l2(&dev, &cpu), rel_l2(&cpu, &golden_cpu), rel_l2(&dev, &golden_dev));
+        eprintln!("| {list} | {gap:.2e} | {effect:.2e} | {effect_dev:.2e} | {:.3} |", gap / effect.max(1e-30));
         let same_size = effect > 1e-6 && effect_dev > 0.5 * effect && effect_dev < 2.0 * effect;
         if !same_size || gap > 1.5 * effect {
             failures.push(format!("{list}: CUDA vs CPU {gap:.2e}, effect {effect:.2e} on CPU and {effect_dev:.2e} on CUDA"));
         }
     }
-    let fast = device_run(
-        &mut backend,
-        Path::Fast,
-        &PatchSet::default(),
-        &prompt,
-        &feed,
-    );
+    let fast = device_run(&mut backend, Path::Fast, &PatchSet::default(), &prompt, &feed);
     let fast_gap = rel_l2(&fast, &golden_cpu);
-    let agree = fast
-        .iter()
-        .zip(&golden_cpu)
-        .filter(|(a, b)| argmax(a) == argmax(b))
-        .count();
-    eprintln!(
-        "| fast (bf16) vs CPU golden | {fast_gap:.2e} | argmax {agree}/{} | |",
-        fast.len()
-    );
+    let agree = fast.iter().zip(&golden_cpu).filter(|(a, b)| argmax(a) == argmax(b)).count();
+    eprintln!("| fast (bf16) vs CPU golden | {fast_gap:.2e} | argmax {agree}/{} | |", fast.len());
     if fast_gap > 3e-2 {
         failures.push(format!("fast path {fast_gap:.2e} from golden"));
     }

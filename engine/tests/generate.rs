@@ -3,6 +3,7 @@
 
 mod common;
 
+
 use ctxscope_engine::scheduler::{EngineHandle, Event, Finish, GenerateRequest};
 use ctxscope_engine::Path;
 use serde_json::{json, Value};
@@ -24,14 +25,7 @@ struct Outcome {
 
 fn generate(tokens: Vec<u32>, max_tokens: usize, path: Path) -> Outcome {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let request = GenerateRequest {
-        prompt: tokens,
-        max_tokens,
-        sampling: Default::default(),
-        path,
-        patches: Default::default(),
-        events: tx,
-    };
+    let request = GenerateRequest { prompt: tokens, max_tokens, sampling: Default::default(), path, patches: Default::default(), events: tx };
     engine().submit(request).expect("engine running");
     let (mut out, mut cached) = (Vec::new(), 0);
     loop {
@@ -40,12 +34,7 @@ fn generate(tokens: Vec<u32>, max_tokens: usize, path: Path) -> Outcome {
             Event::Token(s) => out.push(s.token),
             Event::Done { finish, .. } => {
                 let text = engine().model.tokenizer.decode(&out);
-                return Outcome {
-                    tokens: out,
-                    text,
-                    cached,
-                    finish,
-                };
+                return Outcome { tokens: out, text, cached, finish };
             }
             Event::Error(e) => panic!("engine error: {e}"),
         }
@@ -69,25 +58,17 @@ fn prefix_reuse_gives_the_tokens_of_a_cold_run() {
     second.push(json!({"role": "assistant", "content": cold.text}));
     second.push(json!({"role": "user", "content": "And one more?"}));
     let warm = generate(prompt(&second), 16, Path::Golden);
-    assert!(
-        warm.cached > 10,
-        "prefix not reused: {} cached",
-        warm.cached
-    );
+    assert!(warm.cached > 10, "prefix not reused: {} cached", warm.cached);
     // The same prompt from scratch, in a namespace with no cache entries: the fast path is separate,
     // so compare golden-with-reuse against golden computed cold by a fresh sequence instead.
     let fresh = {
         let model = engine().model.clone();
-        let mut kv =
-            ctxscope_engine::kv::KvCache::new(model.config.n_layers, model.config.kv_dim());
+        let mut kv = ctxscope_engine::kv::KvCache::new(model.config.n_layers, model.config.kv_dim());
         let tokens = prompt(&second);
         let mut out = Vec::new();
         let mut input = tokens.clone();
         for _ in 0..16 {
-            let mut seg = [ctxscope_engine::forward::Segment {
-                tokens: &input,
-                kv: &mut kv,
-            }];
+            let mut seg = [ctxscope_engine::forward::Segment { tokens: &input, kv: &mut kv }];
             let logits = ctxscope_engine::forward::forward(&model, Path::Golden, &mut seg);
             let next = ctxscope_engine::sample::argmax(&logits[0]);
             if model.stop_tokens.contains(&next) {
@@ -98,10 +79,7 @@ fn prefix_reuse_gives_the_tokens_of_a_cold_run() {
         }
         out
     };
-    assert_eq!(
-        warm.tokens, fresh,
-        "reused KV changed the greedy continuation"
-    );
+    assert_eq!(warm.tokens, fresh, "reused KV changed the greedy continuation");
 }
 
 #[test]
@@ -110,13 +88,7 @@ fn fast_path_stays_close_to_golden() {
     let golden = generate(p.clone(), 12, Path::Golden);
     let fast = generate(p, 12, Path::Fast);
     // The first few tokens agree; later ones may flip on near-ties.
-    assert_eq!(
-        golden.tokens[..3],
-        fast.tokens[..3],
-        "golden {:?} fast {:?}",
-        golden.text,
-        fast.text
-    );
+    assert_eq!(golden.tokens[..3], fast.tokens[..3], "golden {:?} fast {:?}", golden.text, fast.text);
 }
 
 #[test]
@@ -126,16 +98,7 @@ fn max_tokens_and_overlong_prompts() {
     assert_eq!((out.tokens.len(), out.finish), (3, Finish::Length));
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let huge = vec![100u32; engine().options.ctx + 5];
-    engine()
-        .submit(GenerateRequest {
-            prompt: huge,
-            max_tokens: 4,
-            sampling: Default::default(),
-            path: Path::Golden,
-            patches: Default::default(),
-            events: tx,
-        })
-        .unwrap();
+    engine().submit(GenerateRequest { prompt: huge, max_tokens: 4, sampling: Default::default(), path: Path::Golden, patches: Default::default(), events: tx }).unwrap();
     match rx.blocking_recv().unwrap() {
         Event::Error(message) => assert!(message.contains("context"), "{message}"),
         other => panic!("expected an error, got {other:?}"),

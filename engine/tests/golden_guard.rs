@@ -22,33 +22,15 @@ fn load() -> Arc<Model> {
 
 /// Golden logits of the prompt's last position and `steps` greedy decode steps.
 pub fn golden_logits(model: &Model, steps: usize) -> Vec<Vec<f32>> {
-    let opts = RenderOptions {
-        add_generation_prompt: true,
-        bos_token: "",
-        eos_token: "",
-        tools: None,
-    };
-    let messages = [
-        json!({"role": "user", "content": "The secret word is banana. What fruit is yellow and curved?"}),
-    ];
+    let opts = RenderOptions { add_generation_prompt: true, bos_token: "", eos_token: "", tools: None };
+    let messages = [json!({"role": "user", "content": "The secret word is banana. What fruit is yellow and curved?"})];
     let text = model.template.render(&messages, &opts).expect("renders");
     let mut input = model.tokenizer.encode(&text, true);
     let mut kv = KvCache::new(model.config.n_layers, model.config.kv_dim());
     let mut all = Vec::new();
     for _ in 0..=steps {
-        let logits = forward(
-            model,
-            Path::Golden,
-            &mut [Segment {
-                tokens: &input,
-                kv: &mut kv,
-            }],
-        )
-        .remove(0);
-        let next = logits
-            .iter()
-            .enumerate()
-            .fold(0, |b, (i, v)| if *v > logits[b] { i } else { b }) as u32;
+        let logits = forward(model, Path::Golden, &mut [Segment { tokens: &input, kv: &mut kv }]).remove(0);
+        let next = logits.iter().enumerate().fold(0, |b, (i, v)| if *v > logits[b] { i } else { b }) as u32;
         all.push(logits);
         input = vec![next];
     }

@@ -11,9 +11,7 @@ use std::sync::{Arc, OnceLock};
 use ctxscope_engine::forward::{forward, Segment};
 use ctxscope_engine::kv::KvCache;
 use ctxscope_engine::sample::{argmax, log_sum_exp, top_k, Sampled, SamplingParams};
-use ctxscope_engine::scheduler::{
-    self, EngineHandle, EngineOptions, Event, Finish, GenerateRequest,
-};
+use ctxscope_engine::scheduler::{self, EngineHandle, EngineOptions, Event, Finish, GenerateRequest};
 use ctxscope_engine::{Model, Path};
 use ctxscope_formats::RenderOptions;
 use serde::Deserialize;
@@ -113,19 +111,8 @@ fn engine() -> &'static EngineHandle {
 /// Submits a greedy request with top-5 log-probabilities; the receiver yields its events.
 fn submit(prompt: &[u32], max_tokens: usize, path: Path) -> UnboundedReceiver<Event> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let sampling = SamplingParams {
-        logprobs: true,
-        top_logprobs: TOP,
-        ..Default::default()
-    };
-    let request = GenerateRequest {
-        prompt: prompt.to_vec(),
-        max_tokens,
-        sampling,
-        path,
-        patches: Default::default(),
-        events: tx,
-    };
+    let sampling = SamplingParams { logprobs: true, top_logprobs: TOP, ..Default::default() };
+    let request = GenerateRequest { prompt: prompt.to_vec(), max_tokens, sampling, path, patches: Default::default(), events: tx };
     engine().submit(request).expect("engine running");
     rx
 }
@@ -146,28 +133,12 @@ fn collect(mut rx: UnboundedReceiver<Event>) -> (Vec<Sampled>, Finish) {
 /// scratch with the same path, so that a mismatch there can still be judged on both top-5 lists.
 fn stop_step(path: Path, prompt: &[u32], generated: &[Sampled]) -> Step {
     let model = &engine().model;
-    let tokens: Vec<u32> = prompt
-        .iter()
-        .copied()
-        .chain(generated.iter().map(|s| s.token))
-        .collect();
+    let tokens: Vec<u32> = prompt.iter().copied().chain(generated.iter().map(|s| s.token)).collect();
     let mut kv = KvCache::new(model.config.n_layers, model.config.kv_dim());
-    let logits = forward(
-        model,
-        path,
-        &mut [Segment {
-            tokens: &tokens,
-            kv: &mut kv,
-        }],
-    )
-    .remove(0);
+    let logits = forward(model, path, &mut [Segment { tokens: &tokens, kv: &mut kv }]).remove(0);
     let lse = log_sum_exp(&logits);
     let token = argmax(&logits);
-    Step {
-        token,
-        logprob: Some(logits[token as usize] - lse),
-        top: Some(top_k(&logits, TOP, lse)),
-    }
+    Step { token, logprob: Some(logits[token as usize] - lse), top: Some(top_k(&logits, TOP, lse)) }
 }
 
 /// How one continuation compares, in the sense of vLLM's `check_logprobs_close`.
@@ -189,11 +160,7 @@ struct Agreement {
 fn compare(ours: &[Step], theirs: &[Step], engine: &Model) -> Agreement {
     let compared = ours.len().min(theirs.len());
     let piece = |t: u32| format!("{t} {:?}", engine.tokenizer.decode(&[t]));
-    let lp = |step: &Step, t: u32| {
-        step.top
-            .as_ref()
-            .map(|top| top.iter().find(|(id, _)| *id == t).map(|(_, l)| *l))
-    };
+    let lp = |step: &Step, t: u32| step.top.as_ref().map(|top| top.iter().find(|(id, _)| *id == t).map(|(_, l)| *l));
     let show = |l: Option<f32>| l.map_or("n/a".to_string(), |l| format!("{l:.4}"));
     let mut max_diff = 0f32;
     for i in 0..compared {
@@ -222,76 +189,34 @@ fn compare(ours: &[Step], theirs: &[Step], engine: &Model) -> Agreement {
             None if theirs_in_ours.is_some() => None,
             None => Some(false),
         };
-        return Agreement {
-            compared,
-            agreed: i,
-            identical: false,
-            close,
-            max_logprob_diff: max_diff,
-            detail,
-        };
+        return Agreement { compared, agreed: i, identical: false, close, max_logprob_diff: max_diff, detail };
     }
     let identical = ours.len() == theirs.len();
     let detail = if identical {
         String::new()
     } else {
-        format!(
-            "lengths {} (ours) vs {} (llama.cpp)",
-            ours.len(),
-            theirs.len()
-        )
+        format!("lengths {} (ours) vs {} (llama.cpp)", ours.len(), theirs.len())
     };
-    Agreement {
-        compared,
-        agreed: compared,
-        identical,
-        close: Some(true),
-        max_logprob_diff: max_diff,
-        detail,
-    }
+    Agreement { compared, agreed: compared, identical, close: Some(true), max_logprob_diff: max_diff, detail }
 }
 
 #[test]
 fn chat_template_and_tokens_match_llama_cpp() {
     let model = &engine().model;
-    let opts = RenderOptions {
-        add_generation_prompt: true,
-        bos_token: "",
-        eos_token: "",
-        tools: None,
-    };
-    let bos: Vec<u32> = model
-        .tokenizer
-        .bos()
-        .filter(|_| model.tokenizer.add_bos())
-        .into_iter()
-        .collect();
-    let encode = |text: &str| {
-        bos.iter()
-            .copied()
-            .chain(model.tokenizer.encode(text, true))
-            .collect::<Vec<u32>>()
-    };
+    let opts = RenderOptions { add_generation_prompt: true, bos_token: "", eos_token: "", tools: None };
+    let bos: Vec<u32> = model.tokenizer.bos().filter(|_| model.tokenizer.add_bos()).into_iter().collect();
+    let encode = |text: &str| bos.iter().copied().chain(model.tokenizer.encode(text, true)).collect::<Vec<u32>>();
     let mut failures = Vec::new();
     for chat in &chats().chats {
-        let ours = model
-            .template
-            .render(&chat.messages, &opts)
-            .expect("renders");
+        let ours = model.template.render(&chat.messages, &opts).expect("renders");
         if ours != chat.prompt {
-            failures.push(format!(
-                "{}: render differs\n  ours:      {ours:?}\n  llama.cpp: {:?}",
-                chat.name, chat.prompt
-            ));
+            failures
+                .push(format!("{}: render differs\n  ours:      {ours:?}\n  llama.cpp: {:?}", chat.name, chat.prompt));
         }
         // Tokens of llama.cpp's own render, so a template difference does not hide a tokenizer one.
         let tokens = encode(&chat.prompt);
         if tokens != chat.prompt_tokens {
-            let at = tokens
-                .iter()
-                .zip(&chat.prompt_tokens)
-                .take_while(|(a, b)| a == b)
-                .count();
+            let at = tokens.iter().zip(&chat.prompt_tokens).take_while(|(a, b)| a == b).count();
             failures.push(format!(
                 "{}: tokens differ from index {at}: ours {:?} llama.cpp {:?}",
                 chat.name,
@@ -310,33 +235,20 @@ fn chat_template_and_tokens_match_llama_cpp() {
 
 fn greedy_agrees(path: Path) {
     let file = chats();
-    let max_tokens = file.source.request["n_predict"]
-        .as_u64()
-        .expect("n_predict in fixtures") as usize;
+    let max_tokens = file.source.request["n_predict"].as_u64().expect("n_predict in fixtures") as usize;
     // All prompts at once, so the scheduler batches them; then each in turn.
-    let pending: Vec<_> = file
-        .chats
-        .iter()
-        .map(|c| submit(&c.prompt_tokens, max_tokens, path))
-        .collect();
+    let pending: Vec<_> = file.chats.iter().map(|c| submit(&c.prompt_tokens, max_tokens, path)).collect();
     let mut rows = Vec::new();
     for (chat, rx) in file.chats.iter().zip(pending) {
         let (sampled, finish) = collect(rx);
         let mut ours: Vec<Step> = sampled
             .iter()
-            .map(|s| Step {
-                token: s.token,
-                logprob: Some(s.logprob),
-                top: Some(s.top.clone()),
-            })
+            .map(|s| Step { token: s.token, logprob: Some(s.logprob), top: Some(s.top.clone()) })
             .collect();
         if finish == Finish::Stop && ours.len() < chat.positions.len() {
             ours.push(stop_step(path, &chat.prompt_tokens, &sampled));
         }
-        rows.push((
-            chat.name.as_str(),
-            compare(&ours, &chat.positions, &engine().model),
-        ));
+        rows.push((chat.name.as_str(), compare(&ours, &chat.positions, &engine().model)));
     }
     let label = path.as_str();
     for (name, a) in &rows {
@@ -356,12 +268,8 @@ fn greedy_agrees(path: Path) {
     }
     let identical = rows.iter().filter(|(_, a)| a.identical).count();
     let mean = rows.iter().map(|(_, a)| a.agreed as f64).sum::<f64>() / rows.len() as f64;
-    let mean_compared =
-        rows.iter().map(|(_, a)| a.compared as f64).sum::<f64>() / rows.len() as f64;
-    let max_diff = rows
-        .iter()
-        .map(|(_, a)| a.max_logprob_diff)
-        .fold(0f32, f32::max);
+    let mean_compared = rows.iter().map(|(_, a)| a.compared as f64).sum::<f64>() / rows.len() as f64;
+    let max_diff = rows.iter().map(|(_, a)| a.max_logprob_diff).fold(0f32, f32::max);
     eprintln!(
         "{label} summary: {identical}/{} prompts fully identical; mean agreed prefix {mean:.2} of {mean_compared:.2} compared tokens; \
          max |Δ logprob| on agreed tokens {max_diff:.4}",
@@ -373,16 +281,9 @@ fn greedy_agrees(path: Path) {
             "{label}: {half} first mismatches fall where llama.cpp gave no top-5; only our top-5 was checked there"
         );
     }
-    let far: Vec<String> = rows
-        .iter()
-        .filter(|(_, a)| a.close == Some(false))
-        .map(|(n, a)| format!("{n}: {}", a.detail))
-        .collect();
-    assert!(
-        far.is_empty(),
-        "{label} path not close to llama.cpp (check_logprobs_close):\n{}",
-        far.join("\n")
-    );
+    let far: Vec<String> =
+        rows.iter().filter(|(_, a)| a.close == Some(false)).map(|(n, a)| format!("{n}: {}", a.detail)).collect();
+    assert!(far.is_empty(), "{label} path not close to llama.cpp (check_logprobs_close):\n{}", far.join("\n"));
 }
 
 #[test]
@@ -398,22 +299,10 @@ fn fast_greedy_agrees_with_llama_cpp() {
 #[test]
 fn golden_recalls_what_llama_cpp_recalls() {
     let file: RecallFile = read("recall.json");
-    assert_eq!(
-        file.source.model_sha256,
-        chats().source.model_sha256,
-        "recall and chat fixtures from different models"
-    );
+    assert_eq!(file.source.model_sha256, chats().source.model_sha256, "recall and chat fixtures from different models");
     let answered: Vec<&Probe> = file.probes.iter().filter(|p| p.llama_cpp_correct).collect();
-    assert!(
-        answered.len() >= 3,
-        "fixtures hold only {} probes llama.cpp answers",
-        answered.len()
-    );
-    let pending: Vec<_> = file
-        .probes
-        .iter()
-        .map(|p| submit(&p.prompt_tokens, p.max_tokens, Path::Golden))
-        .collect();
+    assert!(answered.len() >= 3, "fixtures hold only {} probes llama.cpp answers", answered.len());
+    let pending: Vec<_> = file.probes.iter().map(|p| submit(&p.prompt_tokens, p.max_tokens, Path::Golden)).collect();
     let (mut missed, mut ties) = (Vec::new(), Vec::new());
     let mut ours_right = 0;
     for (probe, rx) in file.probes.iter().zip(pending) {
@@ -434,11 +323,7 @@ fn golden_recalls_what_llama_cpp_recalls() {
             continue;
         }
         // Where our reply leaves llama.cpp's, and by how much we preferred our token to theirs.
-        let at = tokens
-            .iter()
-            .zip(&probe.llama_cpp_tokens)
-            .take_while(|(a, b)| a == b)
-            .count();
+        let at = tokens.iter().zip(&probe.llama_cpp_tokens).take_while(|(a, b)| a == b).count();
         let why = match (sampled.get(at), probe.llama_cpp_tokens.get(at)) {
             (Some(ours), Some(&theirs)) => match ours.top.iter().find(|(id, _)| *id == theirs) {
                 Some((_, lp)) => (
@@ -448,15 +333,9 @@ fn golden_recalls_what_llama_cpp_recalls() {
                         ours.token, ours.logprob
                     ),
                 ),
-                None => (
-                    f32::INFINITY,
-                    format!("at token {at}: llama.cpp's {theirs} is beyond our top-5"),
-                ),
+                None => (f32::INFINITY, format!("at token {at}: llama.cpp's {theirs} is beyond our top-5")),
             },
-            _ => (
-                f32::INFINITY,
-                format!("replies end differently at token {at}"),
-            ),
+            _ => (f32::INFINITY, format!("replies end differently at token {at}")),
         };
         let line = format!(
             "{}: expected {:?}; ours {text:?}; llama.cpp {:?}; {}",
@@ -468,19 +347,11 @@ fn golden_recalls_what_llama_cpp_recalls() {
             missed.push(line)
         }
     }
-    eprintln!(
-        "recall summary: llama.cpp {}/{n}, golden {ours_right}/{n}",
-        answered.len(),
-        n = file.probes.len()
-    );
+    eprintln!("recall summary: llama.cpp {}/{n}, golden {ours_right}/{n}", answered.len(), n = file.probes.len());
     for tie in &ties {
         eprintln!("recall near tie (≤ {RECALL_TIE_NATS} nats), not counted as a miss: {tie}");
     }
-    assert!(
-        missed.is_empty(),
-        "golden path misses probes llama.cpp answers:\n{}",
-        missed.join("\n")
-    );
+    assert!(missed.is_empty(), "golden path misses probes llama.cpp answers:\n{}", missed.join("\n"));
 }
 
 fn mark(right: bool) -> &'static str {

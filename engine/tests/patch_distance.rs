@@ -19,35 +19,22 @@ use ctxscope_engine::{Model, PatchSet, Path};
 use ctxscope_formats::RenderOptions;
 use serde_json::json;
 
-const NUMERICAL: [&str; 6] = [
-    "rmsnorm_bf16",
-    "residual_gemm_bf16",
-    "rope_bf16",
-    "attn_splitk_bf16",
-    "kv_fp8",
-    "act_q8",
-];
+const NUMERICAL: [&str; 6] = ["rmsnorm_bf16", "residual_gemm_bf16", "rope_bf16", "attn_splitk_bf16", "kv_fp8", "act_q8"];
 const DECODE_STEPS: usize = 8;
 
 fn model() -> &'static Arc<Model> {
     static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
-    MODEL.get_or_init(|| common::load_model())
+    MODEL.get_or_init(|| {
+        common::load_model()
+    })
 }
 
 /// Fixed prompts: a short question, the recall probe, and a long multi-turn chat (past 256 positions).
 fn prompts() -> Vec<Vec<u32>> {
     let m = model();
-    let opts = RenderOptions {
-        add_generation_prompt: true,
-        bos_token: "",
-        eos_token: "",
-        tools: None,
-    };
+    let opts = RenderOptions { add_generation_prompt: true, bos_token: "", eos_token: "", tools: None };
     let render = |messages: serde_json::Value| {
-        let text = m
-            .template
-            .render(messages.as_array().expect("array"), &opts)
-            .expect("renders");
+        let text = m.template.render(messages.as_array().expect("array"), &opts).expect("renders");
         m.tokenizer.encode(&text, true)
     };
     let long_turns: Vec<serde_json::Value> = (0..6)
@@ -78,16 +65,7 @@ fn run(prompt: &[u32], patches: &PatchSet, forced: Option<&[u32]>) -> Run {
     let mut input = prompt.to_vec();
     let (mut all, mut greedy) = (Vec::new(), Vec::new());
     for step in 0..=DECODE_STEPS {
-        let logits = forward_patched(
-            m,
-            Path::Golden,
-            patches,
-            &mut [Segment {
-                tokens: &input,
-                kv: &mut kv,
-            }],
-        )
-        .remove(0);
+        let logits = forward_patched(m, Path::Golden, patches, &mut [Segment { tokens: &input, kv: &mut kv }]).remove(0);
         let next = argmax(&logits);
         greedy.push(next);
         all.push(logits);
@@ -102,18 +80,11 @@ type Run = (Vec<Vec<f32>>, Vec<u32>);
 /// Golden's logits and greedy tokens for every prompt, computed once.
 fn golden_runs() -> &'static [Run] {
     static RUNS: OnceLock<Vec<Run>> = OnceLock::new();
-    RUNS.get_or_init(|| {
-        prompts()
-            .iter()
-            .map(|p| run(p, &PatchSet::default(), None))
-            .collect()
-    })
+    RUNS.get_or_init(|| prompts().iter().map(|p| run(p, &PatchSet::default(), None)).collect())
 }
 
 fn argmax(v: &[f32]) -> u32 {
-    v.iter()
-        .enumerate()
-        .fold(0, |b, (i, x)| if *x > v[b] { i } else { b }) as u32
+    v.iter().enumerate().fold(0, |b, (i, x)| if *x > v[b] { i } else { b }) as u32
 }
 
 fn log_softmax(v: &[f32]) -> Vec<f64> {
@@ -143,16 +114,7 @@ impl Distance {
 
 fn distance(patch: &str) -> Distance {
     let patches = PatchSet::parse(patch).expect("valid patch");
-    let mut d = Distance {
-        max_abs: 0.0,
-        mean_abs: 0.0,
-        max_logit: 0.0,
-        mean_kl: 0.0,
-        max_kl: 0.0,
-        positions: 0,
-        first_diff: None,
-        agree: 0,
-    };
+    let mut d = Distance { max_abs: 0.0, mean_abs: 0.0, max_logit: 0.0, mean_kl: 0.0, max_kl: 0.0, positions: 0, first_diff: None, agree: 0 };
     let mut count = 0usize;
     for (pi, (prompt, (golden, greedy))) in prompts().iter().zip(golden_runs()).enumerate() {
         let (patched, _) = run(prompt, &patches, Some(greedy));
@@ -200,14 +162,8 @@ fn each_numerical_patch_moves_logits_by_the_expected_order() {
         let rel = d.relative();
         let (low, high) = expected(patch);
         println!("{patch}: relative {rel:.2e} (expected {low:.0e}..{high:.0e}), {d:?}");
-        assert!(
-            rel > low,
-            "{patch} barely changes the logits (relative {rel:.2e} <= {low:.0e}): is it applied?"
-        );
-        assert!(
-            rel < high,
-            "{patch} changes the logits too much (relative {rel:.2e} >= {high:.0e})"
-        );
+        assert!(rel > low, "{patch} barely changes the logits (relative {rel:.2e} <= {low:.0e}): is it applied?");
+        assert!(rel < high, "{patch} changes the logits too much (relative {rel:.2e} >= {high:.0e})");
     }
 }
 
@@ -217,19 +173,8 @@ fn empty_patch_set_is_exactly_golden() {
     let (a, _) = run(prompt, &PatchSet::default(), None);
     let m = model();
     let mut kv = KvCache::new(m.config.n_layers, m.config.kv_dim());
-    let plain = ctxscope_engine::forward::forward(
-        m,
-        Path::Golden,
-        &mut [Segment {
-            tokens: prompt,
-            kv: &mut kv,
-        }],
-    )
-    .remove(0);
-    assert_eq!(
-        a[0].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-        plain.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-    );
+    let plain = ctxscope_engine::forward::forward(m, Path::Golden, &mut [Segment { tokens: prompt, kv: &mut kv }]).remove(0);
+    assert_eq!(a[0].iter().map(|v| v.to_bits()).collect::<Vec<_>>(), plain.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
 }
 
 #[test]
@@ -247,13 +192,7 @@ fn distance_table() {
         };
         println!(
             "| `{patch}` | {:.3} | {:.4} | {:.2e} | {:.2e} | {:.2e} | {}/{} | {first} | {margin} |",
-            d.max_abs,
-            d.mean_abs,
-            d.relative(),
-            d.mean_kl,
-            d.max_kl,
-            d.agree,
-            d.positions
+            d.max_abs, d.mean_abs, d.relative(), d.mean_kl, d.max_kl, d.agree, d.positions
         );
     }
 }

@@ -5,6 +5,7 @@
 
 mod common;
 
+
 use ctxscope_engine::scheduler::{EngineHandle, Event, GenerateRequest};
 use ctxscope_engine::{PatchSet, Path};
 use serde_json::{json, Value};
@@ -36,30 +37,16 @@ struct Outcome {
 fn generate(tokens: Vec<u32>, max_tokens: usize, patches: &str) -> Outcome {
     let patches = PatchSet::parse(patches).expect("valid patches");
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let request = GenerateRequest {
-        prompt: tokens,
-        max_tokens,
-        sampling: Default::default(),
-        path: Path::Golden,
-        patches,
-        events: tx,
-    };
+    let request = GenerateRequest { prompt: tokens, max_tokens, sampling: Default::default(), path: Path::Golden, patches, events: tx };
     engine().submit(request).expect("engine running");
     let (mut out, mut prompt_tokens, mut cached) = (Vec::new(), 0, 0);
     loop {
         match rx.blocking_recv().expect("engine answers") {
-            Event::Started {
-                prompt_tokens: p,
-                cached_tokens,
-            } => (prompt_tokens, cached) = (p, cached_tokens),
+            Event::Started { prompt_tokens: p, cached_tokens } => (prompt_tokens, cached) = (p, cached_tokens),
             Event::Token(s) => out.push(s.token),
             Event::Done { .. } => {
                 let text = engine().model.tokenizer.decode(&out);
-                return Outcome {
-                    text,
-                    prompt_tokens,
-                    cached,
-                };
+                return Outcome { text, prompt_tokens, cached };
             }
             Event::Error(e) => panic!("engine error: {e}"),
         }
@@ -106,34 +93,20 @@ fn prefix_cache_off_never_reports_cached_tokens() {
     generate(p.clone(), 4, "prefix_cache_off");
     assert_eq!(generate(p.clone(), 4, "prefix_cache_off").cached, 0);
     generate(p.clone(), 4, "");
-    assert!(
-        generate(p, 4, "").cached > 0,
-        "golden should reuse its own prefix"
-    );
+    assert!(generate(p, 4, "").cached > 0, "golden should reuse its own prefix");
 }
 
 #[test]
 fn weak_hash_reuses_kv_of_a_prompt_that_does_not_share_the_prefix() {
     let a = recall_prompt();
     // Same length, same first token in every 16-token block, every other token different.
-    let b: Vec<u32> = a
-        .iter()
-        .enumerate()
-        .map(|(i, t)| if i % 16 == 0 { *t } else { 1000 + i as u32 })
-        .collect();
+    let b: Vec<u32> = a.iter().enumerate().map(|(i, t)| if i % 16 == 0 { *t } else { 1000 + i as u32 }).collect();
     let shared = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
     assert_eq!(shared, 1);
     generate(a.clone(), 4, "prefix_cache_weak_hash");
     let weak = generate(b.clone(), 4, "prefix_cache_weak_hash");
-    assert_eq!(
-        weak.cached, 48,
-        "three colliding 16-token blocks reported as cached"
-    );
+    assert_eq!(weak.cached, 48, "three colliding 16-token blocks reported as cached");
     generate(a, 4, "");
     let exact = generate(b, 4, "");
-    assert!(
-        exact.cached <= shared,
-        "token-exact matching reused {} tokens",
-        exact.cached
-    );
+    assert!(exact.cached <= shared, "token-exact matching reused {} tokens", exact.cached);
 }

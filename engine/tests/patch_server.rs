@@ -40,16 +40,8 @@ async fn post(addr: std::net::SocketAddr, body: &str, headers: &[(&str, &str)]) 
     stream.read_to_end(&mut raw).await.expect("reads");
     let text = String::from_utf8_lossy(&raw).to_string();
     let (head, body) = text.split_once("\r\n\r\n").expect("http response");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status");
-    Reply {
-        status,
-        head: head.to_string(),
-        body: body.to_string(),
-    }
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).expect("status");
+    Reply { status, head: head.to_string(), body: body.to_string() }
 }
 
 #[test]
@@ -57,15 +49,8 @@ fn patches_header_and_body_round_trip() {
     let path = common::model_path();
     let model = Arc::new(Model::load(&path).expect("model loads"));
     let (engine, _thread) = scheduler::start(model.clone(), EngineOptions::for_model(&model));
-    let config = ServerConfig {
-        default_patches: PatchSet::parse("act_q8").unwrap(),
-        ..ServerConfig::default()
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let config = ServerConfig { default_patches: PatchSet::parse("act_q8").unwrap(), ..ServerConfig::default() };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(async move {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
         let addr = listener.local_addr().expect("addr");

@@ -51,12 +51,10 @@ __device__ __forceinline__ void attend_tile(const float* qs, const float (*ks)[M
 
 // Stages K and V rows [start, start + count) of `layer` (count <= TILE) into shared memory, 16 bytes
 // per load (hd % 4 == 0): every thread issues all its loads before its first store, so a tile costs
-// one memory latency, not one per element; `between` runs after the loads are issued and before their
-// values are stored (decode stores its query rows there, so their loads overlap). blockDim.x == 128.
+// one memory latency, not one per element. blockDim.x == 128.
 #define STAGE_PER_THREAD (TILE * MAX_HD / 4 / 128)
-template <typename F>
 __device__ __forceinline__ void stage_tile(u64 base, int start, int count, int layer, int n_layers, int kvh, int kv_dim, int hd,
-                                           float (*ks)[MAX_HD + 1], float (*vs)[MAX_HD + 1], F between) {
+                                           float (*ks)[MAX_HD + 1], float (*vs)[MAX_HD + 1]) {
     int vecs = hd / 4, total = count * vecs;
     float4 kr[STAGE_PER_THREAD], vr[STAGE_PER_THREAD];
 #pragma unroll
@@ -68,7 +66,6 @@ __device__ __forceinline__ void stage_tile(u64 base, int start, int count, int l
             vr[u] = __ldg((const float4*)(kv_row(base, start + j, layer, n_layers, 1, kv_dim) + kvh * hd) + c);
         }
     }
-    between();
 #pragma unroll
     for (int u = 0; u < STAGE_PER_THREAD; u++) {
         int i = threadIdx.x + u * 128;
@@ -104,7 +101,7 @@ extern "C" __global__ void attn_prefill(const float* __restrict__ q, int q_strid
     for (int t0 = (lowest / TILE) * TILE; t0 <= last_pos; t0 += TILE) {
         int count = min(TILE, last_pos + 1 - t0);
         __syncthreads();
-        stage_tile(kv_base, t0, count, layer, n_layers, kvh, kv_dim, hd, ks, vs, [] {});
+        stage_tile(kv_base, t0, count, layer, n_layers, kvh, kv_dim, hd, ks, vs);
         __syncthreads();
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -155,24 +152,10 @@ extern "C" __global__ void attn_decode(const float* __restrict__ q, int q_stride
     int first = window > 0 ? max(0, len - window) : 0;
     int visible = len - first;
     u64 base = kv_base[t];
-    // The block's query rows (group * hd <= 16 * MAX_HD floats), loaded now and stored into qs while
-    // the first K/V tile's loads are in flight (a block without a tile never reads them).
-    float qr[16 * MAX_HD / 128];
-#pragma unroll
-    for (int u = 0; u < 16 * MAX_HD / 128; u++) {
-        int i = threadIdx.x + u * 128;
-        if (i < group * hd) qr[u] = q[(size_t)t * q_stride + (kvh * group + i / hd) * hd + i % hd];
+    for (int i = threadIdx.x; i < group * hd; i += blockDim.x) {
+        int g = i / hd, d = i % hd;
+        qs[g][d] = q[(size_t)t * q_stride + (kvh * group + g) * hd + d];
     }
-    bool q_stored = false;
-    auto store_q = [&] {
-        if (q_stored) return;
-#pragma unroll
-        for (int u = 0; u < 16 * MAX_HD / 128; u++) {
-            int i = threadIdx.x + u * 128;
-            if (i < group * hd) qs[i / hd][i % hd] = qr[u];
-        }
-        q_stored = true;
-    };
     // Block state per owned head (up to 4 per warp).
     float bm[4], bl[4], bacc[4][HD_PER_LANE];
     reset_states(bm, bl, bacc);
@@ -185,7 +168,7 @@ extern "C" __global__ void attn_decode(const float* __restrict__ q, int q_stride
         for (int t0 = p_lo; t0 < p_hi; t0 += TILE) {
             int count = min(TILE, p_hi - t0);
             __syncthreads();
-            stage_tile(base, t0, count, layer, n_layers, kvh, kv_dim, hd, ks, vs, store_q);
+            stage_tile(base, t0, count, layer, n_layers, kvh, kv_dim, hd, ks, vs);
             __syncthreads();
 #pragma unroll
             for (int i = 0; i < 4; i++) {
@@ -253,16 +236,10 @@ extern "C" __global__ void attn_decode(const float* __restrict__ q, int q_stride
         int g = i / hd, d = i % hd;
         size_t slot0 = ((size_t)t * heads + kvh * group + g) * splits;
         // Every split's partial is written (an empty one as zeros with weight 0), so the loads are
-        // independent: all of them are issued before the first is used (one L2 latency, not one per
-        // eight), then summed in split order.
-        float v[32];
-#pragma unroll
-        for (int sp = 0; sp < 32; sp++) v[sp] = sp < splits ? __ldcg(&part_o[(slot0 + sp) * hd + d]) : 0.0f;
+        // unconditional and independent: unrolled, they are in flight together.
         float acc = 0.0f;
-#pragma unroll
-        for (int sp = 0; sp < 32; sp++) {
-            if (sp < splits) acc += v[sp] * weight[g][sp];
-        }
+#pragma unroll 8
+        for (int sp = 0; sp < splits; sp++) acc += __ldcg(&part_o[(slot0 + sp) * hd + d]) * weight[g][sp];
         out[(size_t)t * heads * hd + (kvh * group + g) * hd + d] = acc;
     }
     if (threadIdx.x == 0) counters[t * kv_heads + kvh] = 0;

@@ -190,10 +190,8 @@ extern "C" __global__ void gemv_qkv_rope_f32(const float* __restrict__ w, const 
 // bit-identical to that kernel's output) and rounded to bf16 when `round_x`. A unit's sum is reduced
 // the same way whatever n and the grid are.
 
-// Blocks of 256, 512 or 1024 threads (the launch picks; 64 registers a thread either way). The norm's
-// statistics are summed by the first NORM_THREADS threads, rmsnorm_f32's block size, in its order.
-#define STREAM_MAX_THREADS 1024
-#define NORM_THREADS 256
+#define STREAM_THREADS 256
+#define STREAM_WARPS (STREAM_THREADS / 32)
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
     unsigned a;
@@ -222,44 +220,12 @@ __device__ __forceinline__ void stream_epilogue(int mode, float* y, int units, i
     }
 }
 
-// The staged input element i: f32, or (XH, input rounded to bf16) its bf16 bits, half the shared memory.
-template <bool XH>
-__device__ __forceinline__ void stage_x(unsigned char* xs, size_t i, float v) {
-    if (XH) ((bf16_t*)xs)[i] = (bf16_t)(__float_as_uint(v) >> 16);  // exact: v is already a bf16 value
-    else ((float*)xs)[i] = v;
-}
-
-// E (8: bf16 weights, 4: f32) staged input elements from element i (a multiple of E) as f32.
-template <bool XH, int E>
-__device__ __forceinline__ void load_x(const unsigned char* xs, size_t i, float* xv) {
-    if (XH) {
-        if (E == 8) {
-            unpack16<true>(*(const uint4*)(xs + 2 * i), xv);
-        } else {
-            uint2 u = *(const uint2*)(xs + 2 * i);
-            xv[0] = __uint_as_float(u.x << 16);
-            xv[1] = __uint_as_float(u.x & 0xffff0000u);
-            xv[2] = __uint_as_float(u.y << 16);
-            xv[3] = __uint_as_float(u.y & 0xffff0000u);
-        }
-    } else {
-        const float4* xp = (const float4*)(xs + 4 * i);
-        float4 a = xp[0];
-        xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w;
-        if (E == 8) {
-            float4 b = xp[1];
-            xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
-        }
-    }
-}
-
-// K rows per unit (1: modes 0, 1; 2: modes 2, 3), D (a power of two) iterations in flight per lane,
-// XH: the input rows are rounded to bf16 (round_x) and staged as such.
-// Shared memory: the lanes' slots, then the n input rows, then the norm weight (only with a norm).
-template <bool BF16, int K, int D, bool XH>
+// K rows per unit (1: modes 0, 1; 2: modes 2, 3), D (a power of two) iterations in flight per lane.
+// Shared memory: the lanes' slots, then the n input rows, then the norm weight.
+template <bool BF16, int K, int D>
 __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
                                                  const float* __restrict__ norm_w, float eps, int units, int cols, int n, int mode,
-                                                 int rotate, const RopeStore* rs) {
+                                                 int round_x, const RopeStore* rs) {
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ float scratch[33];
     pdl_launch();
@@ -267,14 +233,13 @@ __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, con
     trace_mark(kind, TRACE_START);
     const int E = BF16 ? 8 : 4;
     const int chunks = cols / E, per_unit = (chunks + 31) / 32;
-    const int threads = blockDim.x, block_warps = threads >> 5;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const long long warps = (long long)gridDim.x * block_warps, gw = (long long)blockIdx.x * block_warps + warp;
+    const long long warps = (long long)gridDim.x * STREAM_WARPS, gw = (long long)blockIdx.x * STREAM_WARPS + warp;
     const int ua = (int)(gw * units / warps), ub = (int)((gw + 1) * units / warps);
-    // This thread's slot d, row r: ring[(d * K + r) * threads + threadIdx.x].
+    // This thread's slot d, row r: ring[(d * K + r) * STREAM_THREADS + threadIdx.x].
     uint4* ring = (uint4*)smem;
-    unsigned char* xs = smem + (size_t)D * K * threads * 16;
-    float* gs = (float*)(xs + (size_t)n * cols * (XH ? 2 : 4));  // 16-byte aligned: cols % 8 == 0
+    float* xs = (float*)(smem + (size_t)D * K * STREAM_THREADS * 16);
+    float* gs = xs + (size_t)n * cols;
     const uint4* wc = (const uint4*)w;
 
     // The issue cursor walks the warp's units a chunk per lane at a time, D iterations ahead.
@@ -286,7 +251,7 @@ __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, con
 #pragma unroll
                 for (int r = 0; r < K; r++) {
                     size_t row = mode == 2 ? (size_t)iu + (size_t)r * units : (size_t)K * iu + r;
-                    cp_async16(&ring[((issued & (D - 1)) * K + r) * threads + threadIdx.x], wc + row * chunks + c);
+                    cp_async16(&ring[((issued & (D - 1)) * K + r) * STREAM_THREADS + threadIdx.x], wc + row * chunks + c);
                 }
             }
             if (++ij == per_unit) {
@@ -300,37 +265,30 @@ __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, con
     // Weights (the norm weight rides in the first group) do not depend on the previous kernel: start
     // them before waiting for it.
     if (norm_w) {
-        for (int i = 4 * threadIdx.x; i < cols; i += 4 * threads) cp_async16(gs + i, norm_w + i);
+        for (int i = 4 * threadIdx.x; i < cols; i += 4 * STREAM_THREADS) cp_async16(gs + i, norm_w + i);
     }
 #pragma unroll
     for (int i = 0; i < D; i++) issue_next();
     pdl_wait();
     trace_mark(kind, TRACE_WAITED);
 
-    // The input rows into shared memory, normalized (rmsnorm_f32's sum and formula: the warps past its
-    // block add exact zeros) and rounded as asked. With `rotate`, each block starts its staging reads at
-    // its own offset, so that the blocks do not all ask the same L2 lines for the same row at once.
-    const int start = rotate ? (int)(((long long)blockIdx.x * 32 * 37) % cols) : 0;
+    // The input rows into shared memory, normalized (rmsnorm_f32's sum and formula) and rounded as asked.
     for (int t = 0; t < n; t++) {
         const float* row = x + (size_t)t * cols;
-        float scale = 1.0f;
-        if (norm_w) {
-            float sum = 0.0f;
-            if (threadIdx.x < NORM_THREADS) {
-                for (int i = threadIdx.x; i < cols; i += NORM_THREADS) {
-                    float v = row[i];
-                    sum += v * v;
-                }
-            }
-            cp_async_wait<D - 1>();  // the first group (with the norm weight) has landed; block_sum's barrier publishes it
-            scale = 1.0f / sqrtf(block_sum(sum, scratch) / cols + eps);
-        }
-        for (int k = threadIdx.x; k < cols; k += threads) {
-            int i = k + start < cols ? k + start : k + start - cols;
+        float* xr = xs + (size_t)t * cols;
+        float sum = 0.0f;
+        for (int i = threadIdx.x; i < cols; i += STREAM_THREADS) {
             float v = row[i];
-            if (norm_w) v = v * scale * gs[i];
-            if (XH) v = round_bf16(v);
-            stage_x<XH>(xs, (size_t)t * cols + i, v);
+            sum += v * v;
+            xr[i] = v;
+        }
+        if (norm_w) {
+            cp_async_wait<D - 1>();  // the first group (with the norm weight) has landed
+            float scale = 1.0f / sqrtf(block_sum(sum, scratch) / cols + eps);
+            for (int i = threadIdx.x; i < cols; i += STREAM_THREADS) xr[i] = xr[i] * scale * gs[i];
+        }
+        if (round_x) {
+            for (int i = threadIdx.x; i < cols; i += STREAM_THREADS) xr[i] = round_bf16(xr[i]);
         }
     }
     __syncthreads();
@@ -347,13 +305,19 @@ __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, con
             if (c < chunks) {
                 const int slot = (step & (D - 1)) * K;
                 float wa[8], wb[8];
-                unpack16<BF16>(ring[slot * threads + threadIdx.x], wa);
-                if (K == 2) unpack16<BF16>(ring[(slot + 1) * threads + threadIdx.x], wb);
+                unpack16<BF16>(ring[slot * STREAM_THREADS + threadIdx.x], wa);
+                if (K == 2) unpack16<BF16>(ring[(slot + 1) * STREAM_THREADS + threadIdx.x], wb);
 #pragma unroll
                 for (int t = 0; t < GEMV_MAX_N; t++) {
                     if (t >= n) break;
+                    const float4* xp = (const float4*)(xs + (size_t)t * cols + (size_t)c * E);
                     float xv[8];
-                    load_x<XH, E>(xs, (size_t)t * cols + (size_t)c * E, xv);
+                    float4 a = xp[0];
+                    xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w;
+                    if (BF16) {
+                        float4 b = xp[1];
+                        xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
+                    }
 #pragma unroll
                     for (int e = 0; e < E; e++) {
                         acc[t] += wa[e] * xv[e];
@@ -374,41 +338,33 @@ __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, con
     trace_end(kind, TRACE_END);
 }
 
-// Dispatch on the input staging (bf16 when rounded), the rows per unit (mode) and the bytes each lane
-// keeps in flight (128 or 256).
-template <bool BF16, bool XH>
-__device__ __forceinline__ void gemv_stream_depth(const void* w, const float* x, float* y, const float* norm_w, float eps, int units,
-                                                  int cols, int n, int mode, int lane_bytes, int rotate, const RopeStore* rs) {
+// Dispatch on the rows per unit (mode) and the bytes each lane keeps in flight (128 or 256).
+template <bool BF16>
+__device__ __forceinline__ void gemv_stream_dispatch(const void* w, const float* x, float* y, const float* norm_w, float eps, int units,
+                                                     int cols, int n, int mode, int round_x, int lane_bytes, const RopeStore* rs) {
     bool deep = lane_bytes >= 256;
     if (mode >= 2) {
-        if (deep) gemv_stream_body<BF16, 2, 8, XH>(w, x, y, norm_w, eps, units, cols, n, mode, rotate, rs);
-        else gemv_stream_body<BF16, 2, 4, XH>(w, x, y, norm_w, eps, units, cols, n, mode, rotate, rs);
+        if (deep) gemv_stream_body<BF16, 2, 8>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, rs);
+        else gemv_stream_body<BF16, 2, 4>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, rs);
     } else {
-        if (deep) gemv_stream_body<BF16, 1, 16, XH>(w, x, y, norm_w, eps, units, cols, n, mode, rotate, rs);
-        else gemv_stream_body<BF16, 1, 8, XH>(w, x, y, norm_w, eps, units, cols, n, mode, rotate, rs);
+        if (deep) gemv_stream_body<BF16, 1, 16>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, rs);
+        else gemv_stream_body<BF16, 1, 8>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, rs);
     }
 }
 
-template <bool BF16>
-__device__ __forceinline__ void gemv_stream_dispatch(const void* w, const float* x, float* y, const float* norm_w, float eps, int units,
-                                                     int cols, int n, int mode, int round_x, int lane_bytes, int rotate, const RopeStore* rs) {
-    if (round_x) gemv_stream_depth<BF16, true>(w, x, y, norm_w, eps, units, cols, n, mode, lane_bytes, rotate, rs);
-    else gemv_stream_depth<BF16, false>(w, x, y, norm_w, eps, units, cols, n, mode, lane_bytes, rotate, rs);
-}
-
 // units: output rows (modes 0, 1), gate/up pairs (2) or RoPE pairs (3); dynamic shared memory:
-// lane_bytes per thread (128 or 256) + n * cols inputs (bf16 when round_x, else f32) + cols floats with a norm. positions .. base: mode 3's RoPE and K/V store.
+// lane_bytes per thread (128 or 256) + (n + 1) * cols floats. positions .. base: mode 3's RoPE and K/V store.
 #define GEMV_STREAM_PARAMS                                                                                                            \
     const float *__restrict__ x, float *__restrict__ y, const float *__restrict__ norm_w, float eps, int units, int cols, int n, int mode, \
-        int round_x, int lane_bytes, int rotate, const int *positions, const u64 *kv_base, int layer, int n_layers, int q_dim, int kv_dim, int hd,  \
+        int round_x, int lane_bytes, const int *positions, const u64 *kv_base, int layer, int n_layers, int q_dim, int kv_dim, int hd,  \
         float base
 
-extern "C" __global__ void __launch_bounds__(STREAM_MAX_THREADS, 1) gemv_stream_bf16(const bf16_t* __restrict__ w, GEMV_STREAM_PARAMS) {
+extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_bf16(const bf16_t* __restrict__ w, GEMV_STREAM_PARAMS) {
     RopeStore rs = {positions, kv_base, layer, n_layers, q_dim, kv_dim, hd, base};
-    gemv_stream_dispatch<true>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, lane_bytes, rotate, &rs);
+    gemv_stream_dispatch<true>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, lane_bytes, &rs);
 }
 
-extern "C" __global__ void __launch_bounds__(STREAM_MAX_THREADS, 1) gemv_stream_f32(const float* __restrict__ w, GEMV_STREAM_PARAMS) {
+extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_f32(const float* __restrict__ w, GEMV_STREAM_PARAMS) {
     RopeStore rs = {positions, kv_base, layer, n_layers, q_dim, kv_dim, hd, base};
-    gemv_stream_dispatch<false>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, lane_bytes, rotate, &rs);
+    gemv_stream_dispatch<false>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, lane_bytes, &rs);
 }

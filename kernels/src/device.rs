@@ -138,7 +138,7 @@ macro_rules! launch {
 
 mod stream;
 pub mod trace;
-pub use stream::{block_threads, lane_bytes, Norm, StreamOp, StreamPlan, StreamTuning};
+pub use stream::{lane_bytes, Norm, StreamOp, StreamPlan, StreamTuning};
 
 fn blocks(n: usize, per_block: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (n.div_ceil(per_block).max(1) as u32, 1, 1), block_dim: (per_block as u32, 1, 1), shared_mem_bytes: 0 }

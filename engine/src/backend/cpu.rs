@@ -43,22 +43,8 @@ impl Backend for CpuBackend {
         Ok(KvCache::new(c.n_layers, c.kv_dim()))
     }
 
-    fn forward(
-        &mut self,
-        path: Path,
-        patches: &PatchSet,
-        steps: &mut [Step<'_, KvCache>],
-    ) -> Result<Vec<Output>, BackendError> {
-        let mut segments: Vec<Segment<'_>> = steps
-            .iter_mut()
-            .map(|s| Segment {
-                tokens: s.tokens,
-                kv: &mut *s.kv,
-            })
-            .collect();
-        Ok(forward_patched(&self.model, path, patches, &mut segments)
-            .into_iter()
-            .map(Output::Logits)
-            .collect())
+    fn forward(&mut self, path: Path, patches: &PatchSet, steps: &mut [Step<'_, KvCache>]) -> Result<Vec<Output>, BackendError> {
+        let mut segments: Vec<Segment<'_>> = steps.iter_mut().map(|s| Segment { tokens: s.tokens, kv: &mut *s.kv }).collect();
+        Ok(forward_patched(&self.model, path, patches, &mut segments).into_iter().map(Output::Logits).collect())
     }
 }

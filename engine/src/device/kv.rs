@@ -18,38 +18,19 @@ pub struct DeviceKv {
 }
 
 pub(crate) fn error(message: impl std::fmt::Display) -> BackendError {
-    BackendError {
-        backend: "cuda",
-        message: message.to_string(),
-    }
+    BackendError { backend: "cuda", message: message.to_string() }
 }
 
 /// A device error, attributed to GPU `ordinal`.
-pub(crate) fn gpu_error(
-    ordinal: usize,
-) -> impl Fn(ctxscope_kernels::device::DeviceError) -> BackendError {
+pub(crate) fn gpu_error(ordinal: usize) -> impl Fn(ctxscope_kernels::device::DeviceError) -> BackendError {
     move |e| error(format!("GPU {ordinal}: {e}"))
 }
 
 impl DeviceKv {
-    pub fn new(
-        stream: &Arc<CudaStream>,
-        capacity: usize,
-        per_pos: usize,
-    ) -> Result<DeviceKv, BackendError> {
+    pub fn new(stream: &Arc<CudaStream>, capacity: usize, per_pos: usize) -> Result<DeviceKv, BackendError> {
         // SAFETY: positions are written (rope_kv) before attention reads them; nothing reads past `len`.
-        let buf = unsafe { stream.alloc::<f32>(capacity * per_pos) }.map_err(|e| {
-            error(format!(
-                "allocating a KV cache of {capacity} positions: {e}"
-            ))
-        })?;
-        Ok(DeviceKv {
-            buf,
-            len: 0,
-            capacity,
-            per_pos,
-            stream: stream.clone(),
-        })
+        let buf = unsafe { stream.alloc::<f32>(capacity * per_pos) }.map_err(|e| error(format!("allocating a KV cache of {capacity} positions: {e}")))?;
+        Ok(DeviceKv { buf, len: 0, capacity, per_pos, stream: stream.clone() })
     }
 
     pub fn capacity(&self) -> usize {
@@ -77,9 +58,7 @@ impl SequenceKv for DeviceKv {
         let mut copy = DeviceKv::new(&self.stream, self.capacity, self.per_pos)?;
         if len > 0 {
             let n = len * self.per_pos;
-            self.stream
-                .memcpy_dtod(&self.buf.slice(..n), &mut copy.buf.slice_mut(..n))
-                .map_err(error)?;
+            self.stream.memcpy_dtod(&self.buf.slice(..n), &mut copy.buf.slice_mut(..n)).map_err(error)?;
         }
         copy.len = len;
         Ok(copy)

@@ -18,9 +18,7 @@ use std::sync::Arc;
 use ctxscope_kernels::blas::Blas;
 use ctxscope_kernels::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use ctxscope_kernels::cudarc::driver::CudaGraph;
-use ctxscope_kernels::device::{
-    Device, DeviceError, StreamTuning, GEMV_MAX_ROWS, MAX_GROUP, MAX_HEAD_DIM,
-};
+use ctxscope_kernels::device::{Device, DeviceError, StreamTuning, GEMV_MAX_ROWS, MAX_GROUP, MAX_HEAD_DIM};
 
 pub use kv::DeviceKv;
 pub use pass::Numerics;
@@ -56,23 +54,16 @@ pub struct DeviceBackend {
     /// Plain GEMV passes stream the weights with the norms folded in (`Pass::stream`; on unless
     /// `CTXSCOPE_CUDA_STREAM_GEMV=0`).
     stream_gemv: bool,
+    /// Decode attention's split-K partials per (row, KV head); 0: two blocks per SM (`splits`).
+    attn_splits: usize,
 }
 
 impl DeviceBackend {
     /// Opens GPU `ordinal`, compiles the kernels, uploads the weights (f32 and bf16) and allocates the
     /// workspace for `options.step_tokens` rows and `options.max_batch` sequences per pass.
-    pub fn new(
-        model: Arc<Model>,
-        ordinal: usize,
-        options: &EngineOptions,
-    ) -> Result<DeviceBackend, BackendError> {
+    pub fn new(model: Arc<Model>, ordinal: usize, options: &EngineOptions) -> Result<DeviceBackend, BackendError> {
         let c = model.config.clone();
-        if c.head_dim > MAX_HEAD_DIM
-            || c.head_dim % 4 != 0
-            || c.n_heads / c.n_kv_heads.max(1) > MAX_GROUP
-            || c.dim % 32 != 0
-            || c.ffn_dim % 32 != 0
-        {
+        if c.head_dim > MAX_HEAD_DIM || c.head_dim % 4 != 0 || c.n_heads / c.n_kv_heads.max(1) > MAX_GROUP || c.dim % 32 != 0 || c.ffn_dim % 32 != 0 {
             return Err(error(format!(
                 "model shape not supported by the kernels (head_dim {} <= {MAX_HEAD_DIM} and a multiple of 4, heads per KV head {} <= {MAX_GROUP}, widths multiples of 32)",
                 c.head_dim,
@@ -84,27 +75,9 @@ impl DeviceBackend {
         let blas = Blas::new(device.stream.clone()).map_err(&fail)?;
         let (golden, fast) = DeviceWeights::upload(&device.stream, &model).map_err(&fail)?;
         let max_seqs = options.max_batch.max(1);
-        let ws = Workspace::new(
-            &device.stream,
-            &c,
-            options.step_tokens.max(max_seqs),
-            max_seqs,
-        )
-        .map_err(&fail)?;
+        let ws = Workspace::new(&device.stream, &c, options.step_tokens.max(max_seqs), max_seqs).map_err(&fail)?;
         device.stream.synchronize().map_err(|e| fail(e.into()))?;
-        Ok(DeviceBackend {
-            ordinal,
-            device,
-            blas,
-            config: c,
-            weights: [golden, fast],
-            ws,
-            ctx: options.ctx,
-            graphs: HashMap::new(),
-            use_graphs: std::env::var("CTXSCOPE_CUDA_GRAPHS").map_or(true, |v| v != "0"),
-            gemv_rows: gemv_rows(),
-            stream_gemv: std::env::var("CTXSCOPE_CUDA_STREAM_GEMV").map_or(true, |v| v != "0"),
-        })
+        Ok(DeviceBackend { ordinal, device, blas, config: c, weights: [golden, fast], ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: std::env::var("CTXSCOPE_CUDA_GRAPHS").map_or(true, |v| v != "0"), gemv_rows: gemv_rows(), stream_gemv: std::env::var("CTXSCOPE_CUDA_STREAM_GEMV").map_or(true, |v| v != "0"), attn_splits: std::env::var("CTXSCOPE_CUDA_ATTN_SPLITS").ok().and_then(|v| v.parse().ok()).unwrap_or(0).min(MAX_SPLITS) })
     }
 
     /// Turns decode-graph replay on or off (off: every pass launches its kernels one by one).
@@ -112,17 +85,13 @@ impl DeviceBackend {
         self.use_graphs = on;
     }
 
-    /// Chooses the decode GEMVs: streamed (`stream`, with `tuning`'s block size, blocks per SM, bytes
-    /// in flight per lane and staging order; normalized to what the kernel supports) or the
-    /// one-warp-per-row kernels. Captured graphs are dropped, so the next passes capture the new choice.
+    /// Chooses the decode GEMVs: streamed (`stream`, with `tuning`'s blocks per SM and bytes in
+    /// flight per lane, normalized to what the kernel supports) or the one-warp-per-row kernels.
+    /// Captured graphs are dropped, so the next passes capture the new choice.
     pub fn set_stream_gemv(&mut self, stream: bool, tuning: StreamTuning) {
-        use ctxscope_kernels::device::{block_threads, lane_bytes};
         self.stream_gemv = stream;
-        let t = &mut self.device.tuning;
-        t.threads = block_threads(tuning.threads);
-        t.blocks_per_sm = tuning.blocks_per_sm.clamp(1, 4);
-        t.lane_bytes = lane_bytes(tuning.lane_bytes);
-        t.rotate = tuning.rotate;
+        self.device.tuning.lane_bytes = ctxscope_kernels::device::lane_bytes(tuning.lane_bytes);
+        self.device.tuning.blocks_per_sm = tuning.blocks_per_sm.clamp(1, 4);
         self.graphs.clear();
     }
 
@@ -131,21 +100,26 @@ impl DeviceBackend {
         self.device.tuning
     }
 
+    /// Sets how many split-K partials decode attention cuts each (row, KV head) into (0: enough
+    /// blocks for two per SM, the default; `CTXSCOPE_CUDA_ATTN_SPLITS` at start-up). Captured graphs
+    /// are dropped.
+    pub fn set_attn_splits(&mut self, splits: usize) {
+        self.attn_splits = splits.min(MAX_SPLITS);
+        self.graphs.clear();
+    }
+
+    /// The split-K setting now in use (0: the default rule).
+    pub fn attn_splits(&self) -> usize {
+        self.attn_splits
+    }
+
     /// Seconds per replay of the captured decode graph for `rows` sequences on `path`, replayed `reps`
     /// times back to back: the GPU's time for a decode step without the host's part (uploading the
     /// step, copying the tokens back). `None` until a decode pass of that size has run. The replays
     /// rewrite the last decode pass's positions, so its sequences' caches must still be alive.
-    pub fn time_graph_replay(
-        &mut self,
-        path: Path,
-        rows: usize,
-        reps: usize,
-    ) -> Result<Option<f64>, BackendError> {
-        let Some(graph) = self.graphs.get(&(path, rows)) else {
-            return Ok(None);
-        };
-        let fail =
-            |e: ctxscope_kernels::cudarc::driver::DriverError| gpu_error(self.ordinal)(e.into());
+    pub fn time_graph_replay(&mut self, path: Path, rows: usize, reps: usize) -> Result<Option<f64>, BackendError> {
+        let Some(graph) = self.graphs.get(&(path, rows)) else { return Ok(None) };
+        let fail = |e: ctxscope_kernels::cudarc::driver::DriverError| gpu_error(self.ordinal)(e.into());
         self.device.stream.synchronize().map_err(fail)?;
         let started = std::time::Instant::now();
         for _ in 0..reps {
@@ -159,24 +133,11 @@ impl DeviceBackend {
     /// traced (`ctxscope_kernels::device::trace`): per kernel kind, where its time went. `None` until a
     /// decode pass of that size has run (as `time_graph_replay`), or with the kernels compiled without
     /// their timeline marks (`CTXSCOPE_CUDA_TRACE=1` compiles them in).
-    pub fn trace_graph_replay(
-        &mut self,
-        path: Path,
-        rows: usize,
-    ) -> Result<Option<Vec<String>>, BackendError> {
+    pub fn trace_graph_replay(&mut self, path: Path, rows: usize) -> Result<Option<Vec<String>>, BackendError> {
         use ctxscope_kernels::device::trace;
-        let Some(graph) = self
-            .graphs
-            .get(&(path, rows))
-            .filter(|_| self.device.tracing)
-        else {
-            return Ok(None);
-        };
+        let Some(graph) = self.graphs.get(&(path, rows)).filter(|_| self.device.tracing) else { return Ok(None) };
         let gpu = gpu_error(self.ordinal);
-        self.device
-            .stream
-            .synchronize()
-            .map_err(|e| gpu(e.into()))?;
+        self.device.stream.synchronize().map_err(|e| gpu(e.into()))?;
         let recording = self.device.trace_start(1 << 20).map_err(&gpu)?;
         let launched = graph.launch().map_err(|e| gpu(e.into()));
         let (records, lost) = self.device.trace_stop(recording).map_err(&gpu)?;
@@ -195,10 +156,11 @@ impl DeviceBackend {
 
     /// Split-K partials per (row, head) for `rows` decode rows: enough blocks to cover the chip twice.
     fn splits(&self, rows: usize) -> usize {
+        if self.attn_splits > 0 {
+            return self.attn_splits;
+        }
         let blocks = rows * self.config.n_kv_heads;
-        (2 * self.device.multiprocessors)
-            .div_ceil(blocks.max(1))
-            .clamp(1, MAX_SPLITS)
+        (2 * self.device.multiprocessors).div_ceil(blocks.max(1)).clamp(1, MAX_SPLITS)
     }
 
     fn weights(&self, path: Path) -> &DeviceWeights {
@@ -208,20 +170,10 @@ impl DeviceBackend {
     /// Runs one planned pass: replays (capturing on first use) the decode graph for plain decode
     /// passes of up to `gemv_rows` sequences, enqueues the kernels otherwise.
     fn run(&mut self, path: Path, numerics: Numerics, plan: &Plan) -> Result<(), DeviceError> {
-        let graphable = self.use_graphs
-            && numerics.is_plain()
-            && plan.prefill.is_empty()
-            && plan.rows <= self.gemv_rows;
+        let graphable = self.use_graphs && numerics.is_plain() && plan.prefill.is_empty() && plan.rows <= self.gemv_rows;
         // A field borrow (not `self.weights(path)`), so the workspace can be borrowed mutably beside it.
         let weights = &self.weights[path_index(path)];
-        let pass = Pass {
-            device: &self.device,
-            blas: &self.blas,
-            config: &self.config,
-            numerics,
-            gemv_rows: self.gemv_rows,
-            stream: self.stream_gemv,
-        };
+        let pass = Pass { device: &self.device, blas: &self.blas, config: &self.config, numerics, gemv_rows: self.gemv_rows, stream: self.stream_gemv };
         if !graphable {
             return pass.enqueue(weights, &mut self.ws, plan);
         }
@@ -240,16 +192,8 @@ impl DeviceBackend {
                 // context, as freeing a cuBLAS handle does): nothing was run, so run this pass
                 // eagerly and capture again next time. A real error shows up eagerly too.
                 (captured, graph) => {
-                    let why = captured
-                        .err()
-                        .map(|e| e.to_string())
-                        .or(graph.err().map(|e| e.to_string()))
-                        .unwrap_or_else(|| "nothing recorded".into());
-                    tracing::warn!(
-                        rows = plan.rows,
-                        path = path.as_str(),
-                        "decode graph capture failed ({why}); running this pass without a graph"
-                    );
+                    let why = captured.err().map(|e| e.to_string()).or(graph.err().map(|e| e.to_string())).unwrap_or_else(|| "nothing recorded".into());
+                    tracing::warn!(rows = plan.rows, path = path.as_str(), "decode graph capture failed ({why}); running this pass without a graph");
                     return pass.enqueue(weights, &mut self.ws, plan);
                 }
             }
@@ -275,11 +219,7 @@ const DEFAULT_GEMV_ROWS: usize = 3;
 /// The widest decode pass run on the GEMV kernels: `CTXSCOPE_CUDA_GEMV_ROWS` (1..=GEMV_MAX_ROWS),
 /// else DEFAULT_GEMV_ROWS.
 fn gemv_rows() -> usize {
-    std::env::var("CTXSCOPE_CUDA_GEMV_ROWS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(DEFAULT_GEMV_ROWS)
-        .clamp(1, GEMV_MAX_ROWS)
+    std::env::var("CTXSCOPE_CUDA_GEMV_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_GEMV_ROWS).clamp(1, GEMV_MAX_ROWS)
 }
 
 /// One sequence's part of a pass: its step index and the rows of its tokens taken.
@@ -306,21 +246,11 @@ impl Backend for DeviceBackend {
         DeviceKv::new(&self.device.stream, self.ctx, per_pos)
     }
 
-    fn forward(
-        &mut self,
-        path: Path,
-        patches: &PatchSet,
-        steps: &mut [Step<'_, DeviceKv>],
-    ) -> Result<Vec<Output>, BackendError> {
+    fn forward(&mut self, path: Path, patches: &PatchSet, steps: &mut [Step<'_, DeviceKv>]) -> Result<Vec<Output>, BackendError> {
         let numerics = Numerics::new(patches);
         for step in steps.iter() {
             if step.tokens.is_empty() || step.kv.len() + step.tokens.len() > step.kv.capacity() {
-                return Err(error(format!(
-                    "{} tokens after {} do not fit a cache of {} positions",
-                    step.tokens.len(),
-                    step.kv.len(),
-                    step.kv.capacity()
-                )));
+                return Err(error(format!("{} tokens after {} do not fit a cache of {} positions", step.tokens.len(), step.kv.len(), step.kv.capacity())));
             }
         }
         // Single-token sequences first (batched decode attention), then prefill chunks.
@@ -339,45 +269,25 @@ impl Backend for DeviceBackend {
                 }
                 let take = left.min(self.ws.max_rows - rows);
                 let finishes = take == left;
-                parts.push(Part {
-                    step: i,
-                    from: done[i],
-                    take,
-                    finishes,
-                });
+                parts.push(Part { step: i, from: done[i], take, finishes });
                 rows += take;
                 outs += usize::from(finishes);
             }
-            let (mut ids, mut positions, mut bases, mut last) =
-                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let (mut ids, mut positions, mut bases, mut last) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             // Sampling parameters per output row (rows that do not sample draw nothing that is read).
             let (mut temps, mut top_ps, mut uniforms) = (Vec::new(), Vec::new(), Vec::new());
-            let mut plan = Plan {
-                rows,
-                decode: 0,
-                prefill: Vec::new(),
-                outputs: outs,
-                splits: 1,
-            };
+            let mut plan = Plan { rows, decode: 0, prefill: Vec::new(), outputs: outs, splits: 1 };
             for part in &parts {
                 let step = &steps[part.step];
                 let start = step.kv.len();
                 let row = ids.len();
-                ids.extend(
-                    step.tokens[part.from..part.from + part.take]
-                        .iter()
-                        .map(|&t| t.min(self.config.vocab as u32 - 1) as i32),
-                );
+                ids.extend(step.tokens[part.from..part.from + part.take].iter().map(|&t| t.min(self.config.vocab as u32 - 1) as i32));
                 positions.extend((start..start + part.take).map(|p| p as i32));
                 bases.extend(std::iter::repeat_n(step.kv.base(), part.take));
                 if part.finishes {
                     last.push((row + part.take - 1) as i32);
                     let (t, p, u) = match step.want {
-                        Want::Sample {
-                            temperature,
-                            top_p,
-                            uniform,
-                        } => (temperature, top_p, uniform),
+                        Want::Sample { temperature, top_p, uniform } => (temperature, top_p, uniform),
                         _ => (1.0, 1.0, 0.0),
                     };
                     temps.push(t);
@@ -387,22 +297,14 @@ impl Backend for DeviceBackend {
                 if step.tokens.len() == 1 {
                     plan.decode += 1;
                 } else {
-                    plan.prefill.push(PrefillChunk {
-                        row,
-                        n: part.take,
-                        start,
-                        kv_base: step.kv.base(),
-                    });
+                    plan.prefill.push(PrefillChunk { row, n: part.take, start, kv_base: step.kv.base() });
                 }
             }
             plan.splits = self.splits(plan.decode);
             let upload = |this: &mut DeviceBackend| -> Result<(), DeviceError> {
                 let s = &this.device.stream;
                 s.memcpy_htod(&ids, &mut this.ws.ids.slice_mut(..ids.len()))?;
-                s.memcpy_htod(
-                    &positions,
-                    &mut this.ws.positions.slice_mut(..positions.len()),
-                )?;
+                s.memcpy_htod(&positions, &mut this.ws.positions.slice_mut(..positions.len()))?;
                 s.memcpy_htod(&bases, &mut this.ws.kv_base.slice_mut(..bases.len()))?;
                 s.memcpy_htod(&last, &mut this.ws.last_rows.slice_mut(..last.len()))?;
                 Ok(())
@@ -410,10 +312,7 @@ impl Backend for DeviceBackend {
             let fail = gpu_error(self.ordinal);
             upload(self).map_err(&fail)?;
             self.run(path, numerics, &plan).map_err(&fail)?;
-            if parts
-                .iter()
-                .any(|p| p.finishes && matches!(steps[p.step].want, Want::Sample { .. }))
-            {
+            if parts.iter().any(|p| p.finishes && matches!(steps[p.step].want, Want::Sample { .. })) {
                 self.sample(&temps, &top_ps, &uniforms).map_err(&fail)?;
             }
             let collected = self.collect(&parts, steps).map_err(&fail)?;
@@ -425,47 +324,24 @@ impl Backend for DeviceBackend {
                 outputs[step] = Some(output);
             }
         }
-        Ok(outputs
-            .into_iter()
-            .map(|o| o.expect("every step finished in some pass"))
-            .collect())
+        Ok(outputs.into_iter().map(|o| o.expect("every step finished in some pass")).collect())
     }
 }
 
 impl DeviceBackend {
     /// Draws a token for each output row with the top-p kernel (after the pass, outside any graph).
-    fn sample(
-        &mut self,
-        temps: &[f32],
-        top_ps: &[f32],
-        uniforms: &[f32],
-    ) -> Result<(), DeviceError> {
+    fn sample(&mut self, temps: &[f32], top_ps: &[f32], uniforms: &[f32]) -> Result<(), DeviceError> {
         let (s, n, ws) = (&self.device.stream, temps.len(), &mut self.ws);
         s.memcpy_htod(temps, &mut ws.temperature.slice_mut(..n))?;
         s.memcpy_htod(top_ps, &mut ws.top_p.slice_mut(..n))?;
         s.memcpy_htod(uniforms, &mut ws.uniform.slice_mut(..n))?;
         let vocab = self.config.vocab;
-        let params = (
-            &ws.temperature.slice(..n),
-            &ws.top_p.slice(..n),
-            &ws.uniform.slice(..n),
-        );
-        self.device.top_p(
-            &ws.logits.slice(..n * vocab),
-            n,
-            vocab,
-            params,
-            &mut ws.sampled.slice_mut(..n),
-            &mut ws.sampled_logprob.slice_mut(..n),
-        )
+        let params = (&ws.temperature.slice(..n), &ws.top_p.slice(..n), &ws.uniform.slice(..n));
+        self.device.top_p(&ws.logits.slice(..n * vocab), n, vocab, params, &mut ws.sampled.slice_mut(..n), &mut ws.sampled_logprob.slice_mut(..n))
     }
 
     /// Copies back what the finished sequences of a pass want (waits for the pass).
-    fn collect(
-        &self,
-        parts: &[Part],
-        steps: &[Step<'_, DeviceKv>],
-    ) -> Result<Vec<(usize, Output)>, DeviceError> {
+    fn collect(&self, parts: &[Part], steps: &[Step<'_, DeviceKv>]) -> Result<Vec<(usize, Output)>, DeviceError> {
         let s = &self.device.stream;
         let finished: Vec<&Part> = parts.iter().filter(|p| p.finishes).collect();
         let n = finished.len();
@@ -474,10 +350,7 @@ impl DeviceBackend {
         s.memcpy_dtoh(&self.ws.token.slice(..n), &mut tokens)?;
         s.memcpy_dtoh(&self.ws.logprob.slice(..n), &mut logprobs)?;
         let (mut drawn, mut drawn_logprobs) = (vec![0i32; n], vec![0f32; n]);
-        if finished
-            .iter()
-            .any(|p| matches!(steps[p.step].want, Want::Sample { .. }))
-        {
+        if finished.iter().any(|p| matches!(steps[p.step].want, Want::Sample { .. })) {
             s.memcpy_dtoh(&self.ws.sampled.slice(..n), &mut drawn)?;
             s.memcpy_dtoh(&self.ws.sampled_logprob.slice(..n), &mut drawn_logprobs)?;
         }
@@ -486,20 +359,11 @@ impl DeviceBackend {
         let mut out = Vec::with_capacity(n);
         for (k, part) in finished.iter().enumerate() {
             let output = match steps[part.step].want {
-                Want::Greedy => Output::Token {
-                    token: tokens[k] as u32,
-                    logprob: logprobs[k],
-                },
-                Want::Sample { .. } => Output::Token {
-                    token: drawn[k] as u32,
-                    logprob: drawn_logprobs[k],
-                },
+                Want::Greedy => Output::Token { token: tokens[k] as u32, logprob: logprobs[k] },
+                Want::Sample { .. } => Output::Token { token: drawn[k] as u32, logprob: drawn_logprobs[k] },
                 Want::Logits => {
                     let mut logits = vec![0f32; vocab];
-                    s.memcpy_dtoh(
-                        &self.ws.logits.slice(k * vocab..(k + 1) * vocab),
-                        &mut logits,
-                    )?;
+                    s.memcpy_dtoh(&self.ws.logits.slice(k * vocab..(k + 1) * vocab), &mut logits)?;
                     Output::Logits(logits)
                 }
             };

@@ -7,9 +7,7 @@
 
 use ctxscope_kernels::blas::{Activations, Blas, Compute};
 use ctxscope_kernels::cudarc::driver::CudaSlice;
-use ctxscope_kernels::device::{
-    AttentionShape, Device, DeviceError, GemvMode, Matrix, MatrixData, RopeShape, StreamOp,
-};
+use ctxscope_kernels::device::{AttentionShape, Device, DeviceError, GemvMode, Matrix, MatrixData, RopeShape, StreamOp};
 
 use super::weights::DeviceWeights;
 use super::workspace::{Scratch, Workspace};
@@ -86,21 +84,11 @@ pub struct Pass<'a> {
 impl Pass<'_> {
     /// Enqueues the whole pass: logits of the `outputs` sequences into `ws.logits`, their greedy
     /// tokens and log-probabilities into `ws.token` / `ws.logprob`.
-    pub fn enqueue(
-        &self,
-        w: &DeviceWeights,
-        ws: &mut Workspace,
-        plan: &Plan,
-    ) -> Result<(), DeviceError> {
+    pub fn enqueue(&self, w: &DeviceWeights, ws: &mut Workspace, plan: &Plan) -> Result<(), DeviceError> {
         let (c, d, num) = (self.config, self.device, self.numerics);
         let (n, dim) = (plan.rows, c.dim);
         let q_stride = c.dim + 2 * c.kv_dim();
-        d.embed(
-            &w.embed,
-            &ws.ids.slice(..n),
-            &mut ws.x.slice_mut(..n * dim),
-            n,
-        )?;
+        d.embed(&w.embed, &ws.ids.slice(..n), &mut ws.x.slice_mut(..n * dim), n)?;
         let rope = RopeShape {
             n_layers: c.n_layers,
             heads: c.n_heads,
@@ -114,69 +102,19 @@ impl Pass<'_> {
         let fused_rope = n <= self.gemv_rows && rope.flags == 0 && !num.act_q8;
         let streamed = self.streamable(w, n);
         let bf16 = w.bf16();
-        let attn = AttentionShape {
-            n_layers: c.n_layers,
-            heads: c.n_heads,
-            kv_heads: c.n_kv_heads,
-            head_dim: c.head_dim,
-            window: num.window,
-        };
+        let attn = AttentionShape { n_layers: c.n_layers, heads: c.n_heads, kv_heads: c.n_kv_heads, head_dim: c.head_dim, window: num.window };
         for (i, layer) in w.layers.iter().enumerate() {
             let (positions, bases) = (ws.positions.slice(..n), ws.kv_base.slice(..n));
             if streamed {
                 let norm = Some((&layer.attn_norm.slice(..), c.rms_eps));
-                d.gemv_stream_qkv_rope(
-                    &layer.wqkv,
-                    &ws.x.slice(..n * dim),
-                    &mut ws.qkv.slice_mut(..n * q_stride),
-                    n,
-                    bf16,
-                    norm,
-                    &positions,
-                    &bases,
-                    i,
-                    &rope,
-                )?;
+                d.gemv_stream_qkv_rope(&layer.wqkv, &ws.x.slice(..n * dim), &mut ws.qkv.slice_mut(..n * q_stride), n, bf16, norm, &positions, &bases, i, &rope)?;
             } else {
-                d.rmsnorm(
-                    &ws.x.slice(..n * dim),
-                    None,
-                    &layer.attn_norm.slice(..),
-                    &mut ws.h.slice_mut(..n * dim),
-                    n,
-                    dim,
-                    c.rms_eps,
-                    num.rmsnorm_bf16,
-                )?;
+                d.rmsnorm(&ws.x.slice(..n * dim), None, &layer.attn_norm.slice(..), &mut ws.h.slice_mut(..n * dim), n, dim, c.rms_eps, num.rmsnorm_bf16)?;
                 if fused_rope {
-                    d.gemv_qkv_rope(
-                        &layer.wqkv,
-                        &ws.h.slice(..n * dim),
-                        &mut ws.qkv.slice_mut(..n * q_stride),
-                        n,
-                        bf16,
-                        &positions,
-                        &bases,
-                        i,
-                        &rope,
-                    )?;
+                    d.gemv_qkv_rope(&layer.wqkv, &ws.h.slice(..n * dim), &mut ws.qkv.slice_mut(..n * q_stride), n, bf16, &positions, &bases, i, &rope)?;
                 } else {
-                    self.matmul(
-                        &layer.wqkv,
-                        &ws.h,
-                        &mut ws.qkv,
-                        n,
-                        GemvMode::Store,
-                        &mut ws.scratch,
-                    )?;
-                    d.rope_kv(
-                        &mut ws.qkv.slice_mut(..n * q_stride),
-                        &positions,
-                        &bases,
-                        n,
-                        i,
-                        &rope,
-                    )?;
+                    self.matmul(&layer.wqkv, &ws.h, &mut ws.qkv, n, GemvMode::Store, &mut ws.scratch)?;
+                    d.rope_kv(&mut ws.qkv.slice_mut(..n * q_stride), &positions, &bases, n, i, &rope)?;
                 }
             }
             if plan.decode > 0 {
@@ -196,69 +134,18 @@ impl Pass<'_> {
             }
             for chunk in &plan.prefill {
                 let (r, k) = (chunk.row, chunk.n);
-                d.attn_prefill(
-                    &ws.qkv.slice(r * q_stride..(r + k) * q_stride),
-                    chunk.kv_base,
-                    i,
-                    &mut ws.att.slice_mut(r * dim..(r + k) * dim),
-                    k,
-                    chunk.start,
-                    &attn,
-                )?;
+                d.attn_prefill(&ws.qkv.slice(r * q_stride..(r + k) * q_stride), chunk.kv_base, i, &mut ws.att.slice_mut(r * dim..(r + k) * dim), k, chunk.start, &attn)?;
             }
             if streamed {
-                let (ffn, norm) = (
-                    layer.w_down.cols,
-                    Some((&layer.ffn_norm.slice(..), c.rms_eps)),
-                );
-                d.gemv_stream(
-                    &layer.wo,
-                    &ws.att.slice(..n * dim),
-                    &mut ws.x.slice_mut(..n * dim),
-                    n,
-                    GemvMode::Accumulate,
-                    bf16,
-                    None,
-                )?;
-                d.gemv_stream(
-                    &layer.w_gu,
-                    &ws.x.slice(..n * dim),
-                    &mut ws.act.slice_mut(..n * ffn),
-                    n,
-                    GemvMode::SwiGlu,
-                    bf16,
-                    norm,
-                )?;
-                d.gemv_stream(
-                    &layer.w_down,
-                    &ws.act.slice(..n * ffn),
-                    &mut ws.x.slice_mut(..n * dim),
-                    n,
-                    GemvMode::Accumulate,
-                    bf16,
-                    None,
-                )?;
+                let (ffn, norm) = (layer.w_down.cols, Some((&layer.ffn_norm.slice(..), c.rms_eps)));
+                d.gemv_stream(&layer.wo, &ws.att.slice(..n * dim), &mut ws.x.slice_mut(..n * dim), n, GemvMode::Accumulate, bf16, None)?;
+                d.gemv_stream(&layer.w_gu, &ws.x.slice(..n * dim), &mut ws.act.slice_mut(..n * ffn), n, GemvMode::SwiGlu, bf16, norm)?;
+                d.gemv_stream(&layer.w_down, &ws.act.slice(..n * ffn), &mut ws.x.slice_mut(..n * dim), n, GemvMode::Accumulate, bf16, None)?;
                 continue;
             }
             self.residual(&layer.wo, &ws.att, &mut ws.x, n, &mut ws.scratch)?;
-            d.rmsnorm(
-                &ws.x.slice(..n * dim),
-                None,
-                &layer.ffn_norm.slice(..),
-                &mut ws.h.slice_mut(..n * dim),
-                n,
-                dim,
-                c.rms_eps,
-                num.rmsnorm_bf16,
-            )?;
-            self.matmul(
-                &layer.w_gu,
-                &ws.h,
-                &mut ws.act,
-                n,
-                GemvMode::SwiGlu,
-                &mut ws.scratch,
-            )?;
+            d.rmsnorm(&ws.x.slice(..n * dim), None, &layer.ffn_norm.slice(..), &mut ws.h.slice_mut(..n * dim), n, dim, c.rms_eps, num.rmsnorm_bf16)?;
+            self.matmul(&layer.w_gu, &ws.h, &mut ws.act, n, GemvMode::SwiGlu, &mut ws.scratch)?;
             self.residual(&layer.w_down, &ws.act, &mut ws.x, n, &mut ws.scratch)?;
         }
         let s = plan.outputs;
@@ -266,92 +153,42 @@ impl Pass<'_> {
         if streamed && plan.prefill.is_empty() && s == n {
             // Every row is an output, in order: the final norm folds into the output projection.
             let norm = Some((&w.output_norm.slice(..), c.rms_eps));
-            d.gemv_stream(
-                w.output(),
-                &ws.x.slice(..n * dim),
-                &mut ws.logits.slice_mut(..s * c.vocab),
-                s,
-                GemvMode::Store,
-                bf16,
-                norm,
-            )?;
+            d.gemv_stream(w.output(), &ws.x.slice(..n * dim), &mut ws.logits.slice_mut(..s * c.vocab), s, GemvMode::Store, bf16, norm)?;
         } else {
-            d.rmsnorm(
-                &ws.x.slice(..n * dim),
-                Some(&last_rows),
-                &w.output_norm.slice(..),
-                &mut ws.normed.slice_mut(..s * dim),
-                s,
-                dim,
-                c.rms_eps,
-                num.rmsnorm_bf16,
-            )?;
+            d.rmsnorm(&ws.x.slice(..n * dim), Some(&last_rows), &w.output_norm.slice(..), &mut ws.normed.slice_mut(..s * dim), s, dim, c.rms_eps, num.rmsnorm_bf16)?;
             if streamed {
-                d.gemv_stream(
-                    w.output(),
-                    &ws.normed.slice(..s * dim),
-                    &mut ws.logits.slice_mut(..s * c.vocab),
-                    s,
-                    GemvMode::Store,
-                    bf16,
-                    None,
-                )?;
+                d.gemv_stream(w.output(), &ws.normed.slice(..s * dim), &mut ws.logits.slice_mut(..s * c.vocab), s, GemvMode::Store, bf16, None)?;
             } else {
-                self.matmul(
-                    w.output(),
-                    &ws.normed,
-                    &mut ws.logits,
-                    s,
-                    GemvMode::Store,
-                    &mut ws.scratch,
-                )?;
+                self.matmul(w.output(), &ws.normed, &mut ws.logits, s, GemvMode::Store, &mut ws.scratch)?;
             }
         }
-        d.argmax(
-            &ws.logits.slice(..s * c.vocab),
-            s,
-            c.vocab,
-            &mut ws.token.slice_mut(..s),
-            &mut ws.logprob.slice_mut(..s),
-        )
+        d.argmax(&ws.logits.slice(..s * c.vocab), s, c.vocab, &mut ws.token.slice_mut(..s), &mut ws.logprob.slice_mut(..s))
     }
 
     /// Whether this pass of `n` rows takes the streamed GEMVs: asked for, no numerical patch (they
     /// round between the steps the streamed kernels fuse), few enough rows, and every plan fits.
     fn streamable(&self, w: &DeviceWeights, n: usize) -> bool {
         let d = self.device;
-        let bf16 = w.bf16();
-        let fits = |m: &Matrix, op: StreamOp| d.stream_plan(m, n, op, bf16, true).is_some();
+        let fits = |m: &Matrix, op: StreamOp| d.stream_plan(m, n, op).is_some();
         self.stream
             && n <= self.gemv_rows
             && self.numerics.is_plain()
             && fits(w.output(), StreamOp::Gemv(GemvMode::Store))
             && w.layers.iter().all(|l| {
-                fits(&l.wqkv, StreamOp::QkvRope)
-                    && fits(&l.wo, StreamOp::Gemv(GemvMode::Accumulate))
-                    && fits(&l.w_gu, StreamOp::Gemv(GemvMode::SwiGlu))
-                    && fits(&l.w_down, StreamOp::Gemv(GemvMode::Accumulate))
+                fits(&l.wqkv, StreamOp::QkvRope) && fits(&l.wo, StreamOp::Gemv(GemvMode::Accumulate)) && fits(&l.w_gu, StreamOp::Gemv(GemvMode::SwiGlu)) && fits(&l.w_down, StreamOp::Gemv(GemvMode::Accumulate))
             })
     }
 
     /// A matmul whose product is added to the residual stream `x`: fused (accumulate) unless
     /// residual_gemm_bf16 rounds its input and product to bf16 (CPU: `residual_mm`; act_q8 after).
-    fn residual(
-        &self,
-        w: &Matrix,
-        input: &CudaSlice<f32>,
-        x: &mut CudaSlice<f32>,
-        n: usize,
-        s: &mut Scratch,
-    ) -> Result<(), DeviceError> {
+    fn residual(&self, w: &Matrix, input: &CudaSlice<f32>, x: &mut CudaSlice<f32>, n: usize, s: &mut Scratch) -> Result<(), DeviceError> {
         if !self.numerics.residual_gemm_bf16 {
             return self.matmul(w, input, x, n, GemvMode::Accumulate, s);
         }
         let d = self.device;
         let (len, out) = (n * w.cols, n * w.rows);
         let Scratch { tmp, xb, gu, proj } = s;
-        d.stream
-            .memcpy_dtod(&input.slice(..len), &mut tmp.slice_mut(..len))?;
+        d.stream.memcpy_dtod(&input.slice(..len), &mut tmp.slice_mut(..len))?;
         d.round(&mut tmp.slice_mut(..len), len, None)?;
         if self.numerics.act_q8 {
             self.q8(tmp, len)?;
@@ -362,33 +199,20 @@ impl Pass<'_> {
     }
 
     /// `out (mode)= W input` over `n` rows; act_q8 rounds the input rows first (on a copy).
-    fn matmul(
-        &self,
-        w: &Matrix,
-        input: &CudaSlice<f32>,
-        out: &mut CudaSlice<f32>,
-        n: usize,
-        mode: GemvMode,
-        s: &mut Scratch,
-    ) -> Result<(), DeviceError> {
+    fn matmul(&self, w: &Matrix, input: &CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize, mode: GemvMode, s: &mut Scratch) -> Result<(), DeviceError> {
         let Scratch { tmp, xb, gu, .. } = s;
         if !self.numerics.act_q8 {
             return self.product(w, input, out, n, mode, xb, gu);
         }
         let len = n * w.cols;
-        self.device
-            .stream
-            .memcpy_dtod(&input.slice(..len), &mut tmp.slice_mut(..len))?;
+        self.device.stream.memcpy_dtod(&input.slice(..len), &mut tmp.slice_mut(..len))?;
         self.q8(tmp, len)?;
         self.product(w, tmp, out, n, mode, xb, gu)
     }
 
     fn q8(&self, x: &mut CudaSlice<f32>, len: usize) -> Result<(), DeviceError> {
         if len % 32 != 0 {
-            return Err(DeviceError::Shape {
-                kernel: "act_q8",
-                detail: format!("{len} values are not whole blocks of 32"),
-            });
+            return Err(DeviceError::Shape { kernel: "act_q8", detail: format!("{len} values are not whole blocks of 32") });
         }
         self.device.q8_blocks(&mut x.slice_mut(..len), len)
     }
@@ -396,66 +220,27 @@ impl Pass<'_> {
     /// The product itself: GEMV for up to `gemv_rows` rows, cuBLAS beyond (bf16 weights take bf16
     /// inputs there; the GEMV rounds its input to bf16 on load to match).
     #[allow(clippy::too_many_arguments)]
-    fn product(
-        &self,
-        w: &Matrix,
-        src: &CudaSlice<f32>,
-        out: &mut CudaSlice<f32>,
-        n: usize,
-        mode: GemvMode,
-        xb: &mut CudaSlice<u16>,
-        gu: &mut CudaSlice<f32>,
-    ) -> Result<(), DeviceError> {
+    fn product(&self, w: &Matrix, src: &CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize, mode: GemvMode, xb: &mut CudaSlice<u16>, gu: &mut CudaSlice<f32>) -> Result<(), DeviceError> {
         let d = self.device;
         let len = n * w.cols;
         let out_rows = mode.outputs(w.rows);
         let bf16 = matches!(w.data, MatrixData::Bf16(_));
         if n <= self.gemv_rows {
-            return d.gemv(
-                w,
-                &src.slice(..len),
-                &mut out.slice_mut(..n * out_rows),
-                n,
-                mode,
-                bf16,
-            );
+            return d.gemv(w, &src.slice(..len), &mut out.slice_mut(..n * out_rows), n, mode, bf16);
         }
         let accumulate = mode == GemvMode::Accumulate;
         let swiglu = mode == GemvMode::SwiGlu;
         {
-            let mut gemm_out = if swiglu {
-                gu.slice_mut(..n * w.rows)
-            } else {
-                out.slice_mut(..n * w.rows)
-            };
+            let mut gemm_out = if swiglu { gu.slice_mut(..n * w.rows) } else { out.slice_mut(..n * w.rows) };
             if bf16 {
                 d.to_bf16(&src.slice(..len), &mut xb.slice_mut(..len), len)?;
-                self.blas.matmul(
-                    w,
-                    Activations::Bf16(&xb.slice(..len)),
-                    &mut gemm_out,
-                    n,
-                    Compute::F32,
-                    accumulate,
-                )?;
+                self.blas.matmul(w, Activations::Bf16(&xb.slice(..len)), &mut gemm_out, n, Compute::F32, accumulate)?;
             } else {
-                self.blas.matmul(
-                    w,
-                    Activations::F32(&src.slice(..len)),
-                    &mut gemm_out,
-                    n,
-                    Compute::F32,
-                    accumulate,
-                )?;
+                self.blas.matmul(w, Activations::F32(&src.slice(..len)), &mut gemm_out, n, Compute::F32, accumulate)?;
             }
         }
         if swiglu {
-            d.swiglu(
-                &gu.slice(..n * w.rows),
-                &mut out.slice_mut(..n * out_rows),
-                n,
-                out_rows,
-            )?;
+            d.swiglu(&gu.slice(..n * w.rows), &mut out.slice_mut(..n * out_rows), n, out_rows)?;
         }
         Ok(())
     }

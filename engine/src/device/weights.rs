@@ -39,67 +39,29 @@ fn concat(parts: &[&HostMatrix]) -> (Vec<f32>, usize, usize) {
 impl DeviceWeights {
     /// Uploads `model`'s weights (dequantized f32 on the host) twice: as f32 (the golden path) and
     /// rounded to bf16 (the fast path), each fused matrix concatenated once for both.
-    pub fn upload(
-        stream: &Arc<CudaStream>,
-        model: &Model,
-    ) -> Result<(DeviceWeights, DeviceWeights), DeviceError> {
+    pub fn upload(stream: &Arc<CudaStream>, model: &Model) -> Result<(DeviceWeights, DeviceWeights), DeviceError> {
         let matrix = |parts: &[&HostMatrix]| -> Result<[Matrix; 2], DeviceError> {
             let (values, rows, cols) = concat(parts);
-            Ok([
-                Matrix::upload(stream, &values, rows, cols, false)?,
-                Matrix::upload(stream, &values, rows, cols, true)?,
-            ])
+            Ok([Matrix::upload(stream, &values, rows, cols, false)?, Matrix::upload(stream, &values, rows, cols, true)?])
         };
-        let norm = |v: &[f32]| -> Result<[CudaSlice<f32>; 2], DeviceError> {
-            Ok([stream.clone_htod(v)?, stream.clone_htod(v)?])
-        };
+        let norm = |v: &[f32]| -> Result<[CudaSlice<f32>; 2], DeviceError> { Ok([stream.clone_htod(v)?, stream.clone_htod(v)?]) };
         let w = &model.weights;
-        let (mut golden, mut fast) = (
-            Vec::with_capacity(w.layers.len()),
-            Vec::with_capacity(w.layers.len()),
-        );
+        let (mut golden, mut fast) = (Vec::with_capacity(w.layers.len()), Vec::with_capacity(w.layers.len()));
         for l in &w.layers {
-            let ([attn_norm, attn_norm_b], [ffn_norm, ffn_norm_b]) =
-                (norm(&l.attn_norm)?, norm(&l.ffn_norm)?);
+            let ([attn_norm, attn_norm_b], [ffn_norm, ffn_norm_b]) = (norm(&l.attn_norm)?, norm(&l.ffn_norm)?);
             let ([wqkv, wqkv_b], [wo, wo_b]) = (matrix(&[&l.wq, &l.wk, &l.wv])?, matrix(&[&l.wo])?);
-            let ([w_gu, w_gu_b], [w_down, w_down_b]) =
-                (matrix(&[&l.w_gate, &l.w_up])?, matrix(&[&l.w_down])?);
-            golden.push(DeviceLayer {
-                attn_norm,
-                wqkv,
-                wo,
-                ffn_norm,
-                w_gu,
-                w_down,
-            });
-            fast.push(DeviceLayer {
-                attn_norm: attn_norm_b,
-                wqkv: wqkv_b,
-                wo: wo_b,
-                ffn_norm: ffn_norm_b,
-                w_gu: w_gu_b,
-                w_down: w_down_b,
-            });
+            let ([w_gu, w_gu_b], [w_down, w_down_b]) = (matrix(&[&l.w_gate, &l.w_up])?, matrix(&[&l.w_down])?);
+            golden.push(DeviceLayer { attn_norm, wqkv, wo, ffn_norm, w_gu, w_down });
+            fast.push(DeviceLayer { attn_norm: attn_norm_b, wqkv: wqkv_b, wo: wo_b, ffn_norm: ffn_norm_b, w_gu: w_gu_b, w_down: w_down_b });
         }
         let (output, output_b) = match w.output.as_ref().map(|o| matrix(&[o])).transpose()? {
             Some([a, b]) => (Some(a), Some(b)),
             None => (None, None),
         };
-        let ([embed, embed_b], [output_norm, output_norm_b]) =
-            (matrix(&[&w.token_embd])?, norm(&w.output_norm)?);
+        let ([embed, embed_b], [output_norm, output_norm_b]) = (matrix(&[&w.token_embd])?, norm(&w.output_norm)?);
         Ok((
-            DeviceWeights {
-                embed,
-                layers: golden,
-                output_norm,
-                output,
-            },
-            DeviceWeights {
-                embed: embed_b,
-                layers: fast,
-                output_norm: output_norm_b,
-                output: output_b,
-            },
+            DeviceWeights { embed, layers: golden, output_norm, output },
+            DeviceWeights { embed: embed_b, layers: fast, output_norm: output_norm_b, output: output_b },
         ))
     }
 
@@ -116,11 +78,7 @@ impl DeviceWeights {
     /// Bytes of weights one decode step reads: every layer matrix and the output projection once (the
     /// embedding row gather is negligible).
     pub fn bytes_per_token(&self) -> usize {
-        let layers: usize = self
-            .layers
-            .iter()
-            .map(|l| l.wqkv.bytes() + l.wo.bytes() + l.w_gu.bytes() + l.w_down.bytes())
-            .sum();
+        let layers: usize = self.layers.iter().map(|l| l.wqkv.bytes() + l.wo.bytes() + l.w_gu.bytes() + l.w_down.bytes()).sum();
         layers + self.output().bytes()
     }
 }

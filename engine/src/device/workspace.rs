@@ -48,12 +48,7 @@ pub struct Workspace {
 }
 
 impl Workspace {
-    pub fn new(
-        stream: &Arc<CudaStream>,
-        c: &ModelConfig,
-        max_rows: usize,
-        max_seqs: usize,
-    ) -> Result<Workspace, DeviceError> {
+    pub fn new(stream: &Arc<CudaStream>, c: &ModelConfig, max_rows: usize, max_seqs: usize) -> Result<Workspace, DeviceError> {
         let (r, s) = (max_rows, max_seqs);
         let kvd = c.kv_dim();
         let wide = c.dim.max(c.ffn_dim);
@@ -66,12 +61,7 @@ impl Workspace {
             qkv: f(r * (c.dim + 2 * kvd))?,
             att: f(r * c.dim)?,
             act: f(r * c.ffn_dim)?,
-            scratch: Scratch {
-                tmp: f(r * wide)?,
-                xb: stream.alloc_zeros::<u16>(r * wide)?,
-                gu: f(r * 2 * c.ffn_dim)?,
-                proj: f(r * c.dim)?,
-            },
+            scratch: Scratch { tmp: f(r * wide)?, xb: stream.alloc_zeros::<u16>(r * wide)?, gu: f(r * 2 * c.ffn_dim)?, proj: f(r * c.dim)? },
             ids: stream.alloc_zeros::<i32>(r)?,
             positions: stream.alloc_zeros::<i32>(r)?,
             kv_base: stream.alloc_zeros::<u64>(r)?,

@@ -12,8 +12,8 @@ use crate::kv::KvCache;
 use crate::model::{Matrix, Model};
 use crate::patch::{round, PatchSet, KV_FP8_SCALE};
 
-pub(crate) use fast::f32_to_f16;
 pub use matmul::matmul;
+pub(crate) use fast::f32_to_f16;
 
 /// How weight matmuls are computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -89,12 +89,7 @@ fn norm(patches: &PatchSet, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]
 }
 
 /// [`forward`] under a patch set.
-pub fn forward_patched(
-    model: &Model,
-    path: Path,
-    patches: &PatchSet,
-    segments: &mut [Segment<'_>],
-) -> Vec<Vec<f32>> {
+pub fn forward_patched(model: &Model, path: Path, patches: &PatchSet, segments: &mut [Segment<'_>]) -> Vec<Vec<f32>> {
     let c = &model.config;
     let w = &model.weights;
     let n: usize = segments.iter().map(|s| s.tokens.len()).sum();
@@ -128,49 +123,24 @@ pub fn forward_patched(
         mm(path, patches, &layer.wq, &xb, n, &mut q);
         mm(path, patches, &layer.wk, &xb, n, &mut k);
         mm(path, patches, &layer.wv, &xb, n, &mut v);
-        ops::rope_rows(
-            &mut q,
-            c.n_heads,
-            c.head_dim,
-            &positions,
-            c.rope_base,
-            patches.rope_bf16,
-        );
-        ops::rope_rows(
-            &mut k,
-            c.n_kv_heads,
-            c.head_dim,
-            &positions,
-            c.rope_base,
-            patches.rope_bf16,
-        );
+        ops::rope_rows(&mut q, c.n_heads, c.head_dim, &positions, c.rope_base, patches.rope_bf16);
+        ops::rope_rows(&mut k, c.n_kv_heads, c.head_dim, &positions, c.rope_base, patches.rope_bf16);
         if patches.kv_fp8 {
             round::fp8_scaled_slice(&mut k, KV_FP8_SCALE);
             round::fp8_scaled_slice(&mut v, KV_FP8_SCALE);
         }
         for (s, seg) in segments.iter_mut().enumerate() {
             let rows = starts[s]..starts[s] + seg.tokens.len();
-            seg.kv.append(
-                l,
-                &k[rows.start * kv_dim..rows.end * kv_dim],
-                &v[rows.start * kv_dim..rows.end * kv_dim],
-            );
+            seg.kv.append(l, &k[rows.start * kv_dim..rows.end * kv_dim], &v[rows.start * kv_dim..rows.end * kv_dim]);
             // Split-K is a decode kernel: it applies to single-token segments only.
-            let splitk = if seg.tokens.len() == 1 {
-                patches.attn_splitk_bf16
-            } else {
-                None
-            };
+            let splitk = if seg.tokens.len() == 1 { patches.attn_splitk_bf16 } else { None };
             ops::attention(
                 &q[rows.start * dim..rows.end * dim],
                 seg.kv,
                 l,
                 &positions[rows.clone()],
                 c,
-                ops::AttnShape {
-                    window: patches.sliding_window,
-                    splitk,
-                },
+                ops::AttnShape { window: patches.sliding_window, splitk },
                 &mut att[rows.start * dim..rows.end * dim],
             );
         }
@@ -187,11 +157,7 @@ pub fn forward_patched(
         seg.kv.commit(seg.tokens.len());
     }
     // Final norm and logits for each segment's last row only.
-    let last: Vec<usize> = starts
-        .iter()
-        .zip(segments.iter())
-        .map(|(s, seg)| s + seg.tokens.len() - 1)
-        .collect();
+    let last: Vec<usize> = starts.iter().zip(segments.iter()).map(|(s, seg)| s + seg.tokens.len() - 1).collect();
     let mut rows = vec![0f32; last.len() * dim];
     for (i, row) in last.iter().enumerate() {
         rows[i * dim..(i + 1) * dim].copy_from_slice(&x[row * dim..(row + 1) * dim]);

@@ -64,34 +64,21 @@ pub fn rmsnorm_rows_bf16(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 /// llama.cpp applies to GGUF llama models (whose Q/K rows the converter permuted for it).
 /// With `bf16_tables` (`rope_bf16`), position, inverse frequency, angle, cos and sin are each rounded
 /// to bf16.
-pub fn rope_rows(
-    x: &mut [f32],
-    heads: usize,
-    head_dim: usize,
-    positions: &[usize],
-    base: f32,
-    bf16_tables: bool,
-) {
+pub fn rope_rows(x: &mut [f32], heads: usize, head_dim: usize, positions: &[usize], base: f32, bf16_tables: bool) {
     let width = heads * head_dim;
     let half = head_dim / 2;
-    let inv: Vec<f64> = (0..half)
-        .map(|i| (base as f64).powf(-2.0 * i as f64 / head_dim as f64))
-        .collect();
+    let inv: Vec<f64> = (0..half).map(|i| (base as f64).powf(-2.0 * i as f64 / head_dim as f64)).collect();
     for (row, pos) in x.chunks_mut(width).zip(positions) {
         let trig: Vec<(f32, f32)> = if bf16_tables {
-            inv.iter()
-                .map(|f| {
-                    let theta = bf16(bf16(*pos as f32) * bf16(*f as f32));
-                    (bf16(theta.cos()), bf16(theta.sin()))
-                })
-                .collect()
+            inv.iter().map(|f| {
+                let theta = bf16(bf16(*pos as f32) * bf16(*f as f32));
+                (bf16(theta.cos()), bf16(theta.sin()))
+            }).collect()
         } else {
-            inv.iter()
-                .map(|f| {
-                    let theta = *pos as f64 * f;
-                    (theta.cos() as f32, theta.sin() as f32)
-                })
-                .collect()
+            inv.iter().map(|f| {
+                let theta = *pos as f64 * f;
+                (theta.cos() as f32, theta.sin() as f32)
+            }).collect()
         };
         for head in row.chunks_mut(head_dim) {
             for (i, (cos, sin)) in trig.iter().enumerate() {
@@ -117,15 +104,7 @@ pub struct AttnShape {
 /// (`attn_splitk_bf16`) computes it in chunks whose partial results are kept in bf16.
 /// Every (token, head) pair is independent and computed the same way on any thread, so spreading
 /// them over the cores does not change a bit of the result.
-pub fn attention(
-    q: &[f32],
-    kv: &KvCache,
-    layer: usize,
-    positions: &[usize],
-    c: &ModelConfig,
-    shape: AttnShape,
-    out: &mut [f32],
-) {
+pub fn attention(q: &[f32], kv: &KvCache, layer: usize, positions: &[usize], c: &ModelConfig, shape: AttnShape, out: &mut [f32]) {
     let AttnShape { window, splitk } = shape;
     let hd = c.head_dim;
     let group = c.n_heads / c.n_kv_heads;
@@ -140,16 +119,9 @@ pub fn attention(
         let kvh = h / group;
         let qh = &q[i * hd..(i + 1) * hd];
         scores.clear();
-        scores.extend((first..visible).map(|j| {
-            dot(
-                qh,
-                &keys[j * kv_dim + kvh * hd..j * kv_dim + (kvh + 1) * hd],
-            ) * scale
-        }));
+        scores.extend((first..visible).map(|j| dot(qh, &keys[j * kv_dim + kvh * hd..j * kv_dim + (kvh + 1) * hd]) * scale));
         if let Some(chunk) = splitk {
-            let vrow = |j: usize| {
-                &values[(first + j) * kv_dim + kvh * hd..(first + j) * kv_dim + (kvh + 1) * hd]
-            };
+            let vrow = |j: usize| &values[(first + j) * kv_dim + kvh * hd..(first + j) * kv_dim + (kvh + 1) * hd];
             splitk_bf16(scores, vrow, chunk, o);
             return;
         }
@@ -167,24 +139,15 @@ pub fn attention(
     let cost: usize = positions.iter().map(|p| p + 1).sum::<usize>() * c.n_heads;
     if cost < 4096 {
         let mut scores = Vec::new();
-        out.chunks_mut(hd)
-            .enumerate()
-            .for_each(|pair| work(pair, &mut scores));
+        out.chunks_mut(hd).enumerate().for_each(|pair| work(pair, &mut scores));
     } else {
-        out.par_chunks_mut(hd)
-            .enumerate()
-            .for_each_init(Vec::new, |scores, pair| work(pair, scores));
+        out.par_chunks_mut(hd).enumerate().for_each_init(Vec::new, |scores, pair| work(pair, scores));
     }
 }
 
 /// Split-K attention of one query: per chunk of `chunk` scores, the max m, the exp-sum s and the
 /// normalised output are rounded to bf16; the merge rescales by exp(m - M) in f32.
-fn splitk_bf16<'v>(
-    scores: &[f32],
-    value: impl Fn(usize) -> &'v [f32],
-    chunk: usize,
-    out: &mut [f32],
-) {
+fn splitk_bf16<'v>(scores: &[f32], value: impl Fn(usize) -> &'v [f32], chunk: usize, out: &mut [f32]) {
     let mut parts: Vec<(f32, f32, Vec<f32>)> = Vec::with_capacity(scores.len().div_ceil(chunk));
     for (c, block) in scores.chunks(chunk).enumerate() {
         let m = block.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -250,11 +213,7 @@ mod tests {
     fn dot_matches_a_plain_sum() {
         let a: Vec<f32> = (0..37).map(|i| i as f32 * 0.5).collect();
         let b: Vec<f32> = (0..37).map(|i| 1.0 - i as f32 * 0.01).collect();
-        let plain: f64 = a
-            .iter()
-            .zip(&b)
-            .map(|(x, y)| (*x as f64) * (*y as f64))
-            .sum();
+        let plain: f64 = a.iter().zip(&b).map(|(x, y)| (*x as f64) * (*y as f64)).sum();
         assert!((dot(&a, &b) as f64 - plain).abs() < 1e-3);
     }
 

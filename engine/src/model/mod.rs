@@ -16,10 +16,7 @@ pub use weights::{Layer, Matrix, QuantMatrix, Weights};
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     #[error("cannot read model {path}: {source}")]
-    Io {
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: std::path::PathBuf, source: std::io::Error },
     #[error("model file: {0}")]
     Gguf(ctxscope_formats::GgufError),
     #[error("unsupported architecture {0:?} (supported: llama, mistral, granite, qwen2)")]
@@ -27,11 +24,7 @@ pub enum ModelError {
     #[error("model file has no tensor {0}")]
     MissingTensor(String),
     #[error("tensor {tensor} has shape {found:?}, expected {expected:?}")]
-    TensorShape {
-        tensor: String,
-        found: Vec<u64>,
-        expected: Vec<u64>,
-    },
+    TensorShape { tensor: String, found: Vec<u64>, expected: Vec<u64> },
     #[error("model shape: {0}")]
     Shape(String),
     #[error(transparent)]
@@ -64,24 +57,15 @@ impl Model {
         if path.is_dir() {
             return hf::load(path);
         }
-        let io = |source| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
+        let io = |source| ModelError::Io { path: path.to_path_buf(), source };
         let bytes = std::fs::read(path).map_err(io)?;
-        let gguf =
-            Gguf::read_from(bytes.as_slice(), bytes.len() as u64).map_err(ModelError::Gguf)?;
+        let gguf = Gguf::read_from(bytes.as_slice(), bytes.len() as u64).map_err(ModelError::Gguf)?;
         let config = ModelConfig::from_gguf(&gguf)?;
         let weights = Weights::load(&gguf, &bytes, &config)?;
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
-        let template =
-            ChatTemplate::from_gguf(&gguf)?.unwrap_or_else(ChatTemplate::chatml_fallback);
+        let template = ChatTemplate::from_gguf(&gguf)?.unwrap_or_else(ChatTemplate::chatml_fallback);
         let mut stop_tokens: Vec<u32> = Vec::new();
-        for key in [
-            "tokenizer.ggml.eos_token_id",
-            "tokenizer.ggml.eot_token_id",
-            "tokenizer.ggml.eom_token_id",
-        ] {
+        for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
             if let Ok(Some(id)) = gguf.get_u32_opt(key) {
                 stop_tokens.push(id);
             }
@@ -89,33 +73,13 @@ impl Model {
         stop_tokens.extend(known_stop_tokens(&tokenizer));
         stop_tokens.sort_unstable();
         stop_tokens.dedup();
-        let id = path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into());
+        let id = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
         let fingerprint = format!("{id}:{}", bytes.len());
-        Ok(Model {
-            id,
-            config,
-            weights,
-            tokenizer,
-            template,
-            stop_tokens,
-            fingerprint,
-        })
+        Ok(Model { id, config, weights, tokenizer, template, stop_tokens, fingerprint })
     }
 }
 
 /// Control tokens that end a turn in the common chat templates, where the vocabulary has them.
 fn known_stop_tokens(tokenizer: &Tokenizer) -> Vec<u32> {
-    [
-        "<|im_end|>",
-        "<|eot_id|>",
-        "<|end_of_text|>",
-        "<|endoftext|>",
-        "</s>",
-    ]
-    .iter()
-    .filter_map(|t| tokenizer.token_id(t))
-    .collect()
+    ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "</s>"].iter().filter_map(|t| tokenizer.token_id(t)).collect()
 }

@@ -49,8 +49,7 @@ pub struct Weights {
 
 impl Weights {
     pub fn load(gguf: &Gguf, file: &[u8], c: &ModelConfig) -> Result<Weights, ModelError> {
-        let matrix =
-            |name: &str, rows: usize, cols: usize| load_matrix(gguf, file, name, rows, cols);
+        let matrix = |name: &str, rows: usize, cols: usize| load_matrix(gguf, file, name, rows, cols);
         let vector = |name: &str, len: usize| load_vector(gguf, file, name, len);
         let kv = c.kv_dim();
         let mut layers = Vec::with_capacity(c.n_layers);
@@ -87,26 +86,14 @@ impl Weights {
 }
 
 fn info<'a>(gguf: &'a Gguf, name: &str, expected: &[u64]) -> Result<&'a TensorInfo, ModelError> {
-    let info = gguf
-        .tensor(name)
-        .ok_or_else(|| ModelError::MissingTensor(name.into()))?;
+    let info = gguf.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.into()))?;
     if info.dims != expected {
-        return Err(ModelError::TensorShape {
-            tensor: name.into(),
-            found: info.dims.clone(),
-            expected: expected.to_vec(),
-        });
+        return Err(ModelError::TensorShape { tensor: name.into(), found: info.dims.clone(), expected: expected.to_vec() });
     }
     Ok(info)
 }
 
-fn load_matrix(
-    gguf: &Gguf,
-    file: &[u8],
-    name: &str,
-    rows: usize,
-    cols: usize,
-) -> Result<Matrix, ModelError> {
+fn load_matrix(gguf: &Gguf, file: &[u8], name: &str, rows: usize, cols: usize) -> Result<Matrix, ModelError> {
     let info = info(gguf, name, &[cols as u64, rows as u64])?;
     let bytes = gguf.tensor_bytes(file, info)?;
     let f32 = dequantize(name, info.ggml_type, bytes, (rows * cols) as u64)?;
@@ -115,20 +102,11 @@ fn load_matrix(
         rows,
         cols,
         f32,
-        quant: QuantMatrix {
-            ggml_type: info.ggml_type,
-            bytes: bytes.to_vec(),
-            row_bytes: bytes.len() / rows.max(1),
-        },
+        quant: QuantMatrix { ggml_type: info.ggml_type, bytes: bytes.to_vec(), row_bytes: bytes.len() / rows.max(1) },
     })
 }
 
 fn load_vector(gguf: &Gguf, file: &[u8], name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
     let info = info(gguf, name, &[len as u64])?;
-    Ok(dequantize(
-        name,
-        info.ggml_type,
-        gguf.tensor_bytes(file, info)?,
-        len as u64,
-    )?)
+    Ok(dequantize(name, info.ggml_type, gguf.tensor_bytes(file, info)?, len as u64)?)
 }

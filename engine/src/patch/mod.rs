@@ -71,46 +71,31 @@ impl PatchSet {
     }
 
     /// Parses one item per element (the body field's list).
-    pub fn from_items<'a>(
-        items: impl IntoIterator<Item = &'a str>,
-    ) -> Result<PatchSet, PatchError> {
+    pub fn from_items<'a>(items: impl IntoIterator<Item = &'a str>) -> Result<PatchSet, PatchError> {
         let mut set = PatchSet::default();
         for item in items.into_iter().map(str::trim).filter(|i| !i.is_empty()) {
             let (name, value) = match item.split_once('=') {
                 Some((n, v)) => (n.trim(), Some(v.trim())),
                 None => (item, None),
             };
-            let info = registry::lookup(name).ok_or_else(|| PatchError::Unknown {
-                name: name.to_string(),
-            })?;
-            let bad = |message: String| PatchError::BadParam {
-                name: name.to_string(),
-                message,
-            };
+            let info = registry::lookup(name).ok_or_else(|| PatchError::Unknown { name: name.to_string() })?;
+            let bad = |message: String| PatchError::BadParam { name: name.to_string(), message };
             let number = |v: &str, what: &str, min: usize| -> Result<usize, PatchError> {
                 match v.parse::<usize>() {
                     Ok(n) if n >= min => Ok(n),
-                    _ => Err(bad(format!(
-                        "{what} must be an integer of at least {min}, got {v:?}"
-                    ))),
+                    _ => Err(bad(format!("{what} must be an integer of at least {min}, got {v:?}"))),
                 }
             };
             let param = match (info.param, value) {
                 (Param::None, None) => None,
-                (Param::None, Some(v)) => {
-                    return Err(bad(format!("takes no parameter, got {v:?}")))
-                }
-                (Param::Required { what, .. }, None) => {
-                    return Err(bad(format!("needs a parameter: {name}={what}")))
-                }
+                (Param::None, Some(v)) => return Err(bad(format!("takes no parameter, got {v:?}"))),
+                (Param::Required { what, .. }, None) => return Err(bad(format!("needs a parameter: {name}={what}"))),
                 (Param::Required { what, min }, Some(v)) => Some(number(v, what, min)?),
                 (Param::Optional { default, .. }, None) => Some(default),
                 (Param::Optional { what, min, .. }, Some(v)) => Some(number(v, what, min)?),
             };
             if set.entries.insert(info.name, param).is_some() {
-                return Err(PatchError::Duplicate {
-                    name: name.to_string(),
-                });
+                return Err(PatchError::Duplicate { name: name.to_string() });
             }
         }
         set.apply_entries();
@@ -143,15 +128,11 @@ impl PatchSet {
     pub fn canonical(&self) -> String {
         self.entries
             .iter()
-            .map(
-                |(name, value)| match (registry::lookup(name).map(|i| i.param), value) {
-                    (Some(Param::Optional { default, .. }), Some(v)) if *v == default => {
-                        name.to_string()
-                    }
-                    (_, Some(v)) => format!("{name}={v}"),
-                    (_, None) => name.to_string(),
-                },
-            )
+            .map(|(name, value)| match (registry::lookup(name).map(|i| i.param), value) {
+                (Some(Param::Optional { default, .. }), Some(v)) if *v == default => name.to_string(),
+                (_, Some(v)) => format!("{name}={v}"),
+                (_, None) => name.to_string(),
+            })
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -204,22 +185,10 @@ mod tests {
         assert_eq!(PatchSet::parse("").unwrap(), PatchSet::default());
         assert!(PatchSet::default().is_empty());
         let p = PatchSet::parse("sliding_window=128,ctx_shift=64,attn_splitk_bf16").unwrap();
-        assert_eq!(
-            p.canonical(),
-            "attn_splitk_bf16,ctx_shift=64,sliding_window=128"
-        );
-        assert_eq!(
-            (p.attn_splitk_bf16, p.ctx_shift, p.sliding_window),
-            (Some(64), Some(64), Some(128))
-        );
-        assert_eq!(
-            PatchSet::parse("attn_splitk_bf16=32").unwrap().canonical(),
-            "attn_splitk_bf16=32"
-        );
-        assert_eq!(
-            PatchSet::parse("attn_splitk_bf16=64").unwrap(),
-            PatchSet::parse("attn_splitk_bf16").unwrap()
-        );
+        assert_eq!(p.canonical(), "attn_splitk_bf16,ctx_shift=64,sliding_window=128");
+        assert_eq!((p.attn_splitk_bf16, p.ctx_shift, p.sliding_window), (Some(64), Some(64), Some(128)));
+        assert_eq!(PatchSet::parse("attn_splitk_bf16=32").unwrap().canonical(), "attn_splitk_bf16=32");
+        assert_eq!(PatchSet::parse("attn_splitk_bf16=64").unwrap(), PatchSet::parse("attn_splitk_bf16").unwrap());
         // The canonical string parses back to the same set.
         assert_eq!(PatchSet::parse(&p.canonical()).unwrap(), p);
     }
@@ -228,30 +197,12 @@ mod tests {
     fn refuses_unknown_names_and_bad_parameters_listing_the_known_ones() {
         let e = PatchSet::parse("kv_fp4").unwrap_err();
         assert!(matches!(e, PatchError::Unknown { .. }));
-        assert!(
-            e.to_string().contains("rope_bf16") && e.to_string().contains("ctx_shift=N"),
-            "{e}"
-        );
-        assert!(matches!(
-            PatchSet::parse("ctx_shift").unwrap_err(),
-            PatchError::BadParam { .. }
-        ));
-        assert!(matches!(
-            PatchSet::parse("ctx_shift=abc").unwrap_err(),
-            PatchError::BadParam { .. }
-        ));
-        assert!(matches!(
-            PatchSet::parse("ctx_shift=2").unwrap_err(),
-            PatchError::BadParam { .. }
-        ));
-        assert!(matches!(
-            PatchSet::parse("kv_fp8=1").unwrap_err(),
-            PatchError::BadParam { .. }
-        ));
-        assert!(matches!(
-            PatchSet::parse("kv_fp8,kv_fp8").unwrap_err(),
-            PatchError::Duplicate { .. }
-        ));
+        assert!(e.to_string().contains("rope_bf16") && e.to_string().contains("ctx_shift=N"), "{e}");
+        assert!(matches!(PatchSet::parse("ctx_shift").unwrap_err(), PatchError::BadParam { .. }));
+        assert!(matches!(PatchSet::parse("ctx_shift=abc").unwrap_err(), PatchError::BadParam { .. }));
+        assert!(matches!(PatchSet::parse("ctx_shift=2").unwrap_err(), PatchError::BadParam { .. }));
+        assert!(matches!(PatchSet::parse("kv_fp8=1").unwrap_err(), PatchError::BadParam { .. }));
+        assert!(matches!(PatchSet::parse("kv_fp8,kv_fp8").unwrap_err(), PatchError::Duplicate { .. }));
     }
 
     #[test]
@@ -267,20 +218,11 @@ mod tests {
     #[test]
     fn context_faults_rewrite_like_the_engines_they_imitate() {
         let prompt: Vec<u32> = (0..100).collect();
-        let shifted = PatchSet::parse("ctx_shift=20")
-            .unwrap()
-            .rewrite_prompt(&prompt)
-            .unwrap();
+        let shifted = PatchSet::parse("ctx_shift=20").unwrap().rewrite_prompt(&prompt).unwrap();
         assert_eq!(shifted.len(), 20);
         assert_eq!(&shifted[..5], &[0, 1, 2, 3, 84]);
-        let cut = PatchSet::parse("auto_truncate=30")
-            .unwrap()
-            .rewrite_prompt(&prompt)
-            .unwrap();
+        let cut = PatchSet::parse("auto_truncate=30").unwrap().rewrite_prompt(&prompt).unwrap();
         assert_eq!(cut, (0..23).collect::<Vec<u32>>());
-        assert!(PatchSet::parse("ctx_shift=200")
-            .unwrap()
-            .rewrite_prompt(&prompt)
-            .is_none());
+        assert!(PatchSet::parse("ctx_shift=200").unwrap().rewrite_prompt(&prompt).is_none());
     }
 }

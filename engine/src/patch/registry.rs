@@ -10,11 +10,7 @@ pub enum Param {
     /// `name=N` is required; N at least `min`.
     Required { what: &'static str, min: usize },
     /// `name` or `name=N`; N at least `min`, `default` when absent.
-    Optional {
-        what: &'static str,
-        min: usize,
-        default: usize,
-    },
+    Optional { what: &'static str, min: usize, default: usize },
 }
 
 /// One entry of the registry.
@@ -34,9 +30,7 @@ impl PatchInfo {
         match self.param {
             Param::None => self.name.to_string(),
             Param::Required { what, .. } => format!("{}={what}", self.name),
-            Param::Optional { what, default, .. } => {
-                format!("{}[={what}, default {default}]", self.name)
-            }
+            Param::Optional { what, default, .. } => format!("{}[={what}, default {default}]", self.name),
         }
     }
 }
@@ -118,23 +112,14 @@ pub fn lookup(name: &str) -> Option<&'static PatchInfo> {
 
 /// The known names, comma-separated (for error messages).
 pub fn known_names() -> String {
-    PATCHES
-        .iter()
-        .map(PatchInfo::usage)
-        .collect::<Vec<_>>()
-        .join(", ")
+    PATCHES.iter().map(PatchInfo::usage).collect::<Vec<_>>().join(", ")
 }
 
 /// The registry as a table (what `ctxscope patches` prints).
 pub fn describe() -> String {
     let mut out = String::new();
     for p in PATCHES {
-        out.push_str(&format!(
-            "{}\n    reproduces: {}\n    acts on:    {}\n",
-            p.usage(),
-            p.reproduces,
-            p.acts_on
-        ));
+        out.push_str(&format!("{}\n    reproduces: {}\n    acts on:    {}\n", p.usage(), p.reproduces, p.acts_on));
     }
     out
 }

@@ -93,9 +93,6 @@ mod tests {
         let mut x: Vec<f32> = (0..32).map(|i| i as f32 / 31.0).collect();
         q8_blocks(&mut x, |v| v);
         assert!((x[31] - 1.0).abs() < 1e-6);
-        assert!(x
-            .iter()
-            .enumerate()
-            .all(|(i, v)| (v - i as f32 / 31.0).abs() <= 0.5 / 127.0 + 1e-6));
+        assert!(x.iter().enumerate().all(|(i, v)| (v - i as f32 / 31.0).abs() <= 0.5 / 127.0 + 1e-6));
     }
 }

@@ -21,10 +21,7 @@ pub fn json(status: http::StatusCode, value: &serde_json::Value) -> http::Respon
     let bytes = serde_json::to_vec(value).unwrap_or_default();
     let mut response = http::Response::new(full(bytes));
     *response.status_mut() = status;
-    response.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
+    response.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
     response
 }
 

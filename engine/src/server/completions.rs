@@ -21,18 +21,11 @@ use crate::scheduler::GenerateRequest;
 use super::routes::PATCHES_HEADER;
 
 /// Handles one generation request; the response names the patch set applied in `x-ctxscope-patches`.
-pub async fn generate(
-    state: Arc<State>,
-    endpoint: Endpoint,
-    body: &[u8],
-    path: Path,
-    patches: PatchSet,
-) -> Result<http::Response<Body>, ApiError> {
+pub async fn generate(state: Arc<State>, endpoint: Endpoint, body: &[u8], path: Path, patches: PatchSet) -> Result<http::Response<Body>, ApiError> {
     let object = request::json_object(body)?;
     let patches = request::body_patches(&object)?.unwrap_or(patches);
     let mut response = run(state, endpoint, &object, path, &patches).await?;
-    let echo = http::HeaderValue::from_str(&patches.canonical())
-        .map_err(|e| ApiError::Engine(e.to_string()))?;
+    let echo = http::HeaderValue::from_str(&patches.canonical()).map_err(|e| ApiError::Engine(e.to_string()))?;
     response.headers_mut().insert(PATCHES_HEADER, echo);
     Ok(response)
 }
@@ -48,38 +41,21 @@ async fn run(
     let ctx = state.engine.options.ctx;
     // A context fault that cuts the prompt below the context accepts any length, as the engine it
     // imitates does; the completion budget is then what the kept prompt leaves.
-    let cuts = patches
-        .ctx_shift
-        .or(patches.auto_truncate)
-        .is_some_and(|n| n < ctx);
+    let cuts = patches.ctx_shift.or(patches.auto_truncate).is_some_and(|n| n < ctx);
     let check_ctx = if cuts { usize::MAX } else { ctx };
     let mut job = match endpoint {
         Endpoint::Chat => request::chat(object, &model, check_ctx)?,
         Endpoint::Completion => request::completion(object, &model, check_ctx)?,
     };
     if cuts {
-        let kept = patches
-            .rewrite_prompt(&job.prompt)
-            .map_or(job.prompt.len(), |p| p.len());
+        let kept = patches.rewrite_prompt(&job.prompt).map_or(job.prompt.len(), |p| p.len());
         job.max_tokens = job.max_tokens.min(ctx.saturating_sub(kept).max(1));
     }
-    let in_flight = state
-        .admit()
-        .map_err(|(in_flight, limit)| ApiError::Busy { in_flight, limit })?;
+    let in_flight = state.admit().map_err(|(in_flight, limit)| ApiError::Busy { in_flight, limit })?;
     let (tx, mut events) = mpsc::unbounded_channel();
     let logprobs = job.sampling.logprobs;
-    let submitted = GenerateRequest {
-        prompt: job.prompt,
-        max_tokens: job.max_tokens,
-        sampling: job.sampling,
-        path,
-        patches: patches.clone(),
-        events: tx,
-    };
-    state
-        .engine
-        .submit(submitted)
-        .map_err(|e| ApiError::Engine(e.to_string()))?;
+    let submitted = GenerateRequest { prompt: job.prompt, max_tokens: job.max_tokens, sampling: job.sampling, path, patches: patches.clone(), events: tx };
+    state.engine.submit(submitted).map_err(|e| ApiError::Engine(e.to_string()))?;
     let meta = Meta::new(endpoint, &model.id, logprobs);
     let mut generation = Generation::new(job.stops, logprobs);
 
@@ -93,25 +69,11 @@ async fn run(
     }
 
     if job.stream {
-        let sse = SseBody::new(
-            events,
-            model,
-            generation,
-            meta,
-            job.include_usage,
-            in_flight,
-            first,
-        );
+        let sse = SseBody::new(events, model, generation, meta, job.include_usage, in_flight, first);
         let mut response = http::Response::new(Body::new(sse));
         let headers = response.headers_mut();
-        headers.insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("text/event-stream"),
-        );
-        headers.insert(
-            http::header::CACHE_CONTROL,
-            http::HeaderValue::from_static("no-cache"),
-        );
+        headers.insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("text/event-stream"));
+        headers.insert(http::header::CACHE_CONTROL, http::HeaderValue::from_static("no-cache"));
         return Ok(response);
     }
 
@@ -121,10 +83,7 @@ async fn run(
         for output in outputs {
             match output {
                 Output::Started => {}
-                Output::Delta {
-                    text: delta,
-                    logprobs,
-                } => {
+                Output::Delta { text: delta, logprobs } => {
                     text.push_str(&delta);
                     tokens.extend(logprobs);
                 }
@@ -142,8 +101,5 @@ async fn run(
     }
     drop(events);
     drop(in_flight);
-    Ok(body::json(
-        http::StatusCode::OK,
-        &meta.full(&text, &tokens, finish, &generation.usage),
-    ))
+    Ok(body::json(http::StatusCode::OK, &meta.full(&text, &tokens, finish, &generation.usage)))
 }

@@ -67,9 +67,7 @@ mod tests {
         for b in bytes {
             out.push(d.push(&[*b]));
         }
-        assert!(out
-            .iter()
-            .all(|s| s.is_empty() || s.chars().all(|c| c != char::REPLACEMENT_CHARACTER)));
+        assert!(out.iter().all(|s| s.is_empty() || s.chars().all(|c| c != char::REPLACEMENT_CHARACTER)));
         assert_eq!(out.concat(), text);
         assert_eq!(out, vec!["", "é", "", "", "", "😀", "x"]);
     }

@@ -12,21 +12,14 @@ pub enum ApiError {
     #[error("the request body is not valid JSON: {0}")]
     InvalidJson(String),
     #[error("{message}")]
-    InvalidParam {
-        param: &'static str,
-        message: String,
-    },
+    InvalidParam { param: &'static str, message: String },
     #[error(
         "This model's maximum context length is {ctx} tokens. However, you requested {} tokens \
          ({prompt} in the messages, {completion} in the completion). Please reduce the length of the \
          messages or completion.",
         prompt + completion
     )]
-    ContextLength {
-        ctx: usize,
-        prompt: usize,
-        completion: usize,
-    },
+    ContextLength { ctx: usize, prompt: usize, completion: usize },
     #[error("the request body is larger than {limit} bytes")]
     TooLarge { limit: usize },
     #[error("cannot read the request body: {0}")]
@@ -44,10 +37,7 @@ pub enum ApiError {
 impl ApiError {
     /// A bad value for `param`.
     pub fn param(param: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError::InvalidParam {
-            param,
-            message: message.into(),
-        }
+        ApiError::InvalidParam { param, message: message.into() }
     }
 
     pub fn status(&self) -> http::StatusCode {
@@ -105,11 +95,7 @@ mod tests {
 
     #[test]
     fn context_error_uses_vllms_words() {
-        let e = ApiError::ContextLength {
-            ctx: 8192,
-            prompt: 9000,
-            completion: 16,
-        };
+        let e = ApiError::ContextLength { ctx: 8192, prompt: 9000, completion: 16 };
         assert_eq!(e.status(), 400);
         let body = e.body();
         let message = body["error"]["message"].as_str().unwrap();

@@ -49,10 +49,7 @@ pub enum Output {
     /// The sequence was admitted.
     Started,
     /// Text (possibly empty) and the log-probabilities of tokens now fully released.
-    Delta {
-        text: String,
-        logprobs: Vec<TokenLogprob>,
-    },
+    Delta { text: String, logprobs: Vec<TokenLogprob> },
     /// The choice is over; no more output follows.
     Finished(FinishReason),
     /// The engine gave up on the request.
@@ -97,46 +94,29 @@ impl Generation {
             return Vec::new();
         }
         match event {
-            Event::Started {
-                prompt_tokens,
-                cached_tokens,
-            } => {
+            Event::Started { prompt_tokens, cached_tokens } => {
                 self.usage.prompt_tokens = prompt_tokens;
                 self.usage.cached_tokens = cached_tokens;
                 vec![Output::Started]
             }
             Event::Token(sampled) => {
                 self.usage.completion_tokens += 1;
-                let piece = model
-                    .tokenizer
-                    .token_to_piece(sampled.token)
-                    .unwrap_or_default();
+                let piece = model.tokenizer.token_to_piece(sampled.token).unwrap_or_default();
                 let text = self.decoder.push(&piece);
                 if self.logprobs {
                     let start = self.decoded_chars;
                     let top = sampled
                         .top
                         .iter()
-                        .map(|(id, lp)| {
-                            (model.tokenizer.token_to_piece(*id).unwrap_or_default(), *lp)
-                        })
+                        .map(|(id, lp)| (model.tokenizer.token_to_piece(*id).unwrap_or_default(), *lp))
                         .collect();
                     let end = start + text.chars().count();
-                    self.pending.push(TokenLogprob {
-                        piece,
-                        logprob: sampled.logprob,
-                        top,
-                        text_offset: start,
-                        text_end: end,
-                    });
+                    self.pending.push(TokenLogprob { piece, logprob: sampled.logprob, top, text_offset: start, text_end: end });
                 }
                 self.decoded_chars += text.chars().count();
                 self.release(&text, None)
             }
-            Event::Done {
-                finish,
-                completion_tokens,
-            } => {
+            Event::Done { finish, completion_tokens } => {
                 self.usage.completion_tokens = completion_tokens;
                 let tail = self.decoder.finish();
                 let reason = match finish {
@@ -158,9 +138,7 @@ impl Generation {
             return Vec::new();
         }
         self.finish = Some(FinishReason::Stop);
-        vec![Output::Failed(
-            "the engine stopped before the reply was complete".into(),
-        )]
+        vec![Output::Failed("the engine stopped before the reply was complete".into())]
     }
 
     /// Passes new text through the stop matcher; `end` is the engine's finish when the text is the last.
@@ -187,20 +165,13 @@ impl Generation {
             Some(_) => std::mem::take(&mut self.pending),
             None => {
                 let released = self.released_chars;
-                let ready = self
-                    .pending
-                    .iter()
-                    .take_while(|t| t.text_end <= released)
-                    .count();
+                let ready = self.pending.iter().take_while(|t| t.text_end <= released).count();
                 self.pending.drain(..ready).collect()
             }
         };
         let mut outputs = Vec::new();
         if !out_text.is_empty() || !logprobs.is_empty() {
-            outputs.push(Output::Delta {
-                text: out_text,
-                logprobs,
-            });
+            outputs.push(Output::Delta { text: out_text, logprobs });
         }
         if let Some(reason) = reason {
             self.finish = Some(reason);

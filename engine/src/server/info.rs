@@ -31,18 +31,13 @@ pub fn tokenize(state: &State, body: &[u8]) -> Result<Value, ApiError> {
     let body = json_object(body)?;
     let content = match body.get("content") {
         Some(Value::String(s)) => s.as_str(),
-        None | Some(Value::Null) => {
-            return Err(ApiError::param("content", "`content` is required"))
-        }
+        None | Some(Value::Null) => return Err(ApiError::param("content", "`content` is required")),
         Some(_) => return Err(ApiError::param("content", "`content` must be a string")),
     };
     let flag = |key: &'static str, default: bool| match body.get(key) {
         None | Some(Value::Null) => Ok(default),
         Some(Value::Bool(b)) => Ok(*b),
-        Some(v) => Err(ApiError::param(
-            key,
-            format!("`{key}` must be true or false, got {v}"),
-        )),
+        Some(v) => Err(ApiError::param(key, format!("`{key}` must be true or false, got {v}"))),
     };
     let add_special = flag("add_special", false)?;
     let parse_special = flag("parse_special", true)?;
@@ -61,11 +56,7 @@ pub fn detokenize(state: &State, body: &[u8]) -> Result<Value, ApiError> {
     let ids = body
         .get("tokens")
         .and_then(Value::as_array)
-        .and_then(|ids| {
-            ids.iter()
-                .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
-                .collect::<Option<Vec<u32>>>()
-        })
+        .and_then(|ids| ids.iter().map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok())).collect::<Option<Vec<u32>>>())
         .ok_or_else(|| ApiError::param("tokens", "`tokens` must be a list of token ids"))?;
     Ok(json!({"content": state.engine.model.tokenizer.decode(&ids)}))
 }

@@ -34,17 +34,9 @@ use crate::scheduler::EngineHandle;
 use state::State;
 
 /// Serves the engine's API on `listener` until `shutdown` resolves.
-pub async fn run(
-    engine: EngineHandle,
-    config: ServerConfig,
-    listener: TcpListener,
-    shutdown: impl Future<Output = ()>,
-) {
+pub async fn run(engine: EngineHandle, config: ServerConfig, listener: TcpListener, shutdown: impl Future<Output = ()>) {
     let grace = config.shutdown_grace;
-    let listen = listener
-        .local_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_else(|e| format!("unknown ({e})"));
+    let listen = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|e| format!("unknown ({e})"));
     tracing::info!(
         listen = %listen,
         model = %engine.model.id,
@@ -61,12 +53,7 @@ pub async fn run(
     let _ = accept.await;
 }
 
-async fn accept_loop(
-    listener: TcpListener,
-    state: Arc<State>,
-    mut stop: watch::Receiver<bool>,
-    grace: std::time::Duration,
-) {
+async fn accept_loop(listener: TcpListener, state: Arc<State>, mut stop: watch::Receiver<bool>, grace: std::time::Duration) {
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
@@ -104,15 +91,9 @@ async fn accept_loop(
         }
     }
     drop(listener);
-    let drained = tokio::time::timeout(grace, async {
-        while connections.join_next().await.is_some() {}
-    })
-    .await;
+    let drained = tokio::time::timeout(grace, async { while connections.join_next().await.is_some() {} }).await;
     if drained.is_err() {
-        tracing::warn!(
-            open = connections.len(),
-            "grace period over; closing remaining connections"
-        );
+        tracing::warn!(open = connections.len(), "grace period over; closing remaining connections");
         connections.shutdown().await;
     }
 }

@@ -21,9 +21,7 @@ impl Meta {
     pub fn new(endpoint: Endpoint, model: &str, logprobs: bool) -> Meta {
         use std::sync::atomic::{AtomicU64, Ordering};
         static NEXT: AtomicU64 = AtomicU64::new(1);
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let prefix = match endpoint {
             Endpoint::Chat => "chatcmpl",
@@ -47,13 +45,7 @@ impl Meta {
     }
 
     /// The whole reply of a non-streaming request.
-    pub fn full(
-        &self,
-        text: &str,
-        logprobs: &[TokenLogprob],
-        finish: FinishReason,
-        usage: &Usage,
-    ) -> Value {
+    pub fn full(&self, text: &str, logprobs: &[TokenLogprob], finish: FinishReason, usage: &Usage) -> Value {
         let lp = self.logprobs_json(logprobs);
         let choice = match self.endpoint {
             Endpoint::Chat => json!({
@@ -62,9 +54,7 @@ impl Meta {
                 "logprobs": lp,
                 "finish_reason": finish.as_str(),
             }),
-            Endpoint::Completion => {
-                json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": finish.as_str()})
-            }
+            Endpoint::Completion => json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": finish.as_str()}),
         };
         json!({
             "id": self.id,
@@ -77,19 +67,8 @@ impl Meta {
     }
 
     /// A stream chunk with one choice: `role` only in the first chat chunk; `finish` in the last.
-    pub fn chunk(
-        &self,
-        text: Option<&str>,
-        role: bool,
-        logprobs: &[TokenLogprob],
-        finish: Option<FinishReason>,
-        with_usage: bool,
-    ) -> Value {
-        let lp = if logprobs.is_empty() {
-            Value::Null
-        } else {
-            self.logprobs_json(logprobs)
-        };
+    pub fn chunk(&self, text: Option<&str>, role: bool, logprobs: &[TokenLogprob], finish: Option<FinishReason>, with_usage: bool) -> Value {
+        let lp = if logprobs.is_empty() { Value::Null } else { self.logprobs_json(logprobs) };
         let finish = finish.map(FinishReason::as_str);
         let choice = match self.endpoint {
             Endpoint::Chat => {
@@ -102,9 +81,7 @@ impl Meta {
                 }
                 json!({"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish})
             }
-            Endpoint::Completion => {
-                json!({"index": 0, "text": text.unwrap_or(""), "logprobs": lp, "finish_reason": finish})
-            }
+            Endpoint::Completion => json!({"index": 0, "text": text.unwrap_or(""), "logprobs": lp, "finish_reason": finish}),
         };
         let mut chunk = json!({
             "id": self.id,
@@ -173,11 +150,7 @@ fn legacy_logprobs(tokens: &[TokenLogprob]) -> Value {
     let top: Vec<Value> = tokens
         .iter()
         .map(|t| {
-            let map: serde_json::Map<String, Value> = t
-                .top
-                .iter()
-                .map(|(piece, lp)| (token_text(piece), json!(lp)))
-                .collect();
+            let map: serde_json::Map<String, Value> = t.top.iter().map(|(piece, lp)| (token_text(piece), json!(lp))).collect();
             Value::Object(map)
         })
         .collect();

@@ -26,65 +26,36 @@ pub const PATH_HEADER: &str = "x-ctxscope-path";
 /// The header that picks the patch set of one request (comma-separated `name` / `name=value`).
 pub const PATCHES_HEADER: &str = "x-ctxscope-patches";
 
-const ROUTES: [&str; 6] = [
-    "/health",
-    "/v1/models",
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/tokenize",
-    "/detokenize",
-];
+const ROUTES: [&str; 6] = ["/health", "/v1/models", "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"];
 
 /// The service function of every connection.
-pub async fn handle(
-    state: Arc<State>,
-    request: http::Request<Incoming>,
-) -> Result<http::Response<Body>, Infallible> {
+pub async fn handle(state: Arc<State>, request: http::Request<Incoming>) -> Result<http::Response<Body>, Infallible> {
     let path = match request.headers().get(PATH_HEADER) {
         None => Ok(state.config.default_path),
         Some(value) => value.to_str().ok().and_then(Path::parse).ok_or_else(|| {
-            ApiError::param(
-                "x-ctxscope-path",
-                format!("header {PATH_HEADER} must be `golden` or `fast`, got {value:?}"),
-            )
+            ApiError::param("x-ctxscope-path", format!("header {PATH_HEADER} must be `golden` or `fast`, got {value:?}"))
         }),
     };
     let patches = match request.headers().get(PATCHES_HEADER) {
         None => Ok(state.config.default_patches.clone()),
         Some(value) => match value.to_str() {
-            Ok(text) => PatchSet::parse(text)
-                .map_err(|e| ApiError::param("x-ctxscope-patches", e.to_string())),
-            Err(_) => Err(ApiError::param(
-                "x-ctxscope-patches",
-                format!("header {PATCHES_HEADER} must be ASCII"),
-            )),
+            Ok(text) => PatchSet::parse(text).map_err(|e| ApiError::param("x-ctxscope-patches", e.to_string())),
+            Err(_) => Err(ApiError::param("x-ctxscope-patches", format!("header {PATCHES_HEADER} must be ASCII"))),
         },
     };
     let mut response = match (path, patches) {
         (Err(e), _) | (_, Err(e)) => body::error(&e),
         (Ok(path), Ok(patches)) => {
-            let mut response = route(state, request, path, patches)
-                .await
-                .unwrap_or_else(|e| body::error(&e));
-            response
-                .headers_mut()
-                .insert(PATH_HEADER, HeaderValue::from_static(path.as_str()));
+            let mut response = route(state, request, path, patches).await.unwrap_or_else(|e| body::error(&e));
+            response.headers_mut().insert(PATH_HEADER, HeaderValue::from_static(path.as_str()));
             response
         }
     };
-    response.headers_mut().insert(
-        http::header::SERVER,
-        HeaderValue::from_static("ctxscope-engine"),
-    );
+    response.headers_mut().insert(http::header::SERVER, HeaderValue::from_static("ctxscope-engine"));
     Ok(response)
 }
 
-async fn route(
-    state: Arc<State>,
-    request: http::Request<Incoming>,
-    path: Path,
-    patches: PatchSet,
-) -> Result<http::Response<Body>, ApiError> {
+async fn route(state: Arc<State>, request: http::Request<Incoming>, path: Path, patches: PatchSet) -> Result<http::Response<Body>, ApiError> {
     let method = request.method().clone();
     let uri_path = request.uri().path().to_string();
     let ok = |value: serde_json::Value| body::json(StatusCode::OK, &value);
@@ -107,14 +78,8 @@ async fn route(
             let body = read_body(&state, request).await?;
             info::detokenize(&state, &body).map(ok)
         }
-        (_, p) if ROUTES.contains(&p) => Err(ApiError::MethodNotAllowed {
-            method: method.to_string(),
-            path: uri_path,
-        }),
-        _ => Err(ApiError::NotFound {
-            method: method.to_string(),
-            path: uri_path,
-        }),
+        (_, p) if ROUTES.contains(&p) => Err(ApiError::MethodNotAllowed { method: method.to_string(), path: uri_path }),
+        _ => Err(ApiError::NotFound { method: method.to_string(), path: uri_path }),
     }
 }
 

@@ -26,13 +26,7 @@ pub struct ServerConfig {
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig {
-            default_path: Path::Golden,
-            default_patches: PatchSet::default(),
-            max_in_flight: 4096,
-            max_body_bytes: 64 << 20,
-            shutdown_grace: Duration::from_secs(5),
-        }
+        ServerConfig { default_path: Path::Golden, default_patches: PatchSet::default(), max_in_flight: 4096, max_body_bytes: 64 << 20, shutdown_grace: Duration::from_secs(5) }
     }
 }
 
@@ -45,11 +39,7 @@ pub struct State {
 
 impl State {
     pub fn new(engine: EngineHandle, config: ServerConfig) -> State {
-        State {
-            engine,
-            config,
-            in_flight: Arc::new(AtomicUsize::new(0)),
-        }
+        State { engine, config, in_flight: Arc::new(AtomicUsize::new(0)) }
     }
 
     /// Admits one more generation request, or says how busy the engine is.

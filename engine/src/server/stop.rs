@@ -20,42 +20,26 @@ pub struct StopMatcher {
 impl StopMatcher {
     /// Empty stop strings are ignored.
     pub fn new(stops: Vec<String>) -> StopMatcher {
-        StopMatcher {
-            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
-            held: String::new(),
-        }
+        StopMatcher { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), held: String::new() }
     }
 
     /// Adds text; returns what can be released.
     pub fn push(&mut self, text: &str) -> StopScan {
         if self.stops.is_empty() {
-            return StopScan {
-                text: text.to_string(),
-                stopped: false,
-            };
+            return StopScan { text: text.to_string(), stopped: false };
         }
         self.held.push_str(text);
         // The earliest match wins (the text before it is all the reply has).
-        let earliest = self
-            .stops
-            .iter()
-            .filter_map(|s| self.held.find(s.as_str()))
-            .min();
+        let earliest = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min();
         if let Some(at) = earliest {
             let mut released = std::mem::take(&mut self.held);
             released.truncate(at);
-            return StopScan {
-                text: released,
-                stopped: true,
-            };
+            return StopScan { text: released, stopped: true };
         }
         let keep = self.partial_suffix();
         let split = self.held.len() - keep;
         let rest = self.held.split_off(split);
-        StopScan {
-            text: std::mem::replace(&mut self.held, rest),
-            stopped: false,
-        }
+        StopScan { text: std::mem::replace(&mut self.held, rest), stopped: false }
     }
 
     /// Ends the text: whatever was held back was not a stop string after all.
@@ -69,11 +53,7 @@ impl StopMatcher {
         let mut best = 0;
         for (start, _) in held.char_indices() {
             let suffix = &held[start..];
-            if self
-                .stops
-                .iter()
-                .any(|s| s.len() > suffix.len() && s.starts_with(suffix))
-            {
+            if self.stops.iter().any(|s| s.len() > suffix.len() && s.starts_with(suffix)) {
                 best = held.len() - start;
                 break;
             }

@@ -42,15 +42,8 @@ impl SseBody {
         in_flight: InFlight,
         first: Vec<Output>,
     ) -> SseBody {
-        let mut body = SseBody {
-            events: Some(events),
-            model,
-            generation,
-            meta,
-            include_usage,
-            queue: VecDeque::new(),
-            _in_flight: in_flight,
-        };
+        let mut body =
+            SseBody { events: Some(events), model, generation, meta, include_usage, queue: VecDeque::new(), _in_flight: in_flight };
         body.translate(first);
         body
     }
@@ -88,13 +81,11 @@ impl SseBody {
                         let chunk = self.meta.usage_chunk(&self.generation.usage);
                         self.push(&chunk);
                     }
-                    self.queue
-                        .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                    self.queue.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
                 }
                 Output::Failed(message) => {
                     self.push(&ApiError::Engine(message).body());
-                    self.queue
-                        .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                    self.queue.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
                 }
             }
         }
@@ -109,18 +100,13 @@ impl hyper::body::Body for SseBody {
     type Data = Bytes;
     type Error = Infallible;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         let this = &mut *self;
         loop {
             if let Some(bytes) = this.queue.pop_front() {
                 return Poll::Ready(Some(Ok(Frame::data(bytes))));
             }
-            let Some(events) = this.events.as_mut() else {
-                return Poll::Ready(None);
-            };
+            let Some(events) = this.events.as_mut() else { return Poll::Ready(None) };
             let outputs = match events.poll_recv(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Some(event)) => this.generation.on_event(&this.model, event),

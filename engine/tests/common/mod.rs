@@ -34,12 +34,7 @@ pub fn start_engine(model: Arc<Model>) -> EngineHandle {
 
 /// Token ids of `messages` rendered with the model's chat template and a generation prompt.
 pub fn chat_prompt(model: &Model, messages: &[Value]) -> Vec<u32> {
-    let opts = RenderOptions {
-        add_generation_prompt: true,
-        bos_token: "",
-        eos_token: "",
-        tools: None,
-    };
+    let opts = RenderOptions { add_generation_prompt: true, bos_token: "", eos_token: "", tools: None };
     let text = model.template.render(messages, &opts).expect("renders");
     model.tokenizer.encode(&text, true)
 }

@@ -46,11 +46,11 @@ fn main() -> ExitCode {
 
 fn run() -> Res<bool> {
     let started = Instant::now();
-    let mut dev = Device::new(0)?;
+    let dev = Device::new(0)?;
     let ready = started.elapsed().as_secs_f64();
     let name = dev.ctx.name()?;
     println!("{name}, {} SMs: Device::new(0) (context + NVRTC compile of {} modules) took {ready:.2} s", dev.multiprocessors, ctxscope_kernels::SOURCES.len());
-    let sections: [(&str, Section); 14] = [
+    let sections: [(&str, Section); 16] = [
         ("rmsnorm", norm::check_rmsnorm),
         ("embed", elementwise::check_embed),
         ("rope_kv", rope::check_rope_kv),
@@ -65,38 +65,25 @@ fn run() -> Res<bool> {
         ("small kernels timed", timing::time_small),
         ("argmax_logprob", sample::check_argmax),
         ("top_p_sample", sample::check_top_p),
+        // Last: a wrapper that wrongly accepts a bad shape may launch out of bounds.
+        ("wrapper shape checks", shapes::check_shapes),
+        ("device errors", shapes::check_sticky),
     ];
-    // Last: a wrapper that wrongly accepts a bad shape may launch out of bounds.
-    let last: [(&str, Section); 2] = [("wrapper shape checks", shapes::check_shapes), ("device errors", shapes::check_sticky)];
     let mut rep = Report::default();
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     for (name, section) in sections {
-        run_section(&dev, name, section, &mut rng, &mut rep);
-    }
-    // The streamed GEMV again at the other end of its tuning: 1024-thread blocks, staging rotated the other way.
-    let tuning = dev.tuning;
-    dev.tuning.threads = 1024;
-    dev.tuning.rotate = !tuning.rotate;
-    run_section(&dev, "gemv_stream, 1024 threads", stream::check_stream, &mut rng, &mut rep);
-    dev.tuning = tuning;
-    for (name, section) in last {
-        run_section(&dev, name, section, &mut rng, &mut rep);
+        let t = Instant::now();
+        if let Err(e) = section(&dev, &mut rng, &mut rep) {
+            let mut row = Row::new(format!("{name}: ERROR"), 0.0);
+            row.bad = 1;
+            row.first_bad = e.to_string();
+            rep.rows.push(row);
+        }
+        rep.info.push(format!("{name}: {:.2} s", t.elapsed().as_secs_f64()));
     }
     println!("total {:.1} s", started.elapsed().as_secs_f64());
     for line in &rep.info {
         println!("  {line}");
     }
     Ok(rep.print())
-}
-
-/// Runs one section, its error (if any) as a failed row, its time into the report's lines.
-fn run_section(dev: &Device, name: &str, section: Section, rng: &mut Rng, rep: &mut Report) {
-    let t = Instant::now();
-    if let Err(e) = section(dev, rng, rep) {
-        let mut row = Row::new(format!("{name}: ERROR"), 0.0);
-        row.bad = 1;
-        row.first_bad = e.to_string();
-        rep.rows.push(row);
-    }
-    rep.info.push(format!("{name}: {:.2} s", t.elapsed().as_secs_f64()));
 }

@@ -37,37 +37,36 @@ pub(crate) fn check_stream(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res
             // refs[norm][round_x]
             let refs = [[dots(&w_all, as_bf16, &x, false, cols, 8), dots(&w_all, as_bf16, &x, true, cols, 8)], [dots(&w_all, as_bf16, &h, false, cols, 8), dots(&w_all, as_bf16, &h, true, cols, 8)]];
             let kind = if as_bf16 { "bf16" } else { "f32" };
-            let mut row = Row::new(format!("gemv_stream_{kind} t{} {rows}x{cols} n 1,3,8 x 3 modes x norm x round_x", dev.tuning.threads), F32_LIMIT);
+            let mut row = Row::new(format!("gemv_stream_{kind} {rows}x{cols} n 1,3,8 x 3 modes x norm x round_x"), F32_LIMIT);
             let mut refused = Vec::new();
             for n in [1usize, 3, 8] {
                 for mode in [GemvMode::Store, GemvMode::Accumulate, GemvMode::SwiGlu] {
                     let w = if mode == GemvMode::SwiGlu { &fused } else { &single };
+                    if dev.stream_plan(w, n, StreamOp::Gemv(mode)).is_none() {
+                        // Too large for a block's shared memory: the wrapper must say so, not launch.
+                        let mut y = nan_buf(s, n * rows + TAIL)?;
+                        let accepted = dev.gemv_stream(w, &dx.slice(0..n * cols), &mut y.as_view_mut(), n, mode, false, None).is_ok();
+                        row.add(&format!("n={n} {mode:?} refused"), compare(&[], &[]).flag(usize::from(accepted), "launched without a plan"));
+                        refused.push(format!("n={n} {mode:?}"));
+                        continue;
+                    }
                     for norm in [false, true] {
                         for round_x in [false, true] {
-                            let gv = dg.as_view();
-                            let norm_arg = norm.then_some((&gv, EPS));
-                            let case = format!("n={n} {mode:?} norm={norm} round_x={round_x}");
                             let mut y = nan_buf(s, n * rows + TAIL)?;
-                            if dev.stream_plan(w, n, StreamOp::Gemv(mode), round_x, norm).is_none() {
-                                // Too large for a block's shared memory: the wrapper must say so, not launch.
-                                let accepted = dev.gemv_stream(w, &dx.slice(0..n * cols), &mut y.as_view_mut(), n, mode, round_x, norm_arg).is_ok();
-                                row.add(&format!("{case} refused"), compare(&[], &[]).flag(usize::from(accepted), "launched without a plan"));
-                                refused.push(case);
-                                continue;
-                            }
                             if mode == GemvMode::Accumulate {
                                 s.memcpy_htod(&y0[..n * rows], &mut y.slice_mut(0..n * rows))?;
                             }
-                            dev.gemv_stream(w, &dx.slice(0..n * cols), &mut y.as_view_mut(), n, mode, round_x, norm_arg)?;
+                            let gv = dg.as_view();
+                            dev.gemv_stream(w, &dx.slice(0..n * cols), &mut y.as_view_mut(), n, mode, round_x, norm.then_some((&gv, EPS)))?;
                             let got = read(s, &y)?;
                             let want = gemv_want(&refs[usize::from(norm)][usize::from(round_x)], &y0, rows, n, mode);
-                            row.add(&case, compare(&got[..n * rows], &want).tail(&got[n * rows..]));
+                            row.add(&format!("n={n} {mode:?} norm={norm} round_x={round_x}"), compare(&got[..n * rows], &want).tail(&got[n * rows..]));
                         }
                     }
                 }
             }
             if !refused.is_empty() {
-                rep.info.push(format!("gemv_stream_{kind} t{} {rows}x{cols}: no plan (shared memory) for {}; refused as expected", dev.tuning.threads, refused.join(", ")));
+                rep.info.push(format!("gemv_stream_{kind} {rows}x{cols}: no plan (shared memory) for {}; refused as expected", refused.join(", ")));
             }
             rep.rows.push(row);
         }
@@ -91,7 +90,7 @@ fn check_qkv_rope(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res {
         let off = |pos: usize, kind: usize| ((pos * n_layers + layer) * 2 + kind) * kv_dim;
         for as_bf16 in [true, false] {
             let w = Matrix::upload(s, &w_host, rows, cols, as_bf16)?;
-            let mut row = Row::new(format!("gemv_stream qkv+rope {} t{} h{heads}/{kv_heads} vs rmsnorm+gemv_qkv_rope", if as_bf16 { "bf16" } else { "f32" }, dev.tuning.threads), F32_LIMIT);
+            let mut row = Row::new(format!("gemv_stream qkv+rope {} h{heads}/{kv_heads} vs rmsnorm+gemv_qkv_rope", if as_bf16 { "bf16" } else { "f32" }), F32_LIMIT);
             for n in [1usize, 3] {
                 for round_x in [false, true] {
                     // [stream, reference] outputs: qkv rows and one cache per row.

@@ -8,6 +8,9 @@ use cudarc::driver::{CudaFunction, LaunchConfig};
 use super::{check, qkv_rope_args, Device, DeviceError, GemvMode, In, Matrix, MatrixData, Out, RopeShape, GEMV_MAX_ROWS};
 use crate::launch::KernelArg;
 
+/// Threads per block (`STREAM_THREADS`): eight warps.
+const THREADS: usize = 256;
+
 /// How one streamed GEMV launch is cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StreamPlan {
@@ -16,24 +19,19 @@ pub struct StreamPlan {
     /// Dynamic shared memory: every thread's in-flight slots and the staged input rows.
     pub smem: usize,
     pub blocks: usize,
-    pub threads: usize,
 }
 
 /// The norm applied to the input rows on the way in: (weight, epsilon).
 pub type Norm<'a, 'b> = Option<(&'a In<'b>, f32)>;
 
-/// Tuning of the streamed GEMV, set when the device opens: `CTXSCOPE_CUDA_STREAM_THREADS` threads per
-/// block (256, 512 or 1024; default 256), `CTXSCOPE_CUDA_STREAM_BLOCKS` blocks per SM (default 4,
-/// fewer where that many do not fit), `CTXSCOPE_CUDA_LANE_BYTES` weight bytes each lane keeps in
-/// flight (128 or 256, default 128), `CTXSCOPE_CUDA_STREAM_ROTATE` (default 1) each block starting its
-/// input staging at its own offset, `CTXSCOPE_CUDA_CARVEOUT` the kernels' preferred shared-memory
-/// carveout in percent (default 100). Defaults measured on the H200 (BENCHMARKS.md).
+/// Tuning of the streamed GEMV, set when the device opens: `CTXSCOPE_CUDA_STREAM_BLOCKS` blocks per
+/// SM (default 4, fewer where that many do not fit), `CTXSCOPE_CUDA_LANE_BYTES` weight bytes each
+/// lane keeps in flight (128 or 256, default 128), `CTXSCOPE_CUDA_CARVEOUT` the kernels' preferred
+/// shared-memory carveout in percent (default 100). Defaults measured on the H200 (BENCHMARKS.md).
 #[derive(Debug, Clone, Copy)]
 pub struct StreamTuning {
-    pub threads: usize,
     pub blocks_per_sm: usize,
     pub lane_bytes: usize,
-    pub rotate: bool,
     /// Largest dynamic shared memory a block may ask for.
     pub smem_limit: usize,
 }
@@ -52,19 +50,8 @@ impl StreamTuning {
             f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, carveout)?;
             smem_limit = smem_limit.min(dynamic);
         }
-        Ok(StreamTuning {
-            threads: block_threads(var("CTXSCOPE_CUDA_STREAM_THREADS", 256)),
-            blocks_per_sm: var("CTXSCOPE_CUDA_STREAM_BLOCKS", 4).clamp(1, 4),
-            lane_bytes: lane_bytes(var("CTXSCOPE_CUDA_LANE_BYTES", 128)),
-            rotate: var("CTXSCOPE_CUDA_STREAM_ROTATE", 1) != 0,
-            smem_limit,
-        })
+        Ok(StreamTuning { blocks_per_sm: var("CTXSCOPE_CUDA_STREAM_BLOCKS", 4).clamp(1, 4), lane_bytes: lane_bytes(var("CTXSCOPE_CUDA_LANE_BYTES", 128)), smem_limit })
     }
-}
-
-/// The block sizes the kernel supports (256, 512, 1024): the largest not above `asked`, at least 256.
-pub fn block_threads(asked: usize) -> usize {
-    [1024, 512].into_iter().find(|&t| asked >= t).unwrap_or(256)
 }
 
 /// The in-flight bytes per lane the kernel has instantiations for: 256 for 256 and above, else 128.
@@ -94,10 +81,9 @@ impl StreamOp {
 }
 
 impl Device {
-    /// The plan for `n` token rows through `w` (staged as bf16 when `round_x`, with a norm weight when
-    /// `norm`), or `None` when the shape is not streamable or the ring and the input rows do not fit in
-    /// one block's shared memory (the caller falls back to `gemv`).
-    pub fn stream_plan(&self, w: &Matrix, n: usize, op: StreamOp, round_x: bool, norm: bool) -> Option<StreamPlan> {
+    /// The plan for `n` token rows through `w`, or `None` when the shape is not streamable or the ring
+    /// and the input rows do not fit in one block's shared memory (the caller falls back to `gemv`).
+    pub fn stream_plan(&self, w: &Matrix, n: usize, op: StreamOp) -> Option<StreamPlan> {
         let mode = op.mode();
         let k = if mode >= 2 { 2 } else { 1 };
         let units = w.rows / k;
@@ -105,18 +91,15 @@ impl Device {
             return None;
         }
         // The lanes' slots, the input rows and the norm weight.
-        let threads = self.tuning.threads;
-        let smem = self.tuning.lane_bytes * threads + n * w.cols * if round_x { 2 } else { 4 } + if norm { w.cols * 4 } else { 0 };
+        let smem = self.tuning.lane_bytes * THREADS + (n + 1) * w.cols * 4;
         if smem > self.tuning.smem_limit {
             return None;
         }
         // Every block must be resident at once (each owns a share of the work): no more per SM than fit.
         let kernel = if matches!(w.data, MatrixData::Bf16(_)) { "gemv_stream_bf16" } else { "gemv_stream_f32" };
-        let fit = self.function(kernel).occupancy_max_active_blocks_per_multiprocessor(threads as u32, smem, None).ok()? as usize;
-        // As many blocks as may be resident (so a small matrix still spreads over every SM; warps
-        // without a unit idle), but no block without a unit: every block stages the input rows.
-        let blocks = units.min(self.tuning.blocks_per_sm.min(fit) * self.multiprocessors);
-        (blocks > 0).then_some(StreamPlan { units, smem, blocks, threads })
+        let fit = self.function(kernel).occupancy_max_active_blocks_per_multiprocessor(THREADS as u32, smem, None).ok()? as usize;
+        let blocks = units.div_ceil(THREADS / 32).min(self.tuning.blocks_per_sm.min(fit) * self.multiprocessors);
+        (blocks > 0).then_some(StreamPlan { units, smem, blocks })
     }
 
     /// `y[t] (mode)= W x[t]` for `n` token rows, streaming W through shared memory; `norm` normalizes
@@ -142,7 +125,7 @@ impl Device {
     #[allow(clippy::too_many_arguments)]
     fn stream_launch(&self, w: &Matrix, x: &In, y: &mut Out, n: usize, op: StreamOp, round_x: bool, norm: Norm, rope: [u64; 2], ints: [i32; 5], base: f32) -> Result<(), DeviceError> {
         let mode = op.mode();
-        let Some(plan) = self.stream_plan(w, n, op, round_x, norm.is_some()) else {
+        let Some(plan) = self.stream_plan(w, n, op) else {
             return Err(DeviceError::Shape { kernel: "gemv_stream", detail: format!("{}x{} by {n} rows (mode {mode}): not a streamable shape, or its ring and input rows exceed a block's shared memory", w.rows, w.cols) });
         };
         if let Some((g, _)) = norm {
@@ -152,12 +135,12 @@ impl Device {
             Some((g, eps)) => (g.bits(&self.stream), eps),
             None => (0u64, 0.0),
         };
-        let args = [plan.units as i32, w.cols as i32, n as i32, mode, i32::from(round_x), self.tuning.lane_bytes as i32, i32::from(self.tuning.rotate)];
-        let cfg = LaunchConfig { grid_dim: (plan.blocks as u32, 1, 1), block_dim: (plan.threads as u32, 1, 1), shared_mem_bytes: plan.smem as u32 };
+        let args = [plan.units as i32, w.cols as i32, n as i32, mode, i32::from(round_x), self.tuning.lane_bytes as i32];
+        let cfg = LaunchConfig { grid_dim: (plan.blocks as u32, 1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: plan.smem as u32 };
         let (positions, kv_base) = (&rope[0], &rope[1]);
         match &w.data {
-            MatrixData::Bf16(m) => launch!(self, "gemv_stream_bf16", cfg, m, x, y, &norm_w, &eps, &args[0], &args[1], &args[2], &args[3], &args[4], &args[5], &args[6], positions, kv_base, &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &base),
-            MatrixData::F32(m) => launch!(self, "gemv_stream_f32", cfg, m, x, y, &norm_w, &eps, &args[0], &args[1], &args[2], &args[3], &args[4], &args[5], &args[6], positions, kv_base, &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &base),
+            MatrixData::Bf16(m) => launch!(self, "gemv_stream_bf16", cfg, m, x, y, &norm_w, &eps, &args[0], &args[1], &args[2], &args[3], &args[4], &args[5], positions, kv_base, &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &base),
+            MatrixData::F32(m) => launch!(self, "gemv_stream_f32", cfg, m, x, y, &norm_w, &eps, &args[0], &args[1], &args[2], &args[3], &args[4], &args[5], positions, kv_base, &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &base),
         }
     }
 }

@@ -230,7 +230,7 @@ mod tests {
         let mut r = Vec::new();
         // Launch A (kind 17, 2 blocks) 0..100, launch B (kind 18) starts at 90 (programmatic), then A again.
         for b in 0..2 {
-            r.extend([rec(0 + b as u64, 17, 0, 2, b), rec(10, 17, 1, 2, b), rec(20, 17, 2, 2, b), rec(100, 17, 3, 2, b)]);
+            r.extend([rec(u64::from(b), 17, 0, 2, b), rec(10, 17, 1, 2, b), rec(20, 17, 2, 2, b), rec(100, 17, 3, 2, b)]);
             r.extend([rec(90, 18, 0, 2, b), rec(101, 18, 1, 2, b), rec(110, 18, 2, 2, b), rec(200, 18, 3, 2, b)]);
             r.extend([rec(195, 17, 0, 2, b), rec(201, 17, 1, 2, b), rec(210, 17, 2, 2, b), rec(300, 17, 3, 2, b)]);
         }

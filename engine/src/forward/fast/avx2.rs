@@ -134,9 +134,7 @@ unsafe fn hsum8(x: __m256) -> f32 {
 
 /// Whether this CPU can run [`tile`].
 pub fn available() -> bool {
-    is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
 }
 
 /// Whether this CPU can run [`tile_vnni`].

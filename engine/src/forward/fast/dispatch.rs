@@ -6,17 +6,8 @@ use super::{scalar, Format, Kernel, Q4_0, Q4_1};
 
 /// `out[r][t] = W[r] . x[t0 + t]` for a tile of `R` rows by `T` activation rows.
 #[inline]
-pub fn run<const R: usize, const T: usize>(
-    kernel: Kernel,
-    format: Format,
-    rows: [&[u8]; R],
-    acts: &QuantRows,
-    t0: usize,
-) -> [[f32; T]; R] {
-    assert!(
-        t0 + T <= acts.d.len() / acts.nb.max(1),
-        "activation rows out of range"
-    );
+pub fn run<const R: usize, const T: usize>(kernel: Kernel, format: Format, rows: [&[u8]; R], acts: &QuantRows, t0: usize) -> [[f32; T]; R] {
+    assert!(t0 + T <= acts.d.len() / acts.nb.max(1), "activation rows out of range");
     match kernel {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Kernel::Avx2` comes from `Kernel::detect` (or a test that checked

@@ -103,93 +103,48 @@ pub fn matmul_quant_with(kernel: Kernel, w: &Matrix, x: &[f32], n: usize, by_row
     let acts = QuantRows::new(x, n, w.cols, kernel != Kernel::Scalar);
     let tasks = 8 * rayon::current_num_threads();
     let rows_per_task = w.rows.div_ceil(tasks).next_multiple_of(4).max(4);
-    by_row
-        .par_chunks_mut(n * rows_per_task)
-        .enumerate()
-        .for_each(|(chunk, out)| {
-            let r0 = chunk * rows_per_task;
-            let row = |r: usize| &q.bytes[(r0 + r) * q.row_bytes..(r0 + r + 1) * q.row_bytes];
-            let rows = out.len() / n;
-            for tc in (0..n).step_by(TOKEN_CHUNK) {
-                let tokens = tc..(tc + TOKEN_CHUNK).min(n);
-                let mut r = 0;
-                // Decode: 4 rows share each activation block. Batches: 2 rows by 4 tokens.
-                if n == 1 {
-                    while r + 4 <= rows {
-                        let res = dispatch::run::<4, 1>(
-                            kernel,
-                            format,
-                            [row(r), row(r + 1), row(r + 2), row(r + 3)],
-                            &acts,
-                            0,
-                        );
-                        put(out, n, r, 0, res);
-                        r += 4;
-                    }
-                }
-                while r + 2 <= rows {
-                    sweep::<2>(
-                        kernel,
-                        format,
-                        [row(r), row(r + 1)],
-                        &acts,
-                        tokens.clone(),
-                        out,
-                        n,
-                        r,
-                    );
-                    r += 2;
-                }
-                while r < rows {
-                    sweep::<1>(kernel, format, [row(r)], &acts, tokens.clone(), out, n, r);
-                    r += 1;
+    by_row.par_chunks_mut(n * rows_per_task).enumerate().for_each(|(chunk, out)| {
+        let r0 = chunk * rows_per_task;
+        let row = |r: usize| &q.bytes[(r0 + r) * q.row_bytes..(r0 + r + 1) * q.row_bytes];
+        let rows = out.len() / n;
+        for tc in (0..n).step_by(TOKEN_CHUNK) {
+            let tokens = tc..(tc + TOKEN_CHUNK).min(n);
+            let mut r = 0;
+            // Decode: 4 rows share each activation block. Batches: 2 rows by 4 tokens.
+            if n == 1 {
+                while r + 4 <= rows {
+                    let res = dispatch::run::<4, 1>(kernel, format, [row(r), row(r + 1), row(r + 2), row(r + 3)], &acts, 0);
+                    put(out, n, r, 0, res);
+                    r += 4;
                 }
             }
-        });
+            while r + 2 <= rows {
+                sweep::<2>(kernel, format, [row(r), row(r + 1)], &acts, tokens.clone(), out, n, r);
+                r += 2;
+            }
+            while r < rows {
+                sweep::<1>(kernel, format, [row(r)], &acts, tokens.clone(), out, n, r);
+                r += 1;
+            }
+        }
+    });
 }
 
 /// `R` weight rows against the activation rows `tokens`, 4 at a time then 1 at a time.
 #[allow(clippy::too_many_arguments)]
-fn sweep<const R: usize>(
-    kernel: Kernel,
-    format: Format,
-    rows: [&[u8]; R],
-    acts: &QuantRows,
-    tokens: std::ops::Range<usize>,
-    out: &mut [f32],
-    n: usize,
-    r: usize,
-) {
+fn sweep<const R: usize>(kernel: Kernel, format: Format, rows: [&[u8]; R], acts: &QuantRows, tokens: std::ops::Range<usize>, out: &mut [f32], n: usize, r: usize) {
     let mut t = tokens.start;
     while t + 4 <= tokens.end {
-        put(
-            out,
-            n,
-            r,
-            t,
-            dispatch::run::<R, 4>(kernel, format, rows, acts, t),
-        );
+        put(out, n, r, t, dispatch::run::<R, 4>(kernel, format, rows, acts, t));
         t += 4;
     }
     while t < tokens.end {
-        put(
-            out,
-            n,
-            r,
-            t,
-            dispatch::run::<R, 1>(kernel, format, rows, acts, t),
-        );
+        put(out, n, r, t, dispatch::run::<R, 1>(kernel, format, rows, acts, t));
         t += 1;
     }
 }
 
-fn put<const R: usize, const T: usize>(
-    out: &mut [f32],
-    n: usize,
-    r: usize,
-    t: usize,
-    res: [[f32; T]; R],
-) {
+fn put<const R: usize, const T: usize>(out: &mut [f32], n: usize, r: usize, t: usize, res: [[f32; T]; R]) {
     for (i, row) in res.iter().enumerate() {
         out[(r + i) * n + t..(r + i) * n + t + T].copy_from_slice(row);
     }
@@ -204,21 +159,16 @@ fn integer_format(w: &Matrix) -> Option<Format> {
         8 => (Q8_0, 34),
         _ => return None,
     };
-    let fits = w.cols.is_multiple_of(BLOCK)
-        && q.row_bytes == w.cols / BLOCK * block_bytes
-        && q.bytes.len() >= w.rows * q.row_bytes;
+    let fits = w.cols.is_multiple_of(BLOCK) && q.row_bytes == w.cols / BLOCK * block_bytes && q.bytes.len() >= w.rows * q.row_bytes;
     fits.then_some(format)
 }
 
 /// Types without an integer kernel: the dequantized rows (kept at load) and the golden dot.
 fn dequantized(w: &Matrix, x: &[f32], n: usize, by_row: &mut [f32]) {
-    by_row
-        .par_chunks_mut(n)
-        .enumerate()
-        .for_each(|(r, row_out)| {
-            let wr = &w.f32[r * w.cols..(r + 1) * w.cols];
-            for (t, o) in row_out.iter_mut().enumerate() {
-                *o = ops::dot(wr, &x[t * w.cols..(t + 1) * w.cols]);
-            }
-        });
+    by_row.par_chunks_mut(n).enumerate().for_each(|(r, row_out)| {
+        let wr = &w.f32[r * w.cols..(r + 1) * w.cols];
+        for (t, o) in row_out.iter_mut().enumerate() {
+            *o = ops::dot(wr, &x[t * w.cols..(t + 1) * w.cols]);
+        }
+    });
 }

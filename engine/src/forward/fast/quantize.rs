@@ -29,12 +29,7 @@ impl QuantRows {
     pub fn new(x: &[f32], n: usize, cols: usize, simd: bool) -> QuantRows {
         debug_assert_eq!(cols % BLOCK, 0);
         let nb = cols / BLOCK;
-        let mut rows = QuantRows {
-            nb,
-            qs: vec![0; n * cols],
-            d: vec![0.0; n * nb],
-            s: vec![0.0; n * nb],
-        };
+        let mut rows = QuantRows { nb, qs: vec![0; n * cols], d: vec![0.0; n * nb], s: vec![0.0; n * nb] };
         let quantize = |t: usize, qs: &mut [i8], d: &mut [f32], s: &mut [f32]| {
             let xr = &x[t * cols..(t + 1) * cols];
             #[cfg(target_arch = "x86_64")]
@@ -46,22 +41,10 @@ impl QuantRows {
             quantize_row(xr, qs, d, s)
         };
         if n >= PARALLEL_ROWS {
-            let parts = rows
-                .qs
-                .par_chunks_mut(cols)
-                .zip(rows.d.par_chunks_mut(nb))
-                .zip(rows.s.par_chunks_mut(nb));
-            parts
-                .enumerate()
-                .for_each(|(t, ((qs, d), s))| quantize(t, qs, d, s));
+            let parts = rows.qs.par_chunks_mut(cols).zip(rows.d.par_chunks_mut(nb)).zip(rows.s.par_chunks_mut(nb));
+            parts.enumerate().for_each(|(t, ((qs, d), s))| quantize(t, qs, d, s));
         } else {
-            for (t, ((qs, d), s)) in rows
-                .qs
-                .chunks_mut(cols)
-                .zip(rows.d.chunks_mut(nb))
-                .zip(rows.s.chunks_mut(nb))
-                .enumerate()
-            {
+            for (t, ((qs, d), s)) in rows.qs.chunks_mut(cols).zip(rows.d.chunks_mut(nb)).zip(rows.s.chunks_mut(nb)).enumerate() {
                 quantize(t, qs, d, s);
             }
         }
@@ -86,11 +69,7 @@ unsafe fn quantize_row_avx2(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f3
 
 #[inline(always)]
 fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
-    for (b, (xb, qb)) in x
-        .chunks_exact(BLOCK)
-        .zip(qs.chunks_exact_mut(BLOCK))
-        .enumerate()
-    {
+    for (b, (xb, qb)) in x.chunks_exact(BLOCK).zip(qs.chunks_exact_mut(BLOCK)).enumerate() {
         let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
         let scale = amax / 127.0;
         let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };

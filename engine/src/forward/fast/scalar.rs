@@ -7,11 +7,7 @@ use super::{Format, Q4_0, Q4_1, Q8_0};
 use ctxscope_formats::gguf::f16_to_f32;
 
 /// `out[r][t] = W[r] . x[t0 + t]` for the `R` weight rows `rows` (their quantized bytes).
-pub fn tile<const F: Format, const R: usize, const T: usize>(
-    rows: [&[u8]; R],
-    acts: &QuantRows,
-    t0: usize,
-) -> [[f32; T]; R] {
+pub fn tile<const F: Format, const R: usize, const T: usize>(rows: [&[u8]; R], acts: &QuantRows, t0: usize) -> [[f32; T]; R] {
     let nb = acts.nb;
     let mut acc = [[[0f32; 8]; T]; R];
     let mut summs = [[0f32; T]; R];

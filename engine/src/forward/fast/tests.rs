@@ -32,9 +32,7 @@ fn quantize_weights(ggml_type: u32, w: &[f32]) -> Vec<u8> {
     for b in w.chunks(32) {
         match ggml_type {
             3 => {
-                let (min, max) = b
-                    .iter()
-                    .fold((f32::MAX, f32::MIN), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
+                let (min, max) = b.iter().fold((f32::MAX, f32::MIN), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
                 let d = (max - min) / 15.0;
                 let id = if d != 0.0 { 1.0 / d } else { 0.0 };
                 out.extend(h(d));
@@ -43,9 +41,7 @@ fn quantize_weights(ggml_type: u32, w: &[f32]) -> Vec<u8> {
                 out.extend((0..16).map(|j| q(b[j]) | (q(b[j + 16]) << 4)));
             }
             2 => {
-                let max = b
-                    .iter()
-                    .fold(0f32, |m, v| if v.abs() > m.abs() { *v } else { m });
+                let max = b.iter().fold(0f32, |m, v| if v.abs() > m.abs() { *v } else { m });
                 let d = max / -8.0;
                 let id = if d != 0.0 { 1.0 / d } else { 0.0 };
                 out.extend(h(d));
@@ -69,17 +65,7 @@ fn matrix(ggml_type: u32, rows: usize, cols: usize, seed: u64) -> Matrix {
     let bytes = quantize_weights(ggml_type, &Rng(seed).vec(rows * cols, 0.5));
     let t = GgmlType(ggml_type);
     let f32 = dequantize("w", t, &bytes, (rows * cols) as u64).unwrap();
-    Matrix {
-        name: "w".into(),
-        rows,
-        cols,
-        f32,
-        quant: QuantMatrix {
-            ggml_type: t,
-            row_bytes: bytes.len() / rows,
-            bytes,
-        },
-    }
+    Matrix { name: "w".into(), rows, cols, f32, quant: QuantMatrix { ggml_type: t, row_bytes: bytes.len() / rows, bytes } }
 }
 
 fn run(kernel: Kernel, w: &Matrix, x: &[f32], n: usize) -> Vec<f32> {
@@ -124,19 +110,10 @@ fn activation_quantization_is_the_same_scalar_and_simd() {
     let mut x = Rng(3).vec(9 * 96, 3.0);
     x[32..64].fill(0.0);
     x[100] = 1e-30;
-    let (a, b) = (
-        QuantRows::new(&x, 9, 96, false),
-        QuantRows::new(&x, 9, 96, true),
-    );
+    let (a, b) = (QuantRows::new(&x, 9, 96, false), QuantRows::new(&x, 9, 96, true));
     assert_eq!(a.qs, b.qs);
-    assert_eq!(
-        a.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-        b.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-    );
-    assert_eq!(
-        a.s.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-        b.s.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-    );
+    assert_eq!(a.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+    assert_eq!(a.s.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.s.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
     assert_eq!(a.d[1], 0.0);
     // Round half to even, as vroundps: 0.5 * 127/127 ... a block whose values land on .5 exactly.
     let mut y = vec![0f32; 32];
@@ -152,24 +129,14 @@ fn scalar_and_simd_kernels_agree_exactly() {
     let kernels = Kernel::available();
     eprintln!("kernels on this CPU: {kernels:?}");
     for ggml_type in [3, 2, 8] {
-        for (rows, cols, n) in [
-            (7, 64, 1),
-            (9, 96, 3),
-            (12, 576, 8),
-            (5, 32, 9),
-            (66, 160, 70),
-        ] {
+        for (rows, cols, n) in [(7, 64, 1), (9, 96, 3), (12, 576, 8), (5, 32, 9), (66, 160, 70)] {
             let w = matrix(ggml_type, rows, cols, 11 + rows as u64);
             let mut x = Rng(5 + n as u64).vec(n * cols, 2.0);
             x[..32].fill(0.0);
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             let scalar = bits(&run(Kernel::Scalar, &w, &x, n));
             for kernel in &kernels[1..] {
-                assert_eq!(
-                    scalar,
-                    bits(&run(*kernel, &w, &x, n)),
-                    "{kernel:?} type {ggml_type} {rows}x{cols} n={n}"
-                );
+                assert_eq!(scalar, bits(&run(*kernel, &w, &x, n)), "{kernel:?} type {ggml_type} {rows}x{cols} n={n}");
             }
         }
     }
@@ -202,10 +169,7 @@ fn fast_matmul_is_within_the_activation_quantization_error_of_golden() {
         let (mut worst, mut sum_err) = (0f32, 0f32);
         for t in 0..n {
             for r in 0..rows {
-                let (wr, xr) = (
-                    &w.f32[r * cols..(r + 1) * cols],
-                    &x[t * cols..(t + 1) * cols],
-                );
+                let (wr, xr) = (&w.f32[r * cols..(r + 1) * cols], &x[t * cols..(t + 1) * cols]);
                 // Per block: |w| . |dx| with |dx| <= d/2 + 127 * |d - d16|, plus f16 rounding of s
                 // times |m| (Q4_1), plus f32 summation slack.
                 let mut bound = 0f32;
@@ -219,18 +183,12 @@ fn fast_matmul_is_within_the_activation_quantization_error_of_golden() {
                 let mag: f32 = wr.iter().zip(xr).map(|(a, b)| (a * b).abs()).sum();
                 bound += 1e-5 * mag;
                 let err = (fast[t * rows + r] - golden[t * rows + r]).abs();
-                assert!(
-                    err <= bound,
-                    "type {ggml_type} row {r} tok {t}: err {err} > bound {bound}"
-                );
+                assert!(err <= bound, "type {ggml_type} row {r} tok {t}: err {err} > bound {bound}");
                 worst = worst.max(err / bound);
                 sum_err += err;
             }
         }
-        eprintln!(
-            "type {ggml_type}: worst err/bound {worst:.3}, mean abs err {:.2e}",
-            sum_err / (rows * n) as f32
-        );
+        eprintln!("type {ggml_type}: worst err/bound {worst:.3}, mean abs err {:.2e}", sum_err / (rows * n) as f32);
         assert!(worst > 0.0, "fast path should differ from golden somewhere");
     }
 }
@@ -240,17 +198,7 @@ fn other_types_fall_back_to_the_golden_dot() {
     let (rows, cols) = (3, 40);
     let f32: Vec<f32> = Rng(4).vec(rows * cols, 1.0);
     let bytes: Vec<u8> = f32.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let w = Matrix {
-        name: "w".into(),
-        rows,
-        cols,
-        f32: f32.clone(),
-        quant: QuantMatrix {
-            ggml_type: GgmlType(0),
-            row_bytes: cols * 4,
-            bytes,
-        },
-    };
+    let w = Matrix { name: "w".into(), rows, cols, f32: f32.clone(), quant: QuantMatrix { ggml_type: GgmlType(0), row_bytes: cols * 4, bytes } };
     let x = Rng(8).vec(2 * cols, 1.0);
     let (mut golden, mut fast) = (vec![0f32; rows * 2], vec![0f32; rows * 2]);
     matmul(Path::Golden, &w, &x, 2, &mut golden);

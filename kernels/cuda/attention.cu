@@ -232,15 +232,22 @@ extern "C" __global__ void attn_decode(const float* __restrict__ q, int q_stride
         weight[g][lane] = w / total;
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < group * hd; i += blockDim.x) {
-        int g = i / hd, d = i % hd;
-        size_t slot0 = ((size_t)t * heads + kvh * group + g) * splits;
-        // Every split's partial is written (an empty one as zeros with weight 0), so the loads are
-        // unconditional and independent: unrolled, they are in flight together.
-        float acc = 0.0f;
+    // Two outputs per pass (i and i + blockDim.x; the second repeats the first where there is none),
+    // so that twice the loads are in flight. Every split's partial is written (an empty one as zeros
+    // with weight 0), so the loads are unconditional and independent; each sum runs in split order.
+    const int outs = group * hd;
+    for (int i = threadIdx.x; i < outs; i += 2 * blockDim.x) {
+        const int i2 = i + blockDim.x < outs ? i + blockDim.x : i;
+        const int g1 = i / hd, d1 = i % hd, g2 = i2 / hd, d2 = i2 % hd;
+        const size_t s1 = ((size_t)t * heads + kvh * group + g1) * splits, s2 = ((size_t)t * heads + kvh * group + g2) * splits;
+        float acc1 = 0.0f, acc2 = 0.0f;
 #pragma unroll 8
-        for (int sp = 0; sp < splits; sp++) acc += __ldcg(&part_o[(slot0 + sp) * hd + d]) * weight[g][sp];
-        out[(size_t)t * heads * hd + (kvh * group + g) * hd + d] = acc;
+        for (int sp = 0; sp < splits; sp++) {
+            acc1 += __ldcg(&part_o[(s1 + sp) * hd + d1]) * weight[g1][sp];
+            acc2 += __ldcg(&part_o[(s2 + sp) * hd + d2]) * weight[g2][sp];
+        }
+        out[(size_t)t * heads * hd + (kvh * group + g1) * hd + d1] = acc1;
+        if (i2 != i) out[(size_t)t * heads * hd + (kvh * group + g2) * hd + d2] = acc2;
     }
     if (threadIdx.x == 0) counters[t * kv_heads + kvh] = 0;
     trace_end(TRACE_ATTN_DECODE, TRACE_END);  // the merging block only

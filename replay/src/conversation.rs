@@ -134,54 +134,59 @@ fn captured_reply(detail: &ConversationDetail, view: &TurnView) -> Option<Value>
     (record.reply.is_some() || !record.reply_text.is_empty()).then(|| json!({"role": "assistant", "content": record.reply_text}))
 }
 
+/// Captured conversation `id` of `turns` chat turns, for tests here and in dependents: turn k sends
+/// system + (user i, assistant "captured i") for i < k + user "question k"; its captured reply is
+/// "captured k", with temperature 0.7, max_tokens 32 and stop ["\n\n"].
+#[doc(hidden)]
+pub fn replay_test_conversation(id: u64, turns: u32) -> ConversationDetail {
+    use ctxscope_store::{store_test_turn, ConversationRecord};
+    let mut messages = std::collections::BTreeMap::new();
+    let mut put = |value: Value| {
+        let hash = format!("{:064x}", messages.len());
+        messages.insert(hash.clone(), value);
+        hash
+    };
+    let mut history = vec![put(json!({"role": "system", "content": "be brief"}))];
+    let mut views = Vec::new();
+    for k in 0..turns {
+        history.push(put(json!({"role": "user", "content": format!("question {k}")})));
+        let reply = put(json!({"role": "assistant", "content": format!("captured {k}")}));
+        let mut record = store_test_turn(k as u64 + 1, id, history.clone());
+        record.index = k;
+        record.model = Some("captured-model".into());
+        record.reply = Some(reply.clone());
+        record.reply_text = format!("captured {k}");
+        record.params.insert("temperature".into(), json!(0.7));
+        record.params.insert("stop".into(), json!(["\n\n"]));
+        record.params.insert("max_tokens".into(), json!(32));
+        views.push(TurnView { turn: record, messages: history.clone() });
+        history.push(reply);
+    }
+    let conversation = ConversationRecord {
+        id,
+        name: None,
+        created_unix_ms: 0,
+        updated_unix_ms: 0,
+        upstream: "http://upstream".into(),
+        model: Some("captured-model".into()),
+        turns,
+        last_turn: turns as u64,
+        last_head: String::new(),
+        last_message_count: 0,
+        last_tail: None,
+        branch_of: None,
+        last_reply: None,
+    };
+    ConversationDetail { conversation, turns: views, messages, findings: Vec::new() }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use ctxscope_store::{store_test_turn, ConversationRecord, ToolsDigest};
-    use std::collections::BTreeMap;
+    use ctxscope_store::ToolsDigest;
 
-    /// A conversation of `turns` chat turns: turn k sends system + (user i, assistant "captured i")
-    /// for i < k + user k; the captured reply of turn k is "captured k".
     pub fn detail(turns: u32) -> ConversationDetail {
-        let mut messages = BTreeMap::new();
-        let mut put = |value: Value| {
-            let hash = format!("{:064x}", messages.len());
-            messages.insert(hash.clone(), value);
-            hash
-        };
-        let system = put(json!({"role": "system", "content": "be brief"}));
-        let mut history = vec![system];
-        let mut views = Vec::new();
-        for k in 0..turns {
-            history.push(put(json!({"role": "user", "content": format!("question {k}")})));
-            let reply = put(json!({"role": "assistant", "content": format!("captured {k}")}));
-            let mut record = store_test_turn(k as u64 + 1, 1, history.clone());
-            record.index = k;
-            record.model = Some("captured-model".into());
-            record.reply = Some(reply.clone());
-            record.reply_text = format!("captured {k}");
-            record.params.insert("temperature".into(), json!(0.7));
-            record.params.insert("stop".into(), json!(["\n\n"]));
-            record.params.insert("max_tokens".into(), json!(32));
-            views.push(TurnView { turn: record, messages: history.clone() });
-            history.push(reply);
-        }
-        let conversation = ConversationRecord {
-            id: 1,
-            name: None,
-            created_unix_ms: 0,
-            updated_unix_ms: 0,
-            upstream: "http://upstream".into(),
-            model: Some("captured-model".into()),
-            turns,
-            last_turn: turns as u64,
-            last_head: String::new(),
-            last_message_count: 0,
-            last_tail: None,
-            branch_of: None,
-            last_reply: None,
-        };
-        ConversationDetail { conversation, turns: views, messages, findings: Vec::new() }
+        crate::replay_test_conversation(1, turns)
     }
 
     #[test]

@@ -3,7 +3,6 @@
 //! answers deterministically from the last user message, with logprobs; it diverges when the
 //! `x-ctxscope-patches` header lists its fault patch, and can reject or hang on chosen turns.
 
-use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -11,9 +10,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ctxscope_replay::{
-    bisect, replay, BisectError, Endpoints, Metric, Observer, Outcome, Plan, ProbeSpec, Quiet, ReplayReport, TargetSpec, TurnResult,
+    bisect, replay, replay_test_conversation, BisectError, Endpoints, Metric, Observer, Outcome, Plan, ProbeSpec, Quiet, ReplayReport,
+    TargetSpec, TurnResult,
 };
-use ctxscope_store::{store_test_turn, ConversationDetail, ConversationRecord, TurnView};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -184,51 +183,9 @@ fn completion(request: &Value, mut tokens: Vec<String>, logprobs: bool) -> Value
     })
 }
 
-/// A conversation of `turns` chat turns: turn k sends system + (user i, assistant "captured i") for
-/// i < k + user "question k"; the captured reply of turn k is "captured k".
-fn detail(turns: u32) -> ConversationDetail {
-    let mut messages = BTreeMap::new();
-    let mut put = |value: Value| {
-        let hash = format!("{:064x}", messages.len());
-        messages.insert(hash.clone(), value);
-        hash
-    };
-    let mut history = vec![put(json!({"role": "system", "content": "be brief"}))];
-    let mut views = Vec::new();
-    for k in 0..turns {
-        history.push(put(json!({"role": "user", "content": format!("question {k}")})));
-        let reply = put(json!({"role": "assistant", "content": format!("captured {k}")}));
-        let mut record = store_test_turn(k as u64 + 1, 7, history.clone());
-        record.index = k;
-        record.model = Some("captured-model".into());
-        record.reply = Some(reply.clone());
-        record.reply_text = format!("captured {k}");
-        record.params.insert("temperature".into(), json!(0.8));
-        record.params.insert("max_tokens".into(), json!(32));
-        record.params.insert("stop".into(), json!(["###"]));
-        views.push(TurnView { turn: record, messages: history.clone() });
-        history.push(reply);
-    }
-    let conversation = ConversationRecord {
-        id: 7,
-        name: None,
-        created_unix_ms: 0,
-        updated_unix_ms: 0,
-        upstream: "http://upstream".into(),
-        model: Some("captured-model".into()),
-        turns,
-        last_turn: turns as u64,
-        last_head: String::new(),
-        last_message_count: 0,
-        last_tail: None,
-        branch_of: None,
-        last_reply: None,
-    };
-    ConversationDetail { conversation, turns: views, messages, findings: Vec::new() }
-}
 
 fn plan(turns: u32, targets: &[&str]) -> Plan {
-    let mut plan = Plan::new(detail(turns), TargetSpec::parse("engine").unwrap());
+    let mut plan = Plan::new(replay_test_conversation(7, turns), TargetSpec::parse("engine").unwrap());
     plan.targets = targets.iter().map(|t| TargetSpec::parse(t).unwrap()).collect();
     plan.options.timeout = Duration::from_secs(10);
     plan
@@ -282,7 +239,7 @@ async fn turn_k_is_sent_with_the_captured_history_not_replayed_replies() {
     assert_eq!(turn2["temperature"], 0);
     assert_eq!((turn2["seed"].clone(), turn2["max_tokens"].clone()), (json!(0), json!(32)));
     assert_eq!((turn2["logprobs"].clone(), turn2["top_logprobs"].clone()), (json!(true), json!(5)));
-    assert_eq!((turn2["model"].clone(), turn2["stop"].clone()), (json!("captured-model"), json!(["###"])));
+    assert_eq!((turn2["model"].clone(), turn2["stop"].clone()), (json!("captured-model"), json!(["\n\n"])));
     assert!(requests.iter().any(|(p, _)| p == "kv_fp8"));
 
     assert_eq!(report.schema, ctxscope_replay::REPORT_SCHEMA);

@@ -151,7 +151,9 @@ pub fn launches(records: &[Record]) -> Vec<Launch> {
     out
 }
 
-/// Per kernel kind, means over its launches (µs): the gap from the previous launch's last mark to its
+/// Per kernel kind and the kind traced before it (so a layer's two residual products, after attention
+/// and after gate/up, are told apart; kernels without marks are not seen), means over its launches
+/// (µs): the gap from the previous launch's last mark to its
 /// first start (negative: it started before the previous one ended, as programmatic launch allows),
 /// from that end to its first block's release from the wait, the spread of the releases, the staging
 /// (last release to last staged), the work after staging (to its last mark), and the whole launch
@@ -169,13 +171,14 @@ pub fn summary(launches: &[Launch]) -> Vec<String> {
         blocks: u32,
     }
     let us = |a: u64, b: u64| (a as f64 - b as f64) / 1e3;
-    let mut by_kind: Vec<(u8, Sum)> = Vec::new();
+    let mut by_kind: Vec<((u8, u8), Sum)> = Vec::new();
     for (i, l) in launches.iter().enumerate() {
-        let Some(prev) = i.checked_sub(1).map(|p| launches[p].last()) else { continue };
-        let slot = match by_kind.iter().position(|(k, _)| *k == l.kind) {
+        let Some(before) = i.checked_sub(1).map(|p| &launches[p]) else { continue };
+        let (prev, key) = (before.last(), (l.kind, before.kind));
+        let slot = match by_kind.iter().position(|(k, _)| *k == key) {
             Some(p) => p,
             None => {
-                by_kind.push((l.kind, Sum::default()));
+                by_kind.push((key, Sum::default()));
                 by_kind.len() - 1
             }
         };
@@ -193,13 +196,13 @@ pub fn summary(launches: &[Launch]) -> Vec<String> {
         s.blocks = l.blocks;
     }
     let mut lines = Vec::new();
-    for (kind, s) in &by_kind {
+    for ((kind, before), s) in &by_kind {
         let n = s.n.max(1) as f64;
         let mut line = String::new();
+        let name = format!("{} after {}", kind_name(*kind), kind_name(*before));
         let _ = write!(
             line,
-            "{:<18} x{:<3} {:>4} blocks: gap {:>6.2}  release {:>6.2}  spread {:>5.2}  staging {:>5.2}  work {:>6.2}  launch {:>6.2} us",
-            kind_name(*kind),
+            "{name:<40} x{:<3} {:>4} blocks: gap {:>6.2}  release {:>6.2}  spread {:>5.2}  staging {:>5.2}  work {:>6.2}  launch {:>6.2} us",
             s.n,
             s.blocks,
             s.gap / n,
@@ -240,7 +243,8 @@ mod tests {
         assert_eq!((l[0].last(), l[1].first(), l[2].last()), (100, 90, 300));
         let lines = summary(&l);
         // B started 10 ns before A's end: a negative gap; released 1 ns after it.
-        assert!(lines[0].starts_with("stream swiglu") && lines[0].contains("gap  -0.01") && lines[0].contains("release   0.00"), "{lines:?}");
+        assert!(lines[0].starts_with("stream swiglu after stream accumulate ") && lines[0].contains("gap  -0.01") && lines[0].contains("release   0.00"), "{lines:?}");
+        assert!(lines[1].starts_with("stream accumulate after stream swiglu ") && lines[1].contains("x1 "), "{lines:?}");
         assert!(lines.last().unwrap().contains("3 launches traced, first start to last mark 0.3 us"), "{lines:?}");
     }
 }

@@ -13,10 +13,10 @@ use std::time::Instant;
 
 use ctxscope_engine::backend::{Backend, Output, Step, Want};
 use ctxscope_engine::device::DeviceBackend;
-use ctxscope_kernels::device::StreamTuning;
 use ctxscope_engine::forward::{forward, Segment};
 use ctxscope_engine::kv::KvCache;
 use ctxscope_engine::{EngineOptions, Model, ModelConfig, PatchSet, Path};
+use ctxscope_kernels::device::StreamTuning;
 use serde_json::{json, Value};
 
 type Kv = <DeviceBackend as Backend>::Kv;
@@ -312,14 +312,14 @@ fn run(dir: &FsPath, rep: &mut Report) {
         None
     } else {
         rep.section("references", || {
-        let prompt: Vec<u32> = read_json(&dir.join("prompt.json"))?;
-        let fed: Vec<u32> = read_json(&dir.join("tokens.json"))?;
-        let rows = fed.len() + 1;
-        let fp32 = read_logits(&dir.join("logits_fp32.bin"), rows, c.vocab)?;
-        let bf16 = read_logits(&dir.join("logits_bf16.bin"), rows, c.vocab)?;
-        // fp32 with bf16-rounded GEMM inputs: what the fast path should compute (older folders lack it).
-        let fastsim = read_logits(&dir.join("logits_fastsim.bin"), rows, c.vocab).ok();
-        Ok((prompt, fed, fp32, bf16, fastsim))
+            let prompt: Vec<u32> = read_json(&dir.join("prompt.json"))?;
+            let fed: Vec<u32> = read_json(&dir.join("tokens.json"))?;
+            let rows = fed.len() + 1;
+            let fp32 = read_logits(&dir.join("logits_fp32.bin"), rows, c.vocab)?;
+            let bf16 = read_logits(&dir.join("logits_bf16.bin"), rows, c.vocab)?;
+            // fp32 with bf16-rounded GEMM inputs: what the fast path should compute (older folders lack it).
+            let fastsim = read_logits(&dir.join("logits_fastsim.bin"), rows, c.vocab).ok();
+            Ok((prompt, fed, fp32, bf16, fastsim))
         })
     };
 

@@ -20,6 +20,8 @@ pub enum DeviceError {
     Shape { kernel: &'static str, detail: String },
     #[error("cuBLAS: {0}")]
     Blas(String),
+    #[error("kernel trace: {0}")]
+    Trace(&'static str),
 }
 
 /// A weight matrix on the device, `rows` outputs by `cols` inputs, row-major, f32 or bf16 (raw bits).
@@ -138,7 +140,7 @@ macro_rules! launch {
 
 mod stream;
 pub mod trace;
-pub use stream::{lane_bytes, Norm, StreamOp, StreamPlan, StreamTuning};
+pub use stream::{Norm, StreamOp, StreamPlan, StreamTuning};
 
 fn blocks(n: usize, per_block: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (n.div_ceil(per_block).max(1) as u32, 1, 1), block_dim: (per_block as u32, 1, 1), shared_mem_bytes: 0 }

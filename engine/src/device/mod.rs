@@ -77,7 +77,7 @@ impl DeviceBackend {
         let max_seqs = options.max_batch.max(1);
         let ws = Workspace::new(&device.stream, &c, options.step_tokens.max(max_seqs), max_seqs).map_err(&fail)?;
         device.stream.synchronize().map_err(|e| fail(e.into()))?;
-        Ok(DeviceBackend { ordinal, device, blas, config: c, weights: [golden, fast], ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: std::env::var("CTXSCOPE_CUDA_GRAPHS").map_or(true, |v| v != "0"), gemv_rows: gemv_rows(), stream_gemv: std::env::var("CTXSCOPE_CUDA_STREAM_GEMV").map_or(true, |v| v != "0"), attn_splits: std::env::var("CTXSCOPE_CUDA_ATTN_SPLITS").ok().and_then(|v| v.parse().ok()).unwrap_or(0).min(MAX_SPLITS) })
+        Ok(DeviceBackend { ordinal, device, blas, config: c, weights: [golden, fast], ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: std::env::var("CTXSCOPE_CUDA_GRAPHS").map_or(true, |v| v != "0"), gemv_rows: env_usize("CTXSCOPE_CUDA_GEMV_ROWS", DEFAULT_GEMV_ROWS).clamp(1, GEMV_MAX_ROWS), stream_gemv: std::env::var("CTXSCOPE_CUDA_STREAM_GEMV").map_or(true, |v| v != "0"), attn_splits: env_usize("CTXSCOPE_CUDA_ATTN_SPLITS", 0).min(MAX_SPLITS) })
     }
 
     /// Turns decode-graph replay on or off (off: every pass launches its kernels one by one).
@@ -90,8 +90,7 @@ impl DeviceBackend {
     /// Captured graphs are dropped, so the next passes capture the new choice.
     pub fn set_stream_gemv(&mut self, stream: bool, tuning: StreamTuning) {
         self.stream_gemv = stream;
-        self.device.tuning.lane_bytes = ctxscope_kernels::device::lane_bytes(tuning.lane_bytes);
-        self.device.tuning.blocks_per_sm = tuning.blocks_per_sm.clamp(1, 4);
+        self.device.tuning = self.device.tuning.with(tuning.blocks_per_sm, tuning.lane_bytes);
         self.graphs.clear();
     }
 
@@ -216,10 +215,9 @@ fn path_index(path: Path) -> usize {
 /// traffic grows with the rows while a tensor-core GEMM reads the weights once for all of them.
 const DEFAULT_GEMV_ROWS: usize = 3;
 
-/// The widest decode pass run on the GEMV kernels: `CTXSCOPE_CUDA_GEMV_ROWS` (1..=GEMV_MAX_ROWS),
-/// else DEFAULT_GEMV_ROWS.
-fn gemv_rows() -> usize {
-    std::env::var("CTXSCOPE_CUDA_GEMV_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_GEMV_ROWS).clamp(1, GEMV_MAX_ROWS)
+/// A numeric setting from the environment (`CTXSCOPE_CUDA_GEMV_ROWS`, `CTXSCOPE_CUDA_ATTN_SPLITS`), else `default`.
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 /// One sequence's part of a pass: its step index and the rows of its tokens taken.

@@ -50,12 +50,18 @@ impl StreamTuning {
             f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, carveout)?;
             smem_limit = smem_limit.min(dynamic);
         }
-        Ok(StreamTuning { blocks_per_sm: var("CTXSCOPE_CUDA_STREAM_BLOCKS", 4).clamp(1, 4), lane_bytes: lane_bytes(var("CTXSCOPE_CUDA_LANE_BYTES", 128)), smem_limit })
+        Ok(StreamTuning { blocks_per_sm: 4, lane_bytes: 128, smem_limit }.with(var("CTXSCOPE_CUDA_STREAM_BLOCKS", 4), var("CTXSCOPE_CUDA_LANE_BYTES", 128)))
+    }
+
+    /// This tuning with `blocks_per_sm` (1 to 4) blocks per SM and `lane_bytes` in flight per lane,
+    /// each brought to what the kernel supports.
+    pub fn with(self, blocks_per_sm: usize, lane_bytes: usize) -> StreamTuning {
+        StreamTuning { blocks_per_sm: blocks_per_sm.clamp(1, 4), lane_bytes: supported_lane_bytes(lane_bytes), ..self }
     }
 }
 
 /// The in-flight bytes per lane the kernel has instantiations for: 256 for 256 and above, else 128.
-pub fn lane_bytes(asked: usize) -> usize {
+fn supported_lane_bytes(asked: usize) -> usize {
     if asked >= 256 {
         256
     } else {

@@ -1,6 +1,7 @@
 //! Kernel timeline tracing, a diagnostic (kernels compiled with it: `CTXSCOPE_CUDA_TRACE=1`): while a
-//! trace is on, the streamed GEMVs, decode attention and argmax append (global timer, kernel, event, block) records to a device buffer (prelude
-//! `trace_mark`); `launches` groups them into launches and `summary` says where a pass's time went:
+//! trace is on, the streamed GEMVs, decode attention and argmax append (global timer, kernel, event,
+//! block) records to a device buffer (prelude `trace_mark`); `launches` groups them into launches and
+//! `summary` says where a pass's time went:
 //! each launch's start relative to the previous one's end, its wait for the previous kernel, its input
 //! staging and its work.
 
@@ -77,7 +78,7 @@ impl Device {
     /// Work already enqueued may add records too: synchronize first for a clean trace.
     pub fn trace_start(&self, capacity: usize) -> Result<Trace, DeviceError> {
         if !self.tracing {
-            return Err(DeviceError::Shape { kernel: "trace", detail: "the kernels were compiled without their marks: set CTXSCOPE_CUDA_TRACE=1".into() });
+            return Err(DeviceError::Trace("the kernels were compiled without their marks: set CTXSCOPE_CUDA_TRACE=1"));
         }
         let mut buf = self.stream.alloc_zeros::<u64>(2 + 2 * capacity)?;
         self.stream.memcpy_htod(&[0u64, capacity as u64], &mut buf.slice_mut(0..2))?;
@@ -107,7 +108,7 @@ impl Device {
             let mut global = module.get_global("ctx_trace", &self.stream)?;
             // SAFETY: `ctx_trace` is a `u64*` in every module (the prelude).
             let Some(mut view) = (unsafe { global.transmute_mut::<u64>(1) }) else {
-                return Err(DeviceError::Shape { kernel: "trace", detail: "ctx_trace is not a pointer".into() });
+                return Err(DeviceError::Trace("a module's ctx_trace is not a pointer"));
             };
             self.stream.memcpy_htod(&[ptr], &mut view)?;
         }

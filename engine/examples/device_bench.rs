@@ -481,21 +481,24 @@ fn run(dir: &FsPath, rep: &mut Report) {
 }
 
 /// Same-run A/B of the batch-1 decode kernels: the one-warp-per-row GEMVs against the streamed ones
-/// (`DeviceBackend::set_stream_gemv`) at several blocks per SM and bytes in flight per lane, and
-/// decode attention cut into fewer split-K partials (`set_attn_splits`); tokens/s, the graph's GPU time
-/// per step and (kernels compiled with their marks) the traced timeline into `perf.<path>.variants`.
-/// Ends on the settings it started with.
+/// (`DeviceBackend::set_stream_gemv`) at several blocks per SM and bytes in flight per lane, and decode
+/// attention in clusters of 8 or 16 blocks (`set_attn_cluster`) or split-K with global partials
+/// (`set_attn_splits`); tokens/s, the graph's GPU time per step and (kernels compiled with their marks)
+/// the traced timeline into `perf.<path>.variants`. Ends on the settings it started with.
 fn decode_variants(bench: &mut Bench, rep: &mut Report, path: Path, c: &ModelConfig, steps: usize, reps: usize) {
     let prompts = vec![random_prompt(PERF_PROMPT, c.vocab, 100)];
-    let (start, start_splits) = (bench.backend.stream_tuning(), bench.backend.attn_splits());
+    let (start, start_splits, start_cluster) = (bench.backend.stream_tuning(), bench.backend.attn_splits(), bench.backend.attn_cluster());
     bench.trace = true;
-    // (streamed, blocks per SM, lane bytes, attention splits; 0: the default).
-    let variants = [(false, 4, 128, 0), (true, 4, 128, 0), (true, 4, 128, 16), (true, 4, 128, 8), (true, 3, 128, 0), (true, 2, 256, 0), (true, 3, 256, 0)];
-    for (stream, per_sm, lane_bytes, splits) in variants {
-        let gemv = if stream { format!("stream_lane{lane_bytes}_blocks{per_sm}") } else { "warp_per_row".to_string() };
-        let name = if splits > 0 { format!("{gemv}_attn{splits}") } else { gemv };
-        bench.backend.set_stream_gemv(stream, StreamTuning { blocks_per_sm: per_sm, lane_bytes, ..start });
+    // (streamed, blocks per SM, lane bytes, QKV lane bytes, attention: cluster size, or 0 and split-K
+    // partials with 0 for the default rule).
+    let variants = [(false, 4, 128, 128, 16, 0), (true, 4, 128, 128, 16, 0), (true, 4, 128, 128, 8, 0), (true, 4, 128, 128, 4, 0), (true, 4, 128, 256, 16, 0), (true, 4, 128, 128, 0, 0), (true, 3, 128, 128, 16, 0)];
+    for (stream, per_sm, lane_bytes, qkv_lane_bytes, cluster, splits) in variants {
+        let gemv = if stream { format!("stream_lane{lane_bytes}_qkv{qkv_lane_bytes}_blocks{per_sm}") } else { "warp_per_row".to_string() };
+        let attention = if cluster > 0 { format!("cluster{cluster}") } else if splits > 0 { format!("splitk{splits}") } else { "splitk".to_string() };
+        let name = format!("{gemv}_{attention}");
+        bench.backend.set_stream_gemv(stream, StreamTuning { blocks_per_sm: per_sm, lane_bytes, qkv_lane_bytes, ..start });
         bench.backend.set_attn_splits(if splits > 0 { splits } else { start_splits });
+        bench.backend.set_attn_cluster(cluster);
         let r = rep.section(&format!("decode {} {name}", path.as_str()), || {
             bench.decode(path, &prompts, steps.min(16))?;
             (0..reps.max(1)).map(|_| bench.decode(path, &prompts, steps)).collect::<Res<Vec<f64>>>()
@@ -514,5 +517,6 @@ fn decode_variants(bench: &mut Bench, rep: &mut Report, path: Path, c: &ModelCon
     }
     bench.trace = false;
     bench.backend.set_attn_splits(start_splits);
+    bench.backend.set_attn_cluster(start_cluster);
     bench.backend.set_stream_gemv(true, start);
 }

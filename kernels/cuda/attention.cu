@@ -252,3 +252,173 @@ extern "C" __global__ void attn_decode(const float* __restrict__ q, int q_stride
     if (threadIdx.x == 0) counters[t * kv_heads + kvh] = 0;
     trace_end(TRACE_ATTN_DECODE, TRACE_END);  // the merging block only
 }
+
+// ---- Decode attention merged inside a thread-block cluster (sm_90) ----
+// Split-K without global partials: grid (cluster, kv_heads, rows), one cluster of `gridDim.x` (<= 16)
+// blocks per (row, KV head). Block r takes the r-th contiguous span of the visible positions and
+// streams its K/V tiles of CL_TILE positions through a ring of CL_RING tiles in shared memory with
+// cp.async; the tiles of cached positions are issued before griddepcontrol.wait (positions and cache
+// bases are written by the host before a pass, never by a kernel, and old positions are immutable),
+// only the newest position — stored by the QKV kernel just before — is loaded after it. Each warp
+// keeps an online softmax per query head as attn_decode (lane j scores keys j and j + 32 of a tile).
+// Then every block pushes its state into the shared memory of the blocks that merge it: its (max, sum)
+// per head to all, its unnormalized output o to block o / per (remote stores, no round trip); after
+// one cluster barrier each block merges its `per` outputs from its own shared memory, in block order.
+// Dynamic shared memory: the ring, CL_RING * 2 * CL_TILE * (hd + 4) floats (rows padded to 16 bytes:
+// float4 reads of a key row per lane are conflict-free by quarter warp).
+#define CL_TILE 64
+#define CL_RING 2
+#define CL_MAX 16
+#define CL_OUTS (16 * MAX_HD)
+
+// Folds a ring tile of `count` (<= 64) positions into a query's online-softmax state: lane j scores
+// keys j and j + 32 (the same products in the same order as attend_tile).
+__device__ __forceinline__ void attend_ring(const float* qs, const float* ks, const float* vs, int stride, int count, int hd, float scale,
+                                            float& m, float& l, float* acc) {
+    const int lane = threadIdx.x & 31;
+    float s[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int j = lane + 32 * h;
+        s[h] = NEG_INF;
+        if (j < count) {
+            const float4* kr = (const float4*)(ks + j * stride);
+            const float4* qr = (const float4*)qs;
+            float dot = 0.0f;
+#pragma unroll 4
+            for (int c = 0; c < hd / 4; c++) {
+                float4 k = kr[c], q = qr[c];
+                dot += q.x * k.x;
+                dot += q.y * k.y;
+                dot += q.z * k.z;
+                dot += q.w * k.w;
+            }
+            s[h] = dot * scale;
+        }
+    }
+    const float m_new = fmaxf(m, warp_max(fmaxf(s[0], s[1])));
+    if (m_new == NEG_INF) return;
+    const float correction = expf(m - m_new);
+    float p[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) p[h] = s[h] == NEG_INF ? 0.0f : expf(s[h] - m_new);
+    l = l * correction + warp_sum(p[0] + p[1]);
+#pragma unroll
+    for (int k = 0; k < HD_PER_LANE; k++) acc[k] *= correction;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int n = min(32, count - 32 * h);
+#pragma unroll 8
+        for (int j = 0; j < n; j++) {
+            const float pj = __shfl_sync(0xffffffff, p[h], j);
+            const float* vr = vs + (32 * h + j) * stride;
+#pragma unroll
+            for (int k = 0; k < HD_PER_LANE; k++) {
+                const int d = lane + 32 * k;
+                if (d < hd) acc[k] += pj * vr[d];
+            }
+        }
+    }
+    m = m_new;
+}
+
+extern "C" __global__ void attn_decode_cluster(const float* __restrict__ q, int q_stride, const int* __restrict__ positions,
+                                               const u64* __restrict__ kv_base, int layer, int n_layers, int heads, int kv_heads, int hd,
+                                               float scale, int window, float* __restrict__ out) {
+    extern __shared__ __align__(16) float ring[];
+    __shared__ __align__(16) float qs[16][MAX_HD];
+    // What the cluster pushes here: every block's (max, sum) per head, and its share of the outputs this block merges.
+    __shared__ float rx_ml[CL_MAX][16][2], rx_acc[CL_OUTS + CL_MAX];
+    pdl_launch();
+    trace_mark(TRACE_ATTN_CLUSTER, TRACE_START);
+    const int size = gridDim.x, rank = (int)cluster_rank(), kvh = blockIdx.y, t = blockIdx.z;
+    const int group = heads / kv_heads, kv_dim = kv_heads * hd, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int stride = hd + 4, vecs = hd / 4, tile_floats = 2 * CL_TILE * stride;
+    const int len = positions[t] + 1;
+    const int first = window > 0 ? max(0, len - window) : 0;
+    const int span = (len - first + size - 1) / size;
+    const int lo = first + rank * span, hi = min(len, lo + span);
+    const int tiles = hi > lo ? (hi - lo + CL_TILE - 1) / CL_TILE : 0;
+    const u64 base = kv_base[t];
+    // Tile i's copies into ring slot i % CL_RING, one commit group per tile (empty ones too); the
+    // newest position is left to the loads after the wait.
+    auto issue = [&](int i) {
+        if (i < tiles) {
+            const int t0 = lo + i * CL_TILE, count = min(CL_TILE, hi - t0);
+            float* ks = ring + (i % CL_RING) * tile_floats;
+            for (int e = threadIdx.x; e < count * vecs; e += blockDim.x) {
+                const int j = e / vecs, c = 4 * (e % vecs);
+                if (t0 + j == len - 1) continue;
+                cp_async16(ks + j * stride + c, kv_row(base, t0 + j, layer, n_layers, 0, kv_dim) + kvh * hd + c);
+                cp_async16(ks + (CL_TILE + j) * stride + c, kv_row(base, t0 + j, layer, n_layers, 1, kv_dim) + kvh * hd + c);
+            }
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int i = 0; i < CL_RING; i++) issue(i);
+    pdl_wait();
+    trace_mark(TRACE_ATTN_CLUSTER, TRACE_WAITED);
+    // The group's query heads, and (the block holding it) the newest position's K and V rows: thread
+    // c < vecs carries K's float4 c, vecs <= c < 2 vecs V's.
+    for (int i = threadIdx.x; i < group * vecs; i += blockDim.x) {
+        const int g = i / vecs, c = i % vecs;
+        *(float4*)&qs[g][4 * c] = *((const float4*)(q + (size_t)t * q_stride + (kvh * group + g) * hd) + c);
+    }
+    const bool carries = tiles > 0 && hi == len && (int)threadIdx.x < 2 * vecs;
+    float4 newest = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (carries) newest = *((const float4*)(kv_row(base, len - 1, layer, n_layers, threadIdx.x / vecs, kv_dim) + kvh * hd) + threadIdx.x % vecs);
+    float m[4], l[4], acc[4][HD_PER_LANE];
+    reset_states(m, l, acc);
+    for (int i = 0; i < tiles; i++) {
+        cp_async_wait<CL_RING - 1>();  // tile i's group has landed (one group is committed per tile)
+        const int t0 = lo + i * CL_TILE, count = min(CL_TILE, hi - t0);
+        float* ks = ring + (i % CL_RING) * tile_floats;
+        if (carries && len - 1 < t0 + count) {
+            const int j = len - 1 - t0, kind = threadIdx.x / vecs, c = 4 * (threadIdx.x % vecs);
+            *(float4*)(ks + (kind * CL_TILE + j) * stride + c) = newest;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int g = warp + 4 * k;
+            if (g >= group) break;
+            attend_ring(qs[g], ks, ks + CL_TILE * stride, stride, count, hd, scale, m[k], l[k], acc[k]);
+        }
+        __syncthreads();  // the slot is free again
+        issue(i + CL_RING);
+    }
+    // Push: (max, sum) of each head to every block (lane b to block b), output o = g * hd + d to block
+    // o / per at slot rank * per + o % per.
+    const int outs = group * hd, per = (outs + size - 1) / size;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int g = warp + 4 * k;
+        if (g >= group) break;
+        if (lane < size) {
+            st_cluster(&rx_ml[rank][g][0], lane, m[k]);
+            st_cluster(&rx_ml[rank][g][1], lane, l[k]);
+        }
+#pragma unroll
+        for (int e = 0; e < HD_PER_LANE; e++) {
+            const int o = g * hd + lane + 32 * e;
+            if (lane + 32 * e < hd) st_cluster(&rx_acc[rank * per + o % per], o / per, acc[k][e]);
+        }
+    }
+    cluster_sync();
+    trace_mark(TRACE_ATTN_CLUSTER, TRACE_STAGED);  // every block's state is here
+    for (int k = threadIdx.x; k < per; k += blockDim.x) {
+        const int o = rank * per + k, g = o / hd;
+        if (o >= outs) break;
+        float mx = NEG_INF;
+        for (int b = 0; b < size; b++) mx = fmaxf(mx, rx_ml[b][g][0]);
+        float sum = 0.0f, acc_o = 0.0f;
+        for (int b = 0; b < size; b++) {
+            const float mb = rx_ml[b][g][0], w = mb == NEG_INF ? 0.0f : expf(mb - mx);
+            sum += rx_ml[b][g][1] * w;
+            acc_o += rx_acc[b * per + k] * w;
+        }
+        out[(size_t)t * heads * hd + kvh * outs + o] = acc_o / sum;
+    }
+    trace_end(TRACE_ATTN_CLUSTER, TRACE_END);
+}

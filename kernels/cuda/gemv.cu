@@ -53,27 +53,41 @@ struct RopeStore {
     float base;
 };
 
-__device__ __forceinline__ void rope_store(const RopeStore& rs, float* qkv, int t, int r, float a, float b) {
+// Row t's rotation of the output rows r, r + 1: cos and sin of the pair's angle (none past the K rows). Computed apart from the store, so that the streamed GEMV can
+// have it ready before its products are.
+struct RopeRow {
+    float c, s;
+};
+
+__device__ __forceinline__ RopeRow rope_row(const RopeStore& rs, int t, int r) {
+    RopeRow w = {1.0f, 0.0f};
+    if (r < rs.q_dim + rs.kv_dim) rope_cos_sin(rs.positions[t], rope_inv_freq(rs.base, (r % rs.hd) / 2, rs.hd), &w.c, &w.s);
+    return w;
+}
+
+__device__ __forceinline__ void rope_store_row(const RopeStore& rs, const RopeRow& w, float* qkv, int t, int r, float a, float b) {
     int stride = rs.q_dim + 2 * rs.kv_dim, pos = rs.positions[t];
+    u64 kv = rs.kv_base[t];
     if (r < rs.q_dim + rs.kv_dim) {
-        int j = (r % rs.hd) / 2;
-        float c, s;
-        rope_cos_sin(pos, rope_inv_freq(rs.base, j, rs.hd), &c, &s);
-        float ra = a * c - b * s, rb = a * s + b * c;
+        float ra = a * w.c - b * w.s, rb = a * w.s + b * w.c;
         qkv[(size_t)t * stride + r] = ra;
         qkv[(size_t)t * stride + r + 1] = rb;
         if (r >= rs.q_dim) {
-            float* k = kv_row(rs.kv_base[t], pos, rs.layer, rs.n_layers, 0, rs.kv_dim) + (r - rs.q_dim);
+            float* k = kv_row(kv, pos, rs.layer, rs.n_layers, 0, rs.kv_dim) + (r - rs.q_dim);
             k[0] = ra;
             k[1] = rb;
         }
     } else {
         qkv[(size_t)t * stride + r] = a;
         qkv[(size_t)t * stride + r + 1] = b;
-        float* v = kv_row(rs.kv_base[t], pos, rs.layer, rs.n_layers, 1, rs.kv_dim) + (r - rs.q_dim - rs.kv_dim);
+        float* v = kv_row(kv, pos, rs.layer, rs.n_layers, 1, rs.kv_dim) + (r - rs.q_dim - rs.kv_dim);
         v[0] = a;
         v[1] = b;
     }
+}
+
+__device__ __forceinline__ void rope_store(const RopeStore& rs, float* qkv, int t, int r, float a, float b) {
+    rope_store_row(rs, rope_row(rs, t, r), qkv, t, r, a, b);
 }
 
 template <bool BF16, int MODE>
@@ -193,26 +207,10 @@ extern "C" __global__ void gemv_qkv_rope_f32(const float* __restrict__ w, const 
 #define STREAM_THREADS 256
 #define STREAM_WARPS (STREAM_THREADS / 32)
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-// Waits until at most N of this thread's copy groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-
 // Unit u's output for token row t from its dot products s (and v: the up row, or the pair's second row).
-__device__ __forceinline__ void stream_epilogue(int mode, float* y, int units, int u, int t, float s, float v, const RopeStore* rs) {
+__device__ __forceinline__ void stream_epilogue(int mode, float* y, int units, int u, int t, float s, float v, const RopeStore* rs, const RopeRow& rr) {
     if (mode == 3) {
-        rope_store(*rs, y, t, 2 * u, s, v);
+        rope_store_row(*rs, rr, y, t, 2 * u, s, v);
     } else {
         float* dst = y + (size_t)t * units + u;
         if (mode == 2) *dst = s / (1.0f + expf(-s)) * v;
@@ -269,6 +267,13 @@ __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, con
     }
 #pragma unroll
     for (int i = 0; i < D; i++) issue_next();
+    // Mode 3: lane t (< n) prepares token row t's rotation of the unit at hand (positions and cache
+    // bases are written by the host before a pass, never by a kernel), and stores row t's outputs.
+    RopeRow rr = {1.0f, 0.0f};
+    auto prepare = [&](int u) {
+        if (mode == 3 && lane < n && u < ub) rr = rope_row(*rs, lane, 2 * u);
+    };
+    prepare(ua);
     pdl_wait();
     trace_mark(kind, TRACE_WAITED);
 
@@ -332,8 +337,9 @@ __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, con
         for (int t = 0; t < GEMV_MAX_N; t++) {
             if (t >= n) break;
             float s = warp_sum(acc[t]), v = K == 2 ? warp_sum(acc2[t]) : 0.0f;
-            if (lane == 0) stream_epilogue(mode, y, units, u, t, s, v, rs);
+            if (lane == t) stream_epilogue(mode, y, units, u, t, s, v, rs, rr);
         }
+        prepare(u + 1);
     }
     trace_end(kind, TRACE_END);
 }

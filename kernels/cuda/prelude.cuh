@@ -44,6 +44,43 @@ __device__ __forceinline__ float round_fp8_e4m3(float x) {
 __device__ __forceinline__ void pdl_launch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
+// Asynchronous 16-byte copies global -> shared (cp.async, sm_80+), committed in groups per thread.
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// Waits until at most N of this thread's copy groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+// Thread-block clusters (sm_90): this block's rank in its cluster, a barrier of every thread of the
+// cluster (release/acquire: shared-memory writes before it, remote ones included, are visible to the
+// cluster's reads after it), and a store into the shared memory of block `rank` of the cluster at the
+// address `p` has here.
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ void st_cluster(float* p, unsigned rank, float v) {
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
+}
+
 // Timeline tracing, a diagnostic (kernels/src/device/trace.rs), compiled in only with CTX_TRACE
 // (CTXSCOPE_CUDA_TRACE=1: even unused, the marks cost the streamed GEMV registers): while `ctx_trace`
 // points at a buffer ([0] records written, [1] capacity, then (time, tag) pairs), each block's first
@@ -54,6 +91,7 @@ __device__ u64* ctx_trace;
 // Kinds (gemv_stream: TRACE_STREAM + its mode) and events, as trace.rs names them.
 #define TRACE_ATTN_DECODE 1
 #define TRACE_ARGMAX 2
+#define TRACE_ATTN_CLUSTER 3
 #define TRACE_STREAM 16
 #define TRACE_START 0
 #define TRACE_WAITED 1

@@ -1,6 +1,8 @@
 // Sampling on the device, so that a decode step copies back a token and not a vocabulary of logits.
 // One block (1024 threads) per row of `vocab` logits.
 
+#define ARGMAX_HELD 8
+
 // Greedy, one row over many blocks: grid (rows, blocks), 256 threads. Each block takes a slice of the
 // row: its maximum (first index on ties, as the host sampler), and the sum of exp(logit - its max);
 // the last block of the row to finish (a counter in `counters`, reset by it) merges the partials into
@@ -22,7 +24,19 @@ extern "C" __global__ void argmax_logprob(const float* __restrict__ logits, int 
     int lo = b * per, hi = min(vocab, lo + per);
     float bv = NEG_INF;
     int bi = 0x7fffffff;
-    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    // The thread's first ARGMAX_HELD logits are loaded at once and kept for the exp-sum (one memory
+    // latency, not one per logit); a longer slice goes on in the loop. Same order either way.
+    float held[ARGMAX_HELD];
+#pragma unroll
+    for (int k = 0; k < ARGMAX_HELD; k++) {
+        int i = lo + threadIdx.x + k * blockDim.x;
+        held[k] = i < hi ? r[i] : NEG_INF;
+    }
+#pragma unroll
+    for (int k = 0; k < ARGMAX_HELD; k++) {
+        if (held[k] > bv) { bv = held[k]; bi = lo + threadIdx.x + k * blockDim.x; }
+    }
+    for (int i = lo + threadIdx.x + ARGMAX_HELD * blockDim.x; i < hi; i += blockDim.x) {
         float v = r[i];
         if (v > bv) { bv = v; bi = i; }
     }
@@ -48,7 +62,11 @@ extern "C" __global__ void argmax_logprob(const float* __restrict__ logits, int 
     float mx = best_v[0];
     float sum = 0.0f;
     if (mx != NEG_INF) {
-        for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) sum += expf(r[i] - mx);
+#pragma unroll
+        for (int k = 0; k < ARGMAX_HELD; k++) {
+            if (lo + threadIdx.x + k * blockDim.x < hi) sum += expf(held[k] - mx);
+        }
+        for (int i = lo + threadIdx.x + ARGMAX_HELD * blockDim.x; i < hi; i += blockDim.x) sum += expf(r[i] - mx);
     }
     sum = block_sum(sum, scratch);
     size_t slot = (size_t)row * blocks + b;

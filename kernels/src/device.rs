@@ -122,6 +122,8 @@ pub struct Device {
     argmax_s: CudaSlice<f32>,
     /// The streamed GEMV's tuning (`stream::StreamTuning`; public so a benchmark can vary it).
     pub tuning: StreamTuning,
+    /// Largest thread-block cluster `attn_decode_cluster` may be launched with (0: no clusters, before sm_90).
+    pub max_cluster: usize,
 }
 
 type In<'a, T = f32> = CudaView<'a, T>;
@@ -130,11 +132,14 @@ type Out<'a, T = f32> = CudaViewMut<'a, T>;
 /// Launches `$kernel` with the arguments in the order its CUDA signature lists them (programmatic
 /// dependent launch when the device has it on; see `crate::launch`).
 macro_rules! launch {
-    ($self:ident, $kernel:literal, $cfg:expr, $($arg:expr),* $(,)?) => {{
+    ($self:ident, $kernel:literal, $cfg:expr, $($arg:expr),* $(,)?) => {
+        launch!($self, $kernel, $cfg, cluster 0, $($arg),*)
+    };
+    ($self:ident, $kernel:literal, $cfg:expr, cluster $cluster:expr, $($arg:expr),* $(,)?) => {{
         let mut args = [$( KernelArg::bits($arg, &$self.stream) ),*];
         // SAFETY: every call site passes the kernel's parameters in its declared order and types
         // (cuda/*.cu), and has checked the buffer lengths the kernel indexes.
-        unsafe { crate::launch::launch(&$self.stream, $self.function($kernel), $cfg, &mut args, $self.programmatic) }.map_err(DeviceError::from)
+        unsafe { crate::launch::launch(&$self.stream, $self.function($kernel), $cfg, &mut args, $self.programmatic, $cluster) }.map_err(DeviceError::from)
     }};
 }
 
@@ -156,6 +161,25 @@ fn check(kernel: &'static str, ok: bool, detail: impl FnOnce() -> String) -> Res
     } else {
         Err(DeviceError::Shape { kernel, detail: detail() })
     }
+}
+
+/// Tiles in `attn_decode_cluster`'s ring (`CL_RING` in cuda/attention.cu), of `CL_TILE` positions.
+const CLUSTER_RING: usize = 2;
+const CLUSTER_TILE: usize = 64;
+/// Most blocks of one `attn_decode_cluster` cluster (`CL_MAX`).
+pub const MAX_CLUSTER: usize = 16;
+
+/// Dynamic shared memory of `attn_decode_cluster` for heads of `hd`: the ring of K and V tiles, rows padded by 4 floats.
+fn cluster_ring_bytes(hd: usize) -> usize {
+    CLUSTER_RING * 2 * CLUSTER_TILE * (hd + 4) * 4
+}
+
+/// Lets `attn_decode_cluster` take its ring for the largest heads and clusters past the portable 8
+/// blocks; returns the largest cluster it may then be launched with.
+fn cluster_attributes(f: &CudaFunction) -> Result<usize, DeviceError> {
+    use cudarc::driver::sys::CUfunction_attribute as A;
+    f.set_attribute(A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, cluster_ring_bytes(MAX_HEAD_DIM) as i32)?;
+    Ok(if f.set_attribute(A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1).is_ok() { MAX_CLUSTER } else { 8 })
 }
 
 impl Device {
@@ -194,7 +218,8 @@ impl Device {
         let optin = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
         let tuning = StreamTuning::new([&functions["gemv_stream_bf16"], &functions["gemv_stream_f32"]], optin)?;
         let programmatic = major >= 9 && std::env::var("CTXSCOPE_CUDA_PDL").map_or(true, |v| v != "0");
-        Ok(Device { ctx, stream, multiprocessors, functions, modules, tracing, programmatic, counters, argmax_v, argmax_i, argmax_s, tuning })
+        let max_cluster = if major >= 9 { cluster_attributes(&functions["attn_decode_cluster"])? } else { 0 };
+        Ok(Device { ctx, stream, multiprocessors, functions, modules, tracing, programmatic, counters, argmax_v, argmax_i, argmax_s, tuning, max_cluster })
     }
 
     fn function(&self, kernel: &'static str) -> &CudaFunction {
@@ -379,6 +404,19 @@ impl Device {
         let cfg = grid((n, s.kv_heads, splits), 128);
         let counters = self.counters.slice(..ATTN_COUNTERS);
         launch!(self, "attn_decode", cfg, qkv, &ints[0], positions, kv_base, &ints[1], &ints[2], part_o, part_ml, &ints[3], &ints[4], &ints[5], &scale, &ints[6], &ints[7], &ints[8], out, &counters)
+    }
+
+    /// Decode attention of `n` rows as `attn_decode` (chunk 0) without global partials: one
+    /// thread-block cluster of `cluster` blocks (1 to `max_cluster`) per (row, KV head), each block a
+    /// contiguous span of the positions, merged through distributed shared memory (sm_90).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_decode_cluster(&self, qkv: &In, positions: &In<i32>, kv_base: &In<u64>, layer: usize, out: &mut Out, n: usize, cluster: usize, s: &AttentionShape) -> Result<(), DeviceError> {
+        let ok = s.valid() && layer < s.n_layers && (1..=self.max_cluster).contains(&cluster) && qkv.len() >= n * s.q_stride() && positions.len() >= n && kv_base.len() >= n && out.len() >= n * s.heads * s.head_dim;
+        check("attn_decode_cluster", ok, || format!("{n} rows, clusters of {cluster} (at most {} here)", self.max_cluster))?;
+        let ints = [s.q_stride() as i32, layer as i32, s.n_layers as i32, s.heads as i32, s.kv_heads as i32, s.head_dim as i32, s.window as i32];
+        let scale = 1.0 / (s.head_dim as f32).sqrt();
+        let cfg = LaunchConfig { shared_mem_bytes: cluster_ring_bytes(s.head_dim) as u32, ..grid((cluster, s.kv_heads, n), 128) };
+        launch!(self, "attn_decode_cluster", cfg, cluster cluster as u32, qkv, &ints[0], positions, kv_base, &ints[1], &ints[2], &ints[3], &ints[4], &ints[5], &scale, &ints[6], out)
     }
 
     /// Greedy pick per row of `vocab` logits: the token (first index of the maximum) and its log-probability.

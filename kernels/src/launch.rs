@@ -53,17 +53,30 @@ impl KernelArg for &u64 {
     }
 }
 
-/// Launches `function` on `stream` with the parameter slots `args` (in the kernel's declared order).
+/// Launches `function` on `stream` with the parameter slots `args` (in the kernel's declared order);
+/// `cluster` > 0 groups the grid's blocks along x into thread-block clusters of that many (sm_90; the
+/// grid's x must be a multiple of it).
 ///
 /// # Safety
 /// `args` must match the kernel's parameter list in number, order and type, and every buffer the
 /// kernel indexes must be large enough (the wrappers in `device` check this before calling).
-pub unsafe fn launch(stream: &CudaStream, function: &CudaFunction, cfg: LaunchConfig, args: &mut [u64], programmatic: bool) -> Result<(), DriverError> {
+pub unsafe fn launch(stream: &CudaStream, function: &CudaFunction, cfg: LaunchConfig, args: &mut [u64], programmatic: bool, cluster: u32) -> Result<(), DriverError> {
     let mut params: Vec<*mut c_void> = args.iter_mut().map(|slot| (slot as *mut u64).cast::<c_void>()).collect();
-    // SAFETY: an all-zero attribute is a valid (ignored) value; id and value are set below.
-    let mut attribute: CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attribute.id = CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attribute.value.programmaticStreamSerializationAllowed = 1;
+    // SAFETY: an all-zero attribute is a valid (ignored) value; ids and values are set below.
+    let mut attributes: [CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+    let mut count = 0;
+    if programmatic {
+        attributes[count].id = CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attributes[count].value.programmaticStreamSerializationAllowed = 1;
+        count += 1;
+    }
+    if cluster > 0 {
+        attributes[count].id = CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attributes[count].value.clusterDim.x = cluster;
+        attributes[count].value.clusterDim.y = 1;
+        attributes[count].value.clusterDim.z = 1;
+        count += 1;
+    }
     let config = CUlaunchConfig {
         gridDimX: cfg.grid_dim.0,
         gridDimY: cfg.grid_dim.1,
@@ -73,8 +86,8 @@ pub unsafe fn launch(stream: &CudaStream, function: &CudaFunction, cfg: LaunchCo
         blockDimZ: cfg.block_dim.2,
         sharedMemBytes: cfg.shared_mem_bytes,
         hStream: stream.cu_stream(),
-        attrs: if programmatic { &mut attribute } else { ptr::null_mut() },
-        numAttrs: u32::from(programmatic),
+        attrs: if count > 0 { attributes.as_mut_ptr() } else { ptr::null_mut() },
+        numAttrs: count as u32,
     };
     // SAFETY: `params` points at `args`' slots, alive for the call (CUDA copies them at launch); the
     // caller vouches for their match with the kernel.

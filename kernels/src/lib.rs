@@ -15,7 +15,7 @@ pub const SOURCES: [(&str, &str); 4] = [
 ];
 
 /// Kernel entry points every source must define (checked by the tests, launched by the wrappers).
-pub const KERNELS: [&str; 19] = [
+pub const KERNELS: [&str; 20] = [
     "rmsnorm_f32",
     "embed_f32",
     "embed_bf16",
@@ -33,6 +33,7 @@ pub const KERNELS: [&str; 19] = [
     "gemv_stream_f32",
     "attn_prefill",
     "attn_decode",
+    "attn_decode_cluster",
     "argmax_logprob",
     "top_p_sample",
 ];

@@ -56,6 +56,10 @@ pub struct DeviceBackend {
     stream_gemv: bool,
     /// Decode attention's split-K partials per (row, KV head); 0: two blocks per SM (`splits`).
     attn_splits: usize,
+    /// Decode attention in thread-block clusters of this many blocks per (row, KV head), merged in
+    /// distributed shared memory (`Device::attn_decode_cluster`); 0: split-K with global partials.
+    /// `CTXSCOPE_CUDA_ATTN_CLUSTER` (default 16), capped by what the device allows (none before sm_90).
+    attn_cluster: usize,
 }
 
 impl DeviceBackend {
@@ -77,7 +81,7 @@ impl DeviceBackend {
         let max_seqs = options.max_batch.max(1);
         let ws = Workspace::new(&device.stream, &c, options.step_tokens.max(max_seqs), max_seqs).map_err(&fail)?;
         device.stream.synchronize().map_err(|e| fail(e.into()))?;
-        Ok(DeviceBackend { ordinal, device, blas, config: c, weights: [golden, fast], ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: std::env::var("CTXSCOPE_CUDA_GRAPHS").map_or(true, |v| v != "0"), gemv_rows: env_usize("CTXSCOPE_CUDA_GEMV_ROWS", DEFAULT_GEMV_ROWS).clamp(1, GEMV_MAX_ROWS), stream_gemv: std::env::var("CTXSCOPE_CUDA_STREAM_GEMV").map_or(true, |v| v != "0"), attn_splits: env_usize("CTXSCOPE_CUDA_ATTN_SPLITS", 0).min(MAX_SPLITS) })
+        Ok(DeviceBackend { ordinal, device, blas, config: c, weights: [golden, fast], ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: std::env::var("CTXSCOPE_CUDA_GRAPHS").map_or(true, |v| v != "0"), gemv_rows: env_usize("CTXSCOPE_CUDA_GEMV_ROWS", DEFAULT_GEMV_ROWS).clamp(1, GEMV_MAX_ROWS), stream_gemv: std::env::var("CTXSCOPE_CUDA_STREAM_GEMV").map_or(true, |v| v != "0"), attn_splits: env_usize("CTXSCOPE_CUDA_ATTN_SPLITS", 0).min(MAX_SPLITS), attn_cluster: 0 }.with_attn_cluster(env_usize("CTXSCOPE_CUDA_ATTN_CLUSTER", DEFAULT_ATTN_CLUSTER)))
     }
 
     /// Turns decode-graph replay on or off (off: every pass launches its kernels one by one).
@@ -90,7 +94,7 @@ impl DeviceBackend {
     /// Captured graphs are dropped, so the next passes capture the new choice.
     pub fn set_stream_gemv(&mut self, stream: bool, tuning: StreamTuning) {
         self.stream_gemv = stream;
-        self.device.tuning = self.device.tuning.with(tuning.blocks_per_sm, tuning.lane_bytes);
+        self.device.tuning = self.device.tuning.with(tuning.blocks_per_sm, tuning.lane_bytes, tuning.qkv_lane_bytes);
         self.graphs.clear();
     }
 
@@ -105,6 +109,23 @@ impl DeviceBackend {
     pub fn set_attn_splits(&mut self, splits: usize) {
         self.attn_splits = splits.min(MAX_SPLITS);
         self.graphs.clear();
+    }
+
+    /// Sets decode attention's cluster size (0: split-K with global partials; above what the device
+    /// allows: the most it allows). Captured graphs are dropped.
+    pub fn set_attn_cluster(&mut self, cluster: usize) {
+        self.attn_cluster = cluster.min(self.device.max_cluster);
+        self.graphs.clear();
+    }
+
+    fn with_attn_cluster(mut self, cluster: usize) -> DeviceBackend {
+        self.set_attn_cluster(cluster);
+        self
+    }
+
+    /// Decode attention's cluster size now in use (0: split-K).
+    pub fn attn_cluster(&self) -> usize {
+        self.attn_cluster
     }
 
     /// The split-K setting now in use (0: the default rule).
@@ -214,6 +235,8 @@ fn path_index(path: Path) -> usize {
 /// sequences): cuBLAS 4,424 tokens/s against the GEMVs' 1,707 — a GEMV's per-row FMA and input
 /// traffic grows with the rows while a tensor-core GEMM reads the weights once for all of them.
 const DEFAULT_GEMV_ROWS: usize = 3;
+/// Decode attention's cluster size unless `CTXSCOPE_CUDA_ATTN_CLUSTER` says otherwise (measured on the H200: BENCHMARKS.md).
+const DEFAULT_ATTN_CLUSTER: usize = 16;
 
 /// A numeric setting from the environment (`CTXSCOPE_CUDA_GEMV_ROWS`, `CTXSCOPE_CUDA_ATTN_SPLITS`), else `default`.
 fn env_usize(name: &str, default: usize) -> usize {
@@ -274,7 +297,7 @@ impl Backend for DeviceBackend {
             let (mut ids, mut positions, mut bases, mut last) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             // Sampling parameters per output row (rows that do not sample draw nothing that is read).
             let (mut temps, mut top_ps, mut uniforms) = (Vec::new(), Vec::new(), Vec::new());
-            let mut plan = Plan { rows, decode: 0, prefill: Vec::new(), outputs: outs, splits: 1 };
+            let mut plan = Plan { rows, decode: 0, prefill: Vec::new(), outputs: outs, splits: 1, cluster: self.attn_cluster };
             for part in &parts {
                 let step = &steps[part.step];
                 let start = step.kv.len();

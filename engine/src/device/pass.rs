@@ -66,6 +66,9 @@ pub struct Plan {
     /// Sequences whose logits this pass produces (their rows are in `last_rows`).
     pub outputs: usize,
     pub splits: usize,
+    /// Decode attention in clusters of this many blocks (0: split-K in `splits` partials); the
+    /// attn_splitk_bf16 patch always takes split-K.
+    pub cluster: usize,
 }
 
 /// The device, its cuBLAS handle and the model's shape: what every pass needs.
@@ -119,18 +122,22 @@ impl Pass<'_> {
             }
             if plan.decode > 0 {
                 let m = plan.decode;
-                d.attn_decode(
-                    &ws.qkv.slice(..m * q_stride),
-                    &ws.positions.slice(..m),
-                    &ws.kv_base.slice(..m),
-                    i,
-                    (&mut ws.part_o.slice_mut(..), &mut ws.part_ml.slice_mut(..)),
-                    &mut ws.att.slice_mut(..m * dim),
-                    m,
-                    plan.splits,
-                    num.splitk_chunk,
-                    &attn,
-                )?;
+                if plan.cluster > 0 && num.splitk_chunk == 0 {
+                    d.attn_decode_cluster(&ws.qkv.slice(..m * q_stride), &ws.positions.slice(..m), &ws.kv_base.slice(..m), i, &mut ws.att.slice_mut(..m * dim), m, plan.cluster, &attn)?;
+                } else {
+                    d.attn_decode(
+                        &ws.qkv.slice(..m * q_stride),
+                        &ws.positions.slice(..m),
+                        &ws.kv_base.slice(..m),
+                        i,
+                        (&mut ws.part_o.slice_mut(..), &mut ws.part_ml.slice_mut(..)),
+                        &mut ws.att.slice_mut(..m * dim),
+                        m,
+                        plan.splits,
+                        num.splitk_chunk,
+                        &attn,
+                    )?;
+                }
             }
             for chunk in &plan.prefill {
                 let (r, k) = (chunk.row, chunk.n);
@@ -169,14 +176,13 @@ impl Pass<'_> {
     /// round between the steps the streamed kernels fuse), few enough rows, and every plan fits.
     fn streamable(&self, w: &DeviceWeights, n: usize) -> bool {
         let d = self.device;
-        let fits = |m: &Matrix, op: StreamOp| d.stream_plan(m, n, op).is_some();
+        let fits = |m: &Matrix, op: StreamOp, norm: bool| d.stream_plan(m, n, op, norm).is_some();
+        let (store, accumulate) = (StreamOp::Gemv(GemvMode::Store), StreamOp::Gemv(GemvMode::Accumulate));
         self.stream
             && n <= self.gemv_rows
             && self.numerics.is_plain()
-            && fits(w.output(), StreamOp::Gemv(GemvMode::Store))
-            && w.layers.iter().all(|l| {
-                fits(&l.wqkv, StreamOp::QkvRope) && fits(&l.wo, StreamOp::Gemv(GemvMode::Accumulate)) && fits(&l.w_gu, StreamOp::Gemv(GemvMode::SwiGlu)) && fits(&l.w_down, StreamOp::Gemv(GemvMode::Accumulate))
-            })
+            && fits(w.output(), store, true)
+            && w.layers.iter().all(|l| fits(&l.wqkv, StreamOp::QkvRope, true) && fits(&l.wo, accumulate, false) && fits(&l.w_gu, StreamOp::Gemv(GemvMode::SwiGlu), true) && fits(&l.w_down, accumulate, false))
     }
 
     /// A matmul whose product is added to the residual stream `x`: fused (accumulate) unless

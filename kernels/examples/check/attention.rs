@@ -144,6 +144,7 @@ pub(crate) fn check_decode(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res
         let mut rows = [
             Row::new(format!("attn_decode {} (vs f64)", shape_name(&shape)), F32_LIMIT),
             Row::new(format!("attn_decode {} splitk16 (vs emulation)", shape_name(&shape)), SPLITK_LIMIT),
+            Row::new(format!("attn_decode_cluster {} (vs f64)", shape_name(&shape)), F32_LIMIT),
         ];
         for window in [0usize, 100] {
             let s = AttentionShape { window, ..shape };
@@ -156,6 +157,13 @@ pub(crate) fn check_decode(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res
                     exact_ref.extend(attend_f64(q, cache, layer, h / group, window_start(pos, window), pos));
                     splitk_ref.extend(to_f64(&attend_splitk(q, cache, layer, h / group, window_start(pos, window), pos, 16)));
                 }
+            }
+            for cluster in [1usize, 3, 8, 16].into_iter().filter(|&c| c <= dev.max_cluster) {
+                let mut out = nan_buf(st, n * width + TAIL)?;
+                dev.attn_decode_cluster(&dq.as_view(), &dpos.as_view(), &dbase.as_view(), layer, &mut out.as_view_mut(), n, cluster, &s)?;
+                let got = read(st, &out)?;
+                let c = compare(&got[..n * width], &exact_ref).tail(&got[n * width..]);
+                rows[2].add(&format!("win {window} cluster {cluster}"), c);
             }
             for (row, chunk) in rows.iter_mut().zip([0usize, 16]) {
                 for splits in [1usize, 7, 32] {

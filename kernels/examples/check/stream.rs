@@ -42,21 +42,21 @@ pub(crate) fn check_stream(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res
             for n in [1usize, 3, 8] {
                 for mode in [GemvMode::Store, GemvMode::Accumulate, GemvMode::SwiGlu] {
                     let w = if mode == GemvMode::SwiGlu { &fused } else { &single };
-                    if dev.stream_plan(w, n, StreamOp::Gemv(mode)).is_none() {
-                        // Too large for a block's shared memory: the wrapper must say so, not launch.
-                        let mut y = nan_buf(s, n * rows + TAIL)?;
-                        let accepted = dev.gemv_stream(w, &dx.slice(0..n * cols), &mut y.as_view_mut(), n, mode, false, None).is_ok();
-                        row.add(&format!("n={n} {mode:?} refused"), compare(&[], &[]).flag(usize::from(accepted), "launched without a plan"));
-                        refused.push(format!("n={n} {mode:?}"));
-                        continue;
-                    }
                     for norm in [false, true] {
+                        let gv = dg.as_view();
+                        if dev.stream_plan(w, n, StreamOp::Gemv(mode), norm).is_none() {
+                            // Too large for a block's shared memory: the wrapper must say so, not launch.
+                            let mut y = nan_buf(s, n * rows + TAIL)?;
+                            let accepted = dev.gemv_stream(w, &dx.slice(0..n * cols), &mut y.as_view_mut(), n, mode, false, norm.then_some((&gv, EPS))).is_ok();
+                            row.add(&format!("n={n} {mode:?} norm={norm} refused"), compare(&[], &[]).flag(usize::from(accepted), "launched without a plan"));
+                            refused.push(format!("n={n} {mode:?} norm={norm}"));
+                            continue;
+                        }
                         for round_x in [false, true] {
                             let mut y = nan_buf(s, n * rows + TAIL)?;
                             if mode == GemvMode::Accumulate {
                                 s.memcpy_htod(&y0[..n * rows], &mut y.slice_mut(0..n * rows))?;
                             }
-                            let gv = dg.as_view();
                             dev.gemv_stream(w, &dx.slice(0..n * cols), &mut y.as_view_mut(), n, mode, round_x, norm.then_some((&gv, EPS)))?;
                             let got = read(s, &y)?;
                             let want = gemv_want(&refs[usize::from(norm)][usize::from(round_x)], &y0, rows, n, mode);

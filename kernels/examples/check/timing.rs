@@ -33,7 +33,8 @@ pub(crate) fn time_small(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res {
     let (heads, kv_heads, hd, layers, len, dim) = (32usize, 8usize, 64usize, 16usize, 600usize, 2048usize);
     let kv_dim = kv_heads * hd;
     let per_pos = layers * 2 * kv_dim;
-    let cache = s.clone_htod(&rng.vec(len * per_pos, 1.0))?;
+    // Room for the longest context timed below.
+    let cache = s.clone_htod(&rng.vec(4 * len * per_pos, 1.0))?;
     let base = cache.device_ptr(s).0;
     let bases = s.clone_htod(&[base])?;
     let positions = s.clone_htod(&[(len - 1) as i32])?;
@@ -50,6 +51,19 @@ pub(crate) fn time_small(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res {
             Ok(())
         })?;
         lines.push(format!("attn_decode 1 row, {len} positions, {splits} splits: {:.1} us (min {:.1})", med * 1e3, min * 1e3));
+    }
+    for len in [len, 4 * len] {
+        let positions = s.clone_htod(&[(len - 1) as i32])?;
+        for cluster in [8usize, 16].into_iter().filter(|&c| c <= dev.max_cluster) {
+            let (med, min) = time_ms(dev, 50, || Ok(dev.attn_decode_cluster(&qkv.as_view(), &positions.as_view(), &bases.as_view(), 3, &mut out.as_view_mut(), 1, cluster, &shape)?))?;
+            lines.push(format!("attn_decode_cluster 1 row, {len} positions, clusters of {cluster}: {:.1} us (min {:.1})", med * 1e3, min * 1e3));
+        }
+        if len > 600 {
+            let mut po = nan_buf(s, heads * 32 * hd)?;
+            let mut pml = nan_buf(s, heads * 32 * 2)?;
+            let (med, min) = time_ms(dev, 50, || Ok(dev.attn_decode(&qkv.as_view(), &positions.as_view(), &bases.as_view(), 3, (&mut po.as_view_mut(), &mut pml.as_view_mut()), &mut out.as_view_mut(), 1, 32, 0, &shape)?))?;
+            lines.push(format!("attn_decode 1 row, {len} positions, 32 splits: {:.1} us (min {:.1})", med * 1e3, min * 1e3));
+        }
     }
     let rope = RopeShape { n_layers: layers, heads, kv_heads, head_dim: hd, base: 500000.0, flags: 0, kv_scale: 1.0 };
     let (med, _) = time_ms(dev, 50, || Ok(dev.rope_kv(&mut qkv.as_view_mut(), &positions.as_view(), &bases.as_view(), 1, 3, &rope)?))?;

@@ -16,6 +16,8 @@ const THREADS: usize = 256;
 pub struct StreamPlan {
     /// Output units: rows, gate/up pairs (SwiGLU) or RoPE pairs (QKV).
     pub units: usize,
+    /// Weight bytes each lane keeps in flight.
+    pub lane_bytes: usize,
     /// Dynamic shared memory: every thread's in-flight slots and the staged input rows.
     pub smem: usize,
     pub blocks: usize,
@@ -26,12 +28,16 @@ pub type Norm<'a, 'b> = Option<(&'a In<'b>, f32)>;
 
 /// Tuning of the streamed GEMV, set when the device opens: `CTXSCOPE_CUDA_STREAM_BLOCKS` blocks per
 /// SM (default 4, fewer where that many do not fit), `CTXSCOPE_CUDA_LANE_BYTES` weight bytes each
-/// lane keeps in flight (128 or 256, default 128), `CTXSCOPE_CUDA_CARVEOUT` the kernels' preferred
-/// shared-memory carveout in percent (default 100). Defaults measured on the H200 (BENCHMARKS.md).
+/// lane keeps in flight (128 or 256, default 128) and `CTXSCOPE_CUDA_QKV_LANE_BYTES` those of the QKV
+/// projection (default 128: at 256 its blocks take more shared memory and hold decode attention's
+/// clusters back), `CTXSCOPE_CUDA_CARVEOUT` the kernels' preferred shared-memory
+/// carveout in percent (default 100). Defaults measured on the H200 (BENCHMARKS.md).
 #[derive(Debug, Clone, Copy)]
 pub struct StreamTuning {
     pub blocks_per_sm: usize,
     pub lane_bytes: usize,
+    /// In-flight bytes per lane of the QKV projection (`StreamOp::QkvRope`).
+    pub qkv_lane_bytes: usize,
     /// Largest dynamic shared memory a block may ask for.
     pub smem_limit: usize,
 }
@@ -50,13 +56,14 @@ impl StreamTuning {
             f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, carveout)?;
             smem_limit = smem_limit.min(dynamic);
         }
-        Ok(StreamTuning { blocks_per_sm: 4, lane_bytes: 128, smem_limit }.with(var("CTXSCOPE_CUDA_STREAM_BLOCKS", 4), var("CTXSCOPE_CUDA_LANE_BYTES", 128)))
+        let tuning = StreamTuning { blocks_per_sm: 4, lane_bytes: 128, qkv_lane_bytes: 128, smem_limit };
+        Ok(tuning.with(var("CTXSCOPE_CUDA_STREAM_BLOCKS", 4), var("CTXSCOPE_CUDA_LANE_BYTES", 128), var("CTXSCOPE_CUDA_QKV_LANE_BYTES", 128)))
     }
 
-    /// This tuning with `blocks_per_sm` (1 to 4) blocks per SM and `lane_bytes` in flight per lane,
-    /// each brought to what the kernel supports.
-    pub fn with(self, blocks_per_sm: usize, lane_bytes: usize) -> StreamTuning {
-        StreamTuning { blocks_per_sm: blocks_per_sm.clamp(1, 4), lane_bytes: supported_lane_bytes(lane_bytes), ..self }
+    /// This tuning with `blocks_per_sm` (1 to 4) blocks per SM and `lane_bytes` in flight per lane
+    /// (`qkv_lane_bytes` in the QKV projection), each brought to what the kernel supports.
+    pub fn with(self, blocks_per_sm: usize, lane_bytes: usize, qkv_lane_bytes: usize) -> StreamTuning {
+        StreamTuning { blocks_per_sm: blocks_per_sm.clamp(1, 4), lane_bytes: supported_lane_bytes(lane_bytes), qkv_lane_bytes: supported_lane_bytes(qkv_lane_bytes), ..self }
     }
 }
 
@@ -87,17 +94,20 @@ impl StreamOp {
 }
 
 impl Device {
-    /// The plan for `n` token rows through `w`, or `None` when the shape is not streamable or the ring
-    /// and the input rows do not fit in one block's shared memory (the caller falls back to `gemv`).
-    pub fn stream_plan(&self, w: &Matrix, n: usize, op: StreamOp) -> Option<StreamPlan> {
+    /// The plan for `n` token rows through `w` (`norm`: with the RMSNorm folded in), or `None` when
+    /// the shape is not streamable or the ring and the input rows do not fit in one block's shared
+    /// memory (the caller falls back to `gemv`).
+    pub fn stream_plan(&self, w: &Matrix, n: usize, op: StreamOp, norm: bool) -> Option<StreamPlan> {
         let mode = op.mode();
         let k = if mode >= 2 { 2 } else { 1 };
         let units = w.rows / k;
         if !(1..=GEMV_MAX_ROWS).contains(&n) || units == 0 || !w.cols.is_multiple_of(8) || !w.rows.is_multiple_of(k) {
             return None;
         }
-        // The lanes' slots, the input rows and the norm weight.
-        let smem = self.tuning.lane_bytes * THREADS + (n + 1) * w.cols * 4;
+        // The lanes' slots, the input rows and the norm weight (only with a norm: the less a block
+        // takes, the sooner the next kernel's blocks fit beside it).
+        let lane_bytes = if op == StreamOp::QkvRope { self.tuning.qkv_lane_bytes } else { self.tuning.lane_bytes };
+        let smem = lane_bytes * THREADS + (n + usize::from(norm)) * w.cols * 4;
         if smem > self.tuning.smem_limit {
             return None;
         }
@@ -105,7 +115,7 @@ impl Device {
         let kernel = if matches!(w.data, MatrixData::Bf16(_)) { "gemv_stream_bf16" } else { "gemv_stream_f32" };
         let fit = self.function(kernel).occupancy_max_active_blocks_per_multiprocessor(THREADS as u32, smem, None).ok()? as usize;
         let blocks = units.div_ceil(THREADS / 32).min(self.tuning.blocks_per_sm.min(fit) * self.multiprocessors);
-        (blocks > 0).then_some(StreamPlan { units, smem, blocks })
+        (blocks > 0).then_some(StreamPlan { units, lane_bytes, smem, blocks })
     }
 
     /// `y[t] (mode)= W x[t]` for `n` token rows, streaming W through shared memory; `norm` normalizes
@@ -131,7 +141,7 @@ impl Device {
     #[allow(clippy::too_many_arguments)]
     fn stream_launch(&self, w: &Matrix, x: &In, y: &mut Out, n: usize, op: StreamOp, round_x: bool, norm: Norm, rope: [u64; 2], ints: [i32; 5], base: f32) -> Result<(), DeviceError> {
         let mode = op.mode();
-        let Some(plan) = self.stream_plan(w, n, op) else {
+        let Some(plan) = self.stream_plan(w, n, op, norm.is_some()) else {
             return Err(DeviceError::Shape { kernel: "gemv_stream", detail: format!("{}x{} by {n} rows (mode {mode}): not a streamable shape, or its ring and input rows exceed a block's shared memory", w.rows, w.cols) });
         };
         if let Some((g, _)) = norm {
@@ -141,7 +151,7 @@ impl Device {
             Some((g, eps)) => (g.bits(&self.stream), eps),
             None => (0u64, 0.0),
         };
-        let args = [plan.units as i32, w.cols as i32, n as i32, mode, i32::from(round_x), self.tuning.lane_bytes as i32];
+        let args = [plan.units as i32, w.cols as i32, n as i32, mode, i32::from(round_x), plan.lane_bytes as i32];
         let cfg = LaunchConfig { grid_dim: (plan.blocks as u32, 1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: plan.smem as u32 };
         let (positions, kv_base) = (&rope[0], &rope[1]);
         match &w.data {

@@ -48,6 +48,7 @@ pub fn kind_name(kind: u8) -> &'static str {
     match kind {
         1 => "attn_decode",
         2 => "argmax",
+        3 => "attn_cluster",
         16 => "stream store",
         17 => "stream accumulate",
         18 => "stream swiglu",

@@ -124,6 +124,9 @@ pub struct Device {
     pub tuning: StreamTuning,
     /// Largest thread-block cluster `attn_decode_cluster` may be launched with (0: no clusters, before sm_90).
     pub max_cluster: usize,
+    /// Pad `attn_decode_cluster`'s shared memory so that an SM holds at most an even share of its
+    /// blocks (as `StreamTuning::spread`; `CTXSCOPE_CUDA_ATTN_SPREAD=1`).
+    pub attn_spread: bool,
 }
 
 type In<'a, T = f32> = CudaView<'a, T>;
@@ -216,10 +219,12 @@ impl Device {
         let argmax_i = stream.alloc_zeros::<i32>(ARGMAX_MAX_ROWS * ARGMAX_BLOCKS)?;
         let argmax_s = stream.alloc_zeros::<f32>(ARGMAX_MAX_ROWS * ARGMAX_BLOCKS)?;
         let optin = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
-        let tuning = StreamTuning::new([&functions["gemv_stream_bf16"], &functions["gemv_stream_f32"]], optin)?;
+        let per_sm = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)? as usize;
+        let tuning = StreamTuning::new([&functions["gemv_stream_bf16"], &functions["gemv_stream_f32"]], optin, per_sm)?;
         let programmatic = major >= 9 && std::env::var("CTXSCOPE_CUDA_PDL").map_or(true, |v| v != "0");
         let max_cluster = if major >= 9 { cluster_attributes(&functions["attn_decode_cluster"])? } else { 0 };
-        Ok(Device { ctx, stream, multiprocessors, functions, modules, tracing, programmatic, counters, argmax_v, argmax_i, argmax_s, tuning, max_cluster })
+        let attn_spread = std::env::var("CTXSCOPE_CUDA_ATTN_SPREAD").is_ok_and(|v| v == "1");
+        Ok(Device { ctx, stream, multiprocessors, functions, modules, tracing, programmatic, counters, argmax_v, argmax_i, argmax_s, tuning, max_cluster, attn_spread })
     }
 
     fn function(&self, kernel: &'static str) -> &CudaFunction {
@@ -415,7 +420,12 @@ impl Device {
         check("attn_decode_cluster", ok, || format!("{n} rows, clusters of {cluster} (at most {} here)", self.max_cluster))?;
         let ints = [s.q_stride() as i32, layer as i32, s.n_layers as i32, s.heads as i32, s.kv_heads as i32, s.head_dim as i32, s.window as i32];
         let scale = 1.0 / (s.head_dim as f32).sqrt();
-        let cfg = LaunchConfig { shared_mem_bytes: cluster_ring_bytes(s.head_dim) as u32, ..grid((cluster, s.kv_heads, n), 128) };
+        let mut smem = cluster_ring_bytes(s.head_dim);
+        if self.attn_spread {
+            let share = (cluster * s.kv_heads * n).div_ceil(self.multiprocessors);
+            smem = smem.max((self.tuning.smem_per_sm / (share + 1) + 1).min(cluster_ring_bytes(MAX_HEAD_DIM)));
+        }
+        let cfg = LaunchConfig { shared_mem_bytes: smem as u32, ..grid((cluster, s.kv_heads, n), 128) };
         launch!(self, "attn_decode_cluster", cfg, cluster cluster as u32, qkv, &ints[0], positions, kv_base, &ints[1], &ints[2], &ints[3], &ints[4], &ints[5], &scale, &ints[6], out)
     }
 

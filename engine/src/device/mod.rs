@@ -89,12 +89,12 @@ impl DeviceBackend {
         self.use_graphs = on;
     }
 
-    /// Chooses the decode GEMVs: streamed (`stream`, with `tuning`'s blocks per SM and bytes in
-    /// flight per lane, normalized to what the kernel supports) or the one-warp-per-row kernels.
+    /// Chooses the decode GEMVs: streamed (`stream`, with `tuning`'s blocks per SM, bytes in flight
+    /// per lane — normalized to what the kernel supports — and spread) or the one-warp-per-row kernels.
     /// Captured graphs are dropped, so the next passes capture the new choice.
     pub fn set_stream_gemv(&mut self, stream: bool, tuning: StreamTuning) {
         self.stream_gemv = stream;
-        self.device.tuning = self.device.tuning.with(tuning.blocks_per_sm, tuning.lane_bytes, tuning.qkv_lane_bytes);
+        self.device.tuning = StreamTuning { spread: tuning.spread, ..self.device.tuning.with(tuning.blocks_per_sm, tuning.lane_bytes, tuning.qkv_lane_bytes) };
         self.graphs.clear();
     }
 
@@ -118,9 +118,21 @@ impl DeviceBackend {
         self.graphs.clear();
     }
 
+    /// Pads decode attention's clusters to an even share of blocks per SM (`Device::attn_spread`).
+    /// Captured graphs are dropped.
+    pub fn set_attn_spread(&mut self, spread: bool) {
+        self.device.attn_spread = spread;
+        self.graphs.clear();
+    }
+
     fn with_attn_cluster(mut self, cluster: usize) -> DeviceBackend {
         self.set_attn_cluster(cluster);
         self
+    }
+
+    /// Whether decode attention's clusters are padded to an even share per SM.
+    pub fn attn_spread(&self) -> bool {
+        self.device.attn_spread
     }
 
     /// Decode attention's cluster size now in use (0: split-K).

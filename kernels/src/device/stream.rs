@@ -31,21 +31,29 @@ pub type Norm<'a, 'b> = Option<(&'a In<'b>, f32)>;
 /// lane keeps in flight (128 or 256, default 128) and `CTXSCOPE_CUDA_QKV_LANE_BYTES` those of the QKV
 /// projection (default 128: at 256 its blocks take more shared memory and hold decode attention's
 /// clusters back), `CTXSCOPE_CUDA_CARVEOUT` the kernels' preferred shared-memory
-/// carveout in percent (default 100). Defaults measured on the H200 (BENCHMARKS.md).
+/// carveout in percent (default 100), `CTXSCOPE_CUDA_STREAM_SPREAD=0` lets a launch's blocks pack onto
+/// fewer SMs (see `spread`). Defaults measured on the H200 (BENCHMARKS.md).
 #[derive(Debug, Clone, Copy)]
 pub struct StreamTuning {
     pub blocks_per_sm: usize,
     pub lane_bytes: usize,
     /// In-flight bytes per lane of the QKV projection (`StreamOp::QkvRope`).
     pub qkv_lane_bytes: usize,
+    /// Pad each launch's shared memory so that no SM can hold more of its blocks than an even spread
+    /// over the SMs gives it. With programmatic launch a kernel's blocks land on whichever SMs free up
+    /// first; without the padding a launch of a few blocks per SM can pile onto some SMs and leave
+    /// others idle (measured: BENCHMARKS.md).
+    pub spread: bool,
     /// Largest dynamic shared memory a block may ask for.
     pub smem_limit: usize,
+    /// Shared memory of one SM.
+    pub smem_per_sm: usize,
 }
 
 impl StreamTuning {
     /// Reads the environment and lets `kernels` (the two streamed GEMVs) take all the dynamic shared
     /// memory a block may opt in to (`optin` less their static arrays), with the carveout asked for.
-    pub(super) fn new(kernels: [&CudaFunction; 2], optin: usize) -> Result<StreamTuning, DeviceError> {
+    pub(super) fn new(kernels: [&CudaFunction; 2], optin: usize, smem_per_sm: usize) -> Result<StreamTuning, DeviceError> {
         let var = |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
         let carveout = var("CTXSCOPE_CUDA_CARVEOUT", 100).min(100) as i32;
         let mut smem_limit = optin;
@@ -56,7 +64,8 @@ impl StreamTuning {
             f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, carveout)?;
             smem_limit = smem_limit.min(dynamic);
         }
-        let tuning = StreamTuning { blocks_per_sm: 4, lane_bytes: 128, qkv_lane_bytes: 128, smem_limit };
+        let spread = var("CTXSCOPE_CUDA_STREAM_SPREAD", 1) != 0;
+        let tuning = StreamTuning { blocks_per_sm: 4, lane_bytes: 128, qkv_lane_bytes: 128, spread, smem_limit, smem_per_sm };
         Ok(tuning.with(var("CTXSCOPE_CUDA_STREAM_BLOCKS", 4), var("CTXSCOPE_CUDA_LANE_BYTES", 128), var("CTXSCOPE_CUDA_QKV_LANE_BYTES", 128)))
     }
 
@@ -113,8 +122,22 @@ impl Device {
         }
         // Every block must be resident at once (each owns a share of the work): no more per SM than fit.
         let kernel = if matches!(w.data, MatrixData::Bf16(_)) { "gemv_stream_bf16" } else { "gemv_stream_f32" };
-        let fit = self.function(kernel).occupancy_max_active_blocks_per_multiprocessor(THREADS as u32, smem, None).ok()? as usize;
-        let blocks = units.div_ceil(THREADS / 32).min(self.tuning.blocks_per_sm.min(fit) * self.multiprocessors);
+        let function = self.function(kernel);
+        let fit = |smem: usize| function.occupancy_max_active_blocks_per_multiprocessor(THREADS as u32, smem, None).ok().map(|f| f as usize);
+        let blocks = units.div_ceil(THREADS / 32).min(self.tuning.blocks_per_sm.min(fit(smem)?) * self.multiprocessors);
+        let mut smem = smem;
+        if self.tuning.spread && blocks > 0 {
+            // The least shared memory (in 1 KB steps from an even share of the SM's) with which an SM
+            // holds at most its even share of the blocks.
+            let share = blocks.div_ceil(self.multiprocessors);
+            let mut padded = smem.max((self.tuning.smem_per_sm / (share + 1)) & !1023);
+            while padded <= self.tuning.smem_limit && fit(padded)? > share {
+                padded += 1024;
+            }
+            if padded <= self.tuning.smem_limit {
+                smem = padded;
+            }
+        }
         (blocks > 0).then_some(StreamPlan { units, lane_bytes, smem, blocks })
     }
 

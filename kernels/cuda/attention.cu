@@ -322,78 +322,79 @@ __device__ __forceinline__ void attend_ring(const float* qs, const float* ks, co
     m = m_new;
 }
 
-extern "C" __global__ void attn_decode_cluster(const float* __restrict__ q, int q_stride, const int* __restrict__ positions,
-                                               const u64* __restrict__ kv_base, int layer, int n_layers, int heads, int kv_heads, int hd,
-                                               float scale, int window, float* __restrict__ out) {
-    extern __shared__ __align__(16) float ring[];
-    __shared__ __align__(16) float qs[16][MAX_HD];
-    // What the cluster pushes here: every block's (max, sum) per head, and its share of the outputs this block merges.
-    __shared__ float rx_ml[CL_MAX][16][2], rx_acc[CL_OUTS + CL_MAX];
-    pdl_launch();
-    trace_mark(TRACE_ATTN_CLUSTER, TRACE_START);
-    const int size = gridDim.x, rank = (int)cluster_rank(), kvh = blockIdx.y, t = blockIdx.z;
-    const int group = heads / kv_heads, kv_dim = kv_heads * hd, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int stride = hd + 4, vecs = hd / 4, tile_floats = 2 * CL_TILE * stride;
-    const int len = positions[t] + 1;
+// A cluster block's share of the visible positions of a row whose newest position is `len - 1`.
+struct ClusterSpan {
+    int len, lo, hi, tiles;
+};
+
+__device__ __forceinline__ ClusterSpan cluster_span(int len, int window, int size, int rank) {
     const int first = window > 0 ? max(0, len - window) : 0;
     const int span = (len - first + size - 1) / size;
-    const int lo = first + rank * span, hi = min(len, lo + span);
-    const int tiles = hi > lo ? (hi - lo + CL_TILE - 1) / CL_TILE : 0;
-    const u64 base = kv_base[t];
-    // Tile i's copies into ring slot i % CL_RING, one commit group per tile (empty ones too); the
-    // newest position is left to the loads after the wait.
-    auto issue = [&](int i) {
-        if (i < tiles) {
-            const int t0 = lo + i * CL_TILE, count = min(CL_TILE, hi - t0);
-            float* ks = ring + (i % CL_RING) * tile_floats;
-            for (int e = threadIdx.x; e < count * vecs; e += blockDim.x) {
-                const int j = e / vecs, c = 4 * (e % vecs);
-                if (t0 + j == len - 1) continue;
-                cp_async16(ks + j * stride + c, kv_row(base, t0 + j, layer, n_layers, 0, kv_dim) + kvh * hd + c);
-                cp_async16(ks + (CL_TILE + j) * stride + c, kv_row(base, t0 + j, layer, n_layers, 1, kv_dim) + kvh * hd + c);
-            }
+    ClusterSpan c;
+    c.len = len;
+    c.lo = first + rank * span;
+    c.hi = min(len, c.lo + span);
+    c.tiles = c.hi > c.lo ? (c.hi - c.lo + CL_TILE - 1) / CL_TILE : 0;
+    return c;
+}
+
+// Tile i's K/V copies into ring slot i % CL_RING, one commit group per call (empty ones too); the
+// newest position is left out (it comes through `newest_kv`).
+__device__ __forceinline__ void cluster_issue(float* ring, int i, const ClusterSpan& c, u64 base, int layer, int n_layers, int kvh, int hd, int kv_dim) {
+    const int stride = hd + 4, vecs = hd / 4;
+    if (i < c.tiles) {
+        const int t0 = c.lo + i * CL_TILE, count = min(CL_TILE, c.hi - t0);
+        float* ks = ring + (i % CL_RING) * 2 * CL_TILE * stride;
+        for (int e = threadIdx.x; e < count * vecs; e += blockDim.x) {
+            const int j = e / vecs, d = 4 * (e % vecs);
+            if (t0 + j == c.len - 1) continue;
+            cp_async16(ks + j * stride + d, kv_row(base, t0 + j, layer, n_layers, 0, kv_dim) + kvh * hd + d);
+            cp_async16(ks + (CL_TILE + j) * stride + d, kv_row(base, t0 + j, layer, n_layers, 1, kv_dim) + kvh * hd + d);
         }
-        cp_async_commit();
-    };
-#pragma unroll
-    for (int i = 0; i < CL_RING; i++) issue(i);
-    pdl_wait();
-    trace_mark(TRACE_ATTN_CLUSTER, TRACE_WAITED);
-    // The group's query heads, and (the block holding it) the newest position's K and V rows: thread
-    // c < vecs carries K's float4 c, vecs <= c < 2 vecs V's.
-    for (int i = threadIdx.x; i < group * vecs; i += blockDim.x) {
-        const int g = i / vecs, c = i % vecs;
-        *(float4*)&qs[g][4 * c] = *((const float4*)(q + (size_t)t * q_stride + (kvh * group + g) * hd) + c);
     }
-    const bool carries = tiles > 0 && hi == len && (int)threadIdx.x < 2 * vecs;
-    float4 newest = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (carries) newest = *((const float4*)(kv_row(base, len - 1, layer, n_layers, threadIdx.x / vecs, kv_dim) + kvh * hd) + threadIdx.x % vecs);
-    float m[4], l[4], acc[4][HD_PER_LANE];
+    cp_async_commit();
+}
+
+// The block's span through the ring (its first CL_RING tiles already issued, nothing else in flight),
+// the newest position's K and V rows taken from `newest_kv` (thread d < 2 * hd / 4 copies its float4);
+// warp w owns query heads w, w + warps, ... (at most 4). Leaves each head's online-softmax state.
+__device__ __forceinline__ void cluster_attend(float* ring, const ClusterSpan& c, const float (*qs)[MAX_HD], const float (*newest_kv)[MAX_HD], u64 base,
+                                               int layer, int n_layers, int kvh, int hd, int kv_dim, int group, float scale, float (&m)[4],
+                                               float (&l)[4], float (&acc)[4][HD_PER_LANE]) {
+    const int stride = hd + 4, vecs = hd / 4, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const bool carries = c.tiles > 0 && c.hi == c.len && (int)threadIdx.x < 2 * vecs;
     reset_states(m, l, acc);
-    for (int i = 0; i < tiles; i++) {
+    for (int i = 0; i < c.tiles; i++) {
         cp_async_wait<CL_RING - 1>();  // tile i's group has landed (one group is committed per tile)
-        const int t0 = lo + i * CL_TILE, count = min(CL_TILE, hi - t0);
-        float* ks = ring + (i % CL_RING) * tile_floats;
-        if (carries && len - 1 < t0 + count) {
-            const int j = len - 1 - t0, kind = threadIdx.x / vecs, c = 4 * (threadIdx.x % vecs);
-            *(float4*)(ks + (kind * CL_TILE + j) * stride + c) = newest;
+        const int t0 = c.lo + i * CL_TILE, count = min(CL_TILE, c.hi - t0);
+        float* ks = ring + (i % CL_RING) * 2 * CL_TILE * stride;
+        if (carries && c.len - 1 < t0 + count) {
+            const int kind = threadIdx.x / vecs, d = 4 * (threadIdx.x % vecs);
+            *(float4*)(ks + (kind * CL_TILE + c.len - 1 - t0) * stride + d) = *(const float4*)&newest_kv[kind][d];
         }
         __syncthreads();
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            const int g = warp + 4 * k;
+            const int g = warp + warps * k;
             if (g >= group) break;
             attend_ring(qs[g], ks, ks + CL_TILE * stride, stride, count, hd, scale, m[k], l[k], acc[k]);
         }
         __syncthreads();  // the slot is free again
-        issue(i + CL_RING);
+        cluster_issue(ring, i + CL_RING, c, base, layer, n_layers, kvh, hd, kv_dim);
     }
-    // Push: (max, sum) of each head to every block (lane b to block b), output o = g * hd + d to block
-    // o / per at slot rank * per + o % per.
+}
+
+// Every block's state into the shared memory of the blocks that merge it — (max, sum) of each head to
+// every block (lane b to block b), output o = g * hd + d to block o / per at slot rank * per + o % per
+// (remote stores, no round trip) — one cluster barrier, then this block's `per` outputs merged from its
+// own shared memory in block order into `out` (the row's heads * hd values).
+__device__ __forceinline__ void cluster_merge(const float (&m)[4], const float (&l)[4], const float (&acc)[4][HD_PER_LANE], float (*rx_ml)[16][2],
+                                              float* rx_acc, int size, int rank, int kvh, int group, int hd, float* out, int trace_kind) {
+    const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5, lane = threadIdx.x & 31;
     const int outs = group * hd, per = (outs + size - 1) / size;
 #pragma unroll
     for (int k = 0; k < 4; k++) {
-        const int g = warp + 4 * k;
+        const int g = warp + warps * k;
         if (g >= group) break;
         if (lane < size) {
             st_cluster(&rx_ml[rank][g][0], lane, m[k]);
@@ -406,7 +407,7 @@ extern "C" __global__ void attn_decode_cluster(const float* __restrict__ q, int 
         }
     }
     cluster_sync();
-    trace_mark(TRACE_ATTN_CLUSTER, TRACE_STAGED);  // every block's state is here
+    trace_mark(trace_kind, TRACE_STAGED);  // every block's state is here
     for (int k = threadIdx.x; k < per; k += blockDim.x) {
         const int o = rank * per + k, g = o / hd;
         if (o >= outs) break;
@@ -418,7 +419,179 @@ extern "C" __global__ void attn_decode_cluster(const float* __restrict__ q, int 
             sum += rx_ml[b][g][1] * w;
             acc_o += rx_acc[b * per + k] * w;
         }
-        out[(size_t)t * heads * hd + kvh * outs + o] = acc_o / sum;
+        out[kvh * outs + o] = acc_o / sum;
     }
+}
+
+extern "C" __global__ void attn_decode_cluster(const float* __restrict__ q, int q_stride, const int* __restrict__ positions,
+                                               const u64* __restrict__ kv_base, int layer, int n_layers, int heads, int kv_heads, int hd,
+                                               float scale, int window, float* __restrict__ out) {
+    extern __shared__ __align__(16) float ring[];
+    __shared__ __align__(16) float qs[16][MAX_HD];
+    __shared__ __align__(16) float newest_kv[2][MAX_HD];
+    // What the cluster pushes here: every block's (max, sum) per head, and its share of the outputs this block merges.
+    __shared__ float rx_ml[CL_MAX][16][2], rx_acc[CL_OUTS + CL_MAX];
+    pdl_launch();
+    cluster_arrive();
+    trace_mark(TRACE_ATTN_CLUSTER, TRACE_START);
+    const int size = gridDim.x, rank = (int)cluster_rank(), kvh = blockIdx.y, t = blockIdx.z;
+    const int group = heads / kv_heads, kv_dim = kv_heads * hd, vecs = hd / 4;
+    const ClusterSpan c = cluster_span(positions[t] + 1, window, size, rank);
+    const u64 base = kv_base[t];
+#pragma unroll
+    for (int i = 0; i < CL_RING; i++) cluster_issue(ring, i, c, base, layer, n_layers, kvh, hd, kv_dim);
+    pdl_wait();
+    trace_mark(TRACE_ATTN_CLUSTER, TRACE_WAITED);
+    // The group's query heads, and (the block holding it) the newest position's K and V rows, each
+    // float4 by the thread that later copies it into the ring.
+    for (int i = threadIdx.x; i < group * vecs; i += blockDim.x) {
+        const int g = i / vecs, d = 4 * (i % vecs);
+        *(float4*)&qs[g][d] = *(const float4*)(q + (size_t)t * q_stride + (kvh * group + g) * hd + d);
+    }
+    if (c.tiles > 0 && c.hi == c.len && (int)threadIdx.x < 2 * vecs) {
+        const int kind = threadIdx.x / vecs, d = 4 * (threadIdx.x % vecs);
+        *(float4*)&newest_kv[kind][d] = *(const float4*)(kv_row(base, c.len - 1, layer, n_layers, kind, kv_dim) + kvh * hd + d);
+    }
+    float m[4], l[4], acc[4][HD_PER_LANE];
+    cluster_attend(ring, c, qs, newest_kv, base, layer, n_layers, kvh, hd, kv_dim, group, scale, m, l, acc);
+    cluster_wait();  // every block of the cluster has started
+    cluster_merge(m, l, acc, rx_ml, rx_acc, size, rank, kvh, group, hd, out + (size_t)t * heads * hd, TRACE_ATTN_CLUSTER);
     trace_end(TRACE_ATTN_CLUSTER, TRACE_END);
+}
+
+// ---- The decode QKV projection and attention in one cluster launch (bf16 weights, one token row) ----
+// attn_decode_cluster with the QKV projection folded in, so that a layer's attention needs no launch
+// of its own and its queries never leave the cluster: the cluster of KV head kvh computes the
+// (group + 2) * hd rows of the fused QKV matrix that head reads (its query heads, its K and V rows),
+// block r a contiguous share of their RoPE pairs, its weights copied into shared memory before
+// griddepcontrol.wait. The input row is staged as gemv_stream stages it (RMSNorm with rmsnorm_f32's
+// sums, bf16 rounding when asked) and each pair's products are summed in gemv_stream's order, so the
+// values are gemv_stream's (mode 3) bit for bit; they are rotated as rope_store rotates and pushed:
+// queries into every block of the cluster, K and V into the sequence cache and to the block that holds
+// the newest position. After a cluster barrier the blocks attend and merge as attn_decode_cluster.
+// Dynamic shared memory: the block's weight rows (2 * ceil(pairs / cluster) rows of dim bf16), the
+// input row (dim floats), the K/V ring. dim % 8 == 0.
+#define FUSED_THREADS 256
+#define FUSED_WARPS (FUSED_THREADS / 32)
+// RoPE pairs a warp takes at most (a lane each keeps its rotation ready).
+#define FUSED_PAIRS_PER_WARP 32
+
+extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 1) qkv_attn_decode_bf16(
+    const bf16_t* __restrict__ w, const float* __restrict__ x, const float* __restrict__ norm_w, float eps, int round_x, int dim,
+    const int* __restrict__ positions, const u64* __restrict__ kv_base, int layer, int n_layers, int heads, int kv_heads, int hd,
+    float rope_base, float scale, int window, float* __restrict__ out) {
+    extern __shared__ __align__(16) unsigned char dyn[];
+    __shared__ __align__(16) float qs[16][MAX_HD];
+    __shared__ __align__(16) float newest_kv[2][MAX_HD];
+    __shared__ float rx_ml[CL_MAX][16][2], rx_acc[CL_OUTS + CL_MAX];
+    __shared__ float scratch[33];
+    pdl_launch();
+    cluster_arrive();
+    trace_mark(TRACE_QKV_ATTN, TRACE_START);
+    const int size = gridDim.x, rank = (int)cluster_rank(), kvh = blockIdx.y;
+    const int group = heads / kv_heads, q_dim = heads * hd, kv_dim = kv_heads * hd, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int pairs = (group + 2) * hd / 2, per_block = (pairs + size - 1) / size;
+    const int p0 = rank * per_block, p1 = min(pairs, p0 + per_block);
+    const int chunks = dim / 8, per_row = (chunks + 31) / 32;
+    uint4* wsm = (uint4*)dyn;
+    float* xs = (float*)(dyn + (size_t)2 * per_block * chunks * 16);
+    float* ring = xs + dim;
+    // Local row lr of this KV head (queries, then K, then V) -> its row of the fused matrix.
+    auto matrix_row = [&](int lr) {
+        if (lr < group * hd) return kvh * group * hd + lr;
+        if (lr < (group + 1) * hd) return q_dim + kvh * hd + (lr - group * hd);
+        return q_dim + kv_dim + kvh * hd + (lr - (group + 1) * hd);
+    };
+    // Everything that does not depend on the previous kernel first: the weight rows, the K/V tiles of
+    // cached positions, and (lane k of warp w: pair p0 + w + k * warps) each pair's rotation.
+    for (int e = threadIdx.x; e < (p1 - p0) * 2 * chunks; e += FUSED_THREADS) {
+        const int r = e / chunks, ch = e % chunks;
+        cp_async16(wsm + (size_t)r * chunks + ch, (const uint4*)w + (size_t)matrix_row(2 * p0 + r) * chunks + ch);
+    }
+    cp_async_commit();
+    const ClusterSpan c = cluster_span(positions[0] + 1, window, size, rank);
+    const int pos = c.len - 1;
+    const u64 base = kv_base[0];
+#pragma unroll
+    for (int i = 0; i < CL_RING; i++) cluster_issue(ring, i, c, base, layer, n_layers, kvh, hd, kv_dim);
+    float rc = 1.0f, rs = 0.0f;
+    {
+        const int p = p0 + warp + FUSED_WARPS * lane;
+        if (p < p1 && 2 * p < (group + 1) * hd) rope_cos_sin(pos, rope_inv_freq(rope_base, (2 * p % hd) / 2, hd), &rc, &rs);
+    }
+    // The block holding the newest position (the span arithmetic of cluster_span).
+    const int first = window > 0 ? max(0, c.len - window) : 0, span = (c.len - first + size - 1) / size;
+    const int newest_rank = (pos - first) / span;
+    pdl_wait();
+    trace_mark(TRACE_QKV_ATTN, TRACE_WAITED);
+    // The input row, staged as gemv_stream stages it.
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += FUSED_THREADS) {
+        const float v = x[i];
+        sum += v * v;
+        xs[i] = v;
+    }
+    if (norm_w) {
+        const float s = 1.0f / sqrtf(block_sum(sum, scratch) / dim + eps);
+        for (int i = threadIdx.x; i < dim; i += FUSED_THREADS) xs[i] = xs[i] * s * norm_w[i];
+    }
+    if (round_x) {
+        for (int i = threadIdx.x; i < dim; i += FUSED_THREADS) xs[i] = round_bf16(xs[i]);
+    }
+    cp_async_wait<CL_RING>();  // the weights' group (committed before the ring's) has landed
+    __syncthreads();
+    cluster_wait();  // every block of the cluster has started
+    for (int k = 0; k < FUSED_PAIRS_PER_WARP; k++) {
+        const int p = p0 + warp + FUSED_WARPS * k;
+        if (p >= p1) break;
+        const uint4* ra_w = wsm + (size_t)2 * (p - p0) * chunks;
+        float a = 0.0f, b = 0.0f;
+        for (int j = 0; j < per_row; j++) {
+            const int ch = lane + 32 * j;
+            if (ch < chunks) {
+                float wa[8], wb[8];
+                unpack16<true>(ra_w[ch], wa);
+                unpack16<true>(ra_w[chunks + ch], wb);
+                const float4* xp = (const float4*)(xs + (size_t)ch * 8);
+                const float4 x0 = xp[0], x1 = xp[1];
+                const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    a += wa[e] * xv[e];
+                    b += wb[e] * xv[e];
+                }
+            }
+        }
+        a = warp_sum(a);
+        b = warp_sum(b);
+        const float cs = __shfl_sync(0xffffffff, rc, k), sn = __shfl_sync(0xffffffff, rs, k);
+        const int lr = 2 * p;
+        float ra = a, rb = b;
+        if (lr < (group + 1) * hd) {
+            ra = a * cs - b * sn;
+            rb = a * sn + b * cs;
+        }
+        if (lr < group * hd) {
+            if (lane < size) {
+                st_cluster(&qs[lr / hd][lr % hd], lane, ra);
+                st_cluster(&qs[lr / hd][lr % hd + 1], lane, rb);
+            }
+        } else {
+            const int kind = lr < (group + 1) * hd ? 0 : 1, d = lr - (group + kind) * hd;
+            if (lane == 0) {
+                float* dst = kv_row(base, pos, layer, n_layers, kind, kv_dim) + kvh * hd + d;
+                dst[0] = ra;
+                dst[1] = rb;
+            } else if (lane == 1) {
+                st_cluster(&newest_kv[kind][d], newest_rank, ra);
+                st_cluster(&newest_kv[kind][d + 1], newest_rank, rb);
+            }
+        }
+    }
+    cluster_sync();  // the queries and the newest K/V rows are everywhere they are read
+    trace_mark(TRACE_QKV_ATTN, TRACE_STAGED);
+    float m[4], l[4], acc[4][HD_PER_LANE];
+    cluster_attend(ring, c, qs, newest_kv, base, layer, n_layers, kvh, hd, kv_dim, group, scale, m, l, acc);
+    cluster_merge(m, l, acc, rx_ml, rx_acc, size, rank, kvh, group, hd, out, TRACE_QKV_ATTN);
+    trace_end(TRACE_QKV_ATTN, TRACE_END);
 }

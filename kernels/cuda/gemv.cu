@@ -15,21 +15,6 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
     return v;
 }
 
-// Eight (bf16) or four (f32) weights of a 16-byte chunk as f32.
-template <bool BF16>
-__device__ __forceinline__ void unpack16(uint4 u, float* out) {
-    unsigned int words[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        if (BF16) {
-            out[2 * i] = __uint_as_float(words[i] << 16);
-            out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
-        } else {
-            out[i] = __uint_as_float(words[i]);
-        }
-    }
-}
-
 // Eight weights of row-chunk `chunk` (8 columns) as f32.
 template <bool BF16>
 __device__ __forceinline__ void load_w8(const void* w, size_t chunk, float* out) {

@@ -61,6 +61,21 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
+// Eight (bf16) or four (f32) weights of a 16-byte chunk as f32.
+template <bool BF16>
+__device__ __forceinline__ void unpack16(uint4 u, float* out) {
+    unsigned int words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if (BF16) {
+            out[2 * i] = __uint_as_float(words[i] << 16);
+            out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+        } else {
+            out[i] = __uint_as_float(words[i]);
+        }
+    }
+}
+
 // Thread-block clusters (sm_90): this block's rank in its cluster, a barrier of every thread of the
 // cluster (release/acquire: shared-memory writes before it, remote ones included, are visible to the
 // cluster's reads after it), and a store into the shared memory of block `rank` of the cluster at the
@@ -74,6 +89,11 @@ __device__ __forceinline__ unsigned cluster_rank() {
 __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
+
+// The same barrier in two halves: arrive early, wait later (a block must not touch another block's
+// shared memory before that block has started: arrive at the start, wait before the first remote access).
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
 
 __device__ __forceinline__ void st_cluster(float* p, unsigned rank, float v) {
     unsigned remote;
@@ -92,6 +112,7 @@ __device__ u64* ctx_trace;
 #define TRACE_ATTN_DECODE 1
 #define TRACE_ARGMAX 2
 #define TRACE_ATTN_CLUSTER 3
+#define TRACE_QKV_ATTN 4
 #define TRACE_STREAM 16
 #define TRACE_START 0
 #define TRACE_WAITED 1

@@ -193,3 +193,65 @@ pub(crate) fn check_decode(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res
 /// 99th percentile and 1.5e-4 at worst over 1380 random draws; without the bf16 roundings the answer is
 /// 1.3e-3 or more away from the emulation (the note shows that distance, "vs f64").
 const SPLITK_LIMIT: f64 = 5e-4;
+
+/// The fused decode QKV + attention (`qkv_attn_decode`) against its two steps — `gemv_stream_qkv_rope`
+/// (RMSNorm folded, bf16 input rounding) then `attn_decode_cluster` — on the same weights, input row
+/// and cache: the attention outputs and the K/V row it stores (the same sums in the same order, so
+/// equal up to the attention's merge, which is the cluster kernel's).
+pub(crate) fn check_qkv_attn(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res {
+    use ctxscope_kernels::device::{Matrix, RopeShape};
+    const EPS: f32 = 1e-5;
+    let st = &dev.stream;
+    if dev.max_cluster == 0 {
+        rep.info.push("qkv_attn_decode: no thread-block clusters on this device; not checked".into());
+        return Ok(());
+    }
+    let layer = 1;
+    for (shape, dim, base) in [
+        (AttentionShape { n_layers: 2, heads: 9, kv_heads: 3, head_dim: 64, window: 0 }, 576usize, 100_000.0f32),
+        (AttentionShape { n_layers: 2, heads: 32, kv_heads: 8, head_dim: 64, window: 0 }, 2048, 500_000.0),
+        (AttentionShape { n_layers: 2, heads: 16, kv_heads: 2, head_dim: 128, window: 0 }, 1024, 10_000.0),
+    ] {
+        let (hd, kv_dim, rows) = (shape.head_dim, shape.kv_heads * shape.head_dim, (shape.heads + 2 * shape.kv_heads) * shape.head_dim);
+        let width = shape.heads * hd;
+        let w = Matrix::upload(st, &rng.vec(rows * dim, 1.0 / (dim as f32).sqrt()), rows, dim, true)?;
+        let (dx, dg) = (st.clone_htod(&rng.vec(dim, 1.0))?, st.clone_htod(&rng.vec(dim, 1.0))?);
+        let rope = RopeShape { n_layers: shape.n_layers, heads: shape.heads, kv_heads: shape.kv_heads, head_dim: hd, base, flags: 0, kv_scale: 1.0 };
+        let mut row = Row::new(format!("qkv_attn_decode {} dim {dim} vs gemv_stream_qkv_rope + attn_decode_cluster", shape_name(&shape)), F32_LIMIT);
+        for pos in [0usize, 37, 700] {
+            let cache = Cache::random(rng, pos + 2, shape.n_layers, layer, kv_dim, pos);
+            let dpos = st.clone_htod(&[pos as i32])?;
+            let at = (pos * shape.n_layers + layer) * 2 * kv_dim;
+            for window in [0usize, 100] {
+                let s = AttentionShape { window, ..shape };
+                for cluster in [16usize, 8, 3].into_iter().filter(|&c| dev.qkv_attn_smem(&w, &s, c).is_some()) {
+                    // [fused, two steps]: the attention row and the cache.
+                    let mut outs = Vec::new();
+                    for fused in [true, false] {
+                        let dcache = st.clone_htod(&cache.data)?;
+                        let dbase = st.clone_htod(&[dcache.device_ptr(st).0])?;
+                        let mut out = nan_buf(st, width + TAIL)?;
+                        let gv = dg.as_view();
+                        if fused {
+                            dev.qkv_attn_decode(&w, &dx.as_view(), (&gv, EPS), true, &dpos.as_view(), &dbase.as_view(), layer, base, &s, &mut out.as_view_mut(), cluster)?;
+                        } else {
+                            let mut qkv = nan_buf(st, rows)?;
+                            dev.gemv_stream_qkv_rope(&w, &dx.as_view(), &mut qkv.as_view_mut(), 1, true, Some((&gv, EPS)), &dpos.as_view(), &dbase.as_view(), layer, &rope)?;
+                            dev.attn_decode_cluster(&qkv.as_view(), &dpos.as_view(), &dbase.as_view(), layer, &mut out.as_view_mut(), 1, cluster, &s)?;
+                        }
+                        outs.push((read(st, &out)?, read(st, &dcache)?));
+                    }
+                    let ((got, got_cache), (want, want_cache)) = (&outs[0], &outs[1]);
+                    // Everywhere but the new row the caches are the input (NaN and all): compare that row only.
+                    let stray = got_cache.iter().zip(&cache.data).enumerate().filter(|(i, (g, c))| !(at..at + 2 * kv_dim).contains(i) && g.to_bits() != c.to_bits()).count();
+                    let kv = compare(&got_cache[at..at + 2 * kv_dim], &to_f64(&want_cache[at..at + 2 * kv_dim])).flag(stray, "cache written outside the new row");
+                    let exact = got_cache[at..at + 2 * kv_dim].iter().zip(&want_cache[at..at + 2 * kv_dim]).all(|(a, b)| a.to_bits() == b.to_bits());
+                    let c = compare(&got[..width], &to_f64(&want[..width])).tail(&got[width..]).merge(kv);
+                    row.add(&format!("pos {pos} win {window} cluster {cluster}{}", if exact { " (K/V bit-exact)" } else { "" }), c);
+                }
+            }
+        }
+        rep.rows.push(row);
+    }
+    Ok(())
+}

@@ -487,32 +487,25 @@ fn run(dir: &FsPath, rep: &mut Report) {
 /// the traced timeline into `perf.<path>.variants`. Ends on the settings it started with.
 fn decode_variants(bench: &mut Bench, rep: &mut Report, path: Path, c: &ModelConfig, steps: usize, reps: usize) {
     let prompts = vec![random_prompt(PERF_PROMPT, c.vocab, 100)];
-    let (start, start_splits, start_cluster, start_spread) = (bench.backend.stream_tuning(), bench.backend.attn_splits(), bench.backend.attn_cluster(), bench.backend.attn_spread());
+    let (start, start_splits, start_cluster) = (bench.backend.stream_tuning(), bench.backend.attn_splits(), bench.backend.attn_cluster());
     bench.trace = true;
     // (streamed, blocks per SM, lane bytes, QKV lane bytes, spread, attention: cluster size, or 0 and
     // split-K partials with 0 for the default rule).
-    // The first of each pair of rows with QKV and attention fused (where they apply), the second not.
     let variants = [
         (false, 4, 128, 128, true, 16, 0),
         (true, 4, 128, 128, true, 16, 0),
-        (true, 4, 128, 128, true, 16, 0),
-        (true, 4, 128, 128, true, 8, 0),
-        (true, 4, 128, 128, true, 8, 0),
         (true, 4, 128, 128, false, 16, 0),
+        (true, 4, 128, 128, true, 8, 0),
+        (true, 4, 128, 256, true, 16, 0),
         (true, 4, 128, 128, true, 0, 0),
         (true, 3, 128, 128, true, 16, 0),
     ];
-    let start_fused = bench.backend.qkv_attn_fused();
-    for (i, (stream, per_sm, lane_bytes, qkv_lane_bytes, spread, cluster, splits)) in variants.into_iter().enumerate() {
-        let fused = stream && cluster > 0 && (i == 1 || i == 3);
-        bench.backend.set_qkv_attn_fused(fused);
+    for (stream, per_sm, lane_bytes, qkv_lane_bytes, spread, cluster, splits) in variants {
         let gemv = if stream { format!("stream_lane{lane_bytes}_qkv{qkv_lane_bytes}_blocks{per_sm}{}", if spread { "" } else { "_packed" }) } else { "warp_per_row".to_string() };
-        // With a cluster, `splits` 1 pads its blocks to an even share per SM.
-        let attention = if cluster > 0 { format!("cluster{cluster}{}", if splits == 1 { "_spread" } else { "" }) } else if splits > 0 { format!("splitk{splits}") } else { "splitk".to_string() };
-        let name = format!("{gemv}_{attention}{}", if fused { "_fused" } else { "" });
+        let attention = if cluster > 0 { format!("cluster{cluster}") } else if splits > 0 { format!("splitk{splits}") } else { "splitk".to_string() };
+        let name = format!("{gemv}_{attention}");
         bench.backend.set_stream_gemv(stream, StreamTuning { blocks_per_sm: per_sm, lane_bytes, qkv_lane_bytes, spread, ..start });
-        bench.backend.set_attn_splits(if splits > 0 && cluster == 0 { splits } else { start_splits });
-        bench.backend.set_attn_spread(cluster > 0 && splits == 1);
+        bench.backend.set_attn_splits(if splits > 0 { splits } else { start_splits });
         bench.backend.set_attn_cluster(cluster);
         let r = rep.section(&format!("decode {} {name}", path.as_str()), || {
             bench.decode(path, &prompts, steps.min(16))?;
@@ -533,7 +526,5 @@ fn decode_variants(bench: &mut Bench, rep: &mut Report, path: Path, c: &ModelCon
     bench.trace = false;
     bench.backend.set_attn_splits(start_splits);
     bench.backend.set_attn_cluster(start_cluster);
-    bench.backend.set_attn_spread(start_spread);
-    bench.backend.set_qkv_attn_fused(start_fused);
     bench.backend.set_stream_gemv(true, start);
 }

@@ -112,7 +112,6 @@ __device__ u64* ctx_trace;
 #define TRACE_ATTN_DECODE 1
 #define TRACE_ARGMAX 2
 #define TRACE_ATTN_CLUSTER 3
-#define TRACE_QKV_ATTN 4
 #define TRACE_STREAM 16
 #define TRACE_START 0
 #define TRACE_WAITED 1

@@ -124,11 +124,6 @@ pub struct Device {
     pub tuning: StreamTuning,
     /// Largest thread-block cluster `attn_decode_cluster` may be launched with (0: no clusters, before sm_90).
     pub max_cluster: usize,
-    /// Pad `attn_decode_cluster`'s shared memory so that an SM holds at most an even share of its
-    /// blocks (as `StreamTuning::spread`; `CTXSCOPE_CUDA_ATTN_SPREAD=1`).
-    pub attn_spread: bool,
-    /// Largest dynamic shared memory `qkv_attn_decode_bf16` may take.
-    fused_smem_limit: usize,
 }
 
 type In<'a, T = f32> = CudaView<'a, T>;
@@ -173,30 +168,20 @@ const CLUSTER_RING: usize = 2;
 const CLUSTER_TILE: usize = 64;
 /// Most blocks of one `attn_decode_cluster` cluster (`CL_MAX`).
 pub const MAX_CLUSTER: usize = 16;
-/// Threads of a `qkv_attn_decode_bf16` block, and the most RoPE pairs one block computes (a lane of
-/// each warp per pair: `FUSED_WARPS * FUSED_PAIRS_PER_WARP`).
-const FUSED_THREADS: usize = 256;
-const FUSED_PAIRS_PER_BLOCK: usize = 8 * 32;
 
 /// Dynamic shared memory of `attn_decode_cluster` for heads of `hd`: the ring of K and V tiles, rows padded by 4 floats.
 fn cluster_ring_bytes(hd: usize) -> usize {
     CLUSTER_RING * 2 * CLUSTER_TILE * (hd + 4) * 4
 }
 
-/// Lets the cluster kernels (`attn_decode_cluster`, `qkv_attn_decode_bf16`) take all the dynamic shared
-/// memory a block may opt in to (`optin` less their static arrays) and clusters past the portable 8
-/// blocks; returns the largest cluster they may then be launched with and the fused kernel's limit.
-fn cluster_attributes(kernels: [&CudaFunction; 2], optin: usize) -> Result<(usize, usize), DeviceError> {
+/// Lets `attn_decode_cluster` take all the dynamic shared memory a block may opt in to (`optin` less
+/// its static arrays) and clusters past the portable 8 blocks; returns the largest cluster it may
+/// then be launched with.
+fn cluster_attributes(f: &CudaFunction, optin: usize) -> Result<usize, DeviceError> {
     use cudarc::driver::sys::CUfunction_attribute as A;
-    let (mut max_cluster, mut limit) = (MAX_CLUSTER, 0);
-    for f in kernels {
-        limit = optin.saturating_sub(f.get_attribute(A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)? as usize);
-        f.set_attribute(A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, limit as i32)?;
-        if f.set_attribute(A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1).is_err() {
-            max_cluster = 8;
-        }
-    }
-    Ok((max_cluster, limit))
+    let limit = optin.saturating_sub(f.get_attribute(A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)? as usize);
+    f.set_attribute(A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, limit as i32)?;
+    Ok(if f.set_attribute(A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1).is_ok() { MAX_CLUSTER } else { 8 })
 }
 
 impl Device {
@@ -236,9 +221,8 @@ impl Device {
         let per_sm = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)? as usize;
         let tuning = StreamTuning::new([&functions["gemv_stream_bf16"], &functions["gemv_stream_f32"]], optin, per_sm)?;
         let programmatic = major >= 9 && std::env::var("CTXSCOPE_CUDA_PDL").map_or(true, |v| v != "0");
-        let (max_cluster, fused_smem_limit) = if major >= 9 { cluster_attributes([&functions["attn_decode_cluster"], &functions["qkv_attn_decode_bf16"]], optin)? } else { (0, 0) };
-        let attn_spread = std::env::var("CTXSCOPE_CUDA_ATTN_SPREAD").is_ok_and(|v| v == "1");
-        Ok(Device { ctx, stream, multiprocessors, functions, modules, tracing, programmatic, counters, argmax_v, argmax_i, argmax_s, tuning, max_cluster, attn_spread, fused_smem_limit })
+        let max_cluster = if major >= 9 { cluster_attributes(&functions["attn_decode_cluster"], optin)? } else { 0 };
+        Ok(Device { ctx, stream, multiprocessors, functions, modules, tracing, programmatic, counters, argmax_v, argmax_i, argmax_s, tuning, max_cluster })
     }
 
     fn function(&self, kernel: &'static str) -> &CudaFunction {
@@ -434,40 +418,8 @@ impl Device {
         check("attn_decode_cluster", ok, || format!("{n} rows, clusters of {cluster} (at most {} here)", self.max_cluster))?;
         let ints = [s.q_stride() as i32, layer as i32, s.n_layers as i32, s.heads as i32, s.kv_heads as i32, s.head_dim as i32, s.window as i32];
         let scale = 1.0 / (s.head_dim as f32).sqrt();
-        let mut smem = cluster_ring_bytes(s.head_dim);
-        if self.attn_spread {
-            let share = (cluster * s.kv_heads * n).div_ceil(self.multiprocessors);
-            smem = smem.max((self.tuning.smem_per_sm / (share + 1) + 1).min(cluster_ring_bytes(MAX_HEAD_DIM)));
-        }
-        let cfg = LaunchConfig { shared_mem_bytes: smem as u32, ..grid((cluster, s.kv_heads, n), 128) };
+        let cfg = LaunchConfig { shared_mem_bytes: cluster_ring_bytes(s.head_dim) as u32, ..grid((cluster, s.kv_heads, n), 128) };
         launch!(self, "attn_decode_cluster", cfg, cluster cluster as u32, qkv, &ints[0], positions, kv_base, &ints[1], &ints[2], &ints[3], &ints[4], &ints[5], &scale, &ints[6], out)
-    }
-
-    /// Dynamic shared memory of `qkv_attn_decode` for `w` in clusters of `cluster`, or `None` where it
-    /// does not apply: bf16 weights of the fused QKV shape, clusters allowed, and the block's weight
-    /// rows, input row and K/V ring within a block's shared memory.
-    pub fn qkv_attn_smem(&self, w: &Matrix, s: &AttentionShape, cluster: usize) -> Option<usize> {
-        let pairs = (s.heads / s.kv_heads.max(1) + 2) * s.head_dim / 2;
-        let per_block = pairs.div_ceil(cluster.max(1));
-        let smem = 2 * per_block * w.cols * 2 + w.cols * 4 + cluster_ring_bytes(s.head_dim);
-        let ok = matches!(w.data, MatrixData::Bf16(_)) && s.valid() && (1..=self.max_cluster).contains(&cluster) && w.rows == s.q_stride() && w.cols.is_multiple_of(8) && per_block <= FUSED_PAIRS_PER_BLOCK && smem <= self.fused_smem_limit;
-        ok.then_some(smem)
-    }
-
-    /// The decode QKV projection (RMSNorm folded, RoPE, K/V into the row's cache) and attention of
-    /// one token row in one launch: a thread-block cluster of `cluster` blocks per KV head computes
-    /// the QKV rows that head reads and attends as `attn_decode_cluster` (`qkv_attn_decode_bf16`;
-    /// `qkv_attn_smem` says where it applies). Writes the row's heads * head_dim attention outputs.
-    #[allow(clippy::too_many_arguments)]
-    pub fn qkv_attn_decode(&self, w: &Matrix, x: &In, norm: (&In, f32), round_x: bool, positions: &In<i32>, kv_base: &In<u64>, layer: usize, base: f32, s: &AttentionShape, out: &mut Out, cluster: usize) -> Result<(), DeviceError> {
-        let smem = self.qkv_attn_smem(w, s, cluster);
-        let ok = smem.is_some() && layer < s.n_layers && x.len() >= w.cols && norm.0.len() == w.cols && !positions.is_empty() && !kv_base.is_empty() && out.len() >= s.heads * s.head_dim;
-        check("qkv_attn_decode", ok, || format!("{}x{} in clusters of {cluster}", w.rows, w.cols))?;
-        let MatrixData::Bf16(weights) = &w.data else { unreachable!("qkv_attn_smem admits bf16 weights only") };
-        let ints = [i32::from(round_x), w.cols as i32, layer as i32, s.n_layers as i32, s.heads as i32, s.kv_heads as i32, s.head_dim as i32, s.window as i32];
-        let (eps, scale) = (norm.1, 1.0 / (s.head_dim as f32).sqrt());
-        let cfg = LaunchConfig { grid_dim: (cluster as u32, s.kv_heads as u32, 1), block_dim: (FUSED_THREADS as u32, 1, 1), shared_mem_bytes: smem.unwrap_or(0) as u32 };
-        launch!(self, "qkv_attn_decode_bf16", cfg, cluster cluster as u32, weights, x, norm.0, &eps, &ints[0], &ints[1], positions, kv_base, &ints[2], &ints[3], &ints[4], &ints[5], &ints[6], &base, &scale, &ints[7], out)
     }
 
     /// Greedy pick per row of `vocab` logits: the token (first index of the maximum) and its log-probability.

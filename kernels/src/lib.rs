@@ -15,7 +15,7 @@ pub const SOURCES: [(&str, &str); 4] = [
 ];
 
 /// Kernel entry points every source must define (checked by the tests, launched by the wrappers).
-pub const KERNELS: [&str; 21] = [
+pub const KERNELS: [&str; 20] = [
     "rmsnorm_f32",
     "embed_f32",
     "embed_bf16",
@@ -34,7 +34,6 @@ pub const KERNELS: [&str; 21] = [
     "attn_prefill",
     "attn_decode",
     "attn_decode_cluster",
-    "qkv_attn_decode_bf16",
     "argmax_logprob",
     "top_p_sample",
 ];

@@ -60,9 +60,6 @@ pub struct DeviceBackend {
     /// distributed shared memory (`Device::attn_decode_cluster`); 0: split-K with global partials.
     /// `CTXSCOPE_CUDA_ATTN_CLUSTER` (default 16), capped by what the device allows (none before sm_90).
     attn_cluster: usize,
-    /// A single bf16 decode row computes each layer's QKV projection inside decode attention's
-    /// clusters (`Device::qkv_attn_decode`; on unless `CTXSCOPE_CUDA_FUSED_QKV_ATTN=0`).
-    qkv_attn_fused: bool,
 }
 
 impl DeviceBackend {
@@ -84,7 +81,7 @@ impl DeviceBackend {
         let max_seqs = options.max_batch.max(1);
         let ws = Workspace::new(&device.stream, &c, options.step_tokens.max(max_seqs), max_seqs).map_err(&fail)?;
         device.stream.synchronize().map_err(|e| fail(e.into()))?;
-        Ok(DeviceBackend { ordinal, device, blas, config: c, weights: [golden, fast], ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: std::env::var("CTXSCOPE_CUDA_GRAPHS").map_or(true, |v| v != "0"), gemv_rows: env_usize("CTXSCOPE_CUDA_GEMV_ROWS", DEFAULT_GEMV_ROWS).clamp(1, GEMV_MAX_ROWS), stream_gemv: std::env::var("CTXSCOPE_CUDA_STREAM_GEMV").map_or(true, |v| v != "0"), attn_splits: env_usize("CTXSCOPE_CUDA_ATTN_SPLITS", 0).min(MAX_SPLITS), attn_cluster: 0, qkv_attn_fused: std::env::var("CTXSCOPE_CUDA_FUSED_QKV_ATTN").map_or(true, |v| v != "0") }.with_attn_cluster(env_usize("CTXSCOPE_CUDA_ATTN_CLUSTER", DEFAULT_ATTN_CLUSTER)))
+        Ok(DeviceBackend { ordinal, device, blas, config: c, weights: [golden, fast], ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: std::env::var("CTXSCOPE_CUDA_GRAPHS").map_or(true, |v| v != "0"), gemv_rows: env_usize("CTXSCOPE_CUDA_GEMV_ROWS", DEFAULT_GEMV_ROWS).clamp(1, GEMV_MAX_ROWS), stream_gemv: std::env::var("CTXSCOPE_CUDA_STREAM_GEMV").map_or(true, |v| v != "0"), attn_splits: env_usize("CTXSCOPE_CUDA_ATTN_SPLITS", 0).min(MAX_SPLITS), attn_cluster: 0 }.with_attn_cluster(env_usize("CTXSCOPE_CUDA_ATTN_CLUSTER", DEFAULT_ATTN_CLUSTER)))
     }
 
     /// Turns decode-graph replay on or off (off: every pass launches its kernels one by one).
@@ -121,32 +118,9 @@ impl DeviceBackend {
         self.graphs.clear();
     }
 
-    /// Pads decode attention's clusters to an even share of blocks per SM (`Device::attn_spread`).
-    /// Captured graphs are dropped.
-    pub fn set_attn_spread(&mut self, spread: bool) {
-        self.device.attn_spread = spread;
-        self.graphs.clear();
-    }
-
     fn with_attn_cluster(mut self, cluster: usize) -> DeviceBackend {
         self.set_attn_cluster(cluster);
         self
-    }
-
-    /// Turns the fused QKV + attention launch of single bf16 decode rows on or off. Captured graphs are dropped.
-    pub fn set_qkv_attn_fused(&mut self, on: bool) {
-        self.qkv_attn_fused = on;
-        self.graphs.clear();
-    }
-
-    /// Whether single bf16 decode rows take the fused QKV + attention launch.
-    pub fn qkv_attn_fused(&self) -> bool {
-        self.qkv_attn_fused
-    }
-
-    /// Whether decode attention's clusters are padded to an even share per SM.
-    pub fn attn_spread(&self) -> bool {
-        self.device.attn_spread
     }
 
     /// Decode attention's cluster size now in use (0: split-K).
@@ -323,7 +297,7 @@ impl Backend for DeviceBackend {
             let (mut ids, mut positions, mut bases, mut last) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             // Sampling parameters per output row (rows that do not sample draw nothing that is read).
             let (mut temps, mut top_ps, mut uniforms) = (Vec::new(), Vec::new(), Vec::new());
-            let mut plan = Plan { rows, decode: 0, prefill: Vec::new(), outputs: outs, splits: 1, cluster: self.attn_cluster, fused: self.qkv_attn_fused };
+            let mut plan = Plan { rows, decode: 0, prefill: Vec::new(), outputs: outs, splits: 1, cluster: self.attn_cluster };
             for part in &parts {
                 let step = &steps[part.step];
                 let start = step.kv.len();

@@ -69,8 +69,6 @@ pub struct Plan {
     /// Decode attention in clusters of this many blocks (0: split-K in `splits` partials); the
     /// attn_splitk_bf16 patch always takes split-K.
     pub cluster: usize,
-    /// A single bf16 decode row takes the QKV projection and attention in one launch (`qkv_attn_decode`).
-    pub fused: bool,
 }
 
 /// The device, its cuBLAS handle and the model's shape: what every pass needs.
@@ -108,15 +106,9 @@ impl Pass<'_> {
         let streamed = self.streamable(w, n);
         let bf16 = w.bf16();
         let attn = AttentionShape { n_layers: c.n_layers, heads: c.n_heads, kv_heads: c.n_kv_heads, head_dim: c.head_dim, window: num.window };
-        // One plain decode row with bf16 weights: QKV and attention fused per layer where the kernel fits.
-        let fused = streamed && plan.fused && n == 1 && plan.decode == 1 && plan.cluster > 0 && bf16 && w.layers.iter().all(|l| d.qkv_attn_smem(&l.wqkv, &attn, plan.cluster).is_some());
         for (i, layer) in w.layers.iter().enumerate() {
             let (positions, bases) = (ws.positions.slice(..n), ws.kv_base.slice(..n));
-            if fused {
-                // QKV and attention in one launch (one decode row, bf16 weights).
-                let norm = (&layer.attn_norm.slice(..), c.rms_eps);
-                d.qkv_attn_decode(&layer.wqkv, &ws.x.slice(..dim), norm, true, &positions, &bases, i, c.rope_base, &attn, &mut ws.att.slice_mut(..dim), plan.cluster)?;
-            } else if streamed {
+            if streamed {
                 let norm = Some((&layer.attn_norm.slice(..), c.rms_eps));
                 d.gemv_stream_qkv_rope(&layer.wqkv, &ws.x.slice(..n * dim), &mut ws.qkv.slice_mut(..n * q_stride), n, bf16, norm, &positions, &bases, i, &rope)?;
             } else {
@@ -128,7 +120,7 @@ impl Pass<'_> {
                     d.rope_kv(&mut ws.qkv.slice_mut(..n * q_stride), &positions, &bases, n, i, &rope)?;
                 }
             }
-            if plan.decode > 0 && !fused {
+            if plan.decode > 0 {
                 let m = plan.decode;
                 if plan.cluster > 0 && num.splitk_chunk == 0 {
                     d.attn_decode_cluster(&ws.qkv.slice(..m * q_stride), &ws.positions.slice(..m), &ws.kv_base.slice(..m), i, &mut ws.att.slice_mut(..m * dim), m, plan.cluster, &attn)?;

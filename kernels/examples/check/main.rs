@@ -50,7 +50,7 @@ fn run() -> Res<bool> {
     let ready = started.elapsed().as_secs_f64();
     let name = dev.ctx.name()?;
     println!("{name}, {} SMs: Device::new(0) (context + NVRTC compile of {} modules) took {ready:.2} s", dev.multiprocessors, ctxscope_kernels::SOURCES.len());
-    let sections: [(&str, Section); 17] = [
+    let sections: [(&str, Section); 16] = [
         ("rmsnorm", norm::check_rmsnorm),
         ("embed", elementwise::check_embed),
         ("rope_kv", rope::check_rope_kv),
@@ -62,7 +62,6 @@ fn run() -> Res<bool> {
         ("cuBLAS matmul", matmul::check_matmul),
         ("attn_prefill", attention::check_prefill),
         ("attn_decode", attention::check_decode),
-        ("qkv_attn_decode", attention::check_qkv_attn),
         ("small kernels timed", timing::time_small),
         ("argmax_logprob", sample::check_argmax),
         ("top_p_sample", sample::check_top_p),

@@ -49,7 +49,6 @@ pub fn kind_name(kind: u8) -> &'static str {
         1 => "attn_decode",
         2 => "argmax",
         3 => "attn_cluster",
-        4 => "qkv+attn",
         16 => "stream store",
         17 => "stream accumulate",
         18 => "stream swiglu",

@@ -490,24 +490,20 @@ fn decode_variants(bench: &mut Bench, rep: &mut Report, path: Path, c: &ModelCon
     let (start, start_splits, start_cluster) = (bench.backend.stream_tuning(), bench.backend.attn_splits(), bench.backend.attn_cluster());
     bench.trace = true;
     // (streamed, blocks per SM, lane bytes, QKV lane bytes, spread, attention: cluster size, or 0 and
-    // split-K partials with 0 for the default rule; attention's carveout: the GEMVs' or none).
+    // split-K partials with 0 for the default rule).
     let variants = [
-        (false, 4, 128, 128, true, 16, 0, true),
-        (true, 4, 128, 128, true, 16, 0, true),
-        (true, 4, 128, 128, true, 16, 0, false),
-        (true, 4, 128, 128, false, 16, 0, true),
-        (true, 4, 128, 128, true, 8, 0, true),
-        (true, 4, 128, 128, true, 0, 0, true),
-        (true, 4, 128, 128, true, 0, 0, false),
-        (true, 3, 128, 128, true, 16, 0, true),
+        (false, 4, 128, 128, true, 16, 0),
+        (true, 4, 128, 128, true, 16, 0),
+        (true, 4, 128, 128, false, 16, 0),
+        (true, 4, 128, 128, true, 8, 0),
+        (true, 4, 128, 256, true, 16, 0),
+        (true, 4, 128, 128, true, 0, 0),
+        (true, 3, 128, 128, true, 16, 0),
     ];
-    for (stream, per_sm, lane_bytes, qkv_lane_bytes, spread, cluster, splits, carveout) in variants {
-        if let Err(e) = bench.backend.set_attention_carveout(carveout) {
-            eprintln!("  attention carveout: {e}");
-        }
+    for (stream, per_sm, lane_bytes, qkv_lane_bytes, spread, cluster, splits) in variants {
         let gemv = if stream { format!("stream_lane{lane_bytes}_qkv{qkv_lane_bytes}_blocks{per_sm}{}", if spread { "" } else { "_packed" }) } else { "warp_per_row".to_string() };
         let attention = if cluster > 0 { format!("cluster{cluster}") } else if splits > 0 { format!("splitk{splits}") } else { "splitk".to_string() };
-        let name = format!("{gemv}_{attention}{}", if carveout { "" } else { "_nocarve" });
+        let name = format!("{gemv}_{attention}");
         bench.backend.set_stream_gemv(stream, StreamTuning { blocks_per_sm: per_sm, lane_bytes, qkv_lane_bytes, spread, ..start });
         bench.backend.set_attn_splits(if splits > 0 { splits } else { start_splits });
         bench.backend.set_attn_cluster(cluster);
@@ -530,8 +526,5 @@ fn decode_variants(bench: &mut Bench, rep: &mut Report, path: Path, c: &ModelCon
     bench.trace = false;
     bench.backend.set_attn_splits(start_splits);
     bench.backend.set_attn_cluster(start_cluster);
-    if let Err(e) = bench.backend.set_attention_carveout(true) {
-        eprintln!("  attention carveout: {e}");
-    }
     bench.backend.set_stream_gemv(true, start);
 }

@@ -184,25 +184,6 @@ fn cluster_attributes(f: &CudaFunction, optin: usize) -> Result<usize, DeviceErr
     Ok(if f.set_attribute(A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1).is_ok() { MAX_CLUSTER } else { 8 })
 }
 
-/// Decode attention's preferred shared-memory carveout (`None`: no preference). The streamed GEMVs
-/// around it ask for `StreamTuning::carveout`; an SM runs blocks of kernels together only under one
-/// carveout, so with another preference (or none) attention's blocks wait for the GEMV's to leave
-/// instead of starting beside them (measured: BENCHMARKS.md).
-fn set_attention_carveout(functions: &HashMap<&'static str, CudaFunction>, percent: Option<i32>) -> Result<(), DeviceError> {
-    use cudarc::driver::sys::CUfunction_attribute as A;
-    for kernel in ["attn_decode", "attn_decode_cluster"] {
-        functions[kernel].set_attribute(A::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, percent.unwrap_or(-1))?;
-    }
-    Ok(())
-}
-
-impl Device {
-    /// Decode attention's carveout preference: the streamed GEMVs' (`Some`, the default) or none (an A/B).
-    pub fn set_attention_carveout(&self, percent: Option<i32>) -> Result<(), DeviceError> {
-        set_attention_carveout(&self.functions, percent)
-    }
-}
-
 impl Device {
     /// Opens GPU `ordinal` on a stream of its own (graph capture needs one) and compiles every kernel
     /// module for it (once; well under a second for all).
@@ -241,7 +222,6 @@ impl Device {
         let tuning = StreamTuning::new([&functions["gemv_stream_bf16"], &functions["gemv_stream_f32"]], optin, per_sm)?;
         let programmatic = major >= 9 && std::env::var("CTXSCOPE_CUDA_PDL").map_or(true, |v| v != "0");
         let max_cluster = if major >= 9 { cluster_attributes(&functions["attn_decode_cluster"], optin)? } else { 0 };
-        set_attention_carveout(&functions, Some(tuning.carveout))?;
         Ok(Device { ctx, stream, multiprocessors, functions, modules, tracing, programmatic, counters, argmax_v, argmax_i, argmax_s, tuning, max_cluster })
     }
 

@@ -118,14 +118,6 @@ impl DeviceBackend {
         self.graphs.clear();
     }
 
-    /// Decode attention's shared-memory carveout: the streamed GEMVs' (`true`, the default) or no
-    /// preference (`Device::set_attention_carveout`). Captured graphs are dropped.
-    pub fn set_attention_carveout(&mut self, shared: bool) -> Result<(), BackendError> {
-        self.device.set_attention_carveout(shared.then_some(self.device.tuning.carveout)).map_err(gpu_error(self.ordinal))?;
-        self.graphs.clear();
-        Ok(())
-    }
-
     fn with_attn_cluster(mut self, cluster: usize) -> DeviceBackend {
         self.set_attn_cluster(cluster);
         self

@@ -48,8 +48,6 @@ pub struct StreamTuning {
     pub smem_limit: usize,
     /// Shared memory of one SM.
     pub smem_per_sm: usize,
-    /// The preferred shared-memory carveout (percent) of the streamed GEMVs and decode attention.
-    pub carveout: i32,
 }
 
 impl StreamTuning {
@@ -67,7 +65,7 @@ impl StreamTuning {
             smem_limit = smem_limit.min(dynamic);
         }
         let spread = var("CTXSCOPE_CUDA_STREAM_SPREAD", 1) != 0;
-        let tuning = StreamTuning { blocks_per_sm: 4, lane_bytes: 128, qkv_lane_bytes: 128, spread, smem_limit, smem_per_sm, carveout };
+        let tuning = StreamTuning { blocks_per_sm: 4, lane_bytes: 128, qkv_lane_bytes: 128, spread, smem_limit, smem_per_sm };
         Ok(tuning.with(var("CTXSCOPE_CUDA_STREAM_BLOCKS", 4), var("CTXSCOPE_CUDA_LANE_BYTES", 128), var("CTXSCOPE_CUDA_QKV_LANE_BYTES", 128)))
     }
 

@@ -238,7 +238,7 @@ const DEFAULT_GEMV_ROWS: usize = 3;
 /// Decode attention's cluster size unless `CTXSCOPE_CUDA_ATTN_CLUSTER` says otherwise (measured on the H200: BENCHMARKS.md).
 const DEFAULT_ATTN_CLUSTER: usize = 16;
 
-/// A numeric setting from the environment (`CTXSCOPE_CUDA_GEMV_ROWS`, `CTXSCOPE_CUDA_ATTN_SPLITS`), else `default`.
+/// A numeric setting from the environment (`CTXSCOPE_CUDA_GEMV_ROWS`, `CTXSCOPE_CUDA_ATTN_SPLITS`, `CTXSCOPE_CUDA_ATTN_CLUSTER`), else `default`.
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }

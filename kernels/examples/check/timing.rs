@@ -27,7 +27,8 @@ pub(crate) fn time_ms(dev: &Device, runs: usize, mut f: impl FnMut() -> Res) -> 
 }
 
 /// Times the small per-layer kernels of one decode step (informative: where a decode step's time
-/// goes besides the weight GEMVs) in the 1B shape (32/8 heads of 64, 16 layers) at 600 positions.
+/// goes besides the weight GEMVs) in the 1B shape (32/8 heads of 64, 16 layers) at 600 positions, and
+/// decode attention in clusters against split-K at 600 and 2,400.
 pub(crate) fn time_small(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res {
     let s = &dev.stream;
     let (heads, kv_heads, hd, layers, len, dim) = (32usize, 8usize, 64usize, 16usize, 600usize, 2048usize);

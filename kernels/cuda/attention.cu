@@ -339,7 +339,7 @@ __device__ __forceinline__ ClusterSpan cluster_span(int len, int window, int siz
 }
 
 // Tile i's K/V copies into ring slot i % CL_RING, one commit group per call (empty ones too); the
-// newest position is left out (it comes through `newest_kv`).
+// newest position is left out (cluster_attend loads it after the wait).
 __device__ __forceinline__ void cluster_issue(float* ring, int i, const ClusterSpan& c, u64 base, int layer, int n_layers, int kvh, int hd, int kv_dim) {
     const int stride = hd + 4, vecs = hd / 4;
     if (i < c.tiles) {
@@ -355,23 +355,24 @@ __device__ __forceinline__ void cluster_issue(float* ring, int i, const ClusterS
     cp_async_commit();
 }
 
-// The block's span through the ring (its first CL_RING tiles already issued, nothing else in flight),
-// the newest position's K and V rows taken from `newest_kv` (thread d < 2 * hd / 4 copies its float4);
-// warp w owns query heads w, w + warps, ... (at most 4). Leaves each head's online-softmax state.
-__device__ __forceinline__ void cluster_attend(float* ring, const ClusterSpan& c, const float (*qs)[MAX_HD], const float (*newest_kv)[MAX_HD], u64 base,
-                                               int layer, int n_layers, int kvh, int hd, int kv_dim, int group, float scale, float (&m)[4],
-                                               float (&l)[4], float (&acc)[4][HD_PER_LANE]) {
+// The block's span through the ring (its first CL_RING tiles already issued, nothing else in flight;
+// called after the wait): the block holding the newest position loads its K and V rows (thread
+// d < 2 * hd / 4 a float4, kept until its tile's slot is ready); warp w owns query heads w, w + warps,
+// ... (at most 4). Leaves each head's online-softmax state.
+__device__ __forceinline__ void cluster_attend(float* ring, const ClusterSpan& c, const float (*qs)[MAX_HD], u64 base, int layer, int n_layers, int kvh,
+                                               int hd, int kv_dim, int group, float scale, float (&m)[4], float (&l)[4],
+                                               float (&acc)[4][HD_PER_LANE]) {
     const int stride = hd + 4, vecs = hd / 4, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const bool carries = c.tiles > 0 && c.hi == c.len && (int)threadIdx.x < 2 * vecs;
+    const int kind = threadIdx.x / vecs, d = 4 * (threadIdx.x % vecs);
+    float4 newest = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (carries) newest = *(const float4*)(kv_row(base, c.len - 1, layer, n_layers, kind, kv_dim) + kvh * hd + d);
     reset_states(m, l, acc);
     for (int i = 0; i < c.tiles; i++) {
         cp_async_wait<CL_RING - 1>();  // tile i's group has landed (one group is committed per tile)
         const int t0 = c.lo + i * CL_TILE, count = min(CL_TILE, c.hi - t0);
         float* ks = ring + (i % CL_RING) * 2 * CL_TILE * stride;
-        if (carries && c.len - 1 < t0 + count) {
-            const int kind = threadIdx.x / vecs, d = 4 * (threadIdx.x % vecs);
-            *(float4*)(ks + (kind * CL_TILE + c.len - 1 - t0) * stride + d) = *(const float4*)&newest_kv[kind][d];
-        }
+        if (carries && c.len - 1 < t0 + count) *(float4*)(ks + (kind * CL_TILE + c.len - 1 - t0) * stride + d) = newest;
         __syncthreads();
 #pragma unroll
         for (int k = 0; k < 4; k++) {
@@ -389,7 +390,7 @@ __device__ __forceinline__ void cluster_attend(float* ring, const ClusterSpan& c
 // (remote stores, no round trip) — one cluster barrier, then this block's `per` outputs merged from its
 // own shared memory in block order into `out` (the row's heads * hd values).
 __device__ __forceinline__ void cluster_merge(const float (&m)[4], const float (&l)[4], const float (&acc)[4][HD_PER_LANE], float (*rx_ml)[16][2],
-                                              float* rx_acc, int size, int rank, int kvh, int group, int hd, float* out, int trace_kind) {
+                                              float* rx_acc, int size, int rank, int kvh, int group, int hd, float* out) {
     const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5, lane = threadIdx.x & 31;
     const int outs = group * hd, per = (outs + size - 1) / size;
 #pragma unroll
@@ -407,7 +408,7 @@ __device__ __forceinline__ void cluster_merge(const float (&m)[4], const float (
         }
     }
     cluster_sync();
-    trace_mark(trace_kind, TRACE_STAGED);  // every block's state is here
+    trace_mark(TRACE_ATTN_CLUSTER, TRACE_STAGED);  // every block's state is here
     for (int k = threadIdx.x; k < per; k += blockDim.x) {
         const int o = rank * per + k, g = o / hd;
         if (o >= outs) break;
@@ -428,7 +429,6 @@ extern "C" __global__ void attn_decode_cluster(const float* __restrict__ q, int 
                                                float scale, int window, float* __restrict__ out) {
     extern __shared__ __align__(16) float ring[];
     __shared__ __align__(16) float qs[16][MAX_HD];
-    __shared__ __align__(16) float newest_kv[2][MAX_HD];
     // What the cluster pushes here: every block's (max, sum) per head, and its share of the outputs this block merges.
     __shared__ float rx_ml[CL_MAX][16][2], rx_acc[CL_OUTS + CL_MAX];
     pdl_launch();
@@ -442,19 +442,14 @@ extern "C" __global__ void attn_decode_cluster(const float* __restrict__ q, int 
     for (int i = 0; i < CL_RING; i++) cluster_issue(ring, i, c, base, layer, n_layers, kvh, hd, kv_dim);
     pdl_wait();
     trace_mark(TRACE_ATTN_CLUSTER, TRACE_WAITED);
-    // The group's query heads, and (the block holding it) the newest position's K and V rows, each
-    // float4 by the thread that later copies it into the ring.
+    // The group's query heads.
     for (int i = threadIdx.x; i < group * vecs; i += blockDim.x) {
         const int g = i / vecs, d = 4 * (i % vecs);
         *(float4*)&qs[g][d] = *(const float4*)(q + (size_t)t * q_stride + (kvh * group + g) * hd + d);
     }
-    if (c.tiles > 0 && c.hi == c.len && (int)threadIdx.x < 2 * vecs) {
-        const int kind = threadIdx.x / vecs, d = 4 * (threadIdx.x % vecs);
-        *(float4*)&newest_kv[kind][d] = *(const float4*)(kv_row(base, c.len - 1, layer, n_layers, kind, kv_dim) + kvh * hd + d);
-    }
     float m[4], l[4], acc[4][HD_PER_LANE];
-    cluster_attend(ring, c, qs, newest_kv, base, layer, n_layers, kvh, hd, kv_dim, group, scale, m, l, acc);
+    cluster_attend(ring, c, qs, base, layer, n_layers, kvh, hd, kv_dim, group, scale, m, l, acc);
     cluster_wait();  // every block of the cluster has started
-    cluster_merge(m, l, acc, rx_ml, rx_acc, size, rank, kvh, group, hd, out + (size_t)t * heads * hd, TRACE_ATTN_CLUSTER);
+    cluster_merge(m, l, acc, rx_ml, rx_acc, size, rank, kvh, group, hd, out + (size_t)t * heads * hd);
     trace_end(TRACE_ATTN_CLUSTER, TRACE_END);
 }

@@ -38,8 +38,8 @@ struct RopeStore {
     float base;
 };
 
-// Row t's rotation of the output rows r, r + 1: cos and sin of the pair's angle (none past the K rows). Computed apart from the store, so that the streamed GEMV can
-// have it ready before its products are.
+// Row t's rotation of the output rows r, r + 1: cos and sin of the pair's angle (none past the K
+// rows), computed apart from the store so that the streamed GEMV can have it ready before its products.
 struct RopeRow {
     float c, s;
 };

@@ -483,30 +483,45 @@ fn run(dir: &FsPath, rep: &mut Report) {
 /// Same-run A/B of the batch-1 decode kernels: the one-warp-per-row GEMVs against the streamed ones
 /// (`DeviceBackend::set_stream_gemv`) at several blocks per SM and bytes in flight per lane, and decode
 /// attention in clusters of 8 or 16 blocks (`set_attn_cluster`) or split-K with global partials
-/// (`set_attn_splits`); tokens/s, the graph's GPU time per step and (kernels compiled with their marks)
+/// (`set_attn_splits`), and the persistent decode step (`set_persistent`) with 16, 8 or 32 attention
+/// spans per KV head; tokens/s, the graph's GPU time per step and (kernels compiled with their marks)
 /// the traced timeline into `perf.<path>.variants`. Ends on the settings it started with.
 fn decode_variants(bench: &mut Bench, rep: &mut Report, path: Path, c: &ModelConfig, steps: usize, reps: usize) {
     let prompts = vec![random_prompt(PERF_PROMPT, c.vocab, 100)];
-    let (start, start_splits, start_cluster) = (bench.backend.stream_tuning(), bench.backend.attn_splits(), bench.backend.attn_cluster());
+    let (start, start_splits, start_cluster, start_step) = (bench.backend.stream_tuning(), bench.backend.attn_splits(), bench.backend.attn_cluster(), bench.backend.persistent());
     bench.trace = true;
-    // (streamed, blocks per SM, lane bytes, QKV lane bytes, spread, attention: cluster size, or 0 and
-    // split-K partials with 0 for the default rule).
+    // (persistent step, streamed, blocks per SM, lane bytes, QKV lane bytes, spread, attention: cluster
+    // size, or 0 and split-K partials with 0 for the default rule; the step's spans per KV head).
     let variants = [
-        (false, 4, 128, 128, true, 16, 0),
-        (true, 4, 128, 128, true, 16, 0),
-        (true, 4, 128, 128, false, 16, 0),
-        (true, 4, 128, 128, true, 8, 0),
-        (true, 4, 128, 256, true, 16, 0),
-        (true, 4, 128, 128, true, 0, 0),
-        (true, 3, 128, 128, true, 16, 0),
+        (false, false, 4, 128, 128, true, 16, 0),
+        (false, true, 4, 128, 128, true, 16, 0),
+        (false, true, 4, 128, 128, false, 16, 0),
+        (false, true, 4, 128, 128, true, 8, 0),
+        (false, true, 4, 128, 256, true, 16, 0),
+        (false, true, 4, 128, 128, true, 0, 0),
+        (false, true, 3, 128, 128, true, 16, 0),
+        (true, true, 4, 128, 128, true, 16, 0),
+        (true, true, 4, 128, 128, true, 8, 0),
+        (true, true, 4, 128, 128, true, 0, 32),
     ];
-    for (stream, per_sm, lane_bytes, qkv_lane_bytes, spread, cluster, splits) in variants {
-        let gemv = if stream { format!("stream_lane{lane_bytes}_qkv{qkv_lane_bytes}_blocks{per_sm}{}", if spread { "" } else { "_packed" }) } else { "warp_per_row".to_string() };
+    for (step, stream, per_sm, lane_bytes, qkv_lane_bytes, spread, cluster, splits) in variants {
+        let gemv = if step {
+            "step".to_string()
+        } else if stream {
+            format!("stream_lane{lane_bytes}_qkv{qkv_lane_bytes}_blocks{per_sm}{}", if spread { "" } else { "_packed" })
+        } else {
+            "warp_per_row".to_string()
+        };
         let attention = if cluster > 0 { format!("cluster{cluster}") } else if splits > 0 { format!("splitk{splits}") } else { "splitk".to_string() };
         let name = format!("{gemv}_{attention}");
         bench.backend.set_stream_gemv(stream, StreamTuning { blocks_per_sm: per_sm, lane_bytes, qkv_lane_bytes, spread, ..start });
         bench.backend.set_attn_splits(if splits > 0 { splits } else { start_splits });
         bench.backend.set_attn_cluster(cluster);
+        bench.backend.set_persistent(step);
+        if step && !bench.backend.takes_step(path) {
+            eprintln!("  decode {} {name}: the persistent step does not take this model here", path.as_str());
+            continue;
+        }
         let r = rep.section(&format!("decode {} {name}", path.as_str()), || {
             bench.decode(path, &prompts, steps.min(16))?;
             (0..reps.max(1)).map(|_| bench.decode(path, &prompts, steps)).collect::<Res<Vec<f64>>>()
@@ -527,4 +542,5 @@ fn decode_variants(bench: &mut Bench, rep: &mut Report, path: Path, c: &ModelCon
     bench.backend.set_attn_splits(start_splits);
     bench.backend.set_attn_cluster(start_cluster);
     bench.backend.set_stream_gemv(true, start);
+    bench.backend.set_persistent(start_step);
 }

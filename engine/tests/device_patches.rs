@@ -14,19 +14,14 @@
 
 use std::sync::Arc;
 
-use ctxscope_engine::backend::{Backend, Output, Step, Want};
 use ctxscope_engine::device::DeviceBackend;
 use ctxscope_engine::forward::{forward_patched, Segment};
 use ctxscope_engine::kv::KvCache;
 use ctxscope_engine::scheduler::EngineOptions;
 use ctxscope_engine::{Model, PatchSet, Path};
-use ctxscope_kernels::cudarc::driver::CudaContext;
 
-fn gpu_present() -> bool {
-    // SAFETY: only probes whether libcuda can be opened.
-    let driver = unsafe { ctxscope_kernels::cudarc::driver::sys::is_culib_present() };
-    driver && CudaContext::device_count().is_ok_and(|n| n > 0)
-}
+mod common;
+use common::device::{device_run, gpu_present};
 
 fn argmax(v: &[f32]) -> usize {
     v.iter().enumerate().fold(0, |b, (i, x)| if *x > v[b] { i } else { b })
@@ -52,19 +47,6 @@ fn cpu_run(model: &Model, patches: &PatchSet, prompt: &[u32], feed: &[u32]) -> V
         out.push(forward_patched(model, Path::Golden, patches, &mut [Segment { tokens: &[*t], kv: &mut kv }]).remove(0));
     }
     out
-}
-
-fn device_run(backend: &mut DeviceBackend, path: Path, patches: &PatchSet, prompt: &[u32], feed: &[u32]) -> Vec<Vec<f32>> {
-    let mut kv = backend.new_kv().expect("kv");
-    let mut inputs = vec![prompt.to_vec()];
-    inputs.extend(feed.iter().map(|t| vec![*t]));
-    inputs
-        .iter()
-        .map(|tokens| match backend.forward(path, patches, &mut [Step { tokens, kv: &mut kv, want: Want::Logits }]).expect("device forward").remove(0) {
-            Output::Logits(l) => l,
-            other => panic!("asked for logits, got {other:?}"),
-        })
-        .collect()
 }
 
 #[test]

@@ -6,19 +6,6 @@
 // the last `window` positions (the sliding_window patch).
 
 #define TILE 32
-#define MAX_HD 128
-#define HD_PER_LANE (MAX_HD / 32)
-
-// Empty online-softmax states for the (up to 4) queries a warp owns.
-__device__ __forceinline__ void reset_states(float (&m)[4], float (&l)[4], float (&acc)[4][HD_PER_LANE]) {
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        m[i] = NEG_INF;
-        l[i] = 0.0f;
-#pragma unroll
-        for (int k = 0; k < HD_PER_LANE; k++) acc[i][k] = 0.0f;
-    }
-}
 
 // Folds one staged tile into a query's online-softmax state. q: the query in shared memory; valid
 // positions of this tile for this query: [lo, hi) relative to the tile.
@@ -266,77 +253,9 @@ extern "C" __global__ void attn_decode(const float* __restrict__ q, int q_stride
 // one cluster barrier each block merges its `per` outputs from its own shared memory, in block order.
 // Dynamic shared memory: the ring, CL_RING * 2 * CL_TILE * (hd + 4) floats (rows padded to 16 bytes:
 // float4 reads of a key row per lane are conflict-free by quarter warp).
-#define CL_TILE 64
 #define CL_RING 2
 #define CL_MAX 16
 #define CL_OUTS (16 * MAX_HD)
-
-// Folds a ring tile of `count` (<= 64) positions into a query's online-softmax state: lane j scores
-// keys j and j + 32 (the same products in the same order as attend_tile).
-__device__ __forceinline__ void attend_ring(const float* qs, const float* ks, const float* vs, int stride, int count, int hd, float scale,
-                                            float& m, float& l, float* acc) {
-    const int lane = threadIdx.x & 31;
-    float s[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int j = lane + 32 * h;
-        s[h] = NEG_INF;
-        if (j < count) {
-            const float4* kr = (const float4*)(ks + j * stride);
-            const float4* qr = (const float4*)qs;
-            float dot = 0.0f;
-#pragma unroll 4
-            for (int c = 0; c < hd / 4; c++) {
-                float4 k = kr[c], q = qr[c];
-                dot += q.x * k.x;
-                dot += q.y * k.y;
-                dot += q.z * k.z;
-                dot += q.w * k.w;
-            }
-            s[h] = dot * scale;
-        }
-    }
-    const float m_new = fmaxf(m, warp_max(fmaxf(s[0], s[1])));
-    if (m_new == NEG_INF) return;
-    const float correction = expf(m - m_new);
-    float p[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) p[h] = s[h] == NEG_INF ? 0.0f : expf(s[h] - m_new);
-    l = l * correction + warp_sum(p[0] + p[1]);
-#pragma unroll
-    for (int k = 0; k < HD_PER_LANE; k++) acc[k] *= correction;
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int n = min(32, count - 32 * h);
-#pragma unroll 8
-        for (int j = 0; j < n; j++) {
-            const float pj = __shfl_sync(0xffffffff, p[h], j);
-            const float* vr = vs + (32 * h + j) * stride;
-#pragma unroll
-            for (int k = 0; k < HD_PER_LANE; k++) {
-                const int d = lane + 32 * k;
-                if (d < hd) acc[k] += pj * vr[d];
-            }
-        }
-    }
-    m = m_new;
-}
-
-// A cluster block's share of the visible positions of a row whose newest position is `len - 1`.
-struct ClusterSpan {
-    int len, lo, hi, tiles;
-};
-
-__device__ __forceinline__ ClusterSpan cluster_span(int len, int window, int size, int rank) {
-    const int first = window > 0 ? max(0, len - window) : 0;
-    const int span = (len - first + size - 1) / size;
-    ClusterSpan c;
-    c.len = len;
-    c.lo = first + rank * span;
-    c.hi = min(len, c.lo + span);
-    c.tiles = c.hi > c.lo ? (c.hi - c.lo + CL_TILE - 1) / CL_TILE : 0;
-    return c;
-}
 
 // Tile i's K/V copies into ring slot i % CL_RING, one commit group per call (empty ones too); the
 // newest position is left out (cluster_attend loads it after the wait).

@@ -51,6 +51,14 @@ impl Matrix {
         Ok(Matrix { data, rows, cols })
     }
 
+    /// The device address of its first element.
+    pub fn address(&self, stream: &CudaStream) -> u64 {
+        match &self.data {
+            MatrixData::F32(m) => m.bits(stream),
+            MatrixData::Bf16(m) => m.bits(stream),
+        }
+    }
+
     /// Bytes the matrix occupies (what one pass over it reads).
     pub fn bytes(&self) -> usize {
         self.rows * self.cols * if matches!(self.data, MatrixData::Bf16(_)) { 2 } else { 4 }
@@ -124,6 +132,8 @@ pub struct Device {
     pub tuning: StreamTuning,
     /// Largest thread-block cluster `attn_decode_cluster` may be launched with (0: no clusters, before sm_90).
     pub max_cluster: usize,
+    /// Largest dynamic shared memory of a `decode_step_*` block.
+    step_smem_limit: usize,
 }
 
 type In<'a, T = f32> = CudaView<'a, T>;
@@ -143,8 +153,10 @@ macro_rules! launch {
     }};
 }
 
+mod step;
 mod stream;
 pub mod trace;
+pub use step::{sync_len, StepIo, StepLayer, StepPlan, StepShape, LAYER_PTRS, MAX_SPANS as MAX_STEP_SPANS};
 pub use stream::{Norm, StreamOp, StreamPlan, StreamTuning};
 
 fn blocks(n: usize, per_block: usize) -> LaunchConfig {
@@ -179,9 +191,17 @@ fn cluster_ring_bytes(hd: usize) -> usize {
 /// then be launched with.
 fn cluster_attributes(f: &CudaFunction, optin: usize) -> Result<usize, DeviceError> {
     use cudarc::driver::sys::CUfunction_attribute as A;
+    opt_in_smem(f, optin)?;
+    Ok(if f.set_attribute(A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1).is_ok() { MAX_CLUSTER } else { 8 })
+}
+
+/// Lets `f` take all the dynamic shared memory a block may opt in to (`optin` less its static
+/// arrays); returns that limit.
+fn opt_in_smem(f: &CudaFunction, optin: usize) -> Result<usize, DeviceError> {
+    use cudarc::driver::sys::CUfunction_attribute as A;
     let limit = optin.saturating_sub(f.get_attribute(A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)? as usize);
     f.set_attribute(A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, limit as i32)?;
-    Ok(if f.set_attribute(A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1).is_ok() { MAX_CLUSTER } else { 8 })
+    Ok(limit)
 }
 
 impl Device {
@@ -222,7 +242,8 @@ impl Device {
         let tuning = StreamTuning::new([&functions["gemv_stream_bf16"], &functions["gemv_stream_f32"]], optin, per_sm)?;
         let programmatic = major >= 9 && std::env::var("CTXSCOPE_CUDA_PDL").map_or(true, |v| v != "0");
         let max_cluster = if major >= 9 { cluster_attributes(&functions["attn_decode_cluster"], optin)? } else { 0 };
-        Ok(Device { ctx, stream, multiprocessors, functions, modules, tracing, programmatic, counters, argmax_v, argmax_i, argmax_s, tuning, max_cluster })
+        let step_smem_limit = step::step_attributes([&functions["decode_step_bf16"], &functions["decode_step_f32"]], optin)?;
+        Ok(Device { ctx, stream, multiprocessors, functions, modules, tracing, programmatic, counters, argmax_v, argmax_i, argmax_s, tuning, max_cluster, step_smem_limit })
     }
 
     fn function(&self, kernel: &'static str) -> &CudaFunction {

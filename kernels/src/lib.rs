@@ -6,16 +6,19 @@
 /// Prepended to every module: number-format conversions, warp/block reductions, the KV cache layout.
 pub const PRELUDE: &str = include_str!("../cuda/prelude.cuh");
 
-/// The CUDA C sources, by module name (each compiled as `PRELUDE` + source).
-pub const SOURCES: [(&str, &str); 4] = [
+/// The CUDA C sources, by module name (each compiled as `PRELUDE` + source). The `.cuh` parts are
+/// shared by two modules: the fused QKV epilogue (RoPE and the K/V store) by the GEMVs and the decode
+/// step, the online-softmax tile attention by decode attention and the decode step.
+pub const SOURCES: [(&str, &str); 5] = [
     ("elementwise", include_str!("../cuda/elementwise.cu")),
-    ("gemv", include_str!("../cuda/gemv.cu")),
-    ("attention", include_str!("../cuda/attention.cu")),
+    ("gemv", concat!(include_str!("../cuda/rope_store.cuh"), include_str!("../cuda/gemv.cu"))),
+    ("attention", concat!(include_str!("../cuda/attend.cuh"), include_str!("../cuda/attention.cu"))),
+    ("decode", concat!(include_str!("../cuda/rope_store.cuh"), include_str!("../cuda/attend.cuh"), include_str!("../cuda/decode.cu"))),
     ("sample", include_str!("../cuda/sample.cu")),
 ];
 
 /// Kernel entry points every source must define (checked by the tests, launched by the wrappers).
-pub const KERNELS: [&str; 20] = [
+pub const KERNELS: [&str; 22] = [
     "rmsnorm_f32",
     "embed_f32",
     "embed_bf16",
@@ -34,6 +37,8 @@ pub const KERNELS: [&str; 20] = [
     "attn_prefill",
     "attn_decode",
     "attn_decode_cluster",
+    "decode_step_bf16",
+    "decode_step_f32",
     "argmax_logprob",
     "top_p_sample",
 ];

@@ -60,6 +60,9 @@ pub struct DeviceBackend {
     /// distributed shared memory (`Device::attn_decode_cluster`); 0: split-K with global partials.
     /// `CTXSCOPE_CUDA_ATTN_CLUSTER` (default 16), capped by what the device allows (none before sm_90).
     attn_cluster: usize,
+    /// One-row decode passes run as one persistent launch (`Pass::persistent`; on unless
+    /// `CTXSCOPE_CUDA_PERSISTENT=0`).
+    persistent: bool,
 }
 
 impl DeviceBackend {
@@ -77,11 +80,11 @@ impl DeviceBackend {
         let fail = gpu_error(ordinal);
         let device = Device::new(ordinal).map_err(&fail)?;
         let blas = Blas::new(device.stream.clone()).map_err(&fail)?;
-        let (golden, fast) = DeviceWeights::upload(&device.stream, &model).map_err(&fail)?;
+        let (golden, fast) = DeviceWeights::upload(&device, &model).map_err(&fail)?;
         let max_seqs = options.max_batch.max(1);
         let ws = Workspace::new(&device.stream, &c, options.step_tokens.max(max_seqs), max_seqs).map_err(&fail)?;
         device.stream.synchronize().map_err(|e| fail(e.into()))?;
-        Ok(DeviceBackend { ordinal, device, blas, config: c, weights: [golden, fast], ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: std::env::var("CTXSCOPE_CUDA_GRAPHS").map_or(true, |v| v != "0"), gemv_rows: env_usize("CTXSCOPE_CUDA_GEMV_ROWS", DEFAULT_GEMV_ROWS).clamp(1, GEMV_MAX_ROWS), stream_gemv: std::env::var("CTXSCOPE_CUDA_STREAM_GEMV").map_or(true, |v| v != "0"), attn_splits: env_usize("CTXSCOPE_CUDA_ATTN_SPLITS", 0).min(MAX_SPLITS), attn_cluster: 0 }.with_attn_cluster(env_usize("CTXSCOPE_CUDA_ATTN_CLUSTER", DEFAULT_ATTN_CLUSTER)))
+        Ok(DeviceBackend { ordinal, device, blas, config: c, weights: [golden, fast], ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: std::env::var("CTXSCOPE_CUDA_GRAPHS").map_or(true, |v| v != "0"), gemv_rows: env_usize("CTXSCOPE_CUDA_GEMV_ROWS", DEFAULT_GEMV_ROWS).clamp(1, GEMV_MAX_ROWS), stream_gemv: std::env::var("CTXSCOPE_CUDA_STREAM_GEMV").map_or(true, |v| v != "0"), attn_splits: env_usize("CTXSCOPE_CUDA_ATTN_SPLITS", 0).min(MAX_SPLITS), attn_cluster: 0, persistent: env_usize("CTXSCOPE_CUDA_PERSISTENT", 1) != 0 }.with_attn_cluster(env_usize("CTXSCOPE_CUDA_ATTN_CLUSTER", DEFAULT_ATTN_CLUSTER)))
     }
 
     /// Turns decode-graph replay on or off (off: every pass launches its kernels one by one).
@@ -121,6 +124,28 @@ impl DeviceBackend {
     fn with_attn_cluster(mut self, cluster: usize) -> DeviceBackend {
         self.set_attn_cluster(cluster);
         self
+    }
+
+    /// Turns the persistent decode step for one-row decode passes on or off. Captured graphs are dropped.
+    pub fn set_persistent(&mut self, on: bool) {
+        self.persistent = on;
+        self.graphs.clear();
+    }
+
+    /// Whether one-row decode passes run as the persistent step.
+    pub fn persistent(&self) -> bool {
+        self.persistent
+    }
+
+    /// Whether a plain one-row decode pass on `path` runs as the persistent step now: it is on, the
+    /// pass would stream, and the kernel takes the model's shape on this device.
+    pub fn takes_step(&self, path: Path) -> bool {
+        let plan = Plan { rows: 1, decode: 1, prefill: Vec::new(), outputs: 1, splits: self.splits(1), cluster: self.attn_cluster };
+        self.pass(Numerics::default()).step_shape(self.weights(path), &plan).is_some()
+    }
+
+    fn pass(&self, numerics: Numerics) -> Pass<'_> {
+        Pass { device: &self.device, blas: &self.blas, config: &self.config, numerics, gemv_rows: self.gemv_rows, stream: self.stream_gemv, persistent: self.persistent }
     }
 
     /// Decode attention's cluster size now in use (0: split-K).
@@ -193,7 +218,7 @@ impl DeviceBackend {
         let graphable = self.use_graphs && numerics.is_plain() && plan.prefill.is_empty() && plan.rows <= self.gemv_rows;
         // A field borrow (not `self.weights(path)`), so the workspace can be borrowed mutably beside it.
         let weights = &self.weights[path_index(path)];
-        let pass = Pass { device: &self.device, blas: &self.blas, config: &self.config, numerics, gemv_rows: self.gemv_rows, stream: self.stream_gemv };
+        let pass = Pass { device: &self.device, blas: &self.blas, config: &self.config, numerics, gemv_rows: self.gemv_rows, stream: self.stream_gemv, persistent: self.persistent };
         if !graphable {
             return pass.enqueue(weights, &mut self.ws, plan);
         }

@@ -7,7 +7,7 @@
 
 use ctxscope_kernels::blas::{Activations, Blas, Compute};
 use ctxscope_kernels::cudarc::driver::CudaSlice;
-use ctxscope_kernels::device::{AttentionShape, Device, DeviceError, GemvMode, Matrix, MatrixData, RopeShape, StreamOp};
+use ctxscope_kernels::device::{AttentionShape, Device, DeviceError, GemvMode, Matrix, MatrixData, RopeShape, StepIo, StepShape, StreamOp, MAX_STEP_SPANS};
 
 use super::weights::DeviceWeights;
 use super::workspace::{Scratch, Workspace};
@@ -82,6 +82,9 @@ pub struct Pass<'a> {
     /// Plain GEMV passes stream the weights through shared memory with the RMSNorms folded into the
     /// products that consume them (`Device::gemv_stream`), where every matrix's plan fits.
     pub stream: bool,
+    /// A streamed pass of one decode row runs as one persistent launch (`Device::decode_step`) where
+    /// the kernel takes the shape: the same arithmetic, no kernel boundaries between the layers' steps.
+    pub persistent: bool,
 }
 
 impl Pass<'_> {
@@ -92,6 +95,22 @@ impl Pass<'_> {
         let (n, dim) = (plan.rows, c.dim);
         let q_stride = c.dim + 2 * c.kv_dim();
         d.embed(&w.embed, &ws.ids.slice(..n), &mut ws.x.slice_mut(..n * dim), n)?;
+        if let Some(shape) = self.step_shape(w, plan) {
+            let io = StepIo {
+                x: ws.x.slice_mut(..dim),
+                qkv: ws.qkv.slice_mut(..q_stride),
+                att: ws.att.slice_mut(..dim),
+                act: ws.act.slice_mut(..c.ffn_dim),
+                logits: ws.logits.slice_mut(..c.vocab),
+                part_o: ws.part_o.slice_mut(..),
+                part_ml: ws.part_ml.slice_mut(..),
+                sync: ws.sync.slice_mut(..),
+                positions: ws.positions.slice(..1),
+                kv_base: ws.kv_base.slice(..1),
+            };
+            d.decode_step(&w.table, w.output(), &w.output_norm.slice(..), io, &shape, w.bf16())?;
+            return d.argmax(&ws.logits.slice(..c.vocab), 1, c.vocab, &mut ws.token.slice_mut(..1), &mut ws.logprob.slice_mut(..1));
+        }
         let rope = RopeShape {
             n_layers: c.n_layers,
             heads: c.n_heads,
@@ -170,6 +189,31 @@ impl Pass<'_> {
             }
         }
         d.argmax(&ws.logits.slice(..s * c.vocab), s, c.vocab, &mut ws.token.slice_mut(..s), &mut ws.logprob.slice_mut(..s))
+    }
+
+    /// The persistent step's shape when this pass is one plain decode row that it takes: asked for,
+    /// streamable (the step computes what the streamed pass does) and a plan that fits.
+    pub fn step_shape(&self, w: &DeviceWeights, plan: &Plan) -> Option<StepShape> {
+        let c = self.config;
+        let one_row = plan.rows == 1 && plan.decode == 1 && plan.outputs == 1 && plan.prefill.is_empty();
+        if !(self.persistent && one_row && self.streamable(w, 1)) {
+            return None;
+        }
+        let spans = if plan.cluster > 0 { plan.cluster } else { plan.splits };
+        let shape = StepShape {
+            n_layers: c.n_layers,
+            dim: c.dim,
+            ffn: c.ffn_dim,
+            heads: c.n_heads,
+            kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+            vocab: c.vocab,
+            rope_base: c.rope_base,
+            eps: c.rms_eps,
+            window: self.numerics.window,
+            spans: spans.min(MAX_STEP_SPANS),
+        };
+        self.device.step_plan(&shape, w.bf16()).map(|_| shape)
     }
 
     /// Whether this pass of `n` rows takes the streamed GEMVs: asked for, no numerical patch (they

@@ -1,9 +1,8 @@
 //! A model's weights on the device in one precision: f32 (the golden path) or bf16 (the fast path),
 //! with Q, K, V fused into one matrix and gate/up into another, so a layer is four weight passes.
 
-use ctxscope_kernels::cudarc::driver::{CudaSlice, CudaStream};
-use ctxscope_kernels::device::{DeviceError, Matrix, MatrixData};
-use std::sync::Arc;
+use ctxscope_kernels::cudarc::driver::CudaSlice;
+use ctxscope_kernels::device::{Device, DeviceError, Matrix, MatrixData, StepLayer};
 
 use crate::model::{Matrix as HostMatrix, Model};
 
@@ -24,6 +23,8 @@ pub struct DeviceWeights {
     pub output_norm: CudaSlice<f32>,
     /// `None`: tied to `embed`.
     pub output: Option<Matrix>,
+    /// Per layer, the addresses the persistent decode step reads (`Device::layer_table`).
+    pub table: CudaSlice<u64>,
 }
 
 fn concat(parts: &[&HostMatrix]) -> (Vec<f32>, usize, usize) {
@@ -39,7 +40,8 @@ fn concat(parts: &[&HostMatrix]) -> (Vec<f32>, usize, usize) {
 impl DeviceWeights {
     /// Uploads `model`'s weights (dequantized f32 on the host) twice: as f32 (the golden path) and
     /// rounded to bf16 (the fast path), each fused matrix concatenated once for both.
-    pub fn upload(stream: &Arc<CudaStream>, model: &Model) -> Result<(DeviceWeights, DeviceWeights), DeviceError> {
+    pub fn upload(device: &Device, model: &Model) -> Result<(DeviceWeights, DeviceWeights), DeviceError> {
+        let stream = &device.stream;
         let matrix = |parts: &[&HostMatrix]| -> Result<[Matrix; 2], DeviceError> {
             let (values, rows, cols) = concat(parts);
             Ok([Matrix::upload(stream, &values, rows, cols, false)?, Matrix::upload(stream, &values, rows, cols, true)?])
@@ -59,9 +61,11 @@ impl DeviceWeights {
             None => (None, None),
         };
         let ([embed, embed_b], [output_norm, output_norm_b]) = (matrix(&[&w.token_embd])?, norm(&w.output_norm)?);
+        let table = |layers: &[DeviceLayer]| device.layer_table(layers.iter().map(|l| StepLayer { wqkv: &l.wqkv, wo: &l.wo, w_gu: &l.w_gu, w_down: &l.w_down, attn_norm: &l.attn_norm, ffn_norm: &l.ffn_norm }));
+        let (table_g, table_f) = (table(&golden)?, table(&fast)?);
         Ok((
-            DeviceWeights { embed, layers: golden, output_norm, output },
-            DeviceWeights { embed: embed_b, layers: fast, output_norm: output_norm_b, output: output_b },
+            DeviceWeights { embed, layers: golden, output_norm, output, table: table_g },
+            DeviceWeights { embed: embed_b, layers: fast, output_norm: output_norm_b, output: output_b, table: table_f },
         ))
     }
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use ctxscope_kernels::cudarc::driver::{CudaSlice, CudaStream};
-use ctxscope_kernels::device::DeviceError;
+use ctxscope_kernels::device::{sync_len, DeviceError};
 
 use crate::model::ModelConfig;
 
@@ -37,6 +37,8 @@ pub struct Workspace {
     pub logits: CudaSlice<f32>,
     pub part_o: CudaSlice<f32>,
     pub part_ml: CudaSlice<f32>,
+    /// The persistent decode step's barrier and attention counters (zero between steps).
+    pub sync: CudaSlice<u32>,
     pub token: CudaSlice<i32>,
     pub logprob: CudaSlice<f32>,
     /// Per output sequence: temperature, top_p, uniform (device top-p sampling), and what it drew.
@@ -70,6 +72,7 @@ impl Workspace {
             logits: f(s * c.vocab)?,
             part_o: f(s * c.n_heads * MAX_SPLITS * c.head_dim)?,
             part_ml: f(s * c.n_heads * MAX_SPLITS * 2)?,
+            sync: stream.alloc_zeros::<u32>(sync_len(c.n_kv_heads))?,
             token: stream.alloc_zeros::<i32>(s)?,
             logprob: f(s)?,
             temperature: f(s)?,

@@ -2,6 +2,9 @@
 //! `scripts/fetch-model.sh` fills), an engine started over it, and chat prompts rendered with its template.
 #![allow(dead_code)]
 
+#[cfg(feature = "cuda")]
+pub mod device;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 

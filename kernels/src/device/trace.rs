@@ -43,7 +43,8 @@ pub struct Launch {
     pub marks: HashMap<u32, [Option<u64>; EVENTS]>,
 }
 
-/// The name of a kernel kind (prelude `TRACE_*`; gemv_stream kinds are 16 + mode).
+/// The name of a kernel kind (prelude `TRACE_*`; gemv_stream kinds are 16 + mode; decode_step's
+/// phases 24 + phase, each traced as a launch of its own).
 pub fn kind_name(kind: u8) -> &'static str {
     match kind {
         1 => "attn_decode",
@@ -53,6 +54,12 @@ pub fn kind_name(kind: u8) -> &'static str {
         17 => "stream accumulate",
         18 => "stream swiglu",
         19 => "stream qkv+rope",
+        24 => "step qkv+rope",
+        25 => "step attention",
+        26 => "step o",
+        27 => "step gate/up",
+        28 => "step down",
+        29 => "step output",
         _ => "unknown",
     }
 }

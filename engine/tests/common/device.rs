@@ -1,0 +1,27 @@
+//! Device test helpers (`--features cuda`): whether a GPU is here, and a prefill + decode run on the
+//! CUDA backend that returns every step's logits.
+
+use ctxscope_engine::backend::{Backend, Output, Step, Want};
+use ctxscope_engine::device::DeviceBackend;
+use ctxscope_engine::{PatchSet, Path};
+use ctxscope_kernels::cudarc::driver::CudaContext;
+
+pub fn gpu_present() -> bool {
+    // SAFETY: only probes whether libcuda can be opened.
+    let driver = unsafe { ctxscope_kernels::cudarc::driver::sys::is_culib_present() };
+    driver && CudaContext::device_count().is_ok_and(|n| n > 0)
+}
+
+/// Prefill of `prompt`, then one decode step per token of `feed`; the logits of every step.
+pub fn device_run(backend: &mut DeviceBackend, path: Path, patches: &PatchSet, prompt: &[u32], feed: &[u32]) -> Vec<Vec<f32>> {
+    let mut kv = backend.new_kv().expect("kv");
+    let mut inputs = vec![prompt.to_vec()];
+    inputs.extend(feed.iter().map(|t| vec![*t]));
+    inputs
+        .iter()
+        .map(|tokens| match backend.forward(path, patches, &mut [Step { tokens, kv: &mut kv, want: Want::Logits }]).expect("device forward").remove(0) {
+            Output::Logits(l) => l,
+            other => panic!("asked for logits, got {other:?}"),
+        })
+        .collect()
+}

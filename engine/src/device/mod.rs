@@ -352,7 +352,9 @@ impl Backend for DeviceBackend {
                 s.memcpy_htod(&ids, &mut this.ws.ids.slice_mut(..ids.len()))?;
                 s.memcpy_htod(&positions, &mut this.ws.positions.slice_mut(..positions.len()))?;
                 s.memcpy_htod(&bases, &mut this.ws.kv_base.slice_mut(..bases.len()))?;
-                s.memcpy_htod(&last, &mut this.ws.last_rows.slice_mut(..last.len()))?;
+                if !last.is_empty() {
+                    s.memcpy_htod(&last, &mut this.ws.last_rows.slice_mut(..last.len()))?;
+                }
                 Ok(())
             };
             let fail = gpu_error(self.ordinal);
@@ -391,6 +393,9 @@ impl DeviceBackend {
         let s = &self.device.stream;
         let finished: Vec<&Part> = parts.iter().filter(|p| p.finishes).collect();
         let n = finished.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
         let mut tokens = vec![0i32; n];
         let mut logprobs = vec![0f32; n];
         s.memcpy_dtoh(&self.ws.token.slice(..n), &mut tokens)?;

@@ -175,6 +175,10 @@ impl Pass<'_> {
             self.residual(&layer.w_down, &ws.act, &mut ws.x, n, &mut ws.scratch)?;
         }
         let s = plan.outputs;
+        if s == 0 {
+            // A pass inside a long prompt: only its K/V is wanted (a launch of no blocks would be an error).
+            return Ok(());
+        }
         let last_rows = ws.last_rows.slice(..s);
         if streamed && plan.prefill.is_empty() && s == n {
             // Every row is an output, in order: the final norm folds into the output projection.

@@ -19,7 +19,8 @@ pub fn device_run(backend: &mut DeviceBackend, path: Path, patches: &PatchSet, p
     inputs.extend(feed.iter().map(|t| vec![*t]));
     inputs
         .iter()
-        .map(|tokens| match backend.forward(path, patches, &mut [Step { tokens, kv: &mut kv, want: Want::Logits }]).expect("device forward").remove(0) {
+        .enumerate()
+        .map(|(i, tokens)| match backend.forward(path, patches, &mut [Step { tokens, kv: &mut kv, want: Want::Logits }]).unwrap_or_else(|e| panic!("device forward of input {i} ({} tokens): {e}", tokens.len())).remove(0) {
             Output::Logits(l) => l,
             other => panic!("asked for logits, got {other:?}"),
         })

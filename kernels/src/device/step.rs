@@ -124,7 +124,9 @@ impl Device {
         }
         let staged = (s.dim.max(s.ffn) * 4).max(2 * TILE * (s.head_dim + 4) * 4);
         let function = self.function(if bf16 { "decode_step_bf16" } else { "decode_step_f32" });
-        SLOTS.iter().map(|&slots| StepPlan { slots, smem: slots * 2 * THREADS * 16 + staged }).find(|p| {
+        // `CTXSCOPE_CUDA_STEP_SLOTS` caps the ring depth (an A/B knob; the deepest that fits otherwise).
+        let cap = std::env::var("CTXSCOPE_CUDA_STEP_SLOTS").ok().and_then(|v| v.parse().ok()).unwrap_or(usize::MAX);
+        SLOTS.iter().filter(|&&slots| slots <= cap.max(SLOTS[SLOTS.len() - 1])).map(|&slots| StepPlan { slots, smem: slots * 2 * THREADS * 16 + staged }).find(|p| {
             p.smem <= self.step_smem_limit && function.occupancy_max_active_blocks_per_multiprocessor(THREADS as u32, p.smem, None).is_ok_and(|b| b >= 1)
         })
     }

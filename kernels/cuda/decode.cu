@@ -44,12 +44,16 @@ struct StepArgs {
     int n_layers, dim, ffn, heads, kv_heads, hd, vocab;
     float rope_base, eps, scale;
     int window, spans, round_x;
+    // Attention's first K/V tile rides in the weight stream (`early_kv_fits`).
+    bool early;
 };
 
-// What phase q of the step streams: q = 4 * layer + (0 QKV, 1 o, 2 gate/up, 3 down), q = 4 * n_layers
-// the output projection, beyond it nothing (units 0). mode as gemv_stream's (0 store, 1 accumulate,
-// 2 SwiGLU, 3 QKV + RoPE); k rows per unit; a group is two chunks: one of each row (k = 2) or two
-// consecutive chunks of the row (k = 1).
+// What phase q of the step streams: q = 5 * layer + (0 QKV, 1 attention, 2 o, 3 gate/up, 4 down),
+// q = 5 * n_layers the output projection, beyond it nothing (units 0). mode as gemv_stream's (0 store,
+// 1 accumulate, 2 SwiGLU, 3 QKV + RoPE) or 4: attention's K/V, one group per thread (the block's share
+// of its first span's first tile, all but the newest position, into the attention tile: issued in the
+// stream S groups ahead, those loads are queued before the next phase's weights, not behind them); k
+// rows per unit; a group is two chunks: one of each row (k = 2) or two consecutive chunks of the row (k = 1).
 struct Gemv {
     const uint4* w;
     int units, chunks, k, mode, groups;
@@ -60,21 +64,22 @@ __device__ __forceinline__ Gemv step_gemv(const StepArgs& a, int q) {
     const int E = BF16 ? 8 : 4, q_rows = (a.heads + 2 * a.kv_heads) * a.hd;
     Gemv g = {nullptr, 0, 1, 1, 0, 0};
     int cols = a.dim;
-    if (q < 4 * a.n_layers) {
-        const u64* l = a.layers + (size_t)(q / 4) * DS_LAYER_PTRS;
-        const int p = q % 4;
-        g.w = (const uint4*)l[p];
+    if (q < 5 * a.n_layers) {
+        const u64* l = a.layers + (size_t)(q / 5) * DS_LAYER_PTRS;
+        const int p = q % 5;
+        g.w = p == 0 ? (const uint4*)l[0] : p == 1 ? nullptr : (const uint4*)l[p - 1];
         if (p == 0) g.units = q_rows / 2, g.k = 2, g.mode = 3;
-        else if (p == 1) g.units = a.dim, g.mode = 1;
-        else if (p == 2) g.units = a.ffn, g.k = 2, g.mode = 2;
+        else if (p == 1) g.units = 1, g.mode = 4;
+        else if (p == 2) g.units = a.dim, g.mode = 1;
+        else if (p == 3) g.units = a.ffn, g.k = 2, g.mode = 2;
         else g.units = a.dim, g.mode = 1, cols = a.ffn;
-    } else if (q == 4 * a.n_layers) {
+    } else if (q == 5 * a.n_layers) {
         g.w = (const uint4*)a.head_w;
         g.units = a.vocab;
     }
     g.chunks = cols / E;
     const int per_lane = (g.chunks + 31) / 32;
-    g.groups = g.k == 2 ? per_lane : (per_lane + 1) / 2;
+    g.groups = g.mode == 4 ? 1 : g.k == 2 ? per_lane : (per_lane + 1) / 2;
     return g;
 }
 
@@ -105,7 +110,7 @@ __device__ __forceinline__ void cursor_phase(Cursor& c, const StepArgs& a, int q
     for (;; q++) {
         c.q = q;
         c.g = step_gemv<BF16>(a, q);
-        const int2 r = warp_units(c.g.units);
+        const int2 r = c.g.mode == 4 ? make_int2(0, 1) : warp_units(c.g.units);
         c.u = r.x, c.ub = r.y, c.j = 0;
         if (c.u < c.ub || c.g.units == 0) return;
     }
@@ -113,10 +118,51 @@ __device__ __forceinline__ void cursor_phase(Cursor& c, const StepArgs& a, int q
 
 // Copies the cursor's group into ring slot `slot` (both chunks; none past the stream's end) and
 // advances it; one commit group per call either way.
+// The block's first attention item of `layer` (KV head, span): its span, and where its K/V rows are.
+struct StepItem {
+    ClusterSpan c;
+    int kvh;
+    u64 base;
+};
+
+__device__ __forceinline__ StepItem step_item(const StepArgs& a, int item) {
+    StepItem it;
+    it.kvh = item / a.spans;
+    it.c = cluster_span(a.positions[0] + 1, a.window, a.spans, item % a.spans);
+    it.base = a.kv_base[0];
+    return it;
+}
+
+// Rows [t0, t0 + count) of the item's K and V into the tile (rows of stride hd + 4): with cp.async
+// (`early`: all but the newest position, which the QKV phase is still writing) or with loads from L2.
+__device__ __forceinline__ void load_tile(const StepArgs& a, const StepItem& it, int layer, int t0, int count, float* tile, bool early) {
+    const int vecs = a.hd / 4, stride = a.hd + 4, kv_dim = a.kv_heads * a.hd;
+    for (int e = threadIdx.x; e < count * vecs; e += DS_THREADS) {
+        const int j = e / vecs, d = 4 * (e % vecs);
+        const float* k = kv_row(it.base, t0 + j, layer, a.n_layers, 0, kv_dim) + it.kvh * a.hd + d;
+        const float* v = kv_row(it.base, t0 + j, layer, a.n_layers, 1, kv_dim) + it.kvh * a.hd + d;
+        float* ks = tile + j * stride + d;
+        float* vs = tile + (CL_TILE + j) * stride + d;
+        if (!early) {
+            *(float4*)ks = __ldcg((const float4*)k);
+            *(float4*)vs = __ldcg((const float4*)v);
+        } else if (t0 + j != it.c.len - 1) {
+            cp_async16(ks, k);
+            cp_async16(vs, v);
+        }
+    }
+}
+
 template <bool BF16>
-__device__ __forceinline__ void stream_issue(Cursor& c, const StepArgs& a, uint4* ring, int slot) {
+__device__ __forceinline__ void stream_issue(Cursor& c, const StepArgs& a, uint4* ring, int slot, float* tile) {
     const int lane = threadIdx.x & 31;
-    if (c.u < c.ub) {
+    if (c.u < c.ub && c.g.mode == 4) {
+        if (a.early && (int)blockIdx.x < a.kv_heads * a.spans) {
+            const StepItem it = step_item(a, blockIdx.x);
+            if (it.c.tiles > 0) load_tile(a, it, c.q / 5, it.c.lo, min(CL_TILE, it.c.hi - it.c.lo), tile, true);
+        }
+        cursor_phase<BF16>(c, a, c.q + 1);
+    } else if (c.u < c.ub) {
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int chunk = gemv_chunk(c.g, lane, c.j, r);
@@ -136,14 +182,12 @@ __device__ __forceinline__ void grid_barrier(unsigned* count, unsigned& target) 
     target += gridDim.x;
     __syncthreads();
     if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(count, 1u);
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
         unsigned seen, spins = 0;
         do {
             asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
             if (++spins == (1u << 26)) __trap();  // a block is not resident: fail rather than hang
         } while (seen < target);
-        __threadfence();
     }
     __syncthreads();
 }
@@ -178,7 +222,7 @@ __device__ __forceinline__ void stage_row(const float* src, int cols, const floa
 // The consume side: this warp's units of phase q (the ring holds them in order, S groups ahead),
 // each group folded into the unit's sums and its slot refilled from the cursor, then the epilogue.
 template <bool BF16, int S>
-__device__ __forceinline__ void stream_phase(const StepArgs& a, int q, int layer, const float* xs, uint4* ring, int& slot, Cursor& cur) {
+__device__ __forceinline__ void stream_phase(const StepArgs& a, int q, int layer, const float* xs, uint4* ring, int& slot, Cursor& cur, float* tile) {
     const Gemv g = step_gemv<BF16>(a, q);
     const int2 range = warp_units(g.units);
     const int lane = threadIdx.x & 31, E = BF16 ? 8 : 4;
@@ -216,7 +260,7 @@ __device__ __forceinline__ void stream_phase(const StepArgs& a, int q, int layer
                 }
             }
             // The slot just read is refilled only now, after the arithmetic that consumed it.
-            stream_issue<BF16>(cur, a, ring, slot);
+            stream_issue<BF16>(cur, a, ring, slot, tile);
             if (++slot == S) slot = 0;
         }
         const float s = warp_sum(acc), v = g.k == 2 ? warp_sum(acc2) : 0.0f;
@@ -237,16 +281,21 @@ __device__ __forceinline__ void stream_phase(const StepArgs& a, int q, int layer
 // Decode attention of `layer` for the one row: item i = (KV head i / spans, span i % spans) per block
 // in turn, each as one block of attn_decode_cluster (its span's tiles through `tile`, K and V rows of
 // stride hd + 4), its (max, sum, unnormalized output) per query head into the partials; the last block
-// of a KV head to finish merges that head group's outputs (cluster_merge's order) into `att`.
-__device__ __forceinline__ void step_attention(const StepArgs& a, int layer, float* tile, float (*qs)[MAX_HD], int* flag) {
+// of a KV head to finish merges that head group's outputs (cluster_merge's order) into `att`. The
+// stream's K/V group (the oldest in flight) is consumed here: with `a.early`, tile 0 of the first item
+// is in the tile but for the newest position.
+template <bool BF16, int S>
+__device__ __forceinline__ void step_attention(const StepArgs& a, int layer, float* tile, float (*qs)[MAX_HD], int* flag, uint4* ring, int& slot, Cursor& cur) {
     const int group = a.heads / a.kv_heads, kv_dim = a.kv_heads * a.hd, vecs = a.hd / 4, stride = a.hd + 4;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const u64 base = a.kv_base[0];
     float* ks = tile;
     float* vs = tile + CL_TILE * stride;
+    cp_async_wait<S - 1>();
+    __syncthreads();
     for (int item = blockIdx.x; item < a.kv_heads * a.spans; item += gridDim.x) {
-        const int kvh = item / a.spans, rank = item % a.spans;
-        const ClusterSpan c = cluster_span(a.positions[0] + 1, a.window, a.spans, rank);
+        const StepItem it = step_item(a, item);
+        const int kvh = it.kvh;
+        const ClusterSpan& c = it.c;
         for (int i = threadIdx.x; i < group * vecs; i += DS_THREADS) {
             const int g = i / vecs, d = 4 * (i % vecs);
             *(float4*)&qs[g][d] = __ldcg((const float4*)(a.qkv + (kvh * group + g) * a.hd + d));
@@ -255,10 +304,14 @@ __device__ __forceinline__ void step_attention(const StepArgs& a, int layer, flo
         reset_states(m, l, acc);
         for (int i = 0; i < c.tiles; i++) {
             const int t0 = c.lo + i * CL_TILE, count = min(CL_TILE, c.hi - t0);
-            for (int e = threadIdx.x; e < count * vecs; e += DS_THREADS) {
-                const int j = e / vecs, d = 4 * (e % vecs);
-                *(float4*)(ks + j * stride + d) = __ldcg((const float4*)(kv_row(base, t0 + j, layer, a.n_layers, 0, kv_dim) + kvh * a.hd + d));
-                *(float4*)(vs + j * stride + d) = __ldcg((const float4*)(kv_row(base, t0 + j, layer, a.n_layers, 1, kv_dim) + kvh * a.hd + d));
+            if (!a.early || i > 0 || item != (int)blockIdx.x) {
+                load_tile(a, it, layer, t0, count, tile, false);
+            } else if (c.len - 1 < t0 + count) {
+                // The newest position (the QKV phase stored it): thread e < 2 * vecs a float4 of K or V.
+                for (int e = threadIdx.x; e < 2 * vecs; e += DS_THREADS) {
+                    const int kind = e / vecs, d = 4 * (e % vecs);
+                    *(float4*)(tile + (kind * CL_TILE + c.len - 1 - t0) * stride + d) = __ldcg((const float4*)(kv_row(it.base, c.len - 1, layer, a.n_layers, kind, kv_dim) + kvh * a.hd + d));
+                }
             }
             __syncthreads();
 #pragma unroll
@@ -310,6 +363,23 @@ __device__ __forceinline__ void step_attention(const StepArgs& a, int layer, flo
         }
         __syncthreads();
     }
+    // The K/V group's place in the stream is refilled.
+    stream_issue<BF16>(cur, a, ring, slot, tile);
+    if (++slot == S) slot = 0;
+}
+
+// Whether every thread's stream holds at least S groups between two layers' K/V groups, so that a
+// layer's early K/V copies are issued only after the previous layer's attention is done with the
+// tile (uniform over the grid: shapes and grid only).
+template <bool BF16>
+__device__ __forceinline__ bool early_kv_fits(const StepArgs& a, int S) {
+    const long long warps = (long long)gridDim.x * DS_WARPS;
+    int gap = 1;
+    for (int q = 2; q <= 5; q++) {
+        const Gemv g = step_gemv<BF16>(a, q == 5 ? 0 : q);
+        gap += (int)(g.units / warps) * g.groups;
+    }
+    return gap >= S;
 }
 
 // Trace kinds of the phases (kernels/src/device/trace.rs): 24 QKV, 25 attention, 26 o, 27 gate/up,
@@ -321,13 +391,15 @@ template <bool BF16, int S>
 __device__ __forceinline__ void decode_step_body(const StepArgs& a, float (*qs)[MAX_HD], float* scratch, int* flag) {
     extern __shared__ __align__(128) unsigned char smem[];
     pdl_launch();
+    // Shared memory: the ring, the staged input row, the attention tile.
     uint4* ring = (uint4*)smem;
     float* xs = (float*)(smem + (size_t)S * 2 * DS_THREADS * 16);
+    float* tile = xs + max(a.dim, a.ffn);
     Cursor cur;
     cursor_phase<BF16>(cur, a, 0);
     // The first S groups of weights before waiting for the embedding kernel.
 #pragma unroll
-    for (int i = 0; i < S; i++) stream_issue<BF16>(cur, a, ring, i);
+    for (int i = 0; i < S; i++) stream_issue<BF16>(cur, a, ring, i, tile);
     int slot = 0;
     unsigned target = 0;
     pdl_wait();
@@ -339,14 +411,14 @@ __device__ __forceinline__ void decode_step_body(const StepArgs& a, float (*qs)[
         trace_mark(TRACE_STEP + (head ? 5 : 0), TRACE_WAITED);
         stage_row(a.x, a.dim, head ? a.head_norm : (const float*)l[4], a.eps, a.round_x, xs, scratch);
         trace_mark(TRACE_STEP + (head ? 5 : 0), TRACE_STAGED);
-        stream_phase<BF16, S>(a, 4 * layer, layer, xs, ring, slot, cur);
+        stream_phase<BF16, S>(a, 5 * layer, layer, xs, ring, slot, cur, tile);
         trace_end(TRACE_STEP + (head ? 5 : 0), TRACE_END);
         if (head) break;
 
         trace_mark(TRACE_STEP + 1, TRACE_START);
         grid_barrier(a.sync, target);
         trace_mark(TRACE_STEP + 1, TRACE_WAITED);
-        step_attention(a, layer, xs, qs, flag);
+        step_attention<BF16, S>(a, layer, tile, qs, flag, ring, slot, cur);
         trace_end(TRACE_STEP + 1, TRACE_END);
 
         // o (+ residual), gate/up (SwiGLU), down (+ residual): input, its norm, its width.
@@ -360,7 +432,7 @@ __device__ __forceinline__ void decode_step_body(const StepArgs& a, float (*qs)[
             trace_mark(TRACE_STEP + 1 + p, TRACE_WAITED);
             stage_row(inputs[p - 1], widths[p - 1], norms[p - 1], a.eps, a.round_x, xs, scratch);
             trace_mark(TRACE_STEP + 1 + p, TRACE_STAGED);
-            stream_phase<BF16, S>(a, 4 * layer + p, layer, xs, ring, slot, cur);
+            stream_phase<BF16, S>(a, 5 * layer + 1 + p, layer, xs, ring, slot, cur, tile);
             trace_end(TRACE_STEP + 1 + p, TRACE_END);
         }
     }
@@ -376,15 +448,20 @@ __device__ __forceinline__ void decode_step_body(const StepArgs& a, float (*qs)[
     }
 }
 
-// Ring slots per thread (S groups of 32 bytes): 10 where shared memory allows, else 6.
+// Ring slots per thread (S groups of 32 bytes): 8 where shared memory allows, else 4.
 // (The static arrays live here, not in the instantiations, which would each get their own.)
 template <bool BF16>
-__device__ __forceinline__ void decode_step_dispatch(const StepArgs& a, int slots) {
+__device__ __forceinline__ void decode_step_dispatch(StepArgs& a, int slots) {
     __shared__ __align__(16) float qs[16][MAX_HD];
     __shared__ float scratch[33];
     __shared__ int flag;
-    if (slots >= 10) decode_step_body<BF16, 10>(a, qs, scratch, &flag);
-    else decode_step_body<BF16, 6>(a, qs, scratch, &flag);
+    if (slots >= 8) {
+        a.early = early_kv_fits<BF16>(a, 8);
+        decode_step_body<BF16, 8>(a, qs, scratch, &flag);
+    } else {
+        a.early = early_kv_fits<BF16>(a, 4);
+        decode_step_body<BF16, 4>(a, qs, scratch, &flag);
+    }
 }
 
 #define DECODE_STEP_PARAMS                                                                                                              \
@@ -394,7 +471,7 @@ __device__ __forceinline__ void decode_step_dispatch(const StepArgs& a, int slot
 
 #define DECODE_STEP_ARGS                                                                                                               \
     StepArgs a = {layers, head_w, head_norm, x, qkv, att, act, logits, part_o, part_ml, sync, positions, kv_base, n_layers, dim, ffn, \
-                  heads, kv_heads, hd, vocab, rope_base, eps, scale, window, spans, round_x}
+                  heads, kv_heads, hd, vocab, rope_base, eps, scale, window, spans, round_x, false}
 
 extern "C" __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_bf16(const bf16_t* __restrict__ head_w, DECODE_STEP_PARAMS) {
     DECODE_STEP_ARGS;

@@ -14,7 +14,7 @@ pub const LAYER_PTRS: usize = 6;
 /// Most attention spans per KV head (`DS_MAX_SPANS`).
 pub const MAX_SPANS: usize = 32;
 /// The ring depths the kernel has instantiations for (groups of two 16-byte chunks per thread), deepest first.
-const SLOTS: [usize; 2] = [10, 6];
+const SLOTS: [usize; 2] = [8, 4];
 /// Positions per attention tile (`CL_TILE`).
 const TILE: usize = 64;
 
@@ -122,7 +122,8 @@ impl Device {
         if !ok {
             return None;
         }
-        let staged = (s.dim.max(s.ffn) * 4).max(2 * TILE * (s.head_dim + 4) * 4);
+        // The ring, the staged input row, the attention tile (K and V rows padded by 4 floats).
+        let staged = s.dim.max(s.ffn) * 4 + 2 * TILE * (s.head_dim + 4) * 4;
         let function = self.function(if bf16 { "decode_step_bf16" } else { "decode_step_f32" });
         // `CTXSCOPE_CUDA_STEP_SLOTS` caps the ring depth (an A/B knob; the deepest that fits otherwise).
         let cap = std::env::var("CTXSCOPE_CUDA_STEP_SLOTS").ok().and_then(|v| v.parse().ok()).unwrap_or(usize::MAX);

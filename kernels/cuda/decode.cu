@@ -32,6 +32,9 @@
 #define DS_MAX_SPANS 32
 // Per layer in `layers`: wqkv, wo, w_gu, w_down, attn_norm, ffn_norm (device addresses).
 #define DS_LAYER_PTRS 6
+// Trace kinds of the phases (kernels/src/device/trace.rs): 24 QKV, 25 attention, 26 o, 27 gate/up,
+// 28 down, 29 the output projection.
+#define TRACE_STEP 24
 
 struct StepArgs {
     const u64* layers;
@@ -322,6 +325,7 @@ __device__ __forceinline__ void step_attention(const StepArgs& a, int layer, flo
             }
             __syncthreads();  // the tile is free again
         }
+        trace_mark(TRACE_STEP + 1, TRACE_STAGED);  // this span's state is computed
         // This span's partial: slot (item * group + g).
 #pragma unroll
         for (int k = 0; k < 4; k++) {
@@ -339,9 +343,10 @@ __device__ __forceinline__ void step_attention(const StepArgs& a, int layer, flo
         }
         __syncthreads();
         if (threadIdx.x == 0) {
-            __threadfence();
-            *flag = atomicAdd(&a.sync[2 + kvh], 1u) == (unsigned)a.spans - 1;
-            if (*flag) __threadfence();
+            // Release this block's partial (ordered by the barrier above), acquire the others' if last.
+            unsigned before;
+            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(a.sync + 2 + kvh) : "memory");
+            *flag = before == (unsigned)a.spans - 1;
         }
         __syncthreads();
         if (*flag) {
@@ -381,10 +386,6 @@ __device__ __forceinline__ bool early_kv_fits(const StepArgs& a, int S) {
     }
     return gap >= S;
 }
-
-// Trace kinds of the phases (kernels/src/device/trace.rs): 24 QKV, 25 attention, 26 o, 27 gate/up,
-// 28 down, 29 the output projection.
-#define TRACE_STEP 24
 
 // qs: the query heads of an attention item; scratch: block sums; flag: "this block merges".
 template <bool BF16, int S>

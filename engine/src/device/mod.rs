@@ -60,8 +60,8 @@ pub struct DeviceBackend {
     /// distributed shared memory (`Device::attn_decode_cluster`); 0: split-K with global partials.
     /// `CTXSCOPE_CUDA_ATTN_CLUSTER` (default 16), capped by what the device allows (none before sm_90).
     attn_cluster: usize,
-    /// One-row decode passes run as one persistent launch (`Pass::persistent`; on unless
-    /// `CTXSCOPE_CUDA_PERSISTENT=0`).
+    /// One-row decode passes run as one persistent launch (`Pass::persistent`; off unless
+    /// `CTXSCOPE_CUDA_PERSISTENT=1`: measured slower than the kernel-per-op pass on the H200, BENCHMARKS.md).
     persistent: bool,
 }
 
@@ -84,7 +84,7 @@ impl DeviceBackend {
         let max_seqs = options.max_batch.max(1);
         let ws = Workspace::new(&device.stream, &c, options.step_tokens.max(max_seqs), max_seqs).map_err(&fail)?;
         device.stream.synchronize().map_err(|e| fail(e.into()))?;
-        Ok(DeviceBackend { ordinal, device, blas, config: c, weights: [golden, fast], ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: std::env::var("CTXSCOPE_CUDA_GRAPHS").map_or(true, |v| v != "0"), gemv_rows: env_usize("CTXSCOPE_CUDA_GEMV_ROWS", DEFAULT_GEMV_ROWS).clamp(1, GEMV_MAX_ROWS), stream_gemv: std::env::var("CTXSCOPE_CUDA_STREAM_GEMV").map_or(true, |v| v != "0"), attn_splits: env_usize("CTXSCOPE_CUDA_ATTN_SPLITS", 0).min(MAX_SPLITS), attn_cluster: 0, persistent: env_usize("CTXSCOPE_CUDA_PERSISTENT", 1) != 0 }.with_attn_cluster(env_usize("CTXSCOPE_CUDA_ATTN_CLUSTER", DEFAULT_ATTN_CLUSTER)))
+        Ok(DeviceBackend { ordinal, device, blas, config: c, weights: [golden, fast], ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: std::env::var("CTXSCOPE_CUDA_GRAPHS").map_or(true, |v| v != "0"), gemv_rows: env_usize("CTXSCOPE_CUDA_GEMV_ROWS", DEFAULT_GEMV_ROWS).clamp(1, GEMV_MAX_ROWS), stream_gemv: std::env::var("CTXSCOPE_CUDA_STREAM_GEMV").map_or(true, |v| v != "0"), attn_splits: env_usize("CTXSCOPE_CUDA_ATTN_SPLITS", 0).min(MAX_SPLITS), attn_cluster: 0, persistent: env_usize("CTXSCOPE_CUDA_PERSISTENT", 0) != 0 }.with_attn_cluster(env_usize("CTXSCOPE_CUDA_ATTN_CLUSTER", DEFAULT_ATTN_CLUSTER)))
     }
 
     /// Turns decode-graph replay on or off (off: every pass launches its kernels one by one).

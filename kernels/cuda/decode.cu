@@ -449,7 +449,7 @@ __device__ __forceinline__ void decode_step_body(const StepArgs& a, float (*qs)[
     }
 }
 
-// Ring slots per thread (S groups of 32 bytes): 8 where shared memory allows, else 4.
+// Ring slots per thread (S groups of 32 bytes): 4 (default) or 8 (`StepPlan::slots`).
 // (The static arrays live here, not in the instantiations, which would each get their own.)
 template <bool BF16>
 __device__ __forceinline__ void decode_step_dispatch(StepArgs& a, int slots) {

@@ -25,7 +25,7 @@ fn persistent_step_matches_the_kernel_per_op_pass_bit_for_bit() {
     let mut backend = DeviceBackend::new(model.clone(), 0, &options).expect("a GPU is present, so the backend must start");
     let vocab = model.config.vocab as u32;
     let mut failures = Vec::new();
-    // 16 spans of 2,100+ positions: 132 per span, three tiles of 64.
+    // 16 spans of 2,100+ positions: 132 per span, five tiles of 32.
     for len in [40u32, 2100] {
         let prompt: Vec<u32> = (0..len).map(|i| (i * 7919 + 13) % vocab).collect();
         let feed: Vec<u32> = (0..6u32).map(|i| (i * 104_729 + 11) % vocab).collect();

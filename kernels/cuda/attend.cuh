@@ -17,10 +17,11 @@ __device__ __forceinline__ void reset_states(float (&m)[4], float (&l)[4], float
     }
 }
 
-#define CL_TILE 64
+#define CL_TILE 32
 
-// Folds a ring tile of `count` (<= 64) positions into a query's online-softmax state: lane j scores
-// keys j and j + 32 (the same products in the same order as attend_tile).
+// Folds a ring tile of `count` (<= 64; CL_TILE is 32, which keeps a cluster attention block at 53 KB of
+// shared memory so that it fits beside the GEMVs' blocks) positions into a query's online-softmax
+// state: lane j scores keys j and j + 32 (the same products in the same order as attend_tile).
 __device__ __forceinline__ void attend_ring(const float* qs, const float* ks, const float* vs, int stride, int count, int hd, float scale,
                                             float& m, float& l, float* acc) {
     const int lane = threadIdx.x & 31;

@@ -177,7 +177,7 @@ fn check(kernel: &'static str, ok: bool, detail: impl FnOnce() -> String) -> Res
 
 /// Tiles in `attn_decode_cluster`'s ring (`CL_RING` in cuda/attention.cu), of `CL_TILE` positions.
 const CLUSTER_RING: usize = 2;
-const CLUSTER_TILE: usize = 64;
+const CLUSTER_TILE: usize = 32;
 /// Most blocks of one `attn_decode_cluster` cluster (`CL_MAX`).
 pub const MAX_CLUSTER: usize = 16;
 

@@ -14,7 +14,7 @@ pub const LAYER_PTRS: usize = 6;
 /// Most attention spans per KV head (`DS_MAX_SPANS`).
 pub const MAX_SPANS: usize = 32;
 /// Positions per attention tile (`CL_TILE`).
-const TILE: usize = 64;
+const TILE: usize = 32;
 
 /// The model's shape as the step kernel needs it.
 #[derive(Debug, Clone, Copy)]

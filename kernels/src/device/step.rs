@@ -108,13 +108,13 @@ impl Device {
         let s = shape;
         let per_chunk = if bf16 { 8 } else { 4 };
         let ok = s.kv_heads > 0
-            && s.heads % s.kv_heads == 0
+            && s.heads.is_multiple_of(s.kv_heads)
             && s.heads / s.kv_heads <= MAX_GROUP.min(16)
             && s.head_dim <= MAX_HEAD_DIM
-            && s.head_dim % 4 == 0
-            && s.dim % per_chunk == 0
-            && s.ffn % per_chunk == 0
-            && s.q_stride() % 2 == 0
+            && s.head_dim.is_multiple_of(4)
+            && s.dim.is_multiple_of(per_chunk)
+            && s.ffn.is_multiple_of(per_chunk)
+            && s.q_stride().is_multiple_of(2)
             && (1..=MAX_SPANS).contains(&s.spans)
             && self.step_smem_limit > 0;
         if !ok {

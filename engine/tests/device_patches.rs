@@ -12,16 +12,12 @@
 //! and a GPU; without a GPU it says so and checks nothing.
 #![cfg(feature = "cuda")]
 
-use std::sync::Arc;
-
-use ctxscope_engine::device::DeviceBackend;
 use ctxscope_engine::forward::{forward_patched, Segment};
 use ctxscope_engine::kv::KvCache;
-use ctxscope_engine::scheduler::EngineOptions;
 use ctxscope_engine::{Model, PatchSet, Path};
 
 mod common;
-use common::device::{device_run, gpu_present};
+use common::device::{device_run, gpu_backend};
 
 fn argmax(v: &[f32]) -> usize {
     v.iter().enumerate().fold(0, |b, (i, x)| if *x > v[b] { i } else { b })
@@ -51,13 +47,7 @@ fn cpu_run(model: &Model, patches: &PatchSet, prompt: &[u32], feed: &[u32]) -> V
 
 #[test]
 fn numerical_patches_mean_the_same_on_cpu_and_cuda() {
-    if !gpu_present() {
-        eprintln!("no CUDA device here: device_patches checks nothing");
-        return;
-    }
-    let model = Arc::new(Model::load(&ctxscope_formats::test_model_path().unwrap_or_else(|e| panic!("{e}"))).expect("model loads"));
-    let options = EngineOptions { ctx: 512, ..EngineOptions::for_model(&model) };
-    let mut backend = DeviceBackend::new(model.clone(), 0, &options).expect("a GPU is present, so the backend must start");
+    let Some((model, mut backend)) = gpu_backend("device_patches", 512) else { return };
     let vocab = model.config.vocab as u32;
     let prompt: Vec<u32> = (0..40u32).map(|i| (i * 7919 + 13) % vocab).collect();
     let golden_cpu = cpu_run(&model, &PatchSet::default(), &prompt, &[]);

@@ -1,28 +1,18 @@
 //! The persistent decode step (`Device::decode_step`, one launch per batch-1 decode step) computes
 //! what the kernel-per-op pass computes, bit for bit: the same products in the same order, the same
 //! norms, attention in the same spans merged in the same order. Checked on both paths over a short
-//! prompt and one long enough that each attention span takes two tiles, against the same backend with
+//! prompt and one long enough that each attention span takes several tiles, against the same backend with
 //! the step turned off. Needs `--features cuda` and a GPU; without a GPU it says so and checks nothing.
 #![cfg(feature = "cuda")]
 
-use std::sync::Arc;
-
-use ctxscope_engine::device::DeviceBackend;
-use ctxscope_engine::scheduler::EngineOptions;
-use ctxscope_engine::{Model, PatchSet, Path};
+use ctxscope_engine::{PatchSet, Path};
 
 mod common;
-use common::device::{device_run, gpu_present};
+use common::device::{device_run, gpu_backend};
 
 #[test]
 fn persistent_step_matches_the_kernel_per_op_pass_bit_for_bit() {
-    if !gpu_present() {
-        eprintln!("no CUDA device here: device_step checks nothing");
-        return;
-    }
-    let model = Arc::new(Model::load(&ctxscope_formats::test_model_path().unwrap_or_else(|e| panic!("{e}"))).expect("model loads"));
-    let options = EngineOptions { ctx: 2400, ..EngineOptions::for_model(&model) };
-    let mut backend = DeviceBackend::new(model.clone(), 0, &options).expect("a GPU is present, so the backend must start");
+    let Some((model, mut backend)) = gpu_backend("device_step", 2400) else { return };
     let vocab = model.config.vocab as u32;
     let mut failures = Vec::new();
     // 16 spans of 2,100+ positions: 132 per span, five tiles of 32.

@@ -119,8 +119,6 @@ __device__ __forceinline__ void cursor_phase(Cursor& c, const StepArgs& a, int q
     }
 }
 
-// Copies the cursor's group into ring slot `slot` (both chunks; none past the stream's end) and
-// advances it; one commit group per call either way.
 // The block's first attention item of `layer` (KV head, span): its span, and where its K/V rows are.
 struct StepItem {
     ClusterSpan c;
@@ -156,6 +154,8 @@ __device__ __forceinline__ void load_tile(const StepArgs& a, const StepItem& it,
     }
 }
 
+// Copies the cursor's group into ring slot `slot` (both chunks; none past the stream's end; the K/V
+// pseudo-phase's copies into the tile) and advances it; one commit group per call either way.
 template <bool BF16>
 __device__ __forceinline__ void stream_issue(Cursor& c, const StepArgs& a, uint4* ring, int slot, float* tile) {
     const int lane = threadIdx.x & 31;
@@ -289,7 +289,7 @@ __device__ __forceinline__ void stream_phase(const StepArgs& a, int q, int layer
 // is in the tile but for the newest position.
 template <bool BF16, int S>
 __device__ __forceinline__ void step_attention(const StepArgs& a, int layer, float* tile, float (*qs)[MAX_HD], int* flag, uint4* ring, int& slot, Cursor& cur) {
-    const int group = a.heads / a.kv_heads, kv_dim = a.kv_heads * a.hd, vecs = a.hd / 4, stride = a.hd + 4;
+    const int group = a.heads / a.kv_heads, vecs = a.hd / 4, stride = a.hd + 4;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     float* ks = tile;
     float* vs = tile + CL_TILE * stride;
@@ -310,11 +310,8 @@ __device__ __forceinline__ void step_attention(const StepArgs& a, int layer, flo
             if (!a.early || i > 0 || item != (int)blockIdx.x) {
                 load_tile(a, it, layer, t0, count, tile, false);
             } else if (c.len - 1 < t0 + count) {
-                // The newest position (the QKV phase stored it): thread e < 2 * vecs a float4 of K or V.
-                for (int e = threadIdx.x; e < 2 * vecs; e += DS_THREADS) {
-                    const int kind = e / vecs, d = 4 * (e % vecs);
-                    *(float4*)(tile + (kind * CL_TILE + c.len - 1 - t0) * stride + d) = __ldcg((const float4*)(kv_row(it.base, c.len - 1, layer, a.n_layers, kind, kv_dim) + kvh * a.hd + d));
-                }
+                // The newest position (the QKV phase stored it) into its row of the early tile.
+                load_tile(a, it, layer, c.len - 1, 1, tile + (c.len - 1 - t0) * stride, false);
             }
             __syncthreads();
 #pragma unroll
@@ -407,13 +404,14 @@ __device__ __forceinline__ void decode_step_body(const StepArgs& a, float (*qs)[
     for (int layer = 0; layer <= a.n_layers; layer++) {
         const bool head = layer == a.n_layers;
         const u64* l = a.layers + (size_t)layer * DS_LAYER_PTRS;
-        trace_mark(TRACE_STEP + (head ? 5 : 0), TRACE_START);
+        const int kind = TRACE_STEP + (head ? 5 : 0);  // the output projection, or this layer's QKV
+        trace_mark(kind, TRACE_START);
         if (layer > 0) grid_barrier(a.sync, target);
-        trace_mark(TRACE_STEP + (head ? 5 : 0), TRACE_WAITED);
+        trace_mark(kind, TRACE_WAITED);
         stage_row(a.x, a.dim, head ? a.head_norm : (const float*)l[4], a.eps, a.round_x, xs, scratch);
-        trace_mark(TRACE_STEP + (head ? 5 : 0), TRACE_STAGED);
+        trace_mark(kind, TRACE_STAGED);
         stream_phase<BF16, S>(a, 5 * layer, layer, xs, ring, slot, cur, tile);
-        trace_end(TRACE_STEP + (head ? 5 : 0), TRACE_END);
+        trace_end(kind, TRACE_END);
         if (head) break;
 
         trace_mark(TRACE_STEP + 1, TRACE_START);

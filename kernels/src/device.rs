@@ -156,7 +156,7 @@ macro_rules! launch {
 mod step;
 mod stream;
 pub mod trace;
-pub use step::{sync_len, StepIo, StepLayer, StepPlan, StepShape, LAYER_PTRS, MAX_SPANS as MAX_STEP_SPANS};
+pub use step::{sync_len, StepIo, StepLayer, StepPlan, StepShape, MAX_SPANS as MAX_STEP_SPANS};
 pub use stream::{Norm, StreamOp, StreamPlan, StreamTuning};
 
 fn blocks(n: usize, per_block: usize) -> LaunchConfig {

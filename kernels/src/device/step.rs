@@ -10,7 +10,7 @@ use crate::launch::KernelArg;
 /// Threads per block (`DS_THREADS`).
 const THREADS: usize = 512;
 /// Device addresses per layer in the layer table (`DS_LAYER_PTRS`): wqkv, wo, w_gu, w_down, attn_norm, ffn_norm.
-pub const LAYER_PTRS: usize = 6;
+const LAYER_PTRS: usize = 6;
 /// Most attention spans per KV head (`DS_MAX_SPANS`).
 pub const MAX_SPANS: usize = 32;
 /// Positions per attention tile (`CL_TILE`).

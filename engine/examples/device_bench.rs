@@ -490,6 +490,8 @@ fn decode_variants(bench: &mut Bench, rep: &mut Report, path: Path, c: &ModelCon
     let prompts = vec![random_prompt(PERF_PROMPT, c.vocab, 100)];
     let (start, start_splits, start_cluster, start_step) = (bench.backend.stream_tuning(), bench.backend.attn_splits(), bench.backend.attn_cluster(), bench.backend.persistent());
     bench.trace = true;
+    // BENCH_VARIANTS=name,name: only those.
+    let only: Vec<String> = std::env::var("BENCH_VARIANTS").map(|v| v.split(',').map(str::to_string).collect()).unwrap_or_default();
     // (persistent step, streamed, blocks per SM, lane bytes, QKV lane bytes, spread, attention: cluster
     // size, or 0 and split-K partials with 0 for the default rule; the step's spans per KV head).
     let variants = [
@@ -514,6 +516,9 @@ fn decode_variants(bench: &mut Bench, rep: &mut Report, path: Path, c: &ModelCon
         };
         let attention = if cluster > 0 { format!("cluster{cluster}") } else if splits > 0 { format!("splitk{splits}") } else { "splitk".to_string() };
         let name = format!("{gemv}_{attention}");
+        if !only.is_empty() && !only.contains(&name) {
+            continue;
+        }
         bench.backend.set_stream_gemv(stream, StreamTuning { blocks_per_sm: per_sm, lane_bytes, qkv_lane_bytes, spread, ..start });
         bench.backend.set_attn_splits(if splits > 0 { splits } else { start_splits });
         bench.backend.set_attn_cluster(cluster);

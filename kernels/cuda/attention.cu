@@ -274,18 +274,26 @@ __device__ __forceinline__ void cluster_issue(float* ring, int i, const ClusterS
     cp_async_commit();
 }
 
+// Whether this thread carries part of the newest position's K and V rows (the block holding it:
+// thread d < 2 * hd / 4 a float4, kept until its tile's slot is ready), and that part (loaded after
+// the wait, beside the query loads, by `newest_row`).
+__device__ __forceinline__ bool carries_newest(const ClusterSpan& c, int hd) { return c.tiles > 0 && c.hi == c.len && (int)threadIdx.x < hd / 2; }
+
+__device__ __forceinline__ float4 newest_row(const ClusterSpan& c, u64 base, int layer, int n_layers, int kvh, int hd, int kv_dim) {
+    const int vecs = hd / 4, kind = threadIdx.x / vecs, d = 4 * (threadIdx.x % vecs);
+    if (!carries_newest(c, hd)) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    return *(const float4*)(kv_row(base, c.len - 1, layer, n_layers, kind, kv_dim) + kvh * hd + d);
+}
+
 // The block's span through the ring (its first CL_RING tiles already issued, nothing else in flight;
-// called after the wait): the block holding the newest position loads its K and V rows (thread
-// d < 2 * hd / 4 a float4, kept until its tile's slot is ready); warp w owns query heads w, w + warps,
-// ... (at most 4). Leaves each head's online-softmax state.
-__device__ __forceinline__ void cluster_attend(float* ring, const ClusterSpan& c, const float (*qs)[MAX_HD], u64 base, int layer, int n_layers, int kvh,
-                                               int hd, int kv_dim, int group, float scale, float (&m)[4], float (&l)[4],
+// called after the wait, with this thread's part of the newest row); warp w owns query heads w,
+// w + warps, ... (at most 4). Leaves each head's online-softmax state.
+__device__ __forceinline__ void cluster_attend(float* ring, const ClusterSpan& c, const float (*qs)[MAX_HD], float4 newest, u64 base, int layer,
+                                               int n_layers, int kvh, int hd, int kv_dim, int group, float scale, float (&m)[4], float (&l)[4],
                                                float (&acc)[4][HD_PER_LANE]) {
     const int stride = hd + 4, vecs = hd / 4, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const bool carries = c.tiles > 0 && c.hi == c.len && (int)threadIdx.x < 2 * vecs;
+    const bool carries = carries_newest(c, hd);
     const int kind = threadIdx.x / vecs, d = 4 * (threadIdx.x % vecs);
-    float4 newest = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (carries) newest = *(const float4*)(kv_row(base, c.len - 1, layer, n_layers, kind, kv_dim) + kvh * hd + d);
     reset_states(m, l, acc);
     for (int i = 0; i < c.tiles; i++) {
         cp_async_wait<CL_RING - 1>();  // tile i's group has landed (one group is committed per tile)
@@ -293,6 +301,7 @@ __device__ __forceinline__ void cluster_attend(float* ring, const ClusterSpan& c
         float* ks = ring + (i % CL_RING) * 2 * CL_TILE * stride;
         if (carries && c.len - 1 < t0 + count) *(float4*)(ks + (kind * CL_TILE + c.len - 1 - t0) * stride + d) = newest;
         __syncthreads();
+        if (i == 0) trace_mark(TRACE_ATTN_CLUSTER, TRACE_READY);
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             const int g = warp + warps * k;
@@ -361,13 +370,15 @@ extern "C" __global__ void attn_decode_cluster(const float* __restrict__ q, int 
     for (int i = 0; i < CL_RING; i++) cluster_issue(ring, i, c, base, layer, n_layers, kvh, hd, kv_dim);
     pdl_wait();
     trace_mark(TRACE_ATTN_CLUSTER, TRACE_WAITED);
-    // The group's query heads.
+    // The newest K/V row (stored by the QKV kernel) and the group's query heads: loads in flight together.
+    const float4 newest = newest_row(c, base, layer, n_layers, kvh, hd, kv_dim);
     for (int i = threadIdx.x; i < group * vecs; i += blockDim.x) {
         const int g = i / vecs, d = 4 * (i % vecs);
         *(float4*)&qs[g][d] = *(const float4*)(q + (size_t)t * q_stride + (kvh * group + g) * hd + d);
     }
     float m[4], l[4], acc[4][HD_PER_LANE];
-    cluster_attend(ring, c, qs, base, layer, n_layers, kvh, hd, kv_dim, group, scale, m, l, acc);
+    cluster_attend(ring, c, qs, newest, base, layer, n_layers, kvh, hd, kv_dim, group, scale, m, l, acc);
+    trace_mark(TRACE_ATTN_CLUSTER, TRACE_ATTENDED);
     cluster_wait();  // every block of the cluster has started
     cluster_merge(m, l, acc, rx_ml, rx_acc, size, rank, kvh, group, hd, out + (size_t)t * heads * hd);
     trace_end(TRACE_ATTN_CLUSTER, TRACE_END);

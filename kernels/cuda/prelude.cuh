@@ -117,6 +117,10 @@ __device__ u64* ctx_trace;
 #define TRACE_WAITED 1
 #define TRACE_STAGED 2
 #define TRACE_END 3
+// Milestones inside decode attention (trace.rs reports each from the last release to the last block's):
+// the query, the newest K/V row and the first tile in shared memory; the block's span attended.
+#define TRACE_READY 4
+#define TRACE_ATTENDED 5
 
 #ifdef CTX_TRACE
 // One opaque PTX block with its own scratch registers (a C++ version or an out-of-line call made the

@@ -13,11 +13,14 @@ use cudarc::driver::{CudaSlice, DevicePtr};
 use super::{Device, DeviceError};
 
 /// Event numbers (prelude `TRACE_*`): a block starts (0), returns from `griddepcontrol.wait` (1), has
-/// its input staged (2; attention: its partial written), ends (3, the last of them).
-const EVENTS: usize = 4;
+/// its input staged (2; attention: its partial written), ends (3, the last of them); milestones inside
+/// decode attention (4: query, newest row and first tile ready; 5: its span attended).
+const EVENTS: usize = 6;
 const START: usize = 0;
 const WAITED: usize = 1;
 const STAGED: usize = 2;
+/// The milestones `summary` reports where a kind marks them, with their names.
+const MILESTONES: [(usize, &str); 2] = [(4, "ready"), (5, "attended")];
 
 /// A trace being recorded: the device buffer ([0] records written, [1] capacity, then pairs).
 pub struct Trace {
@@ -166,7 +169,8 @@ pub fn launches(records: &[Record]) -> Vec<Launch> {
 /// first start (negative: it started before the previous one ended, as programmatic launch allows),
 /// from that end to its first block's release from the wait, the spread of the releases, the staging
 /// (last release to last staged), the work after staging (to its last mark), and the whole launch
-/// (first start to last mark); then the pass from first start to last mark.
+/// (first start to last mark), then each milestone marked (from the last release to the last block's
+/// mark); then the pass from first start to last mark.
 pub fn summary(launches: &[Launch]) -> Vec<String> {
     #[derive(Default)]
     struct Sum {
@@ -178,6 +182,8 @@ pub fn summary(launches: &[Launch]) -> Vec<String> {
         work: f64,
         whole: f64,
         blocks: u32,
+        /// Per milestone: launches that marked it, summed µs.
+        milestones: [(usize, f64); MILESTONES.len()],
     }
     let us = |a: u64, b: u64| (a as f64 - b as f64) / 1e3;
     let mut by_kind: Vec<((u8, u8), Sum)> = Vec::new();
@@ -203,6 +209,12 @@ pub fn summary(launches: &[Launch]) -> Vec<String> {
         s.work += us(last, staged);
         s.whole += us(last, first);
         s.blocks = l.blocks;
+        for ((event, _), (count, sum)) in MILESTONES.iter().zip(s.milestones.iter_mut()) {
+            if let Some((_, hi)) = l.span(*event) {
+                *count += 1;
+                *sum += us(hi, waited.1);
+            }
+        }
     }
     let mut lines = Vec::new();
     for ((kind, before), s) in &by_kind {
@@ -221,6 +233,11 @@ pub fn summary(launches: &[Launch]) -> Vec<String> {
             s.work / n,
             s.whole / n
         );
+        for ((_, label), (count, sum)) in MILESTONES.iter().zip(&s.milestones) {
+            if *count > 0 {
+                let _ = write!(line, "  {label} {:>5.2}", sum / *count as f64);
+            }
+        }
         lines.push(line);
     }
     if let (Some(a), Some(b)) = (launches.first(), launches.last()) {
@@ -248,12 +265,27 @@ mod tests {
         }
         let l = launches(&r);
         assert_eq!(l.iter().map(|l| l.kind).collect::<Vec<_>>(), vec![17, 18, 17]);
-        assert!(l.iter().all(|l| l.marks.len() == 2 && l.marks.values().all(|m| m.iter().all(Option::is_some))));
+        assert!(l.iter().all(|l| l.marks.len() == 2 && l.marks.values().all(|m| m[..4].iter().all(Option::is_some) && m[4..].iter().all(Option::is_none))));
         assert_eq!((l[0].last(), l[1].first(), l[2].last()), (100, 90, 300));
         let lines = summary(&l);
         // B started 10 ns before A's end: a negative gap; released 1 ns after it.
         assert!(lines[0].starts_with("stream swiglu after stream accumulate ") && lines[0].contains("gap  -0.01") && lines[0].contains("release   0.00"), "{lines:?}");
         assert!(lines[1].starts_with("stream accumulate after stream swiglu ") && lines[1].contains("x1 "), "{lines:?}");
         assert!(lines.last().unwrap().contains("3 launches traced, first start to last mark 0.3 us"), "{lines:?}");
+        assert!(!lines[0].contains("ready"), "no milestones marked: none reported: {lines:?}");
+    }
+
+    #[test]
+    fn attention_milestones_are_reported_from_the_last_release() {
+        let mut r = Vec::new();
+        for b in 0..2 {
+            r.extend([rec(0, 19, 0, 2, b), rec(1000, 19, 1, 2, b), rec(2000, 19, 3, 2, b)]);
+            // Attention: released at 3000 and 3500, ready at 4000 and 5500 (the last: 2 us after the
+            // last release), attended at 6000, merged at 7000, ends at 8000.
+            r.extend([rec(2500, 3, 0, 2, b), rec(3000 + 500 * u64::from(b), 3, 1, 2, b), rec(4000 + 1500 * u64::from(b), 3, 4, 2, b)]);
+            r.extend([rec(6000, 3, 5, 2, b), rec(7000, 3, 2, 2, b), rec(8000, 3, 3, 2, b)]);
+        }
+        let lines = summary(&launches(&r));
+        assert!(lines[0].starts_with("attn_cluster after stream qkv+rope") && lines[0].contains("ready  2.00  attended  2.50"), "{lines:?}");
     }
 }

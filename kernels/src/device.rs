@@ -3,7 +3,7 @@
 //! touch before launching, so a shape mistake is an error and not a stray write.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, LaunchConfig};
 
@@ -75,7 +75,7 @@ pub fn f32_to_bf16_bits(x: f32) -> u16 {
 }
 
 /// What a GEMV does with its output.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GemvMode {
     /// y = Wx
     Store = 0,
@@ -134,6 +134,8 @@ pub struct Device {
     pub max_cluster: usize,
     /// Largest dynamic shared memory of a `decode_step_*` block.
     step_smem_limit: usize,
+    /// The streamed GEMV's plans worked out so far (`stream_plan`).
+    stream_plans: Mutex<HashMap<stream::PlanKey, Option<StreamPlan>>>,
 }
 
 type In<'a, T = f32> = CudaView<'a, T>;
@@ -243,7 +245,8 @@ impl Device {
         let programmatic = major >= 9 && std::env::var("CTXSCOPE_CUDA_PDL").map_or(true, |v| v != "0");
         let max_cluster = if major >= 9 { cluster_attributes(&functions["attn_decode_cluster"], optin)? } else { 0 };
         let step_smem_limit = step::step_attributes([&functions["decode_step_bf16"], &functions["decode_step_f32"]], optin)?;
-        Ok(Device { ctx, stream, multiprocessors, functions, modules, tracing, programmatic, counters, argmax_v, argmax_i, argmax_s, tuning, max_cluster, step_smem_limit })
+        let stream_plans = Mutex::new(HashMap::new());
+        Ok(Device { ctx, stream, multiprocessors, functions, modules, tracing, programmatic, counters, argmax_v, argmax_i, argmax_s, tuning, max_cluster, step_smem_limit, stream_plans })
     }
 
     fn function(&self, kernel: &'static str) -> &CudaFunction {

@@ -33,7 +33,7 @@ pub type Norm<'a, 'b> = Option<(&'a In<'b>, f32)>;
 /// clusters back), `CTXSCOPE_CUDA_CARVEOUT` the kernels' preferred shared-memory
 /// carveout in percent (default 100), `CTXSCOPE_CUDA_STREAM_SPREAD=0` lets a launch's blocks pack onto
 /// fewer SMs (see `spread`). Defaults measured on the H200 (BENCHMARKS.md).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct StreamTuning {
     pub blocks_per_sm: usize,
     pub lane_bytes: usize,
@@ -86,7 +86,7 @@ fn supported_lane_bytes(asked: usize) -> usize {
 }
 
 /// What a streamed GEMV computes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum StreamOp {
     Gemv(GemvMode),
     /// The fused QKV projection with RoPE and the K/V store (the kernel's mode 3).
@@ -102,11 +102,31 @@ impl StreamOp {
     }
 }
 
+/// What a plan depends on: the matrix's shape and element type, the rows, the op, the norm, the tuning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct PlanKey {
+    rows: usize,
+    cols: usize,
+    bf16: bool,
+    n: usize,
+    op: StreamOp,
+    norm: bool,
+    tuning: StreamTuning,
+}
+
 impl Device {
     /// The plan for `n` token rows through `w` (`norm`: with the RMSNorm folded in), or `None` when
     /// the shape is not streamable or the ring and the input rows do not fit in one block's shared
-    /// memory (the caller falls back to `gemv`).
+    /// memory (the caller falls back to `gemv`). Worked out once per shape and tuning (it asks the
+    /// driver's occupancy calculator), then remembered: every layer of a model asks the same.
     pub fn stream_plan(&self, w: &Matrix, n: usize, op: StreamOp, norm: bool) -> Option<StreamPlan> {
+        let key = PlanKey { rows: w.rows, cols: w.cols, bf16: matches!(w.data, MatrixData::Bf16(_)), n, op, norm, tuning: self.tuning };
+        // A poisoned lock only means another thread panicked mid-insert: the map is still sound.
+        let mut plans = self.stream_plans.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        *plans.entry(key).or_insert_with(|| self.work_out_plan(w, n, op, norm))
+    }
+
+    fn work_out_plan(&self, w: &Matrix, n: usize, op: StreamOp, norm: bool) -> Option<StreamPlan> {
         let mode = op.mode();
         let k = if mode >= 2 { 2 } else { 1 };
         let units = w.rows / k;

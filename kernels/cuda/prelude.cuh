@@ -125,12 +125,15 @@ __device__ u64* ctx_trace;
 #ifdef CTX_TRACE
 // One opaque PTX block with its own scratch registers (a C++ version or an out-of-line call made the
 // streamed GEMV spill): only thread 0 of a block with the buffer set appends, past capacity nothing.
+// The timer is read first, so the record's time is not the atomic's round trip later (the thread
+// still waits for that round trip before it goes on).
 __device__ __forceinline__ void trace_mark(int kind, int event) {
     asm volatile(
         "{\n\t"
         ".reg .u64 tr_t, tr_i, tr_cap, tr_now, tr_tag, tr_x, tr_a;\n\t"
         ".reg .u32 tr_u, tr_v;\n\t"
         ".reg .pred tr_p, tr_q;\n\t"
+        "mov.u64 tr_now, %%globaltimer;\n\t"
         "mov.u64 tr_t, %0;\n\t"
         "mov.u32 tr_u, %%tid.x;\n\t"
         "setp.eq.u32 tr_q, tr_u, 0;\n\t"
@@ -138,7 +141,6 @@ __device__ __forceinline__ void trace_mark(int kind, int event) {
         "@tr_p atom.global.add.u64 tr_i, [tr_t], 1;\n\t"
         "@tr_p ld.global.u64 tr_cap, [tr_t+8];\n\t"
         "@tr_p setp.lt.and.u64 tr_p, tr_i, tr_cap, tr_p;\n\t"
-        "mov.u64 tr_now, %%globaltimer;\n\t"
         "mov.u32 tr_u, %%nctaid.x;\n\t"
         "mov.u32 tr_v, %%nctaid.y;\n\t"
         "mul.lo.u32 tr_u, tr_u, tr_v;\n\t"

@@ -76,15 +76,16 @@ class Serve:
         status = stop_process(self.proc, "ctxscope serve", self.log)
         assert status == 0, f"ctxscope serve exited with {status}:\n{self.log.text()}"
 
-    def turns(self, count, timeout=10.0):
-        """The captured conversations once `count` turns are in."""
+    def conversation(self, name, turns, timeout=10.0):
+        """The captured conversations once the one named `name` has `turns` turns in (capture is
+        asynchronous: a reply can reach the client before its turn is stored)."""
         deadline = time.monotonic() + timeout
         while True:
             listed = get_json(f"{self.admin_url}/api/conversations")
-            if sum(c.get("turns", 0) for c in listed) >= count:
+            if any(c.get("name") == name and c.get("turns", 0) >= turns for c in listed):
                 return listed
             if time.monotonic() > deadline:
-                pytest.fail(f"expected {count} captured turns, have: {listed}")
+                pytest.fail(f"expected {turns} captured turns in {name!r}, have: {listed}")
             time.sleep(0.05)
 
 
@@ -141,7 +142,6 @@ def test_streaming_matches_non_streaming(client):
 
 
 def test_three_turn_conversation_reuses_its_prefix_and_is_captured(client, serve):
-    before = sum(c.get("turns", 0) for c in get_json(f"{serve.admin_url}/api/conversations"))
     messages = []
     usages = []
     for question in ["Hi! What is the capital of France?", "And what is the capital of Germany?", "Thanks. Which one is bigger?"]:
@@ -158,7 +158,9 @@ def test_three_turn_conversation_reuses_its_prefix_and_is_captured(client, serve
         # The new turn's prompt starts with the previous prompt and reply, which the engine kept.
         assert usage.prompt_tokens_details.cached_tokens >= previous.prompt_tokens, (previous, usage)
 
-    listed = serve.turns(before + 3)
+    # Waiting for this conversation's own turns (not a total over all of them: earlier tests'
+    # captures may still be landing) before reading it.
+    listed = serve.conversation("three-turns", 3)
     named = [c for c in listed if c.get("name") == "three-turns"]
     assert len(named) == 1 and named[0]["turns"] == 3, listed
     shown = get_json(f"{serve.admin_url}/api/conversations/{named[0]['id']}")

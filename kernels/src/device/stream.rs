@@ -5,7 +5,7 @@
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, LaunchConfig};
 
-use super::{check, qkv_rope_args, Device, DeviceError, GemvMode, In, Matrix, MatrixData, Out, RopeShape, GEMV_MAX_ROWS};
+use super::{check, opt_in_smem, qkv_rope_args, Device, DeviceError, GemvMode, In, Matrix, MatrixData, Out, RopeShape, GEMV_MAX_ROWS};
 use crate::launch::KernelArg;
 
 /// Threads per block (`STREAM_THREADS`): eight warps.
@@ -58,11 +58,8 @@ impl StreamTuning {
         let carveout = var("CTXSCOPE_CUDA_CARVEOUT", 100).min(100) as i32;
         let mut smem_limit = optin;
         for f in kernels {
-            let fixed = f.get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)? as usize;
-            let dynamic = optin.saturating_sub(fixed);
-            f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic as i32)?;
+            smem_limit = smem_limit.min(opt_in_smem(f, optin)?);
             f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, carveout)?;
-            smem_limit = smem_limit.min(dynamic);
         }
         let spread = var("CTXSCOPE_CUDA_STREAM_SPREAD", 1) != 0;
         let tuning = StreamTuning { blocks_per_sm: 4, lane_bytes: 128, qkv_lane_bytes: 128, spread, smem_limit, smem_per_sm };

@@ -251,11 +251,31 @@ extern "C" __global__ void attn_decode(const float* __restrict__ q, int q_stride
 // Then every block pushes its state into the shared memory of the blocks that merge it: its (max, sum)
 // per head to all, its unnormalized output o to block o / per (remote stores, no round trip); after
 // one cluster barrier each block merges its `per` outputs from its own shared memory, in block order.
-// Dynamic shared memory: the ring, CL_RING * 2 * CL_TILE * (hd + 4) floats (rows padded to 16 bytes:
-// float4 reads of a key row per lane are conflict-free by quarter warp).
+// Dynamic shared memory, sized to the shape (ClusterSmem): 37 KB a block for the 1B shape, where static
+// arrays sized for 16 heads of 128 took 53.
 #define CL_RING 2
 #define CL_MAX 16
-#define CL_OUTS (16 * MAX_HD)
+
+// The dynamic shared memory of a cluster attention block, in floats from its start: the ring
+// (CL_RING * 2 * CL_TILE rows of hd + 4 floats; rows padded to 16 bytes: float4 reads of a key row per
+// lane are conflict-free by quarter warp), the group's query heads [group][hd], what the cluster pushes
+// here — every block's (max, sum) per head [size][group][2] and its share of the outputs this block
+// merges [size][per] — and the merge's weights [group][size]. Device::attn_decode_cluster sizes it.
+struct ClusterSmem {
+    float *ring, *qs, *rx_ml, *rx_acc, *weight;
+    int per;
+};
+
+__device__ __forceinline__ ClusterSmem cluster_smem(float* base, int hd, int group, int size) {
+    ClusterSmem m;
+    m.per = (group * hd + size - 1) / size;
+    m.ring = base;
+    m.qs = m.ring + CL_RING * 2 * CL_TILE * (hd + 4);
+    m.rx_ml = m.qs + group * hd;
+    m.rx_acc = m.rx_ml + size * group * 2;
+    m.weight = m.rx_acc + size * m.per;
+    return m;
+}
 
 // Tile i's K/V copies into ring slot i % CL_RING, one commit group per call (empty ones too); the
 // newest position is left out (cluster_attend loads it after the wait).
@@ -288,7 +308,7 @@ __device__ __forceinline__ float4 newest_row(const ClusterSpan& c, u64 base, int
 // The block's span through the ring (its first CL_RING tiles already issued, nothing else in flight;
 // called after the wait, with this thread's part of the newest row); warp w owns query heads w,
 // w + warps, ... (at most 4). Leaves each head's online-softmax state.
-__device__ __forceinline__ void cluster_attend(float* ring, const ClusterSpan& c, const float (*qs)[MAX_HD], float4 newest, u64 base, int layer,
+__device__ __forceinline__ void cluster_attend(float* ring, const ClusterSpan& c, const float* qs, float4 newest, u64 base, int layer,
                                                int n_layers, int kvh, int hd, int kv_dim, int group, float scale, float (&m)[4], float (&l)[4],
                                                float (&acc)[4][HD_PER_LANE]) {
     const int stride = hd + 4, vecs = hd / 4, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -306,7 +326,7 @@ __device__ __forceinline__ void cluster_attend(float* ring, const ClusterSpan& c
         for (int k = 0; k < 4; k++) {
             const int g = warp + warps * k;
             if (g >= group) break;
-            attend_ring(qs[g], ks, ks + CL_TILE * stride, stride, count, hd, scale, m[k], l[k], acc[k]);
+            attend_ring(qs + g * hd, ks, ks + CL_TILE * stride, stride, count, hd, scale, m[k], l[k], acc[k]);
         }
         __syncthreads();  // the slot is free again
         cluster_issue(ring, i + CL_RING, c, base, layer, n_layers, kvh, hd, kv_dim);
@@ -316,37 +336,54 @@ __device__ __forceinline__ void cluster_attend(float* ring, const ClusterSpan& c
 // Every block's state into the shared memory of the blocks that merge it — (max, sum) of each head to
 // every block (lane b to block b), output o = g * hd + d to block o / per at slot rank * per + o % per
 // (remote stores, no round trip) — one cluster barrier, then this block's `per` outputs merged from its
-// own shared memory in block order into `out` (the row's heads * hd values).
-__device__ __forceinline__ void cluster_merge(const float (&m)[4], const float (&l)[4], const float (&acc)[4][HD_PER_LANE], float (*rx_ml)[16][2],
-                                              float* rx_acc, int size, int rank, int kvh, int group, int hd, float* out) {
+// own shared memory in block order into `out` (the row's heads * hd values): each head's weight per
+// block, exp(m_b - max), once per (head, block) by as many threads, then each output's two sums, every
+// chain's loads issued ahead (unrolled to CL_MAX). The same operations in the same order as one thread
+// merging an output alone (the persistent step's merge), so the same sums bit for bit.
+__device__ __forceinline__ void cluster_merge(const float (&m)[4], const float (&l)[4], const float (&acc)[4][HD_PER_LANE], const ClusterSmem& sm,
+                                              int size, int rank, int kvh, int group, int hd, float* out) {
     const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5, lane = threadIdx.x & 31;
-    const int outs = group * hd, per = (outs + size - 1) / size;
+    const int outs = group * hd, per = sm.per;
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         const int g = warp + warps * k;
         if (g >= group) break;
         if (lane < size) {
-            st_cluster(&rx_ml[rank][g][0], lane, m[k]);
-            st_cluster(&rx_ml[rank][g][1], lane, l[k]);
+            st_cluster(&sm.rx_ml[(rank * group + g) * 2], lane, m[k]);
+            st_cluster(&sm.rx_ml[(rank * group + g) * 2 + 1], lane, l[k]);
         }
 #pragma unroll
         for (int e = 0; e < HD_PER_LANE; e++) {
             const int o = g * hd + lane + 32 * e;
-            if (lane + 32 * e < hd) st_cluster(&rx_acc[rank * per + o % per], o / per, acc[k][e]);
+            if (lane + 32 * e < hd) st_cluster(&sm.rx_acc[rank * per + o % per], o / per, acc[k][e]);
         }
     }
     cluster_sync();
     trace_mark(TRACE_ATTN_CLUSTER, TRACE_STAGED);  // every block's state is here
-    for (int k = threadIdx.x; k < per; k += blockDim.x) {
-        const int o = rank * per + k, g = o / hd;
-        if (o >= outs) break;
+    const int o_lo = rank * per, o_hi = min(o_lo + per, outs);  // this block's outputs
+    const int g_lo = o_lo / hd, heads_here = o_lo < o_hi ? (o_hi - 1) / hd - g_lo + 1 : 0;
+    for (int i = threadIdx.x; i < heads_here * size; i += blockDim.x) {
+        const int g = g_lo + i / size, b = i % size;
         float mx = NEG_INF;
-        for (int b = 0; b < size; b++) mx = fmaxf(mx, rx_ml[b][g][0]);
+#pragma unroll
+        for (int e = 0; e < CL_MAX; e++) {
+            if (e < size) mx = fmaxf(mx, sm.rx_ml[(e * group + g) * 2]);
+        }
+        const float mb = sm.rx_ml[(b * group + g) * 2];
+        sm.weight[g * size + b] = mb == NEG_INF ? 0.0f : expf(mb - mx);
+    }
+    __syncthreads();
+    for (int k = threadIdx.x; k < per; k += blockDim.x) {
+        const int o = o_lo + k, g = o / hd;
+        if (o >= outs) break;
         float sum = 0.0f, acc_o = 0.0f;
-        for (int b = 0; b < size; b++) {
-            const float mb = rx_ml[b][g][0], w = mb == NEG_INF ? 0.0f : expf(mb - mx);
-            sum += rx_ml[b][g][1] * w;
-            acc_o += rx_acc[b * per + k] * w;
+#pragma unroll
+        for (int b = 0; b < CL_MAX; b++) {
+            if (b < size) {
+                const float w = sm.weight[g * size + b];
+                sum += sm.rx_ml[(b * group + g) * 2 + 1] * w;
+                acc_o += sm.rx_acc[b * per + k] * w;
+            }
         }
         out[kvh * outs + o] = acc_o / sum;
     }
@@ -355,15 +392,14 @@ __device__ __forceinline__ void cluster_merge(const float (&m)[4], const float (
 extern "C" __global__ void attn_decode_cluster(const float* __restrict__ q, int q_stride, const int* __restrict__ positions,
                                                const u64* __restrict__ kv_base, int layer, int n_layers, int heads, int kv_heads, int hd,
                                                float scale, int window, float* __restrict__ out) {
-    extern __shared__ __align__(16) float ring[];
-    __shared__ __align__(16) float qs[16][MAX_HD];
-    // What the cluster pushes here: every block's (max, sum) per head, and its share of the outputs this block merges.
-    __shared__ float rx_ml[CL_MAX][16][2], rx_acc[CL_OUTS + CL_MAX];
+    extern __shared__ __align__(16) float smem_f[];
     pdl_launch();
     cluster_arrive();
     trace_mark(TRACE_ATTN_CLUSTER, TRACE_START);
     const int size = gridDim.x, rank = (int)cluster_rank(), kvh = blockIdx.y, t = blockIdx.z;
     const int group = heads / kv_heads, kv_dim = kv_heads * hd, vecs = hd / 4;
+    const ClusterSmem sm = cluster_smem(smem_f, hd, group, size);
+    float *ring = sm.ring, *qs = sm.qs;
     const ClusterSpan c = cluster_span(positions[t] + 1, window, size, rank);
     const u64 base = kv_base[t];
 #pragma unroll
@@ -374,12 +410,12 @@ extern "C" __global__ void attn_decode_cluster(const float* __restrict__ q, int 
     const float4 newest = newest_row(c, base, layer, n_layers, kvh, hd, kv_dim);
     for (int i = threadIdx.x; i < group * vecs; i += blockDim.x) {
         const int g = i / vecs, d = 4 * (i % vecs);
-        *(float4*)&qs[g][d] = *(const float4*)(q + (size_t)t * q_stride + (kvh * group + g) * hd + d);
+        *(float4*)&qs[g * hd + d] = *(const float4*)(q + (size_t)t * q_stride + (kvh * group + g) * hd + d);
     }
     float m[4], l[4], acc[4][HD_PER_LANE];
     cluster_attend(ring, c, qs, newest, base, layer, n_layers, kvh, hd, kv_dim, group, scale, m, l, acc);
     trace_mark(TRACE_ATTN_CLUSTER, TRACE_ATTENDED);
     cluster_wait();  // every block of the cluster has started
-    cluster_merge(m, l, acc, rx_ml, rx_acc, size, rank, kvh, group, hd, out + (size_t)t * heads * hd);
+    cluster_merge(m, l, acc, sm, size, rank, kvh, group, hd, out + (size_t)t * heads * hd);
     trace_end(TRACE_ATTN_CLUSTER, TRACE_END);
 }

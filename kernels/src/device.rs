@@ -183,9 +183,14 @@ const CLUSTER_TILE: usize = 32;
 /// Most blocks of one `attn_decode_cluster` cluster (`CL_MAX`).
 pub const MAX_CLUSTER: usize = 16;
 
-/// Dynamic shared memory of `attn_decode_cluster` for heads of `hd`: the ring of K and V tiles, rows padded by 4 floats.
-fn cluster_ring_bytes(hd: usize) -> usize {
-    CLUSTER_RING * 2 * CLUSTER_TILE * (hd + 4) * 4
+/// Dynamic shared memory of `attn_decode_cluster` (`cluster_smem` in cuda/attention.cu) for heads of
+/// `hd`, `group` query heads per KV head and clusters of `size`: the ring of K and V tiles (rows padded
+/// by 4 floats), the query heads, every block's (max, sum) per head, this block's share of the outputs
+/// from every block, and the merge's weights.
+fn cluster_smem_bytes(hd: usize, group: usize, size: usize) -> usize {
+    let per = (group * hd).div_ceil(size);
+    let floats = CLUSTER_RING * 2 * CLUSTER_TILE * (hd + 4) + group * hd + size * group * 2 + size * per + group * size;
+    floats * 4
 }
 
 /// Lets `attn_decode_cluster` take all the dynamic shared memory a block may opt in to (`optin` less
@@ -442,7 +447,7 @@ impl Device {
         check("attn_decode_cluster", ok, || format!("{n} rows, clusters of {cluster} (at most {} here)", self.max_cluster))?;
         let ints = [s.q_stride() as i32, layer as i32, s.n_layers as i32, s.heads as i32, s.kv_heads as i32, s.head_dim as i32, s.window as i32];
         let scale = 1.0 / (s.head_dim as f32).sqrt();
-        let cfg = LaunchConfig { shared_mem_bytes: cluster_ring_bytes(s.head_dim) as u32, ..grid((cluster, s.kv_heads, n), 128) };
+        let cfg = LaunchConfig { shared_mem_bytes: cluster_smem_bytes(s.head_dim, s.heads / s.kv_heads, cluster) as u32, ..grid((cluster, s.kv_heads, n), 128) };
         launch!(self, "attn_decode_cluster", cfg, cluster cluster as u32, qkv, &ints[0], positions, kv_base, &ints[1], &ints[2], &ints[3], &ints[4], &ints[5], &scale, &ints[6], out)
     }
 
@@ -464,5 +469,21 @@ impl Device {
         check("top_p_sample", ok, || format!("{n} rows"))?;
         let v = vocab as i32;
         launch!(self, "top_p_sample", grid((n, 1, 1), 1024), logits, &v, temperature, top_p, uniforms, token, logprob)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_attention_shared_memory_is_sized_to_the_shape() {
+        // The 1B shape (hd 64, 4 query heads per KV head, clusters of 16): ring 34,816 B, queries
+        // 1,024, (max, sum) 512, outputs 1,024, weights 256.
+        assert_eq!(cluster_smem_bytes(64, 4, 16), 37_632);
+        // The largest shape a launch accepts stays within what one Hopper block may opt in to (227 KB).
+        assert!(cluster_smem_bytes(MAX_HEAD_DIM, MAX_GROUP, MAX_CLUSTER) <= 227 * 1024);
+        // Clusters that do not divide the outputs (3 heads of 64 over 7 blocks): shares of 28 rounded up.
+        assert_eq!(cluster_smem_bytes(64, 3, 7), 4 * (8_704 + 192 + 7 * 3 * 2 + 7 * 28 + 3 * 7));
     }
 }

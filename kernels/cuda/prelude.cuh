@@ -103,10 +103,13 @@ __device__ __forceinline__ void st_cluster(float* p, unsigned rank, float v) {
 
 // Timeline tracing, a diagnostic (kernels/src/device/trace.rs), compiled in only with CTX_TRACE
 // (CTXSCOPE_CUDA_TRACE=1: even unused, the marks cost the streamed GEMV registers): while `ctx_trace`
-// points at a buffer ([0] records written, [1] capacity, then (time, tag) pairs), each block's first
-// thread appends a record at the marks its kernel makes: the global timer in ns, and kernel kind << 56
-// | event << 48 | blocks in the grid << 24 | block. A mark at a block's end waits for its other warps
-// first (only when tracing: the barrier is uniform).
+// points at a buffer ([0] record slots reserved, [1] capacity in records, then (time, tag) pairs), each
+// block's first thread records at the marks its kernel makes the global timer in ns and kernel kind << 56
+// | event << 48 | blocks in the grid << 24 | block. A block's start mark reserves TRACE_EVENTS slots
+// (one atomic, before the block waits for the previous kernel) and its other marks store into their
+// event's slot of that reservation: a plain store, so a mark does not hold its warp back (with an
+// atomic per mark, thread 0 waited for each one's round trip). Unused slots stay zero. A mark at a
+// block's end waits for its other warps first (only when tracing: the barrier is uniform).
 __device__ u64* ctx_trace;
 // Kinds (gemv_stream: TRACE_STREAM + its mode) and events, as trace.rs names them.
 #define TRACE_ATTN_DECODE 1
@@ -121,26 +124,42 @@ __device__ u64* ctx_trace;
 // the query, the newest K/V row and the first tile in shared memory; the block's span attended.
 #define TRACE_READY 4
 #define TRACE_ATTENDED 5
+#define TRACE_EVENTS 6
 
 #ifdef CTX_TRACE
+// The block's reservation: the first slot, or ~0 (no trace, or it did not fit). Written by the start
+// mark, read by the others; thread 0 only.
+__shared__ u64 ctx_trace_slot;
+
 // One opaque PTX block with its own scratch registers (a C++ version or an out-of-line call made the
-// streamed GEMV spill): only thread 0 of a block with the buffer set appends, past capacity nothing.
-// The timer is read first, so the record's time is not the atomic's round trip later (the thread
-// still waits for that round trip before it goes on).
+// streamed GEMV spill): only thread 0 records. The timer is read first.
 __device__ __forceinline__ void trace_mark(int kind, int event) {
     asm volatile(
         "{\n\t"
         ".reg .u64 tr_t, tr_i, tr_cap, tr_now, tr_tag, tr_x, tr_a;\n\t"
         ".reg .u32 tr_u, tr_v;\n\t"
-        ".reg .pred tr_p, tr_q;\n\t"
+        ".reg .pred tr_p, tr_q, tr_s, tr_r, tr_f;\n\t"
         "mov.u64 tr_now, %%globaltimer;\n\t"
         "mov.u64 tr_t, %0;\n\t"
         "mov.u32 tr_u, %%tid.x;\n\t"
         "setp.eq.u32 tr_q, tr_u, 0;\n\t"
+        "setp.eq.u32 tr_s, %2, 0;\n\t"
         "setp.ne.and.u64 tr_p, tr_t, 0, tr_q;\n\t"
-        "@tr_p atom.global.add.u64 tr_i, [tr_t], 1;\n\t"
-        "@tr_p ld.global.u64 tr_cap, [tr_t+8];\n\t"
-        "@tr_p setp.lt.and.u64 tr_p, tr_i, tr_cap, tr_p;\n\t"
+        // The start mark: reserve (tracing), keep the first slot if the reservation fits, else ~0.
+        "mov.u64 tr_i, 0xffffffffffffffff;\n\t"
+        "and.pred tr_r, tr_p, tr_s;\n\t"
+        "@tr_r atom.global.add.u64 tr_x, [tr_t], %4;\n\t"
+        "@tr_r ld.global.u64 tr_cap, [tr_t+8];\n\t"
+        "add.u64 tr_a, tr_x, %4;\n\t"
+        "setp.le.and.u64 tr_f, tr_a, tr_cap, tr_r;\n\t"
+        "@tr_f mov.u64 tr_i, tr_x;\n\t"
+        "and.pred tr_r, tr_q, tr_s;\n\t"
+        "@tr_r st.u64 [%3], tr_i;\n\t"
+        // Any other mark: the block's reservation.
+        "not.pred tr_r, tr_s;\n\t"
+        "and.pred tr_r, tr_r, tr_p;\n\t"
+        "@tr_r ld.u64 tr_i, [%3];\n\t"
+        "setp.ne.and.u64 tr_p, tr_i, 0xffffffffffffffff, tr_p;\n\t"
         "mov.u32 tr_u, %%nctaid.x;\n\t"
         "mov.u32 tr_v, %%nctaid.y;\n\t"
         "mul.lo.u32 tr_u, tr_u, tr_v;\n\t"
@@ -165,10 +184,13 @@ __device__ __forceinline__ void trace_mark(int kind, int event) {
         "cvt.u64.u32 tr_x, %2;\n\t"
         "shl.b64 tr_x, tr_x, 48;\n\t"
         "or.b64 tr_tag, tr_tag, tr_x;\n\t"
-        "shl.b64 tr_a, tr_i, 4;\n\t"
+        // Slot tr_i + event: record (time, tag) at byte 16 + 16 * slot.
+        "cvt.u64.u32 tr_x, %2;\n\t"
+        "add.u64 tr_a, tr_i, tr_x;\n\t"
+        "shl.b64 tr_a, tr_a, 4;\n\t"
         "add.u64 tr_a, tr_a, tr_t;\n\t"
         "@tr_p st.global.v2.u64 [tr_a+16], {tr_now, tr_tag};\n\t"
-        "}\n" ::"l"(ctx_trace), "r"(kind), "r"(event) : "memory");
+        "}\n" ::"l"(ctx_trace), "r"(kind), "r"(event), "l"(&ctx_trace_slot), "n"(TRACE_EVENTS) : "memory");
 }
 
 __device__ __forceinline__ void trace_end(int kind, int event) {

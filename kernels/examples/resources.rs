@@ -1,7 +1,8 @@
 //! Compiles every kernel module to Hopper machine code (sm_90 CUBIN) with NVRTC and prints ptxas's
 //! resource report (registers, shared memory, stack, spills) — no GPU needed, only libnvrtc
 //! (`LD_LIBRARY_PATH` to its folder; PyPI's `nvidia-cuda-nvrtc` has one). Run:
-//! `cargo run -p ctxscope-kernels --features cuda --example resources`.
+//! `cargo run -p ctxscope-kernels --features cuda --example resources [-- NVRTC options]`, e.g.
+//! `-- -DCTX_TRACE` for the kernels with their timeline marks.
 
 use std::ffi::CString;
 
@@ -10,10 +11,12 @@ use ctxscope_kernels::{PRELUDE, SOURCES};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut failed = false;
+    let extra: Vec<String> = std::env::args().skip(1).collect();
     for (module, source) in SOURCES {
         let full = CString::new(format!("{PRELUDE}\n{source}"))?;
         let program = result::create_program(&full, None)?;
-        let options = ["--gpu-architecture=sm_90", "--ptxas-options=-v"];
+        let mut options = vec!["--gpu-architecture=sm_90", "--ptxas-options=-v"];
+        options.extend(extra.iter().map(String::as_str));
         // SAFETY: `program` was just created and is destroyed below; options are plain strings.
         let compiled = unsafe { result::compile_program(program, &options) };
         // SAFETY: as above; the log is read before the program is destroyed.

@@ -189,7 +189,7 @@ impl DeviceBackend {
         launched?;
         let mut lines = trace::summary(&trace::launches(&records));
         if lost > 0 {
-            lines.push(format!("{lost} records did not fit"));
+            lines.push(format!("{lost} record slots did not fit"));
         }
         Ok(Some(lines))
     }

@@ -14,7 +14,9 @@ use super::{Device, DeviceError};
 
 /// Event numbers (prelude `TRACE_*`): a block starts (0), returns from `griddepcontrol.wait` (1), has
 /// its input staged (2; attention: its partial written), ends (3, the last of them); milestones inside
-/// decode attention (4: query, newest row and first tile ready; 5: its span attended).
+/// decode attention (4: query, newest row and first tile ready; 5: its span attended). Also the
+/// record slots a block's start mark reserves (prelude `TRACE_EVENTS`): a later mark of the same event
+/// in that block overwrites its slot.
 const EVENTS: usize = 6;
 const START: usize = 0;
 const WAITED: usize = 1;
@@ -22,7 +24,9 @@ const STAGED: usize = 2;
 /// The milestones `summary` reports where a kind marks them, with their names.
 const MILESTONES: [(usize, &str); 2] = [(4, "ready"), (5, "attended")];
 
-/// A trace being recorded: the device buffer ([0] records written, [1] capacity, then pairs).
+/// A trace being recorded: the device buffer ([0] record slots reserved, [1] capacity in records,
+/// then (time, tag) pairs; each block's start mark reserves `EVENTS` slots, its other marks fill their
+/// event's slot, unused slots stay zero).
 pub struct Trace {
     buf: CudaSlice<u64>,
     capacity: usize,
@@ -98,20 +102,12 @@ impl Device {
         Ok(Trace { buf, capacity })
     }
 
-    /// Waits for the enqueued work, stops recording and returns the records (and how many did not fit).
+    /// Waits for the enqueued work, stops recording and returns the records (and how many record
+    /// slots were reserved past the capacity: those blocks' marks are missing).
     pub fn trace_stop(&self, trace: Trace) -> Result<(Vec<Record>, usize), DeviceError> {
         self.stream.synchronize()?;
         self.set_trace(0)?;
-        let host = self.stream.clone_dtoh(&trace.buf)?;
-        let written = host[0] as usize;
-        let kept = written.min(trace.capacity);
-        let records = (0..kept)
-            .map(|i| {
-                let (ns, tag) = (host[2 + 2 * i], host[3 + 2 * i]);
-                Record { ns, kind: (tag >> 56) as u8, event: ((tag >> 48) & 0xff) as u8, blocks: ((tag >> 24) & 0xff_ffff) as u32, block: (tag & 0xff_ffff) as u32 }
-            })
-            .collect();
-        Ok((records, written - kept))
+        Ok(decode(&self.stream.clone_dtoh(&trace.buf)?, trace.capacity))
     }
 
     fn set_trace(&self, ptr: u64) -> Result<(), DeviceError> {
@@ -125,6 +121,19 @@ impl Device {
         }
         Ok(())
     }
+}
+
+/// The records of a trace buffer (see `Trace`) holding `capacity` of them, skipping empty slots, and
+/// the slots reserved past the capacity.
+fn decode(host: &[u64], capacity: usize) -> (Vec<Record>, usize) {
+    let reserved = host[0] as usize;
+    let kept = reserved.min(capacity);
+    let records = (0..kept)
+        .map(|i| (host[2 + 2 * i], host[3 + 2 * i]))
+        .filter(|&(_, tag)| tag != 0)
+        .map(|(ns, tag)| Record { ns, kind: (tag >> 56) as u8, event: ((tag >> 48) & 0xff) as u8, blocks: ((tag >> 24) & 0xff_ffff) as u32, block: (tag & 0xff_ffff) as u32 })
+        .collect();
+    (records, reserved - kept)
 }
 
 /// Groups records into launches, in order of their first start. Launches of one kernel never run at
@@ -252,6 +261,24 @@ mod tests {
 
     fn rec(ns: u64, kind: u8, event: u8, blocks: u32, block: u32) -> Record {
         Record { ns, kind, event, blocks, block }
+    }
+
+    #[test]
+    fn a_buffer_decodes_to_its_filled_slots() {
+        // Capacity 12: block 3 of 8 of kind 17 reserved slots 0..6 and marked start (0) and end (3);
+        // block 0 of kind 3 reserved 6..12 and marked start and milestone 4; a third reservation
+        // (12..18) did not fit.
+        let tag = |kind: u64, event: u64, blocks: u64, block: u64| kind << 56 | event << 48 | blocks << 24 | block;
+        let mut host = vec![0u64; 2 + 2 * 12];
+        host[0] = 18;
+        host[1] = 12;
+        for (slot, ns, t) in [(0, 100, tag(17, 0, 8, 3)), (3, 400, tag(17, 3, 8, 3)), (6, 150, tag(3, 0, 128, 0)), (10, 900, tag(3, 4, 128, 0))] {
+            host[2 + 2 * slot] = ns;
+            host[3 + 2 * slot] = t;
+        }
+        let (records, lost) = decode(&host, 12);
+        assert_eq!(records, vec![rec(100, 17, 0, 8, 3), rec(400, 17, 3, 8, 3), rec(150, 3, 0, 128, 0), rec(900, 3, 4, 128, 0)]);
+        assert_eq!(lost, 6);
     }
 
     #[test]

@@ -242,7 +242,8 @@ extern "C" __global__ void attn_decode(const float* __restrict__ q, int q_stride
 
 // ---- Decode attention merged inside a thread-block cluster (sm_90) ----
 // Split-K without global partials: grid (cluster, kv_heads, rows), one cluster of `gridDim.x` (<= 16)
-// blocks per (row, KV head). Block r takes the r-th contiguous span of the visible positions and
+// blocks per (row, KV head), of max(group, 2) warps (one per query head; two at least, so that the
+// newest K and V rows of hd <= 128 have a thread per float4). Block r takes the r-th contiguous span of the visible positions and
 // streams its K/V tiles of CL_TILE positions through a ring of CL_RING tiles in shared memory with
 // cp.async; the tiles of cached positions are issued before griddepcontrol.wait (positions and cache
 // bases are written by the host before a pass, never by a kernel, and old positions are immutable),
@@ -306,15 +307,19 @@ __device__ __forceinline__ float4 newest_row(const ClusterSpan& c, u64 base, int
 }
 
 // The block's span through the ring (its first CL_RING tiles already issued, nothing else in flight;
-// called after the wait, with this thread's part of the newest row); warp w owns query heads w,
-// w + warps, ... (at most 4). Leaves each head's online-softmax state.
+// called after the wait, with this thread's part of the newest row); warp w owns query head w (warps
+// past the group only help copy). Leaves the head's online-softmax state. One head per warp keeps one
+// inlined copy of attend_ring: the kernel runs once per launch with a cold instruction cache.
 __device__ __forceinline__ void cluster_attend(float* ring, const ClusterSpan& c, const float* qs, float4 newest, u64 base, int layer,
-                                               int n_layers, int kvh, int hd, int kv_dim, int group, float scale, float (&m)[4], float (&l)[4],
-                                               float (&acc)[4][HD_PER_LANE]) {
-    const int stride = hd + 4, vecs = hd / 4, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+                                               int n_layers, int kvh, int hd, int kv_dim, int group, float scale, float& m, float& l,
+                                               float (&acc)[HD_PER_LANE]) {
+    const int stride = hd + 4, vecs = hd / 4, g = threadIdx.x >> 5;
     const bool carries = carries_newest(c, hd);
     const int kind = threadIdx.x / vecs, d = 4 * (threadIdx.x % vecs);
-    reset_states(m, l, acc);
+    m = NEG_INF;
+    l = 0.0f;
+#pragma unroll
+    for (int k = 0; k < HD_PER_LANE; k++) acc[k] = 0.0f;
     for (int i = 0; i < c.tiles; i++) {
         cp_async_wait<CL_RING - 1>();  // tile i's group has landed (one group is committed per tile)
         const int t0 = c.lo + i * CL_TILE, count = min(CL_TILE, c.hi - t0);
@@ -322,12 +327,7 @@ __device__ __forceinline__ void cluster_attend(float* ring, const ClusterSpan& c
         if (carries && c.len - 1 < t0 + count) *(float4*)(ks + (kind * CL_TILE + c.len - 1 - t0) * stride + d) = newest;
         __syncthreads();
         if (i == 0) trace_mark(TRACE_ATTN_CLUSTER, TRACE_READY);
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const int g = warp + warps * k;
-            if (g >= group) break;
-            attend_ring(qs + g * hd, ks, ks + CL_TILE * stride, stride, count, hd, scale, m[k], l[k], acc[k]);
-        }
+        if (g < group) attend_ring(qs + g * hd, ks, ks + CL_TILE * stride, stride, count, hd, scale, m, l, acc);
         __syncthreads();  // the slot is free again
         cluster_issue(ring, i + CL_RING, c, base, layer, n_layers, kvh, hd, kv_dim);
     }
@@ -340,22 +340,19 @@ __device__ __forceinline__ void cluster_attend(float* ring, const ClusterSpan& c
 // block, exp(m_b - max), once per (head, block) by as many threads, then each output's two sums, every
 // chain's loads issued ahead (unrolled to CL_MAX). The same operations in the same order as one thread
 // merging an output alone (the persistent step's merge), so the same sums bit for bit.
-__device__ __forceinline__ void cluster_merge(const float (&m)[4], const float (&l)[4], const float (&acc)[4][HD_PER_LANE], const ClusterSmem& sm,
-                                              int size, int rank, int kvh, int group, int hd, float* out) {
-    const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5, lane = threadIdx.x & 31;
+__device__ __forceinline__ void cluster_merge(float m, float l, const float (&acc)[HD_PER_LANE], const ClusterSmem& sm, int size, int rank,
+                                              int kvh, int group, int hd, float* out) {
+    const int g = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int outs = group * hd, per = sm.per;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const int g = warp + warps * k;
-        if (g >= group) break;
+    if (g < group) {
         if (lane < size) {
-            st_cluster(&sm.rx_ml[(rank * group + g) * 2], lane, m[k]);
-            st_cluster(&sm.rx_ml[(rank * group + g) * 2 + 1], lane, l[k]);
+            st_cluster(&sm.rx_ml[(rank * group + g) * 2], lane, m);
+            st_cluster(&sm.rx_ml[(rank * group + g) * 2 + 1], lane, l);
         }
 #pragma unroll
         for (int e = 0; e < HD_PER_LANE; e++) {
             const int o = g * hd + lane + 32 * e;
-            if (lane + 32 * e < hd) st_cluster(&sm.rx_acc[rank * per + o % per], o / per, acc[k][e]);
+            if (lane + 32 * e < hd) st_cluster(&sm.rx_acc[rank * per + o % per], o / per, acc[e]);
         }
     }
     cluster_sync();
@@ -412,7 +409,7 @@ extern "C" __global__ void attn_decode_cluster(const float* __restrict__ q, int 
         const int g = i / vecs, d = 4 * (i % vecs);
         *(float4*)&qs[g * hd + d] = *(const float4*)(q + (size_t)t * q_stride + (kvh * group + g) * hd + d);
     }
-    float m[4], l[4], acc[4][HD_PER_LANE];
+    float m, l, acc[HD_PER_LANE];
     cluster_attend(ring, c, qs, newest, base, layer, n_layers, kvh, hd, kv_dim, group, scale, m, l, acc);
     trace_mark(TRACE_ATTN_CLUSTER, TRACE_ATTENDED);
     cluster_wait();  // every block of the cluster has started

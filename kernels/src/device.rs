@@ -447,7 +447,8 @@ impl Device {
         check("attn_decode_cluster", ok, || format!("{n} rows, clusters of {cluster} (at most {} here)", self.max_cluster))?;
         let ints = [s.q_stride() as i32, layer as i32, s.n_layers as i32, s.heads as i32, s.kv_heads as i32, s.head_dim as i32, s.window as i32];
         let scale = 1.0 / (s.head_dim as f32).sqrt();
-        let cfg = LaunchConfig { shared_mem_bytes: cluster_smem_bytes(s.head_dim, s.heads / s.kv_heads, cluster) as u32, ..grid((cluster, s.kv_heads, n), 128) };
+        let group = s.heads / s.kv_heads;
+        let cfg = LaunchConfig { shared_mem_bytes: cluster_smem_bytes(s.head_dim, group, cluster) as u32, ..grid((cluster, s.kv_heads, n), 32 * group.max(2)) };
         launch!(self, "attn_decode_cluster", cfg, cluster cluster as u32, qkv, &ints[0], positions, kv_base, &ints[1], &ints[2], &ints[3], &ints[4], &ints[5], &scale, &ints[6], out)
     }
 

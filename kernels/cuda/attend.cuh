@@ -18,9 +18,12 @@ __device__ __forceinline__ void reset_states(float (&m)[4], float (&l)[4], float
 }
 
 #define CL_TILE 32
+// Rows of K (then as many of V) in a tile buffer: a span of at most 2 * CL_TILE positions is folded in
+// as one tile, so that a block whose share is a tile and a bit (513 positions over 16 blocks: 33)
+// does not pay for a second pass of barriers and warp reductions over one position.
+#define CL_ROWS (2 * CL_TILE)
 
-// Folds a ring tile of `count` (<= 64; CL_TILE is 32, which keeps a cluster attention block at 53 KB of
-// shared memory so that it fits beside the GEMVs' blocks) positions into a query's online-softmax
+// Folds a tile of `count` (<= 64: a ClusterSpan's `tile`) positions into a query's online-softmax
 // state: lane j scores keys j and j + 32 (the same products in the same order as attend_tile).
 __device__ __forceinline__ void attend_ring(const float* qs, const float* ks, const float* vs, int stride, int count, int hd, float scale,
                                             float& m, float& l, float* acc) {
@@ -54,26 +57,25 @@ __device__ __forceinline__ void attend_ring(const float* qs, const float* ks, co
     l = l * correction + warp_sum(p[0] + p[1]);
 #pragma unroll
     for (int k = 0; k < HD_PER_LANE; k++) acc[k] *= correction;
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int n = min(32, count - 32 * h);
+    // One loop over the tile's positions (lane j & 31 of p[j / 32] holds position j's weight), so that
+    // the code is not doubled for a tile past 32 positions.
 #pragma unroll 8
-        for (int j = 0; j < n; j++) {
-            const float pj = __shfl_sync(0xffffffff, p[h], j);
-            const float* vr = vs + (32 * h + j) * stride;
+    for (int j = 0; j < count; j++) {
+        const float pj = __shfl_sync(0xffffffff, j < 32 ? p[0] : p[1], j & 31);
+        const float* vr = vs + j * stride;
 #pragma unroll
-            for (int k = 0; k < HD_PER_LANE; k++) {
-                const int d = lane + 32 * k;
-                if (d < hd) acc[k] += pj * vr[d];
-            }
+        for (int k = 0; k < HD_PER_LANE; k++) {
+            const int d = lane + 32 * k;
+            if (d < hd) acc[k] += pj * vr[d];
         }
     }
     m = m_new;
 }
 
-// A cluster block's share of the visible positions of a row whose newest position is `len - 1`.
+// A cluster block's share of the visible positions of a row whose newest position is `len - 1`: one
+// tile of all of them when they fit in CL_ROWS, else tiles of CL_TILE positions (`tile`, `tiles`).
 struct ClusterSpan {
-    int len, lo, hi, tiles;
+    int len, lo, hi, tile, tiles;
 };
 
 __device__ __forceinline__ ClusterSpan cluster_span(int len, int window, int size, int rank) {
@@ -83,7 +85,9 @@ __device__ __forceinline__ ClusterSpan cluster_span(int len, int window, int siz
     c.len = len;
     c.lo = first + rank * span;
     c.hi = min(len, c.lo + span);
-    c.tiles = c.hi > c.lo ? (c.hi - c.lo + CL_TILE - 1) / CL_TILE : 0;
+    const int n = max(0, c.hi - c.lo);
+    c.tile = n <= CL_ROWS ? CL_ROWS : CL_TILE;
+    c.tiles = n <= CL_ROWS ? (n > 0) : (n + CL_TILE - 1) / CL_TILE;
     return c;
 }
 

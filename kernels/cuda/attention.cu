@@ -244,7 +244,7 @@ extern "C" __global__ void attn_decode(const float* __restrict__ q, int q_stride
 // Split-K without global partials: grid (cluster, kv_heads, rows), one cluster of `gridDim.x` (<= 16)
 // blocks per (row, KV head), of max(group, 2) warps (one per query head; two at least, so that the
 // newest K and V rows of hd <= 128 have a thread per float4). Block r takes the r-th contiguous span of the visible positions and
-// streams its K/V tiles of CL_TILE positions through a ring of CL_RING tiles in shared memory with
+// streams its K/V tiles (ClusterSpan: one of up to CL_ROWS positions, or CL_TILE each) through a ring of CL_RING tiles in shared memory with
 // cp.async; the tiles of cached positions are issued before griddepcontrol.wait (positions and cache
 // bases are written by the host before a pass, never by a kernel, and old positions are immutable),
 // only the newest position — stored by the QKV kernel just before — is loaded after it. Each warp
@@ -258,14 +258,18 @@ extern "C" __global__ void attn_decode(const float* __restrict__ q, int q_stride
 #define CL_MAX 16
 
 // The dynamic shared memory of a cluster attention block, in floats from its start: the ring
-// (CL_RING * 2 * CL_TILE rows of hd + 4 floats; rows padded to 16 bytes: float4 reads of a key row per
-// lane are conflict-free by quarter warp), the group's query heads [group][hd], what the cluster pushes
-// here — every block's (max, sum) per head [size][group][2] and its share of the outputs this block
-// merges [size][per] — and the merge's weights [group][size]. Device::attn_decode_cluster sizes it.
+// (CL_RING * CL_TILE rows of K, then as many of V, of hd + 4 floats; rows padded to 16 bytes: float4
+// reads of a key row per lane are conflict-free by quarter warp; slot s is rows s * CL_TILE onwards of
+// each, so a one-tile span of up to CL_ROWS positions takes the whole ring), the group's query heads
+// [group][hd], what the cluster pushes here — every block's (max, sum) per head [size][group][2] and
+// its share of the outputs this block merges [size][per] — and the merge's weights [group][size].
+// Device::attn_decode_cluster sizes it.
 struct ClusterSmem {
     float *ring, *qs, *rx_ml, *rx_acc, *weight;
     int per;
 };
+
+static_assert(CL_RING * CL_TILE >= CL_ROWS, "the ring holds a one-tile span");
 
 __device__ __forceinline__ ClusterSmem cluster_smem(float* base, int hd, int group, int size) {
     ClusterSmem m;
@@ -278,18 +282,22 @@ __device__ __forceinline__ ClusterSmem cluster_smem(float* base, int hd, int gro
     return m;
 }
 
+// Row `j` of tile i's K (kind 0) or V (kind 1) in the ring.
+__device__ __forceinline__ float* ring_row(float* ring, int i, int kind, int j, int stride) {
+    return ring + (kind * CL_RING * CL_TILE + (i % CL_RING) * CL_TILE + j) * stride;
+}
+
 // Tile i's K/V copies into ring slot i % CL_RING, one commit group per call (empty ones too); the
 // newest position is left out (cluster_attend loads it after the wait).
 __device__ __forceinline__ void cluster_issue(float* ring, int i, const ClusterSpan& c, u64 base, int layer, int n_layers, int kvh, int hd, int kv_dim) {
     const int stride = hd + 4, vecs = hd / 4;
     if (i < c.tiles) {
-        const int t0 = c.lo + i * CL_TILE, count = min(CL_TILE, c.hi - t0);
-        float* ks = ring + (i % CL_RING) * 2 * CL_TILE * stride;
+        const int t0 = c.lo + i * c.tile, count = min(c.tile, c.hi - t0);
         for (int e = threadIdx.x; e < count * vecs; e += blockDim.x) {
             const int j = e / vecs, d = 4 * (e % vecs);
             if (t0 + j == c.len - 1) continue;
-            cp_async16(ks + j * stride + d, kv_row(base, t0 + j, layer, n_layers, 0, kv_dim) + kvh * hd + d);
-            cp_async16(ks + (CL_TILE + j) * stride + d, kv_row(base, t0 + j, layer, n_layers, 1, kv_dim) + kvh * hd + d);
+            cp_async16(ring_row(ring, i, 0, j, stride) + d, kv_row(base, t0 + j, layer, n_layers, 0, kv_dim) + kvh * hd + d);
+            cp_async16(ring_row(ring, i, 1, j, stride) + d, kv_row(base, t0 + j, layer, n_layers, 1, kv_dim) + kvh * hd + d);
         }
     }
     cp_async_commit();
@@ -322,12 +330,11 @@ __device__ __forceinline__ void cluster_attend(float* ring, const ClusterSpan& c
     for (int k = 0; k < HD_PER_LANE; k++) acc[k] = 0.0f;
     for (int i = 0; i < c.tiles; i++) {
         cp_async_wait<CL_RING - 1>();  // tile i's group has landed (one group is committed per tile)
-        const int t0 = c.lo + i * CL_TILE, count = min(CL_TILE, c.hi - t0);
-        float* ks = ring + (i % CL_RING) * 2 * CL_TILE * stride;
-        if (carries && c.len - 1 < t0 + count) *(float4*)(ks + (kind * CL_TILE + c.len - 1 - t0) * stride + d) = newest;
+        const int t0 = c.lo + i * c.tile, count = min(c.tile, c.hi - t0);
+        if (carries && c.len - 1 < t0 + count) *(float4*)(ring_row(ring, i, kind, c.len - 1 - t0, stride) + d) = newest;
         __syncthreads();
         if (i == 0) trace_mark(TRACE_ATTN_CLUSTER, TRACE_READY);
-        if (g < group) attend_ring(qs + g * hd, ks, ks + CL_TILE * stride, stride, count, hd, scale, m, l, acc);
+        if (g < group) attend_ring(qs + g * hd, ring_row(ring, i, 0, 0, stride), ring_row(ring, i, 1, 0, stride), stride, count, hd, scale, m, l, acc);
         __syncthreads();  // the slot is free again
         cluster_issue(ring, i + CL_RING, c, base, layer, n_layers, kvh, hd, kv_dim);
     }

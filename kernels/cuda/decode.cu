@@ -143,7 +143,7 @@ __device__ __forceinline__ void load_tile(const StepArgs& a, const StepItem& it,
         const float* k = kv_row(it.base, t0 + j, layer, a.n_layers, 0, kv_dim) + it.kvh * a.hd + d;
         const float* v = kv_row(it.base, t0 + j, layer, a.n_layers, 1, kv_dim) + it.kvh * a.hd + d;
         float* ks = tile + j * stride + d;
-        float* vs = tile + (CL_TILE + j) * stride + d;
+        float* vs = tile + (CL_ROWS + j) * stride + d;
         if (!early) {
             *(float4*)ks = __ldcg((const float4*)k);
             *(float4*)vs = __ldcg((const float4*)v);
@@ -162,7 +162,7 @@ __device__ __forceinline__ void stream_issue(Cursor& c, const StepArgs& a, uint4
     if (c.u < c.ub && c.g.mode == 4) {
         if (a.early && (int)blockIdx.x < a.kv_heads * a.spans) {
             const StepItem it = step_item(a, blockIdx.x);
-            if (it.c.tiles > 0) load_tile(a, it, c.q / 5, it.c.lo, min(CL_TILE, it.c.hi - it.c.lo), tile, true);
+            if (it.c.tiles > 0) load_tile(a, it, c.q / 5, it.c.lo, min(it.c.tile, it.c.hi - it.c.lo), tile, true);
         }
         cursor_phase<BF16>(c, a, c.q + 1);
     } else if (c.u < c.ub) {
@@ -292,7 +292,7 @@ __device__ __forceinline__ void step_attention(const StepArgs& a, int layer, flo
     const int group = a.heads / a.kv_heads, vecs = a.hd / 4, stride = a.hd + 4;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     float* ks = tile;
-    float* vs = tile + CL_TILE * stride;
+    float* vs = tile + CL_ROWS * stride;
     cp_async_wait<S - 1>();
     __syncthreads();
     for (int item = blockIdx.x; item < a.kv_heads * a.spans; item += gridDim.x) {
@@ -306,7 +306,7 @@ __device__ __forceinline__ void step_attention(const StepArgs& a, int layer, flo
         float m[4], l[4], acc[4][HD_PER_LANE];
         reset_states(m, l, acc);
         for (int i = 0; i < c.tiles; i++) {
-            const int t0 = c.lo + i * CL_TILE, count = min(CL_TILE, c.hi - t0);
+            const int t0 = c.lo + i * c.tile, count = min(c.tile, c.hi - t0);
             if (!a.early || i > 0 || item != (int)blockIdx.x) {
                 load_tile(a, it, layer, t0, count, tile, false);
             } else if (c.len - 1 < t0 + count) {

@@ -13,8 +13,8 @@ const THREADS: usize = 512;
 const LAYER_PTRS: usize = 6;
 /// Most attention spans per KV head (`DS_MAX_SPANS`).
 pub const MAX_SPANS: usize = 32;
-/// Positions per attention tile (`CL_TILE`).
-const TILE: usize = 32;
+/// K (and as many V) rows of the attention tile (`CL_ROWS`).
+const TILE_ROWS: usize = 64;
 
 /// The model's shape as the step kernel needs it.
 #[derive(Debug, Clone, Copy)]
@@ -121,7 +121,7 @@ impl Device {
             return None;
         }
         // The ring, the staged input row, the attention tile (K and V rows padded by 4 floats).
-        let staged = s.dim.max(s.ffn) * 4 + 2 * TILE * (s.head_dim + 4) * 4;
+        let staged = s.dim.max(s.ffn) * 4 + 2 * TILE_ROWS * (s.head_dim + 4) * 4;
         let function = self.function(if bf16 { "decode_step_bf16" } else { "decode_step_f32" });
         // Ring depth: 4 groups per thread (measured faster than 8 on the H200: the deeper prefetch queues
         // ahead of the latency-bound loads); `CTXSCOPE_CUDA_STEP_SLOTS=8` for the deeper one.

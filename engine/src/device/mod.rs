@@ -349,12 +349,8 @@ impl Backend for DeviceBackend {
             plan.splits = self.splits(plan.decode);
             let upload = |this: &mut DeviceBackend| -> Result<(), DeviceError> {
                 let s = &this.device.stream;
-                s.memcpy_htod(&ids, &mut this.ws.ids.slice_mut(..ids.len()))?;
-                s.memcpy_htod(&positions, &mut this.ws.positions.slice_mut(..positions.len()))?;
-                s.memcpy_htod(&bases, &mut this.ws.kv_base.slice_mut(..bases.len()))?;
-                if !last.is_empty() {
-                    s.memcpy_htod(&last, &mut this.ws.last_rows.slice_mut(..last.len()))?;
-                }
+                this.ws.inputs.upload(s, &ids, &positions, &last)?;
+                this.ws.kv_base.upload(s, &bases)?;
                 Ok(())
             };
             let fail = gpu_error(self.ordinal);
@@ -396,10 +392,7 @@ impl DeviceBackend {
         if n == 0 {
             return Ok(Vec::new());
         }
-        let mut tokens = vec![0i32; n];
-        let mut logprobs = vec![0f32; n];
-        s.memcpy_dtoh(&self.ws.token.slice(..n), &mut tokens)?;
-        s.memcpy_dtoh(&self.ws.logprob.slice(..n), &mut logprobs)?;
+        let picked = self.ws.picked.read(s, n)?;
         let (mut drawn, mut drawn_logprobs) = (vec![0i32; n], vec![0f32; n]);
         if finished.iter().any(|p| matches!(steps[p.step].want, Want::Sample { .. })) {
             s.memcpy_dtoh(&self.ws.sampled.slice(..n), &mut drawn)?;
@@ -410,7 +403,7 @@ impl DeviceBackend {
         let mut out = Vec::with_capacity(n);
         for (k, part) in finished.iter().enumerate() {
             let output = match steps[part.step].want {
-                Want::Greedy => Output::Token { token: tokens[k] as u32, logprob: logprobs[k] },
+                Want::Greedy => Output::Token { token: picked[k].0 as u32, logprob: picked[k].1 },
                 Want::Sample { .. } => Output::Token { token: drawn[k] as u32, logprob: drawn_logprobs[k] },
                 Want::Logits => {
                     let mut logits = vec![0f32; vocab];

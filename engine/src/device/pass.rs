@@ -89,12 +89,12 @@ pub struct Pass<'a> {
 
 impl Pass<'_> {
     /// Enqueues the whole pass: logits of the `outputs` sequences into `ws.logits`, their greedy
-    /// tokens and log-probabilities into `ws.token` / `ws.logprob`.
+    /// tokens and log-probabilities into `ws.picked`.
     pub fn enqueue(&self, w: &DeviceWeights, ws: &mut Workspace, plan: &Plan) -> Result<(), DeviceError> {
         let (c, d, num) = (self.config, self.device, self.numerics);
         let (n, dim) = (plan.rows, c.dim);
         let q_stride = c.dim + 2 * c.kv_dim();
-        d.embed(&w.embed, &ws.ids.slice(..n), &mut ws.x.slice_mut(..n * dim), n)?;
+        d.embed(&w.embed, &ws.inputs.ids(n), &mut ws.x.slice_mut(..n * dim), n)?;
         if let Some(shape) = self.step_shape(w, plan) {
             let io = StepIo {
                 x: ws.x.slice_mut(..dim),
@@ -105,11 +105,12 @@ impl Pass<'_> {
                 part_o: ws.part_o.slice_mut(..),
                 part_ml: ws.part_ml.slice_mut(..),
                 sync: ws.sync.slice_mut(..),
-                positions: ws.positions.slice(..1),
-                kv_base: ws.kv_base.slice(..1),
+                positions: ws.inputs.positions(1),
+                kv_base: ws.kv_base.slice(1),
             };
             d.decode_step(&w.table, w.output(), &w.output_norm.slice(..), io, &shape, w.bf16())?;
-            return d.argmax(&ws.logits.slice(..c.vocab), 1, c.vocab, &mut ws.token.slice_mut(..1), &mut ws.logprob.slice_mut(..1));
+            let logits = ws.logits.slice(..c.vocab);
+            return ws.picked.write(1, |token, logprob| d.argmax(&logits, 1, c.vocab, token, logprob));
         }
         let rope = RopeShape {
             n_layers: c.n_layers,
@@ -126,7 +127,7 @@ impl Pass<'_> {
         let bf16 = w.bf16();
         let attn = AttentionShape { n_layers: c.n_layers, heads: c.n_heads, kv_heads: c.n_kv_heads, head_dim: c.head_dim, window: num.window };
         for (i, layer) in w.layers.iter().enumerate() {
-            let (positions, bases) = (ws.positions.slice(..n), ws.kv_base.slice(..n));
+            let (positions, bases) = (ws.inputs.positions(n), ws.kv_base.slice(n));
             if streamed {
                 let norm = Some((&layer.attn_norm.slice(..), c.rms_eps));
                 d.gemv_stream_qkv_rope(&layer.wqkv, &ws.x.slice(..n * dim), &mut ws.qkv.slice_mut(..n * q_stride), n, bf16, norm, &positions, &bases, i, &rope)?;
@@ -142,12 +143,12 @@ impl Pass<'_> {
             if plan.decode > 0 {
                 let m = plan.decode;
                 if plan.cluster > 0 && num.splitk_chunk == 0 {
-                    d.attn_decode_cluster(&ws.qkv.slice(..m * q_stride), &ws.positions.slice(..m), &ws.kv_base.slice(..m), i, &mut ws.att.slice_mut(..m * dim), m, plan.cluster, &attn)?;
+                    d.attn_decode_cluster(&ws.qkv.slice(..m * q_stride), &ws.inputs.positions(m), &ws.kv_base.slice(m), i, &mut ws.att.slice_mut(..m * dim), m, plan.cluster, &attn)?;
                 } else {
                     d.attn_decode(
                         &ws.qkv.slice(..m * q_stride),
-                        &ws.positions.slice(..m),
-                        &ws.kv_base.slice(..m),
+                        &ws.inputs.positions(m),
+                        &ws.kv_base.slice(m),
                         i,
                         (&mut ws.part_o.slice_mut(..), &mut ws.part_ml.slice_mut(..)),
                         &mut ws.att.slice_mut(..m * dim),
@@ -179,7 +180,7 @@ impl Pass<'_> {
             // A pass inside a long prompt: only its K/V is wanted (a launch of no blocks would be an error).
             return Ok(());
         }
-        let last_rows = ws.last_rows.slice(..s);
+        let last_rows = ws.inputs.last_rows(s);
         if streamed && plan.prefill.is_empty() && s == n {
             // Every row is an output, in order: the final norm folds into the output projection.
             let norm = Some((&w.output_norm.slice(..), c.rms_eps));
@@ -192,7 +193,8 @@ impl Pass<'_> {
                 self.matmul(w.output(), &ws.normed, &mut ws.logits, s, GemvMode::Store, &mut ws.scratch)?;
             }
         }
-        d.argmax(&ws.logits.slice(..s * c.vocab), s, c.vocab, &mut ws.token.slice_mut(..s), &mut ws.logprob.slice_mut(..s))
+        let logits = ws.logits.slice(..s * c.vocab);
+        ws.picked.write(s, |token, logprob| d.argmax(&logits, s, c.vocab, token, logprob))
     }
 
     /// The persistent step's shape when this pass is one plain decode row that it takes: asked for,

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use ctxscope_kernels::cudarc::driver::{CudaSlice, CudaStream};
+use ctxscope_kernels::cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError};
 use ctxscope_kernels::device::{sync_len, DeviceError};
 
 use crate::model::ModelConfig;
@@ -28,19 +28,15 @@ pub struct Workspace {
     pub att: CudaSlice<f32>,
     pub act: CudaSlice<f32>,
     pub scratch: Scratch,
-    pub ids: CudaSlice<i32>,
-    pub positions: CudaSlice<i32>,
-    pub kv_base: CudaSlice<u64>,
-    /// Per output sequence: the row whose logits it needs.
-    pub last_rows: CudaSlice<i32>,
+    pub inputs: PassInputs,
+    pub kv_base: RowBases,
     pub normed: CudaSlice<f32>,
     pub logits: CudaSlice<f32>,
     pub part_o: CudaSlice<f32>,
     pub part_ml: CudaSlice<f32>,
     /// The persistent decode step's barrier and attention counters (zero between steps).
     pub sync: CudaSlice<u32>,
-    pub token: CudaSlice<i32>,
-    pub logprob: CudaSlice<f32>,
+    pub picked: Picked,
     /// Per output sequence: temperature, top_p, uniform (device top-p sampling), and what it drew.
     pub temperature: CudaSlice<f32>,
     pub top_p: CudaSlice<f32>,
@@ -64,22 +60,107 @@ impl Workspace {
             att: f(r * c.dim)?,
             act: f(r * c.ffn_dim)?,
             scratch: Scratch { tmp: f(r * wide)?, xb: stream.alloc_zeros::<u16>(r * wide)?, gu: f(r * 2 * c.ffn_dim)?, proj: f(r * c.dim)? },
-            ids: stream.alloc_zeros::<i32>(r)?,
-            positions: stream.alloc_zeros::<i32>(r)?,
-            kv_base: stream.alloc_zeros::<u64>(r)?,
-            last_rows: stream.alloc_zeros::<i32>(s)?,
+            inputs: PassInputs { buf: stream.alloc_zeros::<i32>(2 * r + s)?, rows: r, staged: vec![0; 2 * r + s] },
+            kv_base: RowBases { buf: stream.alloc_zeros::<u64>(r)?, held: Vec::new() },
             normed: f(s * c.dim)?,
             logits: f(s * c.vocab)?,
             part_o: f(s * c.n_heads * MAX_SPLITS * c.head_dim)?,
             part_ml: f(s * c.n_heads * MAX_SPLITS * 2)?,
             sync: stream.alloc_zeros::<u32>(sync_len(c.n_kv_heads))?,
-            token: stream.alloc_zeros::<i32>(s)?,
-            logprob: f(s)?,
+            picked: Picked { buf: stream.alloc_zeros::<i32>(2 * s)?, seqs: s },
             temperature: f(s)?,
             top_p: f(s)?,
             uniform: f(s)?,
             sampled: stream.alloc_zeros::<i32>(s)?,
             sampled_logprob: f(s)?,
         })
+    }
+}
+
+/// A pass's integer inputs in one allocation, so that one copy uploads them: the token id and the
+/// position of each of up to `rows` rows, then, per output sequence, the row whose logits it needs.
+pub struct PassInputs {
+    buf: CudaSlice<i32>,
+    rows: usize,
+    /// The host side of the copy, laid out as on the device.
+    staged: Vec<i32>,
+}
+
+impl PassInputs {
+    pub fn ids(&self, n: usize) -> CudaView<'_, i32> {
+        self.buf.slice(..n)
+    }
+
+    pub fn positions(&self, n: usize) -> CudaView<'_, i32> {
+        self.buf.slice(self.rows..self.rows + n)
+    }
+
+    pub fn last_rows(&self, s: usize) -> CudaView<'_, i32> {
+        self.buf.slice(2 * self.rows..2 * self.rows + s)
+    }
+
+    /// Uploads one pass's ids and positions (as many of each) and its output rows, in one copy of
+    /// the part of the buffer they reach.
+    pub fn upload(&mut self, stream: &Arc<CudaStream>, ids: &[i32], positions: &[i32], last: &[i32]) -> Result<(), DriverError> {
+        let r = self.rows;
+        assert!(ids.len() == positions.len() && ids.len() <= r && 2 * r + last.len() <= self.staged.len(), "a pass larger than its workspace");
+        self.staged[..ids.len()].copy_from_slice(ids);
+        self.staged[r..r + positions.len()].copy_from_slice(positions);
+        self.staged[2 * r..2 * r + last.len()].copy_from_slice(last);
+        let end = if last.is_empty() { r + positions.len() } else { 2 * r + last.len() };
+        stream.memcpy_htod(&self.staged[..end], &mut self.buf.slice_mut(..end))
+    }
+}
+
+/// Per row, the base address of its sequence's KV cache, and what was last uploaded there: from
+/// one decode step to the next the bases rarely change, so an upload of the same bases is skipped
+/// (nothing else writes the buffer).
+pub struct RowBases {
+    buf: CudaSlice<u64>,
+    held: Vec<u64>,
+}
+
+impl RowBases {
+    pub fn slice(&self, n: usize) -> CudaView<'_, u64> {
+        self.buf.slice(..n)
+    }
+
+    pub fn upload(&mut self, stream: &Arc<CudaStream>, bases: &[u64]) -> Result<(), DriverError> {
+        if self.held.get(..bases.len()) == Some(bases) {
+            return Ok(());
+        }
+        stream.memcpy_htod(bases, &mut self.buf.slice_mut(..bases.len()))?;
+        if self.held.len() < bases.len() {
+            self.held.resize(bases.len(), 0);
+        }
+        self.held[..bases.len()].copy_from_slice(bases);
+        Ok(())
+    }
+}
+
+/// Per output sequence, the greedy token, then (from `seqs` on) its log-probability's bits, in one
+/// allocation so that one copy brings both back.
+pub struct Picked {
+    buf: CudaSlice<i32>,
+    seqs: usize,
+}
+
+impl Picked {
+    /// `f` given the first `s` tokens and log-probabilities, as the argmax kernel writes them.
+    pub fn write<R>(&mut self, s: usize, f: impl FnOnce(&mut CudaViewMut<'_, i32>, &mut CudaViewMut<'_, f32>) -> R) -> R {
+        assert!(s <= self.seqs, "more outputs than the workspace holds");
+        let (mut tokens, mut rest) = self.buf.split_at_mut(self.seqs);
+        let mut tokens = tokens.slice_mut(..s);
+        // SAFETY: f32 has i32's size and alignment and every bit pattern is a valid f32; the view
+        // covers `s <= seqs` elements of the allocation's second half.
+        let mut logprobs = unsafe { rest.transmute_mut::<f32>(s) }.expect("the second half holds `seqs` values");
+        f(&mut tokens, &mut logprobs)
+    }
+
+    /// The first `n` (token, log-probability) pairs, in one copy (which waits for the stream's work).
+    pub fn read(&self, stream: &Arc<CudaStream>, n: usize) -> Result<Vec<(i32, f32)>, DriverError> {
+        let mut both = vec![0i32; self.seqs + n];
+        stream.memcpy_dtoh(&self.buf.slice(..self.seqs + n), &mut both)?;
+        Ok((0..n).map(|k| (both[k], f32::from_bits(both[self.seqs + k] as u32))).collect())
     }
 }

@@ -48,6 +48,7 @@ pub use cudarc;
 
 #[cfg(feature = "cuda")]
 pub mod blas;
+pub mod cubin;
 #[cfg(feature = "cuda")]
 pub mod device;
 #[cfg(feature = "cuda")]

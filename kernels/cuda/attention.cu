@@ -243,12 +243,13 @@ extern "C" __global__ void attn_decode(const float* __restrict__ q, int q_stride
 // ---- Decode attention merged inside a thread-block cluster (sm_90) ----
 // Split-K without global partials: grid (cluster, kv_heads, rows), one cluster of `gridDim.x` (<= 16)
 // blocks per (row, KV head), of max(group, 2) warps (one per query head; two at least, so that the
-// newest K and V rows of hd <= 128 have a thread per float4). Block r takes the r-th contiguous span of the visible positions and
-// streams its K/V tiles (ClusterSpan: one of up to CL_ROWS positions, or CL_TILE each) through a ring of CL_RING tiles in shared memory with
-// cp.async; the tiles of cached positions are issued before griddepcontrol.wait (positions and cache
-// bases are written by the host before a pass, never by a kernel, and old positions are immutable),
-// only the newest position — stored by the QKV kernel just before — is loaded after it. Each warp
-// keeps an online softmax per query head as attn_decode (lane j scores keys j and j + 32 of a tile).
+// newest K and V rows of hd <= 128 have a thread per float4). Block r takes the r-th contiguous span
+// of the visible positions and streams its K/V tiles (ClusterSpan: one of up to CL_ROWS positions, or
+// CL_TILE each) through a ring of CL_RING tile slots in shared memory with cp.async; the tiles of
+// cached positions are issued before griddepcontrol.wait (positions and cache bases are written by the
+// host before a pass, never by a kernel, and old positions are immutable), only the newest position —
+// stored by the QKV kernel just before — is loaded after it. Each warp keeps an online softmax for its
+// query head as attn_decode (lane j scores keys j and j + 32 of a tile).
 // Then every block pushes its state into the shared memory of the blocks that merge it: its (max, sum)
 // per head to all, its unnormalized output o to block o / per (remote stores, no round trip); after
 // one cluster barrier each block merges its `per` outputs from its own shared memory, in block order.

@@ -77,12 +77,40 @@ fn gpu_present() -> bool {
         || std::process::Command::new("nvidia-smi").arg("-L").output().is_ok_and(|o| o.status.success() && !o.stdout.is_empty())
 }
 
-fn start<B, F>(make: F, options: EngineOptions) -> EngineHandle
+/// A running engine that, dropped, stops its thread and waits for it, so that its backend (GPU
+/// memory, cuBLAS, the context's modules) is torn down before the test — and, after the last test,
+/// the process — ends: a detached engine thread still freeing device memory while the process exits
+/// races the CUDA driver's own teardown.
+struct Engine {
+    handle: Option<EngineHandle>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::ops::Deref for Engine {
+    type Target = EngineHandle;
+
+    fn deref(&self) -> &EngineHandle {
+        self.handle.as_ref().expect("the engine runs until dropped")
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // The scheduler stops once its last handle is gone.
+        drop(self.handle.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn start<B, F>(make: F, options: EngineOptions) -> Engine
 where
     B: Backend + 'static,
     F: FnOnce() -> Result<B, BackendError> + Send + 'static,
 {
-    scheduler::start_backend(common::shared_model(), options, make).unwrap_or_else(|e| panic!("the engine starts: {e}")).0
+    let (handle, thread) = scheduler::start_backend(common::shared_model(), options, make).unwrap_or_else(|e| panic!("the engine starts: {e}"));
+    Engine { handle: Some(handle), thread: Some(thread) }
 }
 
 fn tokens(text: &str) -> Vec<u32> {

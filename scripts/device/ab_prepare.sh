@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Same-call A/B of decode speed between git revisions on the lent GPU: builds each revision's
+# `device_bench` (release, CUDA loaded at run time) into devcheck/ab/<label> and copies ab_run.sh
+# beside them. Usage, here:
+#   bash scripts/device/ab_prepare.sh main exp-warm2 exp-gemv-n1      # labels are the revisions' names
+# then on the device machine, carry ["devcheck"]:
+#   bash devcheck/ab/ab_run.sh                 # AB_SHAPES, AB_REPS, AB_VARIANT, AB_ENV: see ab_run.sh
+# Each revision is built from its own worktree under target/ab-worktrees (the checkout here is left
+# alone), sharing target/devcheck, so only the workspace's own crates rebuild. Needs devcheck/ filled by
+# prepare.sh first (reference.py and the tokenizer files travel from there); each binary is ~6.5 MB of
+# the call's 64 MiB, so leave devcheck/ctxscope and devcheck/tests out of an A/B call if they crowd it.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+[ "$#" -ge 1 ] || { echo "usage: $0 REV [REV...]" >&2; exit 2; }
+[ -f devcheck/reference.py ] || { echo "devcheck/ is empty: run scripts/device/prepare.sh first" >&2; exit 2; }
+root=$(pwd)
+mkdir -p devcheck/ab target/ab-worktrees
+rm -f devcheck/ab/bench_*
+for rev in "$@"; do
+  label=$(echo "$rev" | tr -c 'A-Za-z0-9_.\n-' '_')
+  commit=$(git rev-parse --verify "$rev^{commit}")
+  tree="target/ab-worktrees/$label"
+  if [ -d "$tree" ]; then
+    git -C "$tree" checkout -q --detach "$commit"
+  else
+    git worktree add -q --detach "$tree" "$commit"
+  fi
+  (cd "$tree" && CARGO_PROFILE_RELEASE_DEBUG=false cargo build --release -q -p ctxscope-engine --features cuda \
+    --example device_bench --target-dir "$root/target/devcheck")
+  cp target/devcheck/release/examples/device_bench "devcheck/ab/bench_$label"
+  echo "devcheck/ab/bench_$label: $rev ($(git log -1 --format='%h %s' "$commit" | cut -c1-80))"
+done
+cp scripts/device/ab_run.sh devcheck/ab/
+du -sh devcheck | awk '{print "devcheck/ holds " $1 " (a call carries at most 64 MiB)"}'

@@ -55,8 +55,22 @@ pub mod device;
 pub mod launch;
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// Whether libnvrtc can be loaded for a test that compiles kernels. scripts/test.sh installs it and
+    /// sets CTXSCOPE_REQUIRE_NVRTC, so there a missing library fails; elsewhere the test says what it
+    /// skipped (`skipped`) and checks nothing else.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn nvrtc_present(skipped: &str) -> bool {
+        // SAFETY: only probes whether the shared library can be opened.
+        if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return true;
+        }
+        assert!(std::env::var_os("CTXSCOPE_REQUIRE_NVRTC").is_none(), "CTXSCOPE_REQUIRE_NVRTC is set but libnvrtc cannot be loaded");
+        eprintln!("libnvrtc not found (set LD_LIBRARY_PATH to its folder): {skipped}");
+        false
+    }
 
     #[test]
     fn every_kernel_is_defined_extern_c_in_a_source() {
@@ -73,11 +87,7 @@ mod tests {
     #[cfg(feature = "cuda")]
     #[test]
     fn every_module_compiles_for_sm90_with_nvrtc() {
-        // SAFETY: only probes whether the shared library can be opened.
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            // scripts/test.sh installs libnvrtc and sets this, so there a missing library fails.
-            assert!(std::env::var_os("CTXSCOPE_REQUIRE_NVRTC").is_none(), "CTXSCOPE_REQUIRE_NVRTC is set but libnvrtc cannot be loaded");
-            eprintln!("libnvrtc not found (set LD_LIBRARY_PATH to its folder): kernels not compiled");
+        if !nvrtc_present("kernels not compiled") {
             return;
         }
         // As served, and with the timeline marks compiled in (CTXSCOPE_CUDA_TRACE=1).

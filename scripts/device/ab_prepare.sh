@@ -16,6 +16,7 @@ cd "$(dirname "$0")/../.."
 root=$(pwd)
 mkdir -p devcheck/ab target/ab-worktrees
 rm -f devcheck/ab/bench_*
+built=()
 for rev in "$@"; do
   label=$(echo "$rev" | tr -c 'A-Za-z0-9_.\n-' '_')
   commit=$(git rev-parse --verify "$rev^{commit}")
@@ -25,9 +26,20 @@ for rev in "$@"; do
   else
     git worktree add -q --detach "$tree" "$commit"
   fi
+  # The worktrees share one target dir, where cargo names a workspace crate's artifacts alike from
+  # every checkout and takes them as fresh when they are newer than the sources' modification times:
+  # a worktree checked out before the last build would get the previous revision's crates. Touching
+  # its files makes them newer, so each revision's own crates are built.
+  git -C "$tree" ls-files -z | (cd "$tree" && xargs -0 touch)
   (cd "$tree" && CARGO_PROFILE_RELEASE_DEBUG=false cargo build --release -q -p ctxscope-engine --features cuda \
     --example device_bench --target-dir "$root/target/devcheck")
   cp target/devcheck/release/examples/device_bench "devcheck/ab/bench_$label"
+  for other in "${built[@]}"; do
+    if cmp -s "devcheck/ab/bench_$other" "devcheck/ab/bench_$label"; then
+      echo "note: bench_$label is byte for byte bench_$other (the revisions differ only outside the bench's code?)" >&2
+    fi
+  done
+  built+=("$label")
   echo "devcheck/ab/bench_$label: $rev ($(git log -1 --format='%h %s' "$commit" | cut -c1-80))"
 done
 cp scripts/device/ab_run.sh devcheck/ab/

@@ -6,10 +6,11 @@
 // Greedy, one row over many blocks: grid (rows, blocks), 256 threads. Each block takes a slice of the
 // row: its maximum (first index on ties, as the host sampler), and the sum of exp(logit - its max);
 // the last block of the row to finish (a counter in `counters`, reset by it) merges the partials into
-// the row's token and the log-probability of that token.
+// the row's token and the log-probability of that token. With `next_ids` (and `next_positions`), it
+// also writes the row's next decode inputs: the token as the next id, the position plus one.
 extern "C" __global__ void argmax_logprob(const float* __restrict__ logits, int vocab, int* __restrict__ token, float* __restrict__ logprob,
                                           float* __restrict__ part_v, int* __restrict__ part_i, float* __restrict__ part_s,
-                                          int* __restrict__ counters) {
+                                          int* __restrict__ counters, int* __restrict__ next_ids, int* __restrict__ next_positions) {
     pdl_launch();
     trace_mark(TRACE_ARGMAX, TRACE_START);
     pdl_wait();
@@ -103,6 +104,13 @@ extern "C" __global__ void argmax_logprob(const float* __restrict__ logits, int 
         token[row] = idx;
         logprob[row] = -logf(total);
         counters[row] = 0;
+        // A decode pass's inputs for the next step, if asked: row r's next token is its pick, at the
+        // next position (every kernel of this pass that reads the positions has finished: this one
+        // waited for them).
+        if (next_ids) {
+            next_ids[row] = idx;
+            next_positions[row] += 1;
+        }
     }
     trace_mark(TRACE_ARGMAX, TRACE_END);  // the merging warp only
 }

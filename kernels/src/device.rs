@@ -454,11 +454,23 @@ impl Device {
 
     /// Greedy pick per row of `vocab` logits: the token (first index of the maximum) and its log-probability.
     pub fn argmax(&self, logits: &In, n: usize, vocab: usize, token: &mut Out<i32>, logprob: &mut Out) -> Result<(), DeviceError> {
-        check("argmax_logprob", logits.len() >= n * vocab && token.len() >= n && logprob.len() >= n && n <= ARGMAX_MAX_ROWS, || format!("{n} rows"))?;
+        self.argmax_advancing(logits, n, vocab, token, logprob, None)
+    }
+
+    /// `argmax`, and with `next` = (ids, positions) of a decode pass whose row r is output r, row r's
+    /// next inputs: its token as the next id, its position plus one (so the same pass can run again
+    /// for the next step without the host).
+    pub fn argmax_advancing(&self, logits: &In, n: usize, vocab: usize, token: &mut Out<i32>, logprob: &mut Out, next: Option<(&mut Out<i32>, &mut Out<i32>)>) -> Result<(), DeviceError> {
+        let fits_next = next.as_ref().is_none_or(|(ids, positions)| ids.len() >= n && positions.len() >= n);
+        check("argmax_logprob", logits.len() >= n * vocab && token.len() >= n && logprob.len() >= n && n <= ARGMAX_MAX_ROWS && fits_next, || format!("{n} rows"))?;
         let v = vocab as i32;
         let blocks = ARGMAX_BLOCKS.min(vocab.div_ceil(256)).max(1);
         let counters = self.counters.slice(ATTN_COUNTERS..);
-        launch!(self, "argmax_logprob", grid((n, blocks, 1), 256), logits, &v, token, logprob, &self.argmax_v, &self.argmax_i, &self.argmax_s, &counters)
+        let (ids, positions) = match next {
+            Some((ids, positions)) => (ids.bits(&self.stream), positions.bits(&self.stream)),
+            None => (0, 0),
+        };
+        launch!(self, "argmax_logprob", grid((n, blocks, 1), 256), logits, &v, token, logprob, &self.argmax_v, &self.argmax_i, &self.argmax_s, &counters, &ids, &positions)
     }
 
     /// Temperature + top-p draw per row: `params` = (temperature, top_p, uniform in [0, 1)) per row;

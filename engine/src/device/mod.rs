@@ -48,6 +48,11 @@ pub struct DeviceBackend {
     graphs: HashMap<(Path, usize), CudaGraph>,
     /// Replay decode passes as CUDA graphs (on unless `CTXSCOPE_CUDA_GRAPHS=0`).
     use_graphs: bool,
+    /// Launch a greedy decode pass's graph again right after it, as the next step (on unless
+    /// `CTXSCOPE_CUDA_SPECULATE=0`): see [`Speculation`].
+    speculate: bool,
+    /// The step so launched and not yet taken.
+    speculation: Option<Speculation>,
     /// Widest pass computed with the GEMV kernels (and captured as a graph); wider passes use cuBLAS
     /// without a graph. `CTXSCOPE_CUDA_GEMV_ROWS` (1..=8) overrides.
     gemv_rows: usize,
@@ -84,18 +89,35 @@ impl DeviceBackend {
         let max_seqs = options.max_batch.max(1);
         let ws = Workspace::new(&device.stream, &c, options.step_tokens.max(max_seqs), max_seqs).map_err(&fail)?;
         device.stream.synchronize().map_err(|e| fail(e.into()))?;
-        Ok(DeviceBackend { ordinal, device, blas, config: c, weights: [golden, fast], ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: std::env::var("CTXSCOPE_CUDA_GRAPHS").map_or(true, |v| v != "0"), gemv_rows: env_usize("CTXSCOPE_CUDA_GEMV_ROWS", DEFAULT_GEMV_ROWS).clamp(1, GEMV_MAX_ROWS), stream_gemv: std::env::var("CTXSCOPE_CUDA_STREAM_GEMV").map_or(true, |v| v != "0"), attn_splits: env_usize("CTXSCOPE_CUDA_ATTN_SPLITS", 0).min(MAX_SPLITS), attn_cluster: 0, persistent: env_usize("CTXSCOPE_CUDA_PERSISTENT", 0) != 0 }.with_attn_cluster(env_usize("CTXSCOPE_CUDA_ATTN_CLUSTER", DEFAULT_ATTN_CLUSTER)))
+        Ok(DeviceBackend { ordinal, device, blas, config: c, weights: [golden, fast], ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: std::env::var("CTXSCOPE_CUDA_GRAPHS").map_or(true, |v| v != "0"), speculate: std::env::var("CTXSCOPE_CUDA_SPECULATE").map_or(true, |v| v != "0"), speculation: None, gemv_rows: env_usize("CTXSCOPE_CUDA_GEMV_ROWS", DEFAULT_GEMV_ROWS).clamp(1, GEMV_MAX_ROWS), stream_gemv: std::env::var("CTXSCOPE_CUDA_STREAM_GEMV").map_or(true, |v| v != "0"), attn_splits: env_usize("CTXSCOPE_CUDA_ATTN_SPLITS", 0).min(MAX_SPLITS), attn_cluster: 0, persistent: env_usize("CTXSCOPE_CUDA_PERSISTENT", 0) != 0 }.with_attn_cluster(env_usize("CTXSCOPE_CUDA_ATTN_CLUSTER", DEFAULT_ATTN_CLUSTER)))
     }
 
     /// Turns decode-graph replay on or off (off: every pass launches its kernels one by one).
     pub fn set_graphs(&mut self, on: bool) {
+        self.settle();
         self.use_graphs = on;
+    }
+
+    /// Turns the speculative next decode step on or off ([`Speculation`]).
+    pub fn set_speculate(&mut self, on: bool) {
+        self.settle();
+        self.speculate = on;
+    }
+
+    /// Waits for a speculative step still running and forgets it, so that the device is idle and the
+    /// next pass starts from the host's inputs (before timing, and before graphs are dropped).
+    pub fn settle(&mut self) {
+        if self.speculation.take().is_some() {
+            // An error here shows up again at the next pass, which uploads and launches anew.
+            let _ = self.device.stream.synchronize();
+        }
     }
 
     /// Chooses the decode GEMVs: streamed (`stream`, with `tuning`'s blocks per SM, bytes in flight
     /// per lane — normalized to what the kernel supports — and spread) or the one-warp-per-row kernels.
     /// Captured graphs are dropped, so the next passes capture the new choice.
     pub fn set_stream_gemv(&mut self, stream: bool, tuning: StreamTuning) {
+        self.settle();
         self.stream_gemv = stream;
         self.device.tuning = StreamTuning { spread: tuning.spread, ..self.device.tuning.with(tuning.blocks_per_sm, tuning.lane_bytes, tuning.qkv_lane_bytes) };
         self.graphs.clear();
@@ -110,6 +132,7 @@ impl DeviceBackend {
     /// blocks for two per SM, the default; `CTXSCOPE_CUDA_ATTN_SPLITS` at start-up). Captured graphs
     /// are dropped.
     pub fn set_attn_splits(&mut self, splits: usize) {
+        self.settle();
         self.attn_splits = splits.min(MAX_SPLITS);
         self.graphs.clear();
     }
@@ -117,6 +140,7 @@ impl DeviceBackend {
     /// Sets decode attention's cluster size (0: split-K with global partials; above what the device
     /// allows: the most it allows). Captured graphs are dropped.
     pub fn set_attn_cluster(&mut self, cluster: usize) {
+        self.settle();
         self.attn_cluster = cluster.min(self.device.max_cluster);
         self.graphs.clear();
     }
@@ -128,6 +152,7 @@ impl DeviceBackend {
 
     /// Turns the persistent decode step for one-row decode passes on or off. Captured graphs are dropped.
     pub fn set_persistent(&mut self, on: bool) {
+        self.settle();
         self.persistent = on;
         self.graphs.clear();
     }
@@ -160,9 +185,11 @@ impl DeviceBackend {
 
     /// Seconds per replay of the captured decode graph for `rows` sequences on `path`, replayed `reps`
     /// times back to back: the GPU's time for a decode step without the host's part (uploading the
-    /// step, copying the tokens back). `None` until a decode pass of that size has run. The replays
-    /// rewrite the last decode pass's positions, so its sequences' caches must still be alive.
+    /// step, copying the tokens back). `None` until a decode pass of that size has run. Each replay
+    /// writes the next position of the last decode pass's sequences (the pass leaves its next step's
+    /// inputs on the device), so their caches must still be alive, with `reps` positions of room.
     pub fn time_graph_replay(&mut self, path: Path, rows: usize, reps: usize) -> Result<Option<f64>, BackendError> {
+        self.settle();
         let Some(graph) = self.graphs.get(&(path, rows)) else { return Ok(None) };
         let fail = |e: ctxscope_kernels::cudarc::driver::DriverError| gpu_error(self.ordinal)(e.into());
         self.device.stream.synchronize().map_err(fail)?;
@@ -180,6 +207,7 @@ impl DeviceBackend {
     /// their timeline marks (`CTXSCOPE_CUDA_TRACE=1` compiles them in).
     pub fn trace_graph_replay(&mut self, path: Path, rows: usize) -> Result<Option<Vec<String>>, BackendError> {
         use ctxscope_kernels::device::trace;
+        self.settle();
         let Some(graph) = self.graphs.get(&(path, rows)).filter(|_| self.device.tracing) else { return Ok(None) };
         let gpu = gpu_error(self.ordinal);
         self.device.stream.synchronize().map_err(|e| gpu(e.into()))?;
@@ -248,6 +276,13 @@ impl DeviceBackend {
     }
 }
 
+impl Drop for DeviceBackend {
+    fn drop(&mut self) {
+        // Not while a speculative step still runs the graphs and buffers about to be freed.
+        self.settle();
+    }
+}
+
 /// Where `path`'s weights sit in `DeviceBackend::weights`.
 fn path_index(path: Path) -> usize {
     match path {
@@ -266,6 +301,32 @@ const DEFAULT_ATTN_CLUSTER: usize = 16;
 /// A numeric setting from the environment (`CTXSCOPE_CUDA_GEMV_ROWS`, `CTXSCOPE_CUDA_ATTN_SPLITS`, `CTXSCOPE_CUDA_ATTN_CLUSTER`), else `default`.
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// A greedy decode step already running on the device: the graph of the pass before it, launched
+/// again right after that pass, its inputs left on the device by the pass itself (the picks as the
+/// next ids, the positions one on). The next `forward` takes it when asked exactly that step — the
+/// same sequences, in the same order, each with its pick as its one token, greedy — and reads back
+/// its picks without uploading or launching anything; the host's work around a step then overlaps
+/// the GPU's. Asked anything else, the step is left to run to its end unused: one step of GPU time
+/// before the next pass, and K/V written one position past each sequence's committed length, which
+/// nothing reads before it is written again.
+struct Speculation {
+    path: Path,
+    /// Per row (the sequences in order): the token it runs with, the cache length it assumes
+    /// committed, and the cache.
+    tokens: Vec<u32>,
+    lengths: Vec<usize>,
+    bases: Vec<u64>,
+}
+
+impl Speculation {
+    fn is_step(&self, path: Path, numerics: Numerics, steps: &[Step<'_, DeviceKv>]) -> bool {
+        self.path == path
+            && numerics.is_plain()
+            && steps.len() == self.tokens.len()
+            && steps.iter().enumerate().all(|(i, s)| s.tokens == [self.tokens[i]] && s.kv.len() == self.lengths[i] && s.kv.base() == self.bases[i] && matches!(s.want, Want::Greedy))
+    }
 }
 
 /// One sequence's part of a pass: its step index and the rows of its tokens taken.
@@ -298,6 +359,13 @@ impl Backend for DeviceBackend {
             if step.tokens.is_empty() || step.kv.len() + step.tokens.len() > step.kv.capacity() {
                 return Err(error(format!("{} tokens after {} do not fit a cache of {} positions", step.tokens.len(), step.kv.len(), step.kv.capacity())));
             }
+        }
+        if let Some(speculation) = self.speculation.take() {
+            if speculation.is_step(path, numerics, steps) {
+                return self.take_speculated(speculation, steps).map_err(gpu_error(self.ordinal));
+            }
+            // Asked something else: the speculative step runs to its end unused before this call's
+            // passes (the stream orders them); its K/V writes land past the committed lengths.
         }
         // Single-token sequences first (batched decode attention), then prefill chunks.
         let mut order: Vec<usize> = (0..steps.len()).collect();
@@ -359,7 +427,10 @@ impl Backend for DeviceBackend {
             if parts.iter().any(|p| p.finishes && matches!(steps[p.step].want, Want::Sample { .. })) {
                 self.sample(&temps, &top_ps, &uniforms).map_err(&fail)?;
             }
-            let collected = self.collect(&parts, steps).map_err(&fail)?;
+            // The whole call in one greedy decode pass: its graph runs again at once as the next step.
+            let whole = parts.len() == steps.len() && parts.iter().all(|p| p.finishes && p.from == 0);
+            let then = (whole && self.can_speculate(path, numerics, &plan, steps)).then_some(path);
+            let collected = self.collect(&parts, steps, then).map_err(&fail)?;
             for part in &parts {
                 steps[part.step].kv.commit(part.take);
                 done[part.step] += part.take;
@@ -376,35 +447,40 @@ impl DeviceBackend {
     /// Draws a token for each output row with the top-p kernel (after the pass, outside any graph).
     fn sample(&mut self, temps: &[f32], top_ps: &[f32], uniforms: &[f32]) -> Result<(), DeviceError> {
         let (s, n, ws) = (&self.device.stream, temps.len(), &mut self.ws);
-        s.memcpy_htod(temps, &mut ws.temperature.slice_mut(..n))?;
-        s.memcpy_htod(top_ps, &mut ws.top_p.slice_mut(..n))?;
-        s.memcpy_htod(uniforms, &mut ws.uniform.slice_mut(..n))?;
+        ws.sampling.upload(s, temps, top_ps, uniforms)?;
         let vocab = self.config.vocab;
-        let params = (&ws.temperature.slice(..n), &ws.top_p.slice(..n), &ws.uniform.slice(..n));
-        self.device.top_p(&ws.logits.slice(..n * vocab), n, vocab, params, &mut ws.sampled.slice_mut(..n), &mut ws.sampled_logprob.slice_mut(..n))
+        let (temperature, top_p, uniform) = ws.sampling.views(n);
+        let logits = ws.logits.slice(..n * vocab);
+        let device = &self.device;
+        ws.sampled.write(n, |token, logprob| device.top_p(&logits, n, vocab, (&temperature, &top_p, &uniform), token, logprob))
     }
 
-    /// Copies back what the finished sequences of a pass want (waits for the pass).
-    fn collect(&self, parts: &[Part], steps: &[Step<'_, DeviceKv>]) -> Result<Vec<(usize, Output)>, DeviceError> {
-        let s = &self.device.stream;
+    /// Copies back what the finished sequences of a pass want (waits for the pass); `then`: launches
+    /// the pass's graph again as the next step before waiting ([`Speculation`]).
+    fn collect(&mut self, parts: &[Part], steps: &[Step<'_, DeviceKv>], then: Option<Path>) -> Result<Vec<(usize, Output)>, DeviceError> {
         let finished: Vec<&Part> = parts.iter().filter(|p| p.finishes).collect();
         let n = finished.len();
         if n == 0 {
             return Ok(Vec::new());
         }
-        let picked = self.ws.picked.read(s, n)?;
-        let (mut drawn, mut drawn_logprobs) = (vec![0i32; n], vec![0f32; n]);
-        if finished.iter().any(|p| matches!(steps[p.step].want, Want::Sample { .. })) {
-            s.memcpy_dtoh(&self.ws.sampled.slice(..n), &mut drawn)?;
-            s.memcpy_dtoh(&self.ws.sampled_logprob.slice(..n), &mut drawn_logprobs)?;
+        self.ws.picked.start_read(&self.device.stream, n)?;
+        let next = match then {
+            Some(path) => Some(self.launch_next(path, steps)?),
+            None => None,
+        };
+        let s = &self.device.stream;
+        let sampled = finished.iter().any(|p| matches!(steps[p.step].want, Want::Sample { .. }));
+        if sampled {
+            self.ws.sampled.start_read(s, n)?;
         }
-        s.synchronize()?;
+        let picked = self.ws.picked.finish_read(n)?;
+        let drawn = if sampled { self.ws.sampled.finish_read(n)? } else { Vec::new() };
         let vocab = self.config.vocab;
         let mut out = Vec::with_capacity(n);
         for (k, part) in finished.iter().enumerate() {
             let output = match steps[part.step].want {
                 Want::Greedy => Output::Token { token: picked[k].0 as u32, logprob: picked[k].1 },
-                Want::Sample { .. } => Output::Token { token: drawn[k] as u32, logprob: drawn_logprobs[k] },
+                Want::Sample { .. } => Output::Token { token: drawn[k].0 as u32, logprob: drawn[k].1 },
                 Want::Logits => {
                     let mut logits = vec![0f32; vocab];
                     s.memcpy_dtoh(&self.ws.logits.slice(k * vocab..(k + 1) * vocab), &mut logits)?;
@@ -413,7 +489,45 @@ impl DeviceBackend {
             };
             out.push((part.step, output));
         }
-        s.synchronize()?;
+        if let Some(mut next) = next {
+            next.tokens = picked.iter().map(|p| p.0 as u32).collect();
+            self.speculation = Some(next);
+        } else {
+            s.synchronize()?;
+        }
         Ok(out)
+    }
+
+    /// Whether this call's one decode pass (`plan`, over every step) may be followed by its graph as
+    /// the next step: on, a captured graph, every sequence greedy with room for one more position past
+    /// this step's.
+    fn can_speculate(&self, path: Path, numerics: Numerics, plan: &Plan, steps: &[Step<'_, DeviceKv>]) -> bool {
+        let graphed = self.use_graphs && numerics.is_plain() && plan.prefill.is_empty() && plan.rows == steps.len() && self.graphs.contains_key(&(path, plan.rows));
+        self.speculate && graphed && steps.iter().all(|s| s.tokens.len() == 1 && matches!(s.want, Want::Greedy) && s.kv.len() + 2 <= s.kv.capacity())
+    }
+
+    /// Launches the graph of `steps`' decode pass again, as the step after this one (its inputs are on
+    /// the device already: `Device::argmax_advancing`); the caller fills in the tokens it runs with.
+    fn launch_next(&self, path: Path, steps: &[Step<'_, DeviceKv>]) -> Result<Speculation, DeviceError> {
+        self.graphs[&(path, steps.len())].launch()?;
+        Ok(Speculation { path, tokens: Vec::new(), lengths: steps.iter().map(|s| s.kv.len() + 1).collect(), bases: steps.iter().map(|s| s.kv.base()).collect() })
+    }
+
+    /// Answers a call that asks exactly the speculative step: its picks, read back once it is done;
+    /// when it may, the step after it goes out before the wait.
+    fn take_speculated(&mut self, speculation: Speculation, steps: &mut [Step<'_, DeviceKv>]) -> Result<Vec<Output>, DeviceError> {
+        let n = steps.len();
+        self.ws.picked.start_read(&self.device.stream, n)?;
+        let again = self.speculate && self.use_graphs && steps.iter().all(|s| s.kv.len() + 2 <= s.kv.capacity());
+        let next = if again { Some(self.launch_next(speculation.path, steps)?) } else { None };
+        let picked = self.ws.picked.finish_read(n)?;
+        for step in steps.iter_mut() {
+            step.kv.commit(1);
+        }
+        if let Some(mut next) = next {
+            next.tokens = picked.iter().map(|p| p.0 as u32).collect();
+            self.speculation = Some(next);
+        }
+        Ok(picked.into_iter().map(|(token, logprob)| Output::Token { token: token as u32, logprob }).collect())
     }
 }

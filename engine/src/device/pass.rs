@@ -110,7 +110,8 @@ impl Pass<'_> {
             };
             d.decode_step(&w.table, w.output(), &w.output_norm.slice(..), io, &shape, w.bf16())?;
             let logits = ws.logits.slice(..c.vocab);
-            return ws.picked.write(1, |token, logprob| d.argmax(&logits, 1, c.vocab, token, logprob));
+            let (mut ids, mut positions) = ws.inputs.next_step();
+            return ws.picked.write(1, |token, logprob| d.argmax_advancing(&logits, 1, c.vocab, token, logprob, Some((&mut ids, &mut positions))));
         }
         let rope = RopeShape {
             n_layers: c.n_layers,
@@ -194,7 +195,11 @@ impl Pass<'_> {
             }
         }
         let logits = ws.logits.slice(..s * c.vocab);
-        ws.picked.write(s, |token, logprob| d.argmax(&logits, s, c.vocab, token, logprob))
+        // A decode pass (row r is output r) leaves its next step's inputs on the device: the same pass
+        // can then run again without the host (DeviceBackend's speculative step).
+        let (mut ids, mut positions) = ws.inputs.next_step();
+        let next = (plan.prefill.is_empty() && s == n).then_some((&mut ids, &mut positions));
+        ws.picked.write(s, |token, logprob| d.argmax_advancing(&logits, s, c.vocab, token, logprob, next))
     }
 
     /// The persistent step's shape when this pass is one plain decode row that it takes: asked for,

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use ctxscope_kernels::cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError};
+use ctxscope_kernels::cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError, PinnedHostSlice};
 use ctxscope_kernels::device::{sync_len, DeviceError};
 
 use crate::model::ModelConfig;
@@ -38,11 +38,8 @@ pub struct Workspace {
     pub sync: CudaSlice<u32>,
     pub picked: Picked,
     /// Per output sequence: temperature, top_p, uniform (device top-p sampling), and what it drew.
-    pub temperature: CudaSlice<f32>,
-    pub top_p: CudaSlice<f32>,
-    pub uniform: CudaSlice<f32>,
-    pub sampled: CudaSlice<i32>,
-    pub sampled_logprob: CudaSlice<f32>,
+    pub sampling: SampleParams,
+    pub sampled: Picked,
 }
 
 impl Workspace {
@@ -67,12 +64,9 @@ impl Workspace {
             part_o: f(s * c.n_heads * MAX_SPLITS * c.head_dim)?,
             part_ml: f(s * c.n_heads * MAX_SPLITS * 2)?,
             sync: stream.alloc_zeros::<u32>(sync_len(c.n_kv_heads))?,
-            picked: Picked { buf: stream.alloc_zeros::<i32>(2 * s)?, seqs: s },
-            temperature: f(s)?,
-            top_p: f(s)?,
-            uniform: f(s)?,
-            sampled: stream.alloc_zeros::<i32>(s)?,
-            sampled_logprob: f(s)?,
+            picked: Picked::new(stream, s)?,
+            sampling: SampleParams { buf: f(3 * s)?, seqs: s, staged: vec![0.0; 3 * s] },
+            sampled: Picked::new(stream, s)?,
         })
     }
 }
@@ -99,6 +93,12 @@ impl PassInputs {
         self.buf.slice(2 * self.rows..2 * self.rows + s)
     }
 
+    /// The ids and (from the second view's start) the positions, for a decode pass that writes its
+    /// next step's inputs itself (`Device::argmax_advancing`).
+    pub fn next_step(&mut self) -> (CudaViewMut<'_, i32>, CudaViewMut<'_, i32>) {
+        self.buf.split_at_mut(self.rows)
+    }
+
     /// Uploads one pass's ids and positions (as many of each) and its output rows, in one copy of
     /// the part of the buffer they reach.
     pub fn upload(&mut self, stream: &Arc<CudaStream>, ids: &[i32], positions: &[i32], last: &[i32]) -> Result<(), DriverError> {
@@ -109,6 +109,32 @@ impl PassInputs {
         self.staged[2 * r..2 * r + last.len()].copy_from_slice(last);
         let end = if last.is_empty() { r + positions.len() } else { 2 * r + last.len() };
         stream.memcpy_htod(&self.staged[..end], &mut self.buf.slice_mut(..end))
+    }
+}
+
+/// Per output sequence, the sampling parameters (temperature, top_p, the uniform draw) in one
+/// allocation, so that one copy uploads them.
+pub struct SampleParams {
+    buf: CudaSlice<f32>,
+    seqs: usize,
+    staged: Vec<f32>,
+}
+
+impl SampleParams {
+    /// The temperatures, top_ps and uniforms of the first `n` sequences.
+    pub fn views(&self, n: usize) -> (CudaView<'_, f32>, CudaView<'_, f32>, CudaView<'_, f32>) {
+        let s = self.seqs;
+        (self.buf.slice(..n), self.buf.slice(s..s + n), self.buf.slice(2 * s..2 * s + n))
+    }
+
+    /// Uploads the parameters of `temps.len()` sequences (as many of each) in one copy.
+    pub fn upload(&mut self, stream: &Arc<CudaStream>, temps: &[f32], top_ps: &[f32], uniforms: &[f32]) -> Result<(), DriverError> {
+        let (s, n) = (self.seqs, temps.len());
+        assert!(n <= s && top_ps.len() == n && uniforms.len() == n, "more sampled sequences than the workspace holds");
+        self.staged[..n].copy_from_slice(temps);
+        self.staged[s..s + n].copy_from_slice(top_ps);
+        self.staged[2 * s..2 * s + n].copy_from_slice(uniforms);
+        stream.memcpy_htod(&self.staged[..2 * s + n], &mut self.buf.slice_mut(..2 * s + n))
     }
 }
 
@@ -138,14 +164,28 @@ impl RowBases {
     }
 }
 
-/// Per output sequence, the greedy token, then (from `seqs` on) its log-probability's bits, in one
-/// allocation so that one copy brings both back.
+/// Per output sequence, a picked token (greedy, or drawn), then (from `seqs` on) its log-probability's bits, in one
+/// allocation so that one copy brings both back, into page-locked memory so that the copy need not
+/// hold the host (`start_read`, then `finish_read` when the picks are wanted).
 pub struct Picked {
     buf: CudaSlice<i32>,
     seqs: usize,
+    host: PinnedHostSlice<i32>,
+    /// Recorded after each `start_read`'s copy. The device's context tracks no events
+    /// (`Device::new`), so the page-locked slice's own event is never recorded and waiting on it
+    /// would return at once, before the copy has landed.
+    copied: CudaEvent,
 }
 
 impl Picked {
+    fn new(stream: &Arc<CudaStream>, seqs: usize) -> Result<Picked, DeviceError> {
+        // SAFETY: the page-locked memory is zeroed below before anything reads it.
+        let mut host = unsafe { stream.context().alloc_pinned_with_flags::<i32>(2 * seqs, 0) }?;
+        host.as_mut_slice()?.fill(0);
+        let copied = stream.context().new_event(None)?;
+        Ok(Picked { buf: stream.alloc_zeros::<i32>(2 * seqs)?, seqs, host, copied })
+    }
+
     /// `f` given the first `s` tokens and log-probabilities, as the argmax kernel writes them.
     pub fn write<R>(&mut self, s: usize, f: impl FnOnce(&mut CudaViewMut<'_, i32>, &mut CudaViewMut<'_, f32>) -> R) -> R {
         assert!(s <= self.seqs, "more outputs than the workspace holds");
@@ -157,10 +197,17 @@ impl Picked {
         f(&mut tokens, &mut logprobs)
     }
 
-    /// The first `n` (token, log-probability) pairs, in one copy (which waits for the stream's work).
-    pub fn read(&self, stream: &Arc<CudaStream>, n: usize) -> Result<Vec<(i32, f32)>, DriverError> {
-        let mut both = vec![0i32; self.seqs + n];
-        stream.memcpy_dtoh(&self.buf.slice(..self.seqs + n), &mut both)?;
+    /// Queues the copy of the first `n` picks back (after the work queued so far; returns at once).
+    pub fn start_read(&mut self, stream: &Arc<CudaStream>, n: usize) -> Result<(), DriverError> {
+        stream.memcpy_dtoh(&self.buf.slice(..self.seqs + n), &mut self.host)?;
+        self.copied.record(stream)
+    }
+
+    /// The first `n` (token, log-probability) pairs of the last `start_read` (waits for that copy
+    /// only, not for work queued after it).
+    pub fn finish_read(&self, n: usize) -> Result<Vec<(i32, f32)>, DriverError> {
+        self.copied.synchronize()?;
+        let both = self.host.as_slice()?;
         Ok((0..n).map(|k| (both[k], f32::from_bits(both[self.seqs + k] as u32))).collect())
     }
 }

@@ -49,6 +49,21 @@ pub(crate) fn check_argmax(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res
         let stray = got_tok[rows..].iter().filter(|&&t| t != -1).count();
         let c = compare(&got_lp[..rows], &want_lp).tail(&got_lp[rows..]).flag(wrong, "wrong tokens").flag(stray, "tokens written past the end");
         rep.single(format!("argmax_logprob vocab {vocab} (ties: first)"), F32_LIMIT, c);
+
+        // Advancing: the same picks, and each row's next inputs (the pick as the id, the position
+        // plus one), nothing written past the rows.
+        let mut tok = s.clone_htod(&vec![-1i32; rows + TAIL])?;
+        let mut lp = nan_buf(s, rows + TAIL)?;
+        let mut ids = s.clone_htod(&vec![-1i32; rows + TAIL])?;
+        let start: Vec<i32> = (0..rows + TAIL).map(|r| 100 + r as i32).collect();
+        let mut positions = s.clone_htod(&start)?;
+        let next = Some((&mut ids.as_view_mut(), &mut positions.as_view_mut()));
+        dev.argmax_advancing(&dl.as_view(), rows, vocab, &mut tok.as_view_mut(), &mut lp.as_view_mut(), next)?;
+        let (got_tok, got_lp, got_ids, got_pos) = (read(s, &tok)?, read(s, &lp)?, read(s, &ids)?, read(s, &positions)?);
+        let wrong = (0..rows).filter(|&r| got_tok[r] != want_tok[r] as i32 || got_ids[r] != got_tok[r] || got_pos[r] != start[r] + 1).count();
+        let stray = (rows..rows + TAIL).filter(|&r| got_tok[r] != -1 || got_ids[r] != -1 || got_pos[r] != start[r]).count();
+        let c = compare(&got_lp[..rows], &want_lp).tail(&got_lp[rows..]).flag(wrong, "wrong tokens or next inputs").flag(stray, "written past the end");
+        rep.single(format!("argmax_logprob vocab {vocab}, advancing the next step's inputs"), F32_LIMIT, c);
     }
     Ok(())
 }

@@ -202,7 +202,9 @@ __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, con
     if (norm_w) {
         for (int i = 4 * threadIdx.x; i < cols; i += 4 * STREAM_THREADS) cp_async16(gs + i, norm_w + i);
     }
-#pragma unroll
+    // A loop, not unrolled: a block that starts only as the previous kernel's blocks leave runs this
+    // before its wait with a cold instruction cache, so its length is latency.
+#pragma unroll 1
     for (int i = 0; i < D; i++) issue_next();
     // Mode 3: lane t (< n) prepares token row t's rotation of the unit at hand (positions and cache
     // bases are written by the host before a pass, never by a kernel), and stores row t's outputs.

@@ -6,7 +6,8 @@
 # then on the device machine, carry ["devcheck"]:
 #   bash devcheck/ab/ab_run.sh                 # AB_SHAPES, AB_REPS, AB_VARIANT, AB_ENV: see ab_run.sh
 # Each revision is built from its own worktree under target/ab-worktrees (the checkout here is left
-# alone), sharing target/devcheck, so only the workspace's own crates rebuild. Needs devcheck/ filled by
+# alone), all sharing target/ab-build (not prepare.sh's target/devcheck, whose builds of this checkout
+# must not meet another revision's artifacts), so only the workspace's own crates rebuild. Needs devcheck/ filled by
 # prepare.sh first (reference.py and the tokenizer files travel from there); each binary is ~6.5 MB of
 # the call's 64 MiB, so leave devcheck/ctxscope and devcheck/tests out of an A/B call if they crowd it.
 set -euo pipefail
@@ -32,8 +33,8 @@ for rev in "$@"; do
   # its files makes them newer, so each revision's own crates are built.
   git -C "$tree" ls-files -z | (cd "$tree" && xargs -0 touch)
   (cd "$tree" && CARGO_PROFILE_RELEASE_DEBUG=false cargo build --release -q -p ctxscope-engine --features cuda \
-    --example device_bench --target-dir "$root/target/devcheck")
-  cp target/devcheck/release/examples/device_bench "devcheck/ab/bench_$label"
+    --example device_bench --target-dir "$root/target/ab-build")
+  cp target/ab-build/release/examples/device_bench "devcheck/ab/bench_$label"
   for other in "${built[@]}"; do
     if cmp -s "devcheck/ab/bench_$other" "devcheck/ab/bench_$label"; then
       echo "note: bench_$label is byte for byte bench_$other (the revisions differ only outside the bench's code?)" >&2

@@ -100,6 +100,9 @@ extern "C" __global__ void argmax_logprob(const float* __restrict__ logits, int 
         if (v != NEG_INF) total += __ldcg(&part_s[(size_t)row * blocks + k]) * expf(v - m);
     }
     total = warp_sum(total);
+    // A row with no maximum (every logit NaN, or -inf) picks token 0, as the host's argmax does, not
+    // the sentinel: a decode pass feeds its pick to the next step's embedding gather on the device.
+    if (idx == 0x7fffffff) idx = 0;
     if (lane == 0) {
         token[row] = idx;
         logprob[row] = -logf(total);

@@ -65,6 +65,30 @@ pub(crate) fn check_argmax(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res
         let c = compare(&got_lp[..rows], &want_lp).tail(&got_lp[rows..]).flag(wrong, "wrong tokens or next inputs").flag(stray, "written past the end");
         rep.single(format!("argmax_logprob vocab {vocab}, advancing the next step's inputs"), F32_LIMIT, c);
     }
+    check_argmax_without_maximum(dev, rep)
+}
+
+/// Rows with no maximum pick token 0 (the host argmax's choice), never an index past the vocabulary
+/// (a decode pass feeds its picks to the next step's embedding gather): every logit NaN, every logit
+/// -inf; and NaN beside one finite logit picks that one.
+fn check_argmax_without_maximum(dev: &Device, rep: &mut Report) -> Res {
+    let s = &dev.stream;
+    let vocab = 49152usize;
+    let mut logits = vec![f32::NAN; vocab];
+    logits.extend(vec![f32::NEG_INFINITY; vocab]);
+    let mut third = vec![f32::NAN; vocab];
+    third[777] = 1.5;
+    logits.extend(third);
+    let want = [0i32, 0, 777];
+    let rows = want.len();
+    let dl = s.clone_htod(&logits)?;
+    let mut tok = s.clone_htod(&vec![-1i32; rows])?;
+    let mut lp = nan_buf(s, rows)?;
+    dev.argmax(&dl.as_view(), rows, vocab, &mut tok.as_view_mut(), &mut lp.as_view_mut())?;
+    let got = read(s, &tok)?;
+    let wrong = (0..rows).filter(|&r| got[r] != want[r]).count();
+    let c = compare(&[0.0], &[0.0]).flag(wrong, "tokens other than 0, 0, 777");
+    rep.single("argmax_logprob rows without a maximum (all NaN, all -inf, NaN beside one value)", F32_LIMIT, c);
     Ok(())
 }
 

@@ -22,6 +22,11 @@ use serde_json::{json, Value};
 type Kv = <DeviceBackend as Backend>::Kv;
 type Res<T> = Result<T, String>;
 
+/// The worst relative L2 distance from the fp32 reference logits that still passes, per path
+/// (scripts/device/table.py's LIMIT_GOLDEN and LIMIT_FAST defaults: f32 throughout, and what bf16
+/// weights and activations allow).
+const GOLDEN_LIMIT: f64 = 1e-4;
+const FAST_LIMIT: f64 = 3e-2;
 const PERF_PROMPT: usize = 512;
 const DECODE_STEPS: usize = 128;
 
@@ -307,7 +312,9 @@ fn run(dir: &FsPath, rep: &mut Report) {
     // BENCH_VARIANTS_ONLY=1: only the fast path's decode variants (with CTXSCOPE_CUDA_TRACE=1, traced).
     let variants_only = env_usize("BENCH_VARIANTS_ONLY", 0) == 1;
 
-    // References.
+    // References. The variants alone check their logits against the fp32 rows when the folder has them
+    // (a fast variant that computes garbage must not pass for a fast one).
+    let probe = if variants_only { load_probe(dir, c.vocab).ok() } else { None };
     let refs = if variants_only {
         None
     } else {
@@ -408,7 +415,7 @@ fn run(dir: &FsPath, rep: &mut Report) {
     for path in [Path::Fast, Path::Golden] {
         if variants_only {
             if path == Path::Fast {
-                decode_variants(&mut bench, rep, path, &c, steps, decode_reps);
+                decode_variants(&mut bench, rep, path, &c, steps, decode_reps, probe.as_ref());
             }
             continue;
         }
@@ -466,7 +473,8 @@ fn run(dir: &FsPath, rep: &mut Report) {
             bench.backend.set_graphs(true);
         }
         if batches.contains(&1) {
-            decode_variants(&mut bench, rep, path, &c, steps, decode_reps);
+            let probe = refs.as_ref().map(|(prompt, fed, fp32, _, _)| (prompt.clone(), fed.clone(), fp32.clone()));
+            decode_variants(&mut bench, rep, path, &c, steps, decode_reps, probe.as_ref());
         }
         let p = &rep.value["perf"][path.as_str()];
         eprintln!(
@@ -486,7 +494,32 @@ fn run(dir: &FsPath, rep: &mut Report) {
 /// (`set_attn_splits`), and the persistent decode step (`set_persistent`) with 16, 8 or 32 attention
 /// spans per KV head; tokens/s, the graph's GPU time per step and (kernels compiled with their marks)
 /// the traced timeline into `perf.<path>.variants`. Ends on the settings it started with.
-fn decode_variants(bench: &mut Bench, rep: &mut Report, path: Path, c: &ModelConfig, steps: usize, reps: usize) {
+/// The prompt, the fed tokens and the fp32 reference rows of a reference folder.
+type Probe = (Vec<u32>, Vec<u32>, Vec<Vec<f32>>);
+
+fn load_probe(dir: &FsPath, vocab: usize) -> Res<Probe> {
+    let prompt: Vec<u32> = read_json(&dir.join("prompt.json"))?;
+    let fed: Vec<u32> = read_json(&dir.join("tokens.json"))?;
+    let fp32 = read_logits(&dir.join("logits_fp32.bin"), fed.len() + 1, vocab)?;
+    Ok((prompt, fed, fp32))
+}
+
+/// A variant's teacher-forced logits against the fp32 reference: ", logits vs fp32 worst rel L2 X (ok)"
+/// within the path's limit, "(WRONG)" past it or when not finite, "(error: ...)" when the pass failed.
+fn probe_logits(bench: &mut Bench, path: Path, probe: &Probe) -> String {
+    let (prompt, fed, fp32) = probe;
+    let limit = if path == Path::Fast { FAST_LIMIT } else { GOLDEN_LIMIT };
+    match bench.teacher_forced(path, prompt, fed) {
+        Ok(rows) => {
+            let worst = compare(fp32, &rows)["worst_rel_l2"].as_f64().unwrap_or(f64::NAN);
+            let verdict = if worst <= limit { "ok" } else { "WRONG" };
+            format!(", logits vs fp32 worst rel L2 {worst:.1e} ({verdict})")
+        }
+        Err(e) => format!(", logits vs fp32 (error: {e})"),
+    }
+}
+
+fn decode_variants(bench: &mut Bench, rep: &mut Report, path: Path, c: &ModelConfig, steps: usize, reps: usize, probe: Option<&Probe>) {
     let prompts = vec![random_prompt(PERF_PROMPT, c.vocab, 100)];
     let (start, start_splits, start_cluster, start_step) = (bench.backend.stream_tuning(), bench.backend.attn_splits(), bench.backend.attn_cluster(), bench.backend.persistent());
     bench.trace = true;
@@ -535,11 +568,12 @@ fn decode_variants(bench: &mut Bench, rep: &mut Report, path: Path, c: &ModelCon
             let tok_s = steps as f64 / median(times);
             let replay = bench.replay_s.take();
             let trace = bench.trace_lines.take();
-            eprintln!("  decode {} {name}: {tok_s:.0} tok/s, graph replay {:.1} us", path.as_str(), replay.unwrap_or(0.0) * 1e6);
+            let check = probe.map(|p| probe_logits(bench, path, p)).unwrap_or_default();
+            eprintln!("  decode {} {name}: {tok_s:.0} tok/s, graph replay {:.1} us{check}", path.as_str(), replay.unwrap_or(0.0) * 1e6);
             for line in trace.iter().flatten() {
                 eprintln!("    {line}");
             }
-            rep.value["perf"][path.as_str()]["variants"][&name] = json!({"tok_s": tok_s, "graph_replay_s": replay, "trace": trace});
+            rep.value["perf"][path.as_str()]["variants"][&name] = json!({"tok_s": tok_s, "graph_replay_s": replay, "trace": trace, "logits_check": check.trim_start_matches(", ")});
             rep.save();
         }
     }

@@ -73,6 +73,12 @@ pub trait Backend {
 
     /// Runs every step's tokens in one pass under `path` and `patches`; one output per step, in order.
     fn forward(&mut self, path: Path, patches: &PatchSet, steps: &mut [Step<'_, Self::Kv>]) -> Result<Vec<Output>, BackendError>;
+
+    /// Before a `forward`: whether the call after it will most likely continue it — the same path and
+    /// patches, the same sequences in order, each fed the one token this call gives it. A backend may
+    /// then start that step early (the CUDA backend's speculative step); a hint only, never a change
+    /// in what any call returns. Backends that cannot use it ignore it.
+    fn expect_continuation(&mut self, _likely: bool) {}
 }
 
 impl BackendError {

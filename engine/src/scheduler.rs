@@ -291,6 +291,7 @@ impl<B: Backend> Scheduler<B> {
             .iter()
             .map(|&(i, take)| if take < self.active[i].pending.len() { Want::Greedy } else { self.active[i].want(samples) })
             .collect();
+        let continues = self.continues(path, patches, &plan);
         let outputs = {
             let mut planned = plan.iter().zip(&wants).peekable();
             let mut steps: Vec<Step<'_, B::Kv>> = Vec::with_capacity(plan.len());
@@ -299,6 +300,7 @@ impl<B: Backend> Scheduler<B> {
                     steps.push(Step { tokens: &seq.pending[..take], kv: &mut seq.kv, want });
                 }
             }
+            self.backend.expect_continuation(continues);
             self.backend.forward(path, patches, &mut steps).and_then(|outputs| {
                 if outputs.len() == steps.len() {
                     Ok(outputs)
@@ -349,6 +351,20 @@ impl<B: Backend> Scheduler<B> {
                 self.retire(seq);
             }
         }
+    }
+
+    /// Whether the step after this one will likely be its continuation ([`Backend::expect_continuation`]):
+    /// nothing waits to be admitted, every active sequence is in this (path, patches) group and in the
+    /// plan, each finishes its pending input here, and none reaches its token or context limit with it
+    /// (a stop token or a new request can still end the run: a hint, not a promise).
+    fn continues(&self, path: Path, patches: &PatchSet, plan: &[(usize, usize)]) -> bool {
+        self.waiting.is_empty()
+            && plan.len() == self.active.len()
+            && self.active.iter().all(|s| s.request.path == path && s.request.patches == *patches)
+            && plan.iter().all(|&(i, take)| {
+                let s = &self.active[i];
+                take == s.pending.len() && s.generated + 1 < s.request.max_tokens && s.kv.len() + take + 1 < self.options.ctx
+            })
     }
 
     /// Records the next token; returns why the sequence ends, if it does.

@@ -10,6 +10,8 @@ use ctxscope_engine::backend::{Backend, BackendError, Output, Step};
 use ctxscope_engine::sample::{Sampled, SamplingParams};
 use ctxscope_engine::scheduler::{self, EngineHandle, EngineOptions, Event, Finish, GenerateRequest};
 use ctxscope_engine::{CpuBackend, Model, PatchSet, Path};
+use std::sync::{Arc, Mutex};
+
 use tokio::sync::mpsc::UnboundedReceiver;
 
 /// Instantiates each body for each backend: `cpu::NAME`, and `cuda::NAME` with the feature.
@@ -42,6 +44,7 @@ on_every_backend!(
     a_failed_step_ends_only_its_requests,
     a_failed_admission_ends_only_its_request,
     a_backend_that_cannot_start_is_the_start_error,
+    continuation_hints_follow_the_schedule,
 );
 
 /// Engine limits for every test; a backend is built with these (bodies change only the prefix cache,
@@ -288,6 +291,10 @@ impl<B: Backend> Backend for Faulty<B> {
         self.inner.new_kv()
     }
 
+    fn expect_continuation(&mut self, likely: bool) {
+        self.inner.expect_continuation(likely);
+    }
+
     fn forward(&mut self, path: Path, patches: &PatchSet, steps: &mut [Step<'_, B::Kv>]) -> Result<Vec<Output>, BackendError> {
         let outputs = self.inner.forward(path, patches, steps)?;
         if self.fail_batched && steps.len() >= 2 {
@@ -295,6 +302,100 @@ impl<B: Backend> Backend for Faulty<B> {
             return Err(injected("forward"));
         }
         Ok(outputs)
+    }
+}
+
+/// What a backend was told before each forward ([`Backend::expect_continuation`]) and what it was asked.
+#[derive(Debug, Clone)]
+struct Hinted {
+    likely: bool,
+    path: Path,
+    steps: usize,
+}
+
+/// A backend that defers to the one it wraps (hints included) and records each forward's hint.
+struct Recording<B> {
+    inner: B,
+    hint: bool,
+    log: Arc<Mutex<Vec<Hinted>>>,
+}
+
+impl<B: Backend> Backend for Recording<B> {
+    type Kv = B::Kv;
+
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+
+    fn samples(&self) -> bool {
+        self.inner.samples()
+    }
+
+    fn new_kv(&mut self) -> Result<B::Kv, BackendError> {
+        self.inner.new_kv()
+    }
+
+    fn expect_continuation(&mut self, likely: bool) {
+        self.hint = likely;
+        self.inner.expect_continuation(likely);
+    }
+
+    fn forward(&mut self, path: Path, patches: &PatchSet, steps: &mut [Step<'_, B::Kv>]) -> Result<Vec<Output>, BackendError> {
+        self.log.lock().expect("log").push(Hinted { likely: self.hint, path, steps: steps.len() });
+        self.hint = false;
+        self.inner.forward(path, patches, steps)
+    }
+}
+
+/// The scheduler hints a continuation (the CUDA backend's speculative step) exactly where the next
+/// call continues this one: a lone request is hinted on every step but the one that reaches its token
+/// limit; a request on the golden path beside one decoding on the fast path never is, since the
+/// scheduler alternates between the two; the fast one is again once it is alone.
+fn continuation_hints_follow_the_schedule<B: Backend + 'static>(make: impl Fn() -> Result<B, BackendError> + Send + Clone + 'static) {
+    let model = common::shared_model();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let recorder = log.clone();
+    let engine = start(move || Ok(Recording { inner: make()?, hint: false, log: recorder.clone() }), options(&model));
+    let taken = |log: &Arc<Mutex<Vec<Hinted>>>| std::mem::take(&mut *log.lock().expect("log"));
+
+    let alone = generate(&engine, tokens("Count from one to one hundred: one, two, three,"), 5, greedy(), PatchSet::default()).done();
+    let hints = taken(&log);
+    assert_eq!(hints.len(), alone.sampled.len(), "one forward per token: {hints:?}");
+    if alone.finish == Some(Finish::Length) {
+        let (last, before) = hints.split_last().expect("forwards");
+        assert!(before.iter().all(|h| h.likely) && !last.likely, "{hints:?}");
+    }
+
+    // A fast-path request decoding, then a golden one beside it.
+    let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+    let prompt = tokens("Count from one to one hundred: one, two, three, four, five,");
+    let request = GenerateRequest { prompt, max_tokens: 40, sampling: greedy(), path: Path::Fast, patches: PatchSet::default(), events };
+    engine.submit(request).expect("the engine is running");
+    let mut fast = rx;
+    assert!(matches!(fast.blocking_recv(), Some(Event::Started { .. })));
+    assert!(matches!(fast.blocking_recv(), Some(Event::Token(_))));
+    let golden = generate(&engine, tokens("The capital of France is"), 4, greedy(), PatchSet::default()).done();
+    // (Its Started event and first token were taken above.)
+    let fast = hear(fast);
+    assert!(fast.finish.is_some() && fast.error.is_none(), "{fast:?}");
+    let hints = taken(&log);
+    let golden_calls: Vec<&Hinted> = hints.iter().filter(|h| h.path == Path::Golden).collect();
+    assert_eq!(golden_calls.len(), golden.sampled.len(), "{hints:?}");
+    assert!(golden_calls.iter().all(|h| !h.likely && h.steps == 1), "a golden step beside a fast one was hinted: {hints:?}");
+    // While the golden request ran, each fast call was followed by a golden one: not hinted either
+    // (the fast call during which the golden request arrived was, rightly: a hint is no promise).
+    let first_golden = hints.iter().position(|h| h.path == Path::Golden).expect("golden calls");
+    for pair in hints[first_golden..].windows(2) {
+        if pair[0].path != pair[1].path {
+            assert!(!pair[0].likely, "a hinted call followed by another path's: {hints:?}");
+        }
+    }
+    let last_golden = hints.iter().rposition(|h| h.path == Path::Golden).expect("golden calls");
+    // After the golden request's last call, the fast request alone: hinted up to its last call.
+    let after = &hints[last_golden + 1..];
+    assert!(after.iter().all(|h| h.path == Path::Fast), "{hints:?}");
+    if fast.finish == Some(Finish::Length) && after.len() >= 2 {
+        assert!(after[..after.len() - 1].iter().all(|h| h.likely) && !after[after.len() - 1].likely, "the fast request alone again: {hints:?}");
     }
 }
 

@@ -53,6 +53,8 @@ pub struct DeviceBackend {
     speculate: bool,
     /// The step so launched and not yet taken.
     speculation: Option<Speculation>,
+    /// The caller's hint for the coming call ([`Backend::expect_continuation`]; true until told).
+    continuation: bool,
     /// Widest pass computed with the GEMV kernels (and captured as a graph); wider passes use cuBLAS
     /// without a graph. `CTXSCOPE_CUDA_GEMV_ROWS` (1..=8) overrides.
     gemv_rows: usize,
@@ -89,7 +91,7 @@ impl DeviceBackend {
         let max_seqs = options.max_batch.max(1);
         let ws = Workspace::new(&device.stream, &c, options.step_tokens.max(max_seqs), max_seqs).map_err(&fail)?;
         device.stream.synchronize().map_err(|e| fail(e.into()))?;
-        Ok(DeviceBackend { ordinal, device, blas, config: c, weights: [golden, fast], ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: std::env::var("CTXSCOPE_CUDA_GRAPHS").map_or(true, |v| v != "0"), speculate: std::env::var("CTXSCOPE_CUDA_SPECULATE").map_or(true, |v| v != "0"), speculation: None, gemv_rows: env_usize("CTXSCOPE_CUDA_GEMV_ROWS", DEFAULT_GEMV_ROWS).clamp(1, GEMV_MAX_ROWS), stream_gemv: std::env::var("CTXSCOPE_CUDA_STREAM_GEMV").map_or(true, |v| v != "0"), attn_splits: env_usize("CTXSCOPE_CUDA_ATTN_SPLITS", 0).min(MAX_SPLITS), attn_cluster: 0, persistent: env_usize("CTXSCOPE_CUDA_PERSISTENT", 0) != 0 }.with_attn_cluster(env_usize("CTXSCOPE_CUDA_ATTN_CLUSTER", DEFAULT_ATTN_CLUSTER)))
+        Ok(DeviceBackend { ordinal, device, blas, config: c, weights: [golden, fast], ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: std::env::var("CTXSCOPE_CUDA_GRAPHS").map_or(true, |v| v != "0"), speculate: std::env::var("CTXSCOPE_CUDA_SPECULATE").map_or(true, |v| v != "0"), speculation: None, continuation: true, gemv_rows: env_usize("CTXSCOPE_CUDA_GEMV_ROWS", DEFAULT_GEMV_ROWS).clamp(1, GEMV_MAX_ROWS), stream_gemv: std::env::var("CTXSCOPE_CUDA_STREAM_GEMV").map_or(true, |v| v != "0"), attn_splits: env_usize("CTXSCOPE_CUDA_ATTN_SPLITS", 0).min(MAX_SPLITS), attn_cluster: 0, persistent: env_usize("CTXSCOPE_CUDA_PERSISTENT", 0) != 0 }.with_attn_cluster(env_usize("CTXSCOPE_CUDA_ATTN_CLUSTER", DEFAULT_ATTN_CLUSTER)))
     }
 
     /// Turns decode-graph replay on or off (off: every pass launches its kernels one by one).
@@ -348,6 +350,10 @@ impl Backend for DeviceBackend {
         true
     }
 
+    fn expect_continuation(&mut self, likely: bool) {
+        self.continuation = likely;
+    }
+
     fn new_kv(&mut self) -> Result<DeviceKv, BackendError> {
         let per_pos = self.config.n_layers * 2 * self.config.kv_dim();
         DeviceKv::new(&self.device.stream, self.ctx, per_pos)
@@ -499,11 +505,11 @@ impl DeviceBackend {
     }
 
     /// Whether this call's one decode pass (`plan`, over every step) may be followed by its graph as
-    /// the next step: on, a captured graph, every sequence greedy with room for one more position past
-    /// this step's.
+    /// the next step: on, the caller expecting the continuation, a captured graph, every sequence
+    /// greedy with room for one more position past this step's.
     fn can_speculate(&self, path: Path, numerics: Numerics, plan: &Plan, steps: &[Step<'_, DeviceKv>]) -> bool {
         let graphed = self.use_graphs && numerics.is_plain() && plan.prefill.is_empty() && plan.rows == steps.len() && self.graphs.contains_key(&(path, plan.rows));
-        self.speculate && graphed && steps.iter().all(|s| s.tokens.len() == 1 && matches!(s.want, Want::Greedy) && s.kv.len() + 2 <= s.kv.capacity())
+        self.speculate && self.continuation && graphed && steps.iter().all(|s| s.tokens.len() == 1 && matches!(s.want, Want::Greedy) && s.kv.len() + 2 <= s.kv.capacity())
     }
 
     /// Launches the graph of `steps`' decode pass again, as the step after this one (its inputs are on
@@ -518,7 +524,7 @@ impl DeviceBackend {
     fn take_speculated(&mut self, speculation: Speculation, steps: &mut [Step<'_, DeviceKv>]) -> Result<Vec<Output>, DeviceError> {
         let n = steps.len();
         self.ws.picked.start_read(&self.device.stream, n)?;
-        let again = self.speculate && self.use_graphs && steps.iter().all(|s| s.kv.len() + 2 <= s.kv.capacity());
+        let again = self.speculate && self.continuation && self.use_graphs && steps.iter().all(|s| s.kv.len() + 2 <= s.kv.capacity());
         let next = if again { Some(self.launch_next(speculation.path, steps)?) } else { None };
         let picked = self.ws.picked.finish_read(n)?;
         for step in steps.iter_mut() {

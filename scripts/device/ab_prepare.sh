@@ -8,15 +8,16 @@
 # Each revision is built from its own worktree under target/ab-worktrees (the checkout here is left
 # alone), all sharing target/ab-build (not prepare.sh's target/devcheck, whose builds of this checkout
 # must not meet another revision's artifacts), so only the workspace's own crates rebuild. Needs devcheck/ filled by
-# prepare.sh first (reference.py and the tokenizer files travel from there); each binary is ~6.5 MB of
-# the call's 64 MiB, so leave devcheck/ctxscope and devcheck/tests out of an A/B call if they crowd it.
+# prepare.sh first (reference.py and the tokenizer files travel from there); each binary travels
+# gzip-compressed (~2 MB of the call's 64 MiB, ~6.5 MB unpacked there), so one call can carry the
+# whole device check and several revisions.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ "$#" -ge 1 ] || { echo "usage: $0 REV [REV...]" >&2; exit 2; }
 [ -f devcheck/reference.py ] || { echo "devcheck/ is empty: run scripts/device/prepare.sh first" >&2; exit 2; }
 root=$(pwd)
 mkdir -p devcheck/ab target/ab-worktrees
-rm -f devcheck/ab/bench_*
+rm -f devcheck/ab/bench_* devcheck/ab/bench_*.gz
 built=()
 for rev in "$@"; do
   label=$(echo "$rev" | tr -c 'A-Za-z0-9_.\n-' '_')
@@ -43,5 +44,10 @@ for rev in "$@"; do
   built+=("$label")
   echo "devcheck/ab/bench_$label: $rev ($(git log -1 --format='%h %s' "$commit" | cut -c1-80))"
 done
+# They travel gzip-compressed (~3x smaller); ab_run.sh unpacks them there (unpack.sh).
+for label in "${built[@]}"; do
+  gzip -9f "devcheck/ab/bench_$label"
+done
 cp scripts/device/ab_run.sh devcheck/ab/
+cp scripts/device/unpack.sh devcheck/
 du -sh devcheck | awk '{print "devcheck/ holds " $1 " (a call carries at most 64 MiB)"}'

@@ -21,8 +21,12 @@ done
 if [ -n "$missing" ]; then
   python3 devcheck/reference.py --shapes "${missing#,}" --skip-perf > "$OUT/reference.log" 2>&1 || { tail -5 "$OUT/reference.log"; exit 2; }
 fi
-binaries=(devcheck/ab/bench_*)
-[ -x "${binaries[0]}" ] || { echo "no devcheck/ab/bench_*: run scripts/device/ab_prepare.sh here first"; exit 2; }
+bash devcheck/unpack.sh || { echo "unpacking devcheck/ab/*.gz failed"; exit 2; }
+binaries=()
+for b in devcheck/ab/bench_*; do
+  [ -x "$b" ] && [ "${b%.gz}" = "$b" ] && binaries+=("$b")
+done
+[ "${#binaries[@]}" -gt 0 ] || { echo "no devcheck/ab/bench_*: run scripts/device/ab_prepare.sh here first"; exit 2; }
 results="$OUT/ab.tsv"
 : > "$results"
 for s in ${shapes//,/ }; do

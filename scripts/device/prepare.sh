@@ -32,7 +32,12 @@ for test in ${DEVCHECK_TESTS:-}; do
     python3 -c 'import json, sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable")][-1])')
   cp "$exe" "devcheck/tests/$test"
 done
-cp scripts/device/hf_check.py scripts/device/reference.py scripts/device/table.py scripts/device/run.sh devcheck/
+cp scripts/device/hf_check.py scripts/device/reference.py scripts/device/table.py scripts/device/run.sh scripts/device/unpack.sh devcheck/
+# The binaries travel gzip-compressed (~3x smaller); run.sh unpacks them there (unpack.sh).
+rm -f devcheck/*.gz devcheck/tests/*.gz
+for bin in devcheck/ctxscope devcheck/kernels_check devcheck/device_bench devcheck/tests/*; do
+  if [ -f "$bin" ]; then gzip -9f "$bin"; fi
+done
 python3 -m pip install --quiet --disable-pip-version-check gguf==0.19.0 >&2
 python3 - "$model" devcheck <<'PY'
 import json, sys

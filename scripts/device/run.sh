@@ -12,7 +12,8 @@
 # Everything also goes to $OUT/run.log. Exit status: 1 when a correctness check failed (table.py), 2 when
 # only a step failed, 0 otherwise. REF_SHAPES=smollm2_135m runs one shape; REUSE_REF=1 keeps the
 # references an earlier call left in /tmp/ref on a still-warm machine; RUN_TRACE=1 adds a traced run
-# of the 1B decode variants (below).
+# of the 1B decode variants, RUN_AB=1 the A/B of devcheck/ab (below). The binaries travel gzipped
+# (unpack.sh unpacks them first).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 OUT="${OUT:-/tmp/devcheck_out}"
@@ -45,6 +46,7 @@ step() {
   statuses+=("$name=$rc")
 }
 
+bash devcheck/unpack.sh || { echo "=== unpacking devcheck/*.gz failed"; exit 2; }
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,clocks.mem,temperature.gpu --format=csv || true
 step kernels_check 90 ./devcheck/kernels_check
 if [ -n "${REUSE_REF:-}" ] && [ -f /tmp/ref/summary.json ]; then
@@ -76,12 +78,17 @@ fi
 step hf_check_cuda 120 python3 devcheck/hf_check.py --device cuda
 if [ -d devcheck/tests ]; then
   for t in devcheck/tests/*; do
-    [ -x "$t" ] || continue
+    [ -x "$t" ] && [ "${t%.gz}" = "$t" ] || continue
     # shellcheck disable=SC2016 # expanded by the inner bash
     step "test_$(basename "$t")" 120 env CTXSCOPE_MODEL=/tmp/ref/smollm2_135m \
       bash -c 'echo "--- $0" >> "$OUT/tests.log"; exec "$0" --nocapture >> "$OUT/tests.log" 2>&1' "$t"
     [ -f "$OUT/tests.log" ] && tail -3 "$OUT/tests.log"
   done
+fi
+# RUN_AB=1: then the same-call A/B of the revisions ab_prepare.sh put in devcheck/ab (the references are
+# built by now; AB_REPS, AB_SHAPES as ab_run.sh reads them), so one call checks and compares.
+if [ "${RUN_AB:-0}" = 1 ] && [ -f devcheck/ab/ab_run.sh ]; then
+  step ab 400 bash devcheck/ab/ab_run.sh
 fi
 echo "=== total $(($(date +%s) - started)) s"
 echo

@@ -78,7 +78,8 @@ fi
 step hf_check_cuda 120 python3 devcheck/hf_check.py --device cuda
 if [ -d devcheck/tests ]; then
   for t in devcheck/tests/*; do
-    [ -x "$t" ] && [ "${t%.gz}" = "$t" ] || continue
+    case "$t" in *.gz) continue ;; esac
+    [ -x "$t" ] || continue
     # shellcheck disable=SC2016 # expanded by the inner bash
     step "test_$(basename "$t")" 120 env CTXSCOPE_MODEL=/tmp/ref/smollm2_135m \
       bash -c 'echo "--- $0" >> "$OUT/tests.log"; exec "$0" --nocapture >> "$OUT/tests.log" 2>&1' "$t"

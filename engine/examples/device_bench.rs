@@ -314,15 +314,13 @@ fn run(dir: &FsPath, rep: &mut Report) {
 
     // References. The variants alone check their logits against the fp32 rows when the folder has them
     // (a fast variant that computes garbage must not pass for a fast one).
-    let probe = if variants_only { load_probe(dir, c.vocab).ok() } else { None };
+    let forced = if variants_only { load_forced(dir, c.vocab).ok() } else { None };
     let refs = if variants_only {
         None
     } else {
         rep.section("references", || {
-            let prompt: Vec<u32> = read_json(&dir.join("prompt.json"))?;
-            let fed: Vec<u32> = read_json(&dir.join("tokens.json"))?;
+            let (prompt, fed, fp32) = load_forced(dir, c.vocab)?;
             let rows = fed.len() + 1;
-            let fp32 = read_logits(&dir.join("logits_fp32.bin"), rows, c.vocab)?;
             let bf16 = read_logits(&dir.join("logits_bf16.bin"), rows, c.vocab)?;
             // fp32 with bf16-rounded GEMM inputs: what the fast path should compute (older folders lack it).
             let fastsim = read_logits(&dir.join("logits_fastsim.bin"), rows, c.vocab).ok();
@@ -415,7 +413,8 @@ fn run(dir: &FsPath, rep: &mut Report) {
     for path in [Path::Fast, Path::Golden] {
         if variants_only {
             if path == Path::Fast {
-                decode_variants(&mut bench, rep, path, &c, steps, decode_reps, probe.as_ref());
+                let probe = forced.as_ref().map(|(prompt, fed, fp32)| Probe { prompt, fed, fp32 });
+                decode_variants(&mut bench, rep, path, &c, steps, decode_reps, probe);
             }
             continue;
         }
@@ -473,8 +472,8 @@ fn run(dir: &FsPath, rep: &mut Report) {
             bench.backend.set_graphs(true);
         }
         if batches.contains(&1) {
-            let probe = refs.as_ref().map(|(prompt, fed, fp32, _, _)| (prompt.clone(), fed.clone(), fp32.clone()));
-            decode_variants(&mut bench, rep, path, &c, steps, decode_reps, probe.as_ref());
+            let probe = refs.as_ref().map(|(prompt, fed, fp32, _, _)| Probe { prompt, fed, fp32 });
+            decode_variants(&mut bench, rep, path, &c, steps, decode_reps, probe);
         }
         let p = &rep.value["perf"][path.as_str()];
         eprintln!(
@@ -488,30 +487,32 @@ fn run(dir: &FsPath, rep: &mut Report) {
     }
 }
 
-/// Same-run A/B of the batch-1 decode kernels: the one-warp-per-row GEMVs against the streamed ones
-/// (`DeviceBackend::set_stream_gemv`) at several blocks per SM and bytes in flight per lane, and decode
-/// attention in clusters of 8 or 16 blocks (`set_attn_cluster`) or split-K with global partials
-/// (`set_attn_splits`), and the persistent decode step (`set_persistent`) with 16, 8 or 32 attention
-/// spans per KV head; tokens/s, the graph's GPU time per step and (kernels compiled with their marks)
-/// the traced timeline into `perf.<path>.variants`. Ends on the settings it started with.
-/// The prompt, the fed tokens and the fp32 reference rows of a reference folder.
-type Probe = (Vec<u32>, Vec<u32>, Vec<Vec<f32>>);
+/// A reference folder's prompt, the tokens it feeds after it, and the fp32 logits rows (the prompt's
+/// last position, then one per fed token).
+type Forced = (Vec<u32>, Vec<u32>, Vec<Vec<f32>>);
 
-fn load_probe(dir: &FsPath, vocab: usize) -> Res<Probe> {
+fn load_forced(dir: &FsPath, vocab: usize) -> Res<Forced> {
     let prompt: Vec<u32> = read_json(&dir.join("prompt.json"))?;
     let fed: Vec<u32> = read_json(&dir.join("tokens.json"))?;
     let fp32 = read_logits(&dir.join("logits_fp32.bin"), fed.len() + 1, vocab)?;
     Ok((prompt, fed, fp32))
 }
 
+/// What a decode variant's logits are checked against (`load_forced`'s, borrowed).
+#[derive(Clone, Copy)]
+struct Probe<'a> {
+    prompt: &'a [u32],
+    fed: &'a [u32],
+    fp32: &'a [Vec<f32>],
+}
+
 /// A variant's teacher-forced logits against the fp32 reference: ", logits vs fp32 worst rel L2 X (ok)"
 /// within the path's limit, "(WRONG)" past it or when not finite, "(error: ...)" when the pass failed.
-fn probe_logits(bench: &mut Bench, path: Path, probe: &Probe) -> String {
-    let (prompt, fed, fp32) = probe;
+fn probe_logits(bench: &mut Bench, path: Path, probe: Probe<'_>) -> String {
     let limit = if path == Path::Fast { FAST_LIMIT } else { GOLDEN_LIMIT };
-    match bench.teacher_forced(path, prompt, fed) {
+    match bench.teacher_forced(path, probe.prompt, probe.fed) {
         Ok(rows) => {
-            let worst = compare(fp32, &rows)["worst_rel_l2"].as_f64().unwrap_or(f64::NAN);
+            let worst = compare(probe.fp32, &rows)["worst_rel_l2"].as_f64().unwrap_or(f64::NAN);
             let verdict = if worst <= limit { "ok" } else { "WRONG" };
             format!(", logits vs fp32 worst rel L2 {worst:.1e} ({verdict})")
         }
@@ -519,7 +520,14 @@ fn probe_logits(bench: &mut Bench, path: Path, probe: &Probe) -> String {
     }
 }
 
-fn decode_variants(bench: &mut Bench, rep: &mut Report, path: Path, c: &ModelConfig, steps: usize, reps: usize, probe: Option<&Probe>) {
+/// Same-run A/B of the batch-1 decode kernels: the one-warp-per-row GEMVs against the streamed ones
+/// (`DeviceBackend::set_stream_gemv`) at several blocks per SM and bytes in flight per lane, and decode
+/// attention in clusters of 8 or 16 blocks (`set_attn_cluster`) or split-K with global partials
+/// (`set_attn_splits`), and the persistent decode step (`set_persistent`) with 16, 8 or 32 attention
+/// spans per KV head; tokens/s, the graph's GPU time per step and (kernels compiled with their marks)
+/// the traced timeline into `perf.<path>.variants`, each variant's logits checked against `probe`'s
+/// when given (`probe_logits`). Ends on the settings it started with.
+fn decode_variants(bench: &mut Bench, rep: &mut Report, path: Path, c: &ModelConfig, steps: usize, reps: usize, probe: Option<Probe<'_>>) {
     let prompts = vec![random_prompt(PERF_PROMPT, c.vocab, 100)];
     let (start, start_splits, start_cluster, start_step) = (bench.backend.stream_tuning(), bench.backend.attn_splits(), bench.backend.attn_cluster(), bench.backend.persistent());
     bench.trace = true;

@@ -251,20 +251,31 @@ fn seeded_sampling_repeats_and_a_tiny_top_p_is_greedy<B: Backend + 'static>(make
     }
 }
 
-/// A backend that defers to the one it wraps but fails on demand: the first forward pass of two or
-/// more sequences (after computing it, so their KV is written), and the `new_kv` call number
-/// `fail_new_kv` (from 0).
+/// A backend that defers to the one it wraps (continuation hints included) but fails on demand: the
+/// first forward pass of two or more sequences (after computing it, so their KV is written), and the
+/// `new_kv` call number `fail_new_kv` (from 0); given a `hints` log, it records each forward's hint.
 struct Faulty<B> {
     inner: B,
     fail_batched: bool,
     fail_new_kv: Option<usize>,
     new_kv_calls: usize,
+    /// The last hint given, cleared by each forward (so a forward without one logs false).
+    hint: bool,
+    hints: Option<Arc<Mutex<Vec<Hinted>>>>,
 }
 
 impl<B> Faulty<B> {
     fn wrap(inner: B) -> Faulty<B> {
-        Faulty { inner, fail_batched: false, fail_new_kv: None, new_kv_calls: 0 }
+        Faulty { inner, fail_batched: false, fail_new_kv: None, new_kv_calls: 0, hint: false, hints: None }
     }
+}
+
+/// What a backend was told before a forward ([`Backend::expect_continuation`]) and what it was asked.
+#[derive(Debug, Clone)]
+struct Hinted {
+    likely: bool,
+    path: Path,
+    steps: usize,
 }
 
 fn injected(what: &str) -> BackendError {
@@ -292,58 +303,21 @@ impl<B: Backend> Backend for Faulty<B> {
     }
 
     fn expect_continuation(&mut self, likely: bool) {
+        self.hint = likely;
         self.inner.expect_continuation(likely);
     }
 
     fn forward(&mut self, path: Path, patches: &PatchSet, steps: &mut [Step<'_, B::Kv>]) -> Result<Vec<Output>, BackendError> {
+        if let Some(hints) = &self.hints {
+            hints.lock().expect("hints").push(Hinted { likely: self.hint, path, steps: steps.len() });
+        }
+        self.hint = false;
         let outputs = self.inner.forward(path, patches, steps)?;
         if self.fail_batched && steps.len() >= 2 {
             self.fail_batched = false;
             return Err(injected("forward"));
         }
         Ok(outputs)
-    }
-}
-
-/// What a backend was told before each forward ([`Backend::expect_continuation`]) and what it was asked.
-#[derive(Debug, Clone)]
-struct Hinted {
-    likely: bool,
-    path: Path,
-    steps: usize,
-}
-
-/// A backend that defers to the one it wraps (hints included) and records each forward's hint.
-struct Recording<B> {
-    inner: B,
-    hint: bool,
-    log: Arc<Mutex<Vec<Hinted>>>,
-}
-
-impl<B: Backend> Backend for Recording<B> {
-    type Kv = B::Kv;
-
-    fn name(&self) -> String {
-        self.inner.name()
-    }
-
-    fn samples(&self) -> bool {
-        self.inner.samples()
-    }
-
-    fn new_kv(&mut self) -> Result<B::Kv, BackendError> {
-        self.inner.new_kv()
-    }
-
-    fn expect_continuation(&mut self, likely: bool) {
-        self.hint = likely;
-        self.inner.expect_continuation(likely);
-    }
-
-    fn forward(&mut self, path: Path, patches: &PatchSet, steps: &mut [Step<'_, B::Kv>]) -> Result<Vec<Output>, BackendError> {
-        self.log.lock().expect("log").push(Hinted { likely: self.hint, path, steps: steps.len() });
-        self.hint = false;
-        self.inner.forward(path, patches, steps)
     }
 }
 
@@ -355,7 +329,7 @@ fn continuation_hints_follow_the_schedule<B: Backend + 'static>(make: impl Fn() 
     let model = common::shared_model();
     let log = Arc::new(Mutex::new(Vec::new()));
     let recorder = log.clone();
-    let engine = start(move || Ok(Recording { inner: make()?, hint: false, log: recorder.clone() }), options(&model));
+    let engine = start(move || Ok(Faulty { hints: Some(recorder.clone()), ..Faulty::wrap(make()?) }), options(&model));
     let taken = |log: &Arc<Mutex<Vec<Hinted>>>| std::mem::take(&mut *log.lock().expect("log"));
 
     let alone = generate(&engine, tokens("Count from one to one hundred: one, two, three,"), 5, greedy(), PatchSet::default()).done();

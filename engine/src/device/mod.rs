@@ -323,6 +323,11 @@ struct Speculation {
 }
 
 impl Speculation {
+    /// This step, running with `picked` (the previous step's picks, read back) as its tokens.
+    fn fed(self, picked: &[(i32, f32)]) -> Speculation {
+        Speculation { tokens: picked.iter().map(|p| p.0 as u32).collect(), ..self }
+    }
+
     fn is_step(&self, path: Path, numerics: Numerics, steps: &[Step<'_, DeviceKv>]) -> bool {
         self.path == path
             && numerics.is_plain()
@@ -495,11 +500,9 @@ impl DeviceBackend {
             };
             out.push((part.step, output));
         }
-        if let Some(mut next) = next {
-            next.tokens = picked.iter().map(|p| p.0 as u32).collect();
-            self.speculation = Some(next);
-        } else {
-            s.synchronize()?;
+        match next {
+            Some(next) => self.speculation = Some(next.fed(&picked)),
+            None => s.synchronize()?,
         }
         Ok(out)
     }
@@ -508,12 +511,20 @@ impl DeviceBackend {
     /// the next step: on, the caller expecting the continuation, a captured graph, every sequence
     /// greedy with room for one more position past this step's.
     fn can_speculate(&self, path: Path, numerics: Numerics, plan: &Plan, steps: &[Step<'_, DeviceKv>]) -> bool {
-        let graphed = self.use_graphs && numerics.is_plain() && plan.prefill.is_empty() && plan.rows == steps.len() && self.graphs.contains_key(&(path, plan.rows));
-        self.speculate && self.continuation && graphed && steps.iter().all(|s| s.tokens.len() == 1 && matches!(s.want, Want::Greedy) && s.kv.len() + 2 <= s.kv.capacity())
+        let graphed = numerics.is_plain() && plan.prefill.is_empty() && plan.rows == steps.len() && self.graphs.contains_key(&(path, plan.rows));
+        graphed && steps.iter().all(|s| s.tokens.len() == 1 && matches!(s.want, Want::Greedy)) && self.may_launch_next(steps)
+    }
+
+    /// What every speculative launch needs, after a plain greedy decode pass: speculation and graphs
+    /// on, the caller expecting the continuation, room in every cache for one more position past the
+    /// next step's.
+    fn may_launch_next(&self, steps: &[Step<'_, DeviceKv>]) -> bool {
+        self.speculate && self.continuation && self.use_graphs && steps.iter().all(|s| s.kv.len() + 2 <= s.kv.capacity())
     }
 
     /// Launches the graph of `steps`' decode pass again, as the step after this one (its inputs are on
-    /// the device already: `Device::argmax_advancing`); the caller fills in the tokens it runs with.
+    /// the device already: `Device::argmax_advancing`); the tokens it runs with come with the picks
+    /// (`Speculation::fed`).
     fn launch_next(&self, path: Path, steps: &[Step<'_, DeviceKv>]) -> Result<Speculation, DeviceError> {
         self.graphs[&(path, steps.len())].launch()?;
         Ok(Speculation { path, tokens: Vec::new(), lengths: steps.iter().map(|s| s.kv.len() + 1).collect(), bases: steps.iter().map(|s| s.kv.base()).collect() })
@@ -524,16 +535,12 @@ impl DeviceBackend {
     fn take_speculated(&mut self, speculation: Speculation, steps: &mut [Step<'_, DeviceKv>]) -> Result<Vec<Output>, DeviceError> {
         let n = steps.len();
         self.ws.picked.start_read(&self.device.stream, n)?;
-        let again = self.speculate && self.continuation && self.use_graphs && steps.iter().all(|s| s.kv.len() + 2 <= s.kv.capacity());
-        let next = if again { Some(self.launch_next(speculation.path, steps)?) } else { None };
+        let next = if self.may_launch_next(steps) { Some(self.launch_next(speculation.path, steps)?) } else { None };
         let picked = self.ws.picked.finish_read(n)?;
         for step in steps.iter_mut() {
             step.kv.commit(1);
         }
-        if let Some(mut next) = next {
-            next.tokens = picked.iter().map(|p| p.0 as u32).collect();
-            self.speculation = Some(next);
-        }
+        self.speculation = next.map(|next| next.fed(&picked));
         Ok(picked.into_iter().map(|(token, logprob)| Output::Token { token: token as u32, logprob }).collect())
     }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use ctxscope_kernels::cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError, PinnedHostSlice};
+use ctxscope_kernels::cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, DriverError, PinnedHostSlice};
 use ctxscope_kernels::device::{sync_len, DeviceError};
 
 use crate::model::ModelConfig;
@@ -104,12 +104,21 @@ impl PassInputs {
     pub fn upload(&mut self, stream: &Arc<CudaStream>, ids: &[i32], positions: &[i32], last: &[i32]) -> Result<(), DriverError> {
         let r = self.rows;
         assert!(ids.len() == positions.len() && ids.len() <= r && 2 * r + last.len() <= self.staged.len(), "a pass larger than its workspace");
-        self.staged[..ids.len()].copy_from_slice(ids);
-        self.staged[r..r + positions.len()].copy_from_slice(positions);
-        self.staged[2 * r..2 * r + last.len()].copy_from_slice(last);
-        let end = if last.is_empty() { r + positions.len() } else { 2 * r + last.len() };
-        stream.memcpy_htod(&self.staged[..end], &mut self.buf.slice_mut(..end))
+        upload_sections(stream, &mut self.staged, &mut self.buf, &[(0, ids), (r, positions), (2 * r, last)])
     }
+}
+
+/// Copies each (offset, values) section into `staged` at its offset, then uploads `staged` into `buf`
+/// in one copy, as far as the last non-empty section reaches.
+fn upload_sections<T: DeviceRepr + Copy>(stream: &Arc<CudaStream>, staged: &mut [T], buf: &mut CudaSlice<T>, sections: &[(usize, &[T])]) -> Result<(), DriverError> {
+    let mut end = 0;
+    for &(at, values) in sections {
+        staged[at..at + values.len()].copy_from_slice(values);
+        if !values.is_empty() {
+            end = end.max(at + values.len());
+        }
+    }
+    stream.memcpy_htod(&staged[..end], &mut buf.slice_mut(..end))
 }
 
 /// Per output sequence, the sampling parameters (temperature, top_p, the uniform draw) in one
@@ -131,10 +140,7 @@ impl SampleParams {
     pub fn upload(&mut self, stream: &Arc<CudaStream>, temps: &[f32], top_ps: &[f32], uniforms: &[f32]) -> Result<(), DriverError> {
         let (s, n) = (self.seqs, temps.len());
         assert!(n <= s && top_ps.len() == n && uniforms.len() == n, "more sampled sequences than the workspace holds");
-        self.staged[..n].copy_from_slice(temps);
-        self.staged[s..s + n].copy_from_slice(top_ps);
-        self.staged[2 * s..2 * s + n].copy_from_slice(uniforms);
-        stream.memcpy_htod(&self.staged[..2 * s + n], &mut self.buf.slice_mut(..2 * s + n))
+        upload_sections(stream, &mut self.staged, &mut self.buf, &[(0, temps), (s, top_ps), (2 * s, uniforms)])
     }
 }
 

@@ -229,7 +229,7 @@ __device__ __forceinline__ void stream_phase(const StepArgs& a, int q, int layer
     const Gemv g = step_gemv<BF16>(a, q);
     const int2 range = warp_units(g.units);
     const int lane = threadIdx.x & 31, E = BF16 ? 8 : 4;
-    const RopeStore rs = {a.positions, a.kv_base, layer, a.n_layers, a.heads * a.hd, a.kv_heads * a.hd, a.hd, a.rope_base};
+    const RopeStore rs = {a.positions, a.kv_base, layer, a.n_layers, a.heads * a.hd, a.kv_heads * a.hd, a.hd, a.rope_base, nullptr};
     for (int u = range.x; u < range.y; u++) {
         RopeRow rr = {1.0f, 0.0f};
         if (g.mode == 3 && lane == 0) rr = rope_row(rs, 0, 2 * u);

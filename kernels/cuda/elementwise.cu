@@ -47,6 +47,12 @@ extern "C" __global__ void embed_bf16(const bf16_t* __restrict__ table, const in
     for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)blockIdx.x * dim + i] = bf16_to_f32(row[i]);
 }
 
+// RoPE's inverse frequencies rope_inv_freq(base, j, hd), j < hd / 2, into `out` (one block): made once
+// per model, so that the fused QKV launches read them instead of computing an f64 pow before their wait.
+extern "C" __global__ void rope_inv_freq_table(float base, int hd, double* __restrict__ out) {
+    for (int j = threadIdx.x; j < hd / 2; j += blockDim.x) out[j] = rope_inv_freq(base, j, hd);
+}
+
 // RoPE on adjacent pairs of the fused projection rows qkv = [tokens][q (heads*hd) | k (kv_heads*hd) |
 // v (kv_heads*hd)]: rotates q in place, rotates k and stores k and v into the token's sequence cache at
 // its position. Angle of pair j = position * base^(-2j/hd), the inverse frequency and the angle in f64

@@ -117,14 +117,14 @@ extern "C" __global__ void gemv_f32(const float* __restrict__ w, const float* __
 extern "C" __global__ void gemv_qkv_rope_bf16(const bf16_t* __restrict__ w, const float* __restrict__ x, float* __restrict__ qkv,
                                               int pairs, int cols, int n, int round_x, const int* positions, const u64* kv_base,
                                               int layer, int n_layers, int q_dim, int kv_dim, int hd, float base) {
-    RopeStore rs = {positions, kv_base, layer, n_layers, q_dim, kv_dim, hd, base};
+    RopeStore rs = {positions, kv_base, layer, n_layers, q_dim, kv_dim, hd, base, nullptr};
     gemv_body<true, 3>(w, x, qkv, pairs, cols, n, round_x, &rs);
 }
 
 extern "C" __global__ void gemv_qkv_rope_f32(const float* __restrict__ w, const float* __restrict__ x, float* __restrict__ qkv,
                                              int pairs, int cols, int n, int round_x, const int* positions, const u64* kv_base,
                                              int layer, int n_layers, int q_dim, int kv_dim, int hd, float base) {
-    RopeStore rs = {positions, kv_base, layer, n_layers, q_dim, kv_dim, hd, base};
+    RopeStore rs = {positions, kv_base, layer, n_layers, q_dim, kv_dim, hd, base, nullptr};
     gemv_body<false, 3>(w, x, qkv, pairs, cols, n, round_x, &rs);
 }
 
@@ -298,18 +298,19 @@ __device__ __forceinline__ void gemv_stream_dispatch(const void* w, const float*
 }
 
 // units: output rows (modes 0, 1), gate/up pairs (2) or RoPE pairs (3); dynamic shared memory:
-// lane_bytes per thread (128 or 256) + (n + 1) * cols floats. positions .. base: mode 3's RoPE and K/V store.
+// lane_bytes per thread (128 or 256) + (n + 1) * cols floats. positions .. inv_freq: mode 3's RoPE and K/V
+// store (inv_freq: RoPE's inverse frequencies from rope_inv_freq_table, or null).
 #define GEMV_STREAM_PARAMS                                                                                                            \
     const float *__restrict__ x, float *__restrict__ y, const float *__restrict__ norm_w, float eps, int units, int cols, int n, int mode, \
         int round_x, int lane_bytes, const int *positions, const u64 *kv_base, int layer, int n_layers, int q_dim, int kv_dim, int hd,  \
-        float base
+        float base, const double *inv_freq
 
 extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_bf16(const bf16_t* __restrict__ w, GEMV_STREAM_PARAMS) {
-    RopeStore rs = {positions, kv_base, layer, n_layers, q_dim, kv_dim, hd, base};
+    RopeStore rs = {positions, kv_base, layer, n_layers, q_dim, kv_dim, hd, base, inv_freq};
     gemv_stream_dispatch<true>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, lane_bytes, &rs);
 }
 
 extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_f32(const float* __restrict__ w, GEMV_STREAM_PARAMS) {
-    RopeStore rs = {positions, kv_base, layer, n_layers, q_dim, kv_dim, hd, base};
+    RopeStore rs = {positions, kv_base, layer, n_layers, q_dim, kv_dim, hd, base, inv_freq};
     gemv_stream_dispatch<false>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, lane_bytes, &rs);
 }

@@ -7,6 +7,8 @@ struct RopeStore {
     const u64* kv_base;
     int layer, n_layers, q_dim, kv_dim, hd;
     float base;
+    // rope_inv_freq(base, j, hd) for j < hd / 2, made once (rope_inv_freq_table); null: computed here.
+    const double* inv_freq;
 };
 
 // Row t's rotation of the output rows r, r + 1: cos and sin of the pair's angle (none past the K
@@ -17,7 +19,10 @@ struct RopeRow {
 
 __device__ __forceinline__ RopeRow rope_row(const RopeStore& rs, int t, int r) {
     RopeRow w = {1.0f, 0.0f};
-    if (r < rs.q_dim + rs.kv_dim) rope_cos_sin(rs.positions[t], rope_inv_freq(rs.base, (r % rs.hd) / 2, rs.hd), &w.c, &w.s);
+    if (r < rs.q_dim + rs.kv_dim) {
+        const int j = (r % rs.hd) / 2;
+        rope_cos_sin(rs.positions[t], rs.inv_freq ? rs.inv_freq[j] : rope_inv_freq(rs.base, j, rs.hd), &w.c, &w.s);
+    }
     return w;
 }
 

@@ -18,11 +18,12 @@ pub const SOURCES: [(&str, &str); 5] = [
 ];
 
 /// Kernel entry points every source must define (checked by the tests, launched by the wrappers).
-pub const KERNELS: [&str; 22] = [
+pub const KERNELS: [&str; 23] = [
     "rmsnorm_f32",
     "embed_f32",
     "embed_bf16",
     "rope_kv",
+    "rope_inv_freq_table",
     "swiglu_f32",
     "add_f32",
     "to_bf16",

@@ -89,7 +89,8 @@ impl DeviceBackend {
         let blas = Blas::new(device.stream.clone()).map_err(&fail)?;
         let (golden, fast) = DeviceWeights::upload(&device, &model).map_err(&fail)?;
         let max_seqs = options.max_batch.max(1);
-        let ws = Workspace::new(&device.stream, &c, options.step_tokens.max(max_seqs), max_seqs).map_err(&fail)?;
+        let rope_table = device.rope_table(c.rope_base, c.head_dim).map_err(&fail)?;
+        let ws = Workspace::new(&device.stream, &c, options.step_tokens.max(max_seqs), max_seqs, rope_table).map_err(&fail)?;
         device.stream.synchronize().map_err(|e| fail(e.into()))?;
         Ok(DeviceBackend { ordinal, device, blas, config: c, weights: [golden, fast], ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: std::env::var("CTXSCOPE_CUDA_GRAPHS").map_or(true, |v| v != "0"), speculate: std::env::var("CTXSCOPE_CUDA_SPECULATE").map_or(true, |v| v != "0"), speculation: None, continuation: true, gemv_rows: env_usize("CTXSCOPE_CUDA_GEMV_ROWS", DEFAULT_GEMV_ROWS).clamp(1, GEMV_MAX_ROWS), stream_gemv: std::env::var("CTXSCOPE_CUDA_STREAM_GEMV").map_or(true, |v| v != "0"), attn_splits: env_usize("CTXSCOPE_CUDA_ATTN_SPLITS", 0).min(MAX_SPLITS), attn_cluster: 0, persistent: env_usize("CTXSCOPE_CUDA_PERSISTENT", 0) != 0 }.with_attn_cluster(env_usize("CTXSCOPE_CUDA_ATTN_CLUSTER", DEFAULT_ATTN_CLUSTER)))
     }

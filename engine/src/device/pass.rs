@@ -131,7 +131,7 @@ impl Pass<'_> {
             let (positions, bases) = (ws.inputs.positions(n), ws.kv_base.slice(n));
             if streamed {
                 let norm = Some((&layer.attn_norm.slice(..), c.rms_eps));
-                d.gemv_stream_qkv_rope(&layer.wqkv, &ws.x.slice(..n * dim), &mut ws.qkv.slice_mut(..n * q_stride), n, bf16, norm, &positions, &bases, i, &rope)?;
+                d.gemv_stream_qkv_rope(&layer.wqkv, &ws.x.slice(..n * dim), &mut ws.qkv.slice_mut(..n * q_stride), n, bf16, norm, &positions, &bases, i, &rope, Some(&ws.rope_table))?;
             } else {
                 d.rmsnorm(&ws.x.slice(..n * dim), None, &layer.attn_norm.slice(..), &mut ws.h.slice_mut(..n * dim), n, dim, c.rms_eps, num.rmsnorm_bf16)?;
                 if fused_rope {

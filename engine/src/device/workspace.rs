@@ -40,10 +40,12 @@ pub struct Workspace {
     /// Per output sequence: temperature, top_p, uniform (device top-p sampling), and what it drew.
     pub sampling: SampleParams,
     pub sampled: Picked,
+    /// RoPE's inverse frequencies of the model (`Device::rope_table`), read by the streamed QKV launches.
+    pub rope_table: CudaSlice<f64>,
 }
 
 impl Workspace {
-    pub fn new(stream: &Arc<CudaStream>, c: &ModelConfig, max_rows: usize, max_seqs: usize) -> Result<Workspace, DeviceError> {
+    pub fn new(stream: &Arc<CudaStream>, c: &ModelConfig, max_rows: usize, max_seqs: usize, rope_table: CudaSlice<f64>) -> Result<Workspace, DeviceError> {
         let (r, s) = (max_rows, max_seqs);
         let kvd = c.kv_dim();
         let wide = c.dim.max(c.ffn_dim);
@@ -67,6 +69,7 @@ impl Workspace {
             picked: Picked::new(stream, s)?,
             sampling: SampleParams { buf: f(3 * s)?, seqs: s, staged: vec![0.0; 3 * s] },
             sampled: Picked::new(stream, s)?,
+            rope_table,
         })
     }
 }

@@ -3,7 +3,7 @@
 //! store, each optionally taking the RMSNorm of its input rows.
 
 use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{CudaFunction, LaunchConfig};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
 
 use super::{check, opt_in_smem, qkv_rope_args, Device, DeviceError, GemvMode, In, Matrix, MatrixData, Out, RopeShape, GEMV_MAX_ROWS};
 use crate::launch::KernelArg;
@@ -164,22 +164,25 @@ impl Device {
     pub fn gemv_stream(&self, w: &Matrix, x: &In, y: &mut Out, n: usize, mode: GemvMode, round_x: bool, norm: Norm) -> Result<(), DeviceError> {
         let ok = x.len() >= n * w.cols && y.len() >= n * mode.outputs(w.rows);
         check("gemv_stream", ok, || format!("{}x{} by {n} rows ({mode:?})", w.rows, w.cols))?;
-        let rope = [0u64, 0];
+        let rope = [0u64; 3];
         let ints = [0i32; 5];
         self.stream_launch(w, x, y, n, StreamOp::Gemv(mode), round_x, norm, rope, ints, 0.0)
     }
 
     /// Decode QKV as `gemv_qkv_rope` (RoPE applied, K/V stored into each row's sequence cache),
-    /// streaming the weights and optionally normalizing the input rows.
+    /// streaming the weights and optionally normalizing the input rows. `inv_freq`: RoPE's inverse
+    /// frequencies from `rope_table` for this shape (the same values; without it each launch computes
+    /// them before its wait).
     #[allow(clippy::too_many_arguments)]
-    pub fn gemv_stream_qkv_rope(&self, w: &Matrix, x: &In, qkv: &mut Out, n: usize, round_x: bool, norm: Norm, positions: &In<i32>, kv_base: &In<u64>, layer: usize, shape: &RopeShape) -> Result<(), DeviceError> {
+    pub fn gemv_stream_qkv_rope(&self, w: &Matrix, x: &In, qkv: &mut Out, n: usize, round_x: bool, norm: Norm, positions: &In<i32>, kv_base: &In<u64>, layer: usize, shape: &RopeShape, inv_freq: Option<&CudaSlice<f64>>) -> Result<(), DeviceError> {
         let ints = qkv_rope_args("gemv_stream_qkv_rope", w, x, qkv, n, positions, kv_base, layer, shape)?;
-        let rope = [positions.bits(&self.stream), kv_base.bits(&self.stream)];
+        check("gemv_stream_qkv_rope", inv_freq.is_none_or(|t| t.len() >= shape.head_dim / 2), || format!("an inverse-frequency table shorter than {}", shape.head_dim / 2))?;
+        let rope = [positions.bits(&self.stream), kv_base.bits(&self.stream), inv_freq.map_or(0, |t| t.bits(&self.stream))];
         self.stream_launch(w, x, qkv, n, StreamOp::QkvRope, round_x, norm, rope, ints, shape.base)
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn stream_launch(&self, w: &Matrix, x: &In, y: &mut Out, n: usize, op: StreamOp, round_x: bool, norm: Norm, rope: [u64; 2], ints: [i32; 5], base: f32) -> Result<(), DeviceError> {
+    fn stream_launch(&self, w: &Matrix, x: &In, y: &mut Out, n: usize, op: StreamOp, round_x: bool, norm: Norm, rope: [u64; 3], ints: [i32; 5], base: f32) -> Result<(), DeviceError> {
         let mode = op.mode();
         let Some(plan) = self.stream_plan(w, n, op, norm.is_some()) else {
             return Err(DeviceError::Shape { kernel: "gemv_stream", detail: format!("{}x{} by {n} rows (mode {mode}): not a streamable shape, or its ring and input rows exceed a block's shared memory", w.rows, w.cols) });
@@ -195,8 +198,8 @@ impl Device {
         let cfg = LaunchConfig { grid_dim: (plan.blocks as u32, 1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: plan.smem as u32 };
         let (positions, kv_base) = (&rope[0], &rope[1]);
         match &w.data {
-            MatrixData::Bf16(m) => launch!(self, "gemv_stream_bf16", cfg, m, x, y, &norm_w, &eps, &args[0], &args[1], &args[2], &args[3], &args[4], &args[5], positions, kv_base, &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &base),
-            MatrixData::F32(m) => launch!(self, "gemv_stream_f32", cfg, m, x, y, &norm_w, &eps, &args[0], &args[1], &args[2], &args[3], &args[4], &args[5], positions, kv_base, &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &base),
+            MatrixData::Bf16(m) => launch!(self, "gemv_stream_bf16", cfg, m, x, y, &norm_w, &eps, &args[0], &args[1], &args[2], &args[3], &args[4], &args[5], positions, kv_base, &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &base, &rope[2]),
+            MatrixData::F32(m) => launch!(self, "gemv_stream_f32", cfg, m, x, y, &norm_w, &eps, &args[0], &args[1], &args[2], &args[3], &args[4], &args[5], positions, kv_base, &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &base, &rope[2]),
         }
     }
 }

@@ -204,14 +204,17 @@ __device__ __forceinline__ void trace_end(int, int) {}
 #endif
 
 // RoPE's inverse frequency of pair j (f64, as the CPU), and cos/sin of the angle pos * inv: the angle
-// in f64, reduced modulo 2 pi in f64, its sine and cosine in f32 (within an f32 ulp of the CPU's f64
-// cos/sin rounded to f32). Shared by rope_kv and the fused QKV GEMV.
+// in f64, reduced modulo 2 pi in f64 (the turns counted by a multiply with 1 / (2 pi), not a division:
+// the fused QKV runs this before its wait, cold, in blocks that start late; where the count could round
+// the other way the angle is within an ulp of +-pi, whose cos and sin are the same either way), its sine
+// and cosine in f32 (within an f32 ulp of the CPU's f64 cos/sin rounded to f32). Shared by rope_kv and
+// the fused QKV GEMV.
 __device__ __forceinline__ double rope_inv_freq(float base, int j, int hd) { return pow((double)base, -2.0 * j / hd); }
 
 __device__ __forceinline__ void rope_cos_sin(int pos, double inv, float* c, float* s) {
-    const double two_pi = 6.283185307179586;
+    const double two_pi = 6.283185307179586, inv_two_pi = 0.15915494309189535;
     double theta = (double)pos * inv;
-    sincosf((float)(theta - two_pi * rint(theta / two_pi)), s, c);
+    sincosf((float)(theta - two_pi * rint(theta * inv_two_pi)), s, c);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

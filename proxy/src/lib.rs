@@ -29,6 +29,7 @@ use capture::layer::{CaptureLayer, CaptureSettings};
 use capture::pipeline::Pipeline;
 use capture::queue::{self, CaptureSender, Worker};
 use capture::tokens::TokenCache;
+use capture::upstream_count::{CountSettings, UpstreamCounter};
 pub use config::{ConfigError, ProxyConfig, Upstream};
 
 /// Errors that stop the proxy from starting.
@@ -53,7 +54,16 @@ pub async fn run(
         Some(c) => Some(alert::webhook::WebhookSink::start(c.clone(), tokio::runtime::Handle::current()).map_err(ConfigError::from)?),
         None => None,
     };
-    let tokens = match &config.tokenizer {
+    let local = match config.count_with {
+        config::CountWith::Upstream => {
+            if let Some(path) = &config.tokenizer {
+                tracing::warn!(tokenizer = %path.display(), "--count-with upstream: --tokenizer is not used for counting");
+            }
+            None
+        }
+        config::CountWith::Local | config::CountWith::Auto => config.tokenizer.as_ref(),
+    };
+    let tokens = match local {
         Some(path) => {
             let path = path.clone();
             let loaded = tokio::task::spawn_blocking(move || TokenCache::open(&path).map_err(|source| (path, source)))
@@ -65,7 +75,8 @@ pub async fn run(
     };
     let (store, capture_status) = open_store(&config);
     let sinks: Vec<Box<dyn alert::AlertSink>> = webhook.iter().map(|w| Box::new(w.clone()) as Box<dyn alert::AlertSink>).collect();
-    let (sender, worker) = start_capture(&config, store.clone(), tokens, sinks);
+    let upstream_counter = tokens.is_none().then(|| UpstreamCounter::new(config.upstream.clone(), CountSettings::default()));
+    let (sender, worker) = start_capture(&config, store.clone(), tokens, upstream_counter, sinks);
 
     let admin_state = Arc::new(admin::AdminState {
         metrics: handle,
@@ -131,6 +142,7 @@ fn start_capture(
     config: &ProxyConfig,
     store: Option<Store>,
     tokens: Option<TokenCache>,
+    upstream_counter: Option<UpstreamCounter>,
     sinks: Vec<Box<dyn alert::AlertSink>>,
 ) -> (CaptureSender, Option<Worker>) {
     match (store, &config.data_dir) {
@@ -139,6 +151,9 @@ fn start_capture(
                 .with_detect_config(config.detect.clone());
             for sink in sinks {
                 pipeline = pipeline.with_sink(sink);
+            }
+            if let Some(counter) = upstream_counter {
+                pipeline = pipeline.with_upstream_counter(counter);
             }
             let (sender, worker) = queue::spawn(pipeline, config.queue_capacity, config.retention_every);
             (sender, Some(worker))

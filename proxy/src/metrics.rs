@@ -26,9 +26,11 @@ pub const UPSTREAM_TOKEN_RATIO: &str = "ctxscope_upstream_token_ratio";
 pub const UPSTREAM_CACHE_REPORTED: &str = "ctxscope_upstream_cache_reported";
 pub const ALERTS_SENT_TOTAL: &str = "ctxscope_alerts_sent_total";
 pub const ALERTS_DROPPED_TOTAL: &str = "ctxscope_alerts_dropped_total";
+pub const UPSTREAM_COUNT_FAILURES_TOTAL: &str = "ctxscope_upstream_count_failures_total";
+pub const UPSTREAM_COUNT_SECONDS: &str = "ctxscope_upstream_count_seconds";
 
 /// Every metric name above, for checks that dashboards and alert rules only use real ones.
-pub const ALL: [&str; 21] = [
+pub const ALL: [&str; 23] = [
     REQUESTS_TOTAL,
     PROMPT_TOKENS,
     CACHED_TOKENS,
@@ -50,6 +52,8 @@ pub const ALL: [&str; 21] = [
     UPSTREAM_CACHE_REPORTED,
     ALERTS_SENT_TOTAL,
     ALERTS_DROPPED_TOTAL,
+    UPSTREAM_COUNT_FAILURES_TOTAL,
+    UPSTREAM_COUNT_SECONDS,
 ];
 
 /// Why a capture was dropped (the `reason` label of `ctxscope_capture_dropped_total`).
@@ -123,6 +127,8 @@ fn describe() {
     metrics::describe_gauge!(UPSTREAM_TOKEN_RATIO, "Median engine/local prompt token ratio over recent turns (1 when the configured tokenizer matches).");
     metrics::describe_gauge!(UPSTREAM_CACHE_REPORTED, "1 once the upstream has reported a prefix-cache hit, else 0.");
     metrics::describe_counter!(ALERTS_SENT_TOTAL, "Alert deliveries to sinks, by sink and outcome.");
+    metrics::describe_counter!(UPSTREAM_COUNT_FAILURES_TOTAL, "Prompts the upstream was asked to count (--count-with upstream) that stayed uncounted, by reason; traffic unaffected.");
+    metrics::describe_histogram!(UPSTREAM_COUNT_SECONDS, "Time to count one prompt through the upstream's endpoints (on the capture worker).");
     metrics::describe_counter!(ALERTS_DROPPED_TOTAL, "Alerts not delivered, by reason (deduplicated, rate_limited, queue_full, failed).");
 }
 

@@ -1,11 +1,13 @@
 //! The small routes: `GET /health`, `GET /v1/models` (with the backend the engine runs on), and
-//! llama.cpp-compatible `POST /tokenize` (`{"content", "add_special", "parse_special"}` -> `{"tokens"}`)
-//! and `POST /detokenize` (`{"tokens"}` -> `{"content"}`).
+//! llama.cpp-compatible `POST /tokenize` (`{"content", "add_special", "parse_special"}` -> `{"tokens"}`),
+//! `POST /detokenize` (`{"tokens"}` -> `{"content"}`) and `POST /apply-template` (`{"messages"}` ->
+//! `{"prompt"}`). `/tokenize` also takes vLLM's chat form (`{"messages", "tools"}` -> `{"count",
+//! "tokens", "max_model_len"}`): the prompt a chat completion would compute, template and BOS included.
 
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::request::json_object;
+use super::request::{json_object, render_chat, tokenize_prompt};
 use super::state::State;
 
 pub fn health() -> Value {
@@ -27,8 +29,30 @@ pub fn models(state: &State) -> Value {
     })
 }
 
+/// llama.cpp's `/apply-template`: the chat prompt text, generation prompt included, not tokenized.
+pub fn apply_template(state: &State, body: &[u8]) -> Result<Value, ApiError> {
+    let body = json_object(body)?;
+    let messages = chat_messages(&body)?;
+    Ok(json!({"prompt": render_chat(&body, messages, &state.engine.model)?}))
+}
+
+fn chat_messages(body: &serde_json::Map<String, Value>) -> Result<&[Value], ApiError> {
+    match body.get("messages") {
+        Some(Value::Array(list)) if !list.is_empty() => Ok(list),
+        Some(Value::Array(_)) => Err(ApiError::param("messages", "`messages` must contain at least one message")),
+        None | Some(Value::Null) => Err(ApiError::param("messages", "`messages` is required")),
+        Some(_) => Err(ApiError::param("messages", "`messages` must be an array of message objects")),
+    }
+}
+
 pub fn tokenize(state: &State, body: &[u8]) -> Result<Value, ApiError> {
     let body = json_object(body)?;
+    if body.contains_key("messages") {
+        // vLLM's chat form: exactly the ids a chat completion of these messages starts from.
+        let messages = chat_messages(&body)?;
+        let tokens = tokenize_prompt(&state.engine.model, &render_chat(&body, messages, &state.engine.model)?);
+        return Ok(json!({"count": tokens.len(), "tokens": tokens, "max_model_len": state.engine.options.ctx}));
+    }
     let content = match body.get("content") {
         Some(Value::String(s)) => s.as_str(),
         None | Some(Value::Null) => return Err(ApiError::param("content", "`content` is required")),

@@ -73,18 +73,7 @@ pub fn chat(body: &Object, model: &Model, ctx: usize) -> Result<Job, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::param("messages", "`messages` must contain at least one message"));
     }
-    for (i, message) in messages.iter().enumerate() {
-        check_message(i, message)?;
-    }
-    let tok = &model.tokenizer;
-    let bos = tok.bos().and_then(|id| tok.token_text(id)).unwrap_or("");
-    let eos = tok.eos().and_then(|id| tok.token_text(id)).unwrap_or("");
-    let tools = body.get("tools").filter(|t| !t.is_null());
-    let options = RenderOptions { add_generation_prompt: true, bos_token: bos, eos_token: eos, tools };
-    let text = model
-        .template
-        .render(messages, &options)
-        .map_err(|e| ApiError::param("messages", format!("the model's chat template cannot render these messages: {e}")))?;
+    let text = render_chat(body, messages, model)?;
     let prompt = tokenize_prompt(model, &text);
     let logprobs = opt_bool(body, "logprobs")?.unwrap_or(false);
     let top = match opt_u64(body, "top_logprobs")? {
@@ -190,6 +179,20 @@ fn finish(body: &Object, prompt: Vec<u32>, ctx: usize, logprobs: bool, top: usiz
     };
     let sampling = SamplingParams { temperature: temperature as f32, top_p: top_p as f32, seed, top_logprobs: top, logprobs };
     Ok(Job { prompt, max_tokens, sampling, stops, stream, include_usage })
+}
+
+/// The prompt text a chat request's messages (and `tools`) render to with the model's template and
+/// the generation prompt; each message is checked first.
+pub fn render_chat(body: &Object, messages: &[Value], model: &Model) -> Result<String, ApiError> {
+    for (i, message) in messages.iter().enumerate() {
+        check_message(i, message)?;
+    }
+    let tok = &model.tokenizer;
+    let bos = tok.bos().and_then(|id| tok.token_text(id)).unwrap_or("");
+    let eos = tok.eos().and_then(|id| tok.token_text(id)).unwrap_or("");
+    let tools = body.get("tools").filter(|t| !t.is_null());
+    let options = RenderOptions { add_generation_prompt: true, bos_token: bos, eos_token: eos, tools };
+    model.template.render(messages, &options).map_err(|e| ApiError::param("messages", format!("the model's chat template cannot render these messages: {e}")))
 }
 
 /// Prompt text to tokens: special tokens parsed, BOS only where the tokenizer asks for it.

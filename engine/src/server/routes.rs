@@ -26,7 +26,7 @@ pub const PATH_HEADER: &str = "x-ctxscope-path";
 /// The header that picks the patch set of one request (comma-separated `name` / `name=value`).
 pub const PATCHES_HEADER: &str = "x-ctxscope-patches";
 
-const ROUTES: [&str; 6] = ["/health", "/v1/models", "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"];
+const ROUTES: [&str; 7] = ["/health", "/v1/models", "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize", "/apply-template"];
 
 /// The service function of every connection.
 pub async fn handle(state: Arc<State>, request: http::Request<Incoming>) -> Result<http::Response<Body>, Infallible> {
@@ -73,6 +73,10 @@ async fn route(state: Arc<State>, request: http::Request<Incoming>, path: Path, 
         (&Method::POST, "/tokenize") => {
             let body = read_body(&state, request).await?;
             info::tokenize(&state, &body).map(ok)
+        }
+        (&Method::POST, "/apply-template") => {
+            let body = read_body(&state, request).await?;
+            info::apply_template(&state, &body).map(ok)
         }
         (&Method::POST, "/detokenize") => {
             let body = read_body(&state, request).await?;

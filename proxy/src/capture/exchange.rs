@@ -79,6 +79,9 @@ pub struct Exchange {
     pub total_us: u64,
     pub frames: u32,
     pub outcome: Outcome,
+    /// The client's `Authorization` header, held in memory only so that upstream token counts
+    /// (`--count-with upstream`) authenticate as the client did; never stored.
+    pub authorization: Option<http::HeaderValue>,
     /// Where to send the kinds of the findings this exchange raised (`--findings-header`).
     pub findings_reply: Option<tokio::sync::oneshot::Sender<Vec<&'static str>>>,
 }
@@ -102,6 +105,7 @@ impl Exchange {
             total_us: 0,
             frames: 0,
             outcome: Outcome::Complete,
+            authorization: None,
             findings_reply: None,
         }
     }

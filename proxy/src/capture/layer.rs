@@ -125,6 +125,10 @@ where
             let mut exchange = Exchange::new(endpoint, parts.method.as_str(), parts.uri.path(), copy);
             exchange.started = started;
             exchange.conversation_name = conversation_name(&parts.headers, settings.session_header.as_ref());
+            exchange.authorization = parts.headers.get(header::AUTHORIZATION).cloned().map(|mut v| {
+                v.set_sensitive(true);
+                v
+            });
             // Dropped with this future if the client goes away before the upstream answers.
             let mut guard = ExchangeGuard::new(exchange, sender, settings.max_capture_bytes);
             let before_upstream = started.elapsed();

@@ -9,3 +9,4 @@ pub mod queue;
 pub mod tee;
 pub mod thread;
 pub mod tokens;
+pub mod upstream_count;

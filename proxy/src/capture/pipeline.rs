@@ -15,7 +15,8 @@ use crate::detect::{DetectConfig, Detectors, Draft, Observation};
 use super::hashes::MessageHashes;
 use super::queue::Sink;
 use super::thread::{self, Decision};
-use super::tokens::TokenCache;
+use super::tokens::{Counted, TokenCache};
+use super::upstream_count::{Prompt, UpstreamCounter};
 use crate::metrics::{self as m, DropReason};
 use crate::parse::{self, ParseError, ParsedResponse};
 
@@ -47,6 +48,8 @@ pub struct Pipeline {
     store: Store,
     upstream: String,
     tokens: Option<TokenCache>,
+    /// Counts through the upstream's endpoints when there is no local tokenizer (`--count-with`).
+    upstream_counter: Option<UpstreamCounter>,
     retention: RetentionPolicy,
     warnings: Throttle,
     hashes: MessageHashes,
@@ -79,7 +82,13 @@ impl Pipeline {
     pub fn new(store: Store, upstream: String, tokens: Option<TokenCache>, retention: RetentionPolicy) -> Pipeline {
         let detectors = Detectors::new(DetectConfig::default());
         let warnings = Throttle { last: None, suppressed: 0 };
-        Pipeline { store, upstream, tokens, retention, warnings, hashes: MessageHashes::default(), detectors, sinks: Vec::new() }
+        Pipeline { store, upstream, tokens, upstream_counter: None, retention, warnings, hashes: MessageHashes::default(), detectors, sinks: Vec::new() }
+    }
+
+    /// Counts prompts through the upstream (used when no local tokenizer is configured).
+    pub fn with_upstream_counter(mut self, counter: UpstreamCounter) -> Pipeline {
+        self.upstream_counter = Some(counter);
+        self
     }
 
     /// Runs the detectors with `config` instead of the defaults.
@@ -144,8 +153,24 @@ impl Pipeline {
         };
         let head = chain.last().copied().unwrap_or(ZERO_HASH);
         let tail = reply.map(|r| chain_next(&head, &r));
-        let counted = self.tokens.as_mut().and_then(|t| t.count(exchange.endpoint, &request.messages, &chain, base_len));
-        let local_tokens = counted.as_ref().map(|c| c.local.clone());
+        let mut counted = self.tokens.as_mut().and_then(|t| t.count(exchange.endpoint, &request.messages, &chain, base_len));
+        let mut local_tokens = counted.as_ref().map(|c| c.local.clone());
+        if let (None, Some(counter)) = (&self.tokens, self.upstream_counter.as_mut()) {
+            let tools_hash = request.tools.as_ref().map(|t| t.hash.as_str());
+            let prompt = Prompt {
+                endpoint: exchange.endpoint,
+                model: request.model.as_deref(),
+                messages: &request.messages,
+                head: chain.last().copied().unwrap_or(ZERO_HASH),
+                tools_hash,
+                body: &body,
+            };
+            if let Some(count) = counter.count(&prompt, exchange.authorization.as_ref()) {
+                // Ids where the endpoint gave them; no per-message split (the detectors then bound by the whole prompt).
+                counted = count.ids.map(|ids| Counted { local: count.local.clone(), ids: ids.to_vec(), segment_ends: Vec::new() });
+                local_tokens = Some(count.local);
+            }
+        }
 
         let turn_id = self.store.next_id()?;
         let (conversation_id, index) = match &decision.conversation {

@@ -1,5 +1,5 @@
-//! Token counting for the capture proxy: the upstream model's tokenizer plus its chat template,
-//! opened from a `.gguf` file, a `tokenizer.json`, or a directory holding one. It splits a rendered
+//! Token counting for the capture proxy: the upstream model's tokenizer plus its chat format (its
+//! Jinja template or a built-in encoder, see [`crate::template::ChatFormat`]), opened from a `.gguf` file, a `tokenizer.json`, or a directory holding one. It splits a rendered
 //! prompt into one text segment per message, so the proxy can cache counts by message hash; it is
 //! stateless (`Send + Sync`), and the caching belongs to the caller.
 
@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use serde_json::Value as Json;
 
 use crate::gguf::{Gguf, GgufError};
-use crate::template::{prepare_messages, ChatTemplate, RenderOptions, TemplateError};
+use crate::template::{
+    ChatFormat, ChatFormatChoice, ChatFormatError, ChatTemplate, RenderOptions, TemplateError,
+};
 use crate::tokenizer::{from_hf, Tokenizer, TokenizerError};
 
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +32,12 @@ pub enum CounterError {
         path: PathBuf,
         #[source]
         source: TemplateError,
+    },
+    #[error("chat format of {path}: {source}")]
+    ChatFormat {
+        path: PathBuf,
+        #[source]
+        source: ChatFormatError,
     },
     #[error(transparent)]
     Template(#[from] TemplateError),
@@ -54,7 +62,7 @@ pub struct Segments {
 #[derive(Debug)]
 pub struct TokenCounter {
     tokenizer: Tokenizer,
-    template: ChatTemplate,
+    format: ChatFormat,
     bos_text: String,
     eos_text: String,
     generation_prompt_tokens: usize,
@@ -63,20 +71,42 @@ pub struct TokenCounter {
 impl TokenCounter {
     /// Opens a `.gguf` file, a `tokenizer.json` (with `tokenizer_config.json` beside it, if present,
     /// for the chat template and special tokens), or a directory containing `tokenizer.json`.
-    /// Without a chat template the ChatML fallback is used (see [`ChatTemplate::is_fallback`]).
+    /// The chat format is detected ([`ChatFormatChoice::Auto`]).
     pub fn open(path: impl AsRef<Path>) -> Result<Self, CounterError> {
+        Self::open_with(path, ChatFormatChoice::Auto)
+    }
+
+    /// [`TokenCounter::open`] with the chat format chosen (`--chat-format`).
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        choice: ChatFormatChoice,
+    ) -> Result<Self, CounterError> {
         let path = path.as_ref();
         if path.is_dir() {
-            return Self::open_tokenizer_json(&path.join("tokenizer.json"));
+            return Self::open_tokenizer_json(&path.join("tokenizer.json"), choice);
         }
         match path.extension().and_then(|e| e.to_str()) {
-            Some("gguf") => Self::open_gguf(path),
-            Some("json") => Self::open_tokenizer_json(path),
+            Some("gguf") => Self::open_gguf(path, choice),
+            Some("json") => Self::open_tokenizer_json(path, choice),
             _ => Err(CounterError::UnknownSource(path.to_path_buf())),
         }
     }
 
-    fn open_gguf(path: &Path) -> Result<Self, CounterError> {
+    fn resolve(
+        path: &Path,
+        choice: ChatFormatChoice,
+        jinja: Option<ChatTemplate>,
+        tokenizer: &Tokenizer,
+    ) -> Result<ChatFormat, CounterError> {
+        choice
+            .resolve(jinja, tokenizer)
+            .map_err(|source| CounterError::ChatFormat {
+                path: path.into(),
+                source,
+            })
+    }
+
+    fn open_gguf(path: &Path, choice: ChatFormatChoice) -> Result<Self, CounterError> {
         let gguf = Gguf::open(path).map_err(|source| CounterError::Gguf {
             path: path.into(),
             source,
@@ -85,16 +115,18 @@ impl TokenCounter {
             path: path.into(),
             source,
         })?;
-        let template = ChatTemplate::from_gguf(&gguf)
-            .map_err(|source| CounterError::TemplateLoad {
+        let template =
+            ChatTemplate::from_gguf(&gguf).map_err(|source| CounterError::TemplateLoad {
                 path: path.into(),
                 source,
-            })?
-            .unwrap_or_else(ChatTemplate::chatml_fallback);
-        Self::new(tokenizer, template)
+            })?;
+        let format = Self::resolve(path, choice, template, &tokenizer)?;
+        Self::new(tokenizer, format)
     }
 
-    fn open_tokenizer_json(path: &Path) -> Result<Self, CounterError> {
+    /// `chat_template.jinja` beside tokenizer.json wins over tokenizer_config.json's
+    /// `chat_template`, as in Hugging Face transformers.
+    fn open_tokenizer_json(path: &Path, choice: ChatFormatChoice) -> Result<Self, CounterError> {
         let tok_err = |source| CounterError::Tokenizer {
             path: path.into(),
             source,
@@ -109,23 +141,34 @@ impl TokenCounter {
             None
         };
         let tokenizer = Tokenizer::from_tokenizer_json(path, config.as_ref()).map_err(tok_err)?;
-        let template = match &config {
-            Some(c) => ChatTemplate::from_tokenizer_config(c).map_err(|source| {
-                CounterError::TemplateLoad {
-                    path: config_path.clone(),
-                    source,
-                }
-            })?,
-            None => None,
+        let jinja_path = path.with_file_name("chat_template.jinja");
+        let template = if jinja_path.is_file() {
+            let load = |source| CounterError::TemplateLoad {
+                path: jinja_path.clone(),
+                source,
+            };
+            let text = std::fs::read_to_string(&jinja_path)
+                .map_err(|e| load(TemplateError::BadConfig(format!("cannot read: {e}"))))?;
+            Some(ChatTemplate::new(text).map_err(load)?)
+        } else {
+            match &config {
+                Some(c) => ChatTemplate::from_tokenizer_config(c).map_err(|source| {
+                    CounterError::TemplateLoad {
+                        path: config_path.clone(),
+                        source,
+                    }
+                })?,
+                None => None,
+            }
         };
-        Self::new(
-            tokenizer,
-            template.unwrap_or_else(ChatTemplate::chatml_fallback),
-        )
+        let format = Self::resolve(path, choice, template, &tokenizer)?;
+        Self::new(tokenizer, format)
     }
 
-    /// Combines a tokenizer and a template; BOS/EOS texts come from the tokenizer's ids.
-    pub fn new(tokenizer: Tokenizer, template: ChatTemplate) -> Result<Self, CounterError> {
+    /// Combines a tokenizer and a chat format (or template); BOS/EOS texts come from the
+    /// tokenizer's ids.
+    pub fn new(tokenizer: Tokenizer, format: impl Into<ChatFormat>) -> Result<Self, CounterError> {
+        let format = format.into();
         let text = |id: Option<u32>| {
             id.and_then(|i| tokenizer.token_text(i))
                 .unwrap_or_default()
@@ -135,7 +178,7 @@ impl TokenCounter {
             bos_text: text(tokenizer.bos()),
             eos_text: text(tokenizer.eos()),
             tokenizer,
-            template,
+            format,
             generation_prompt_tokens: 0,
         };
         // The generation prompt of a one-message probe conversation; templates whose assistant
@@ -153,9 +196,23 @@ impl TokenCounter {
         &self.tokenizer
     }
 
-    /// The chat template (possibly the ChatML fallback).
-    pub fn template(&self) -> &ChatTemplate {
-        &self.template
+    /// The chat format: a Jinja template (possibly the ChatML fallback) or a built-in encoder.
+    pub fn format(&self) -> &ChatFormat {
+        &self.format
+    }
+
+    /// The same as [`TokenCounter::format`] (the name from when every format was a template);
+    /// [`ChatFormat::template`] gives the Jinja template, when there is one.
+    pub fn template(&self) -> &ChatFormat {
+        &self.format
+    }
+
+    /// The generation prompt of this conversation where the format knows it exactly (built-in
+    /// encoders); `None` for Jinja templates, see [`TokenCounter::generation_prompt_tokens`].
+    pub fn generation_prompt(&self, messages: &[Json]) -> Result<Option<String>, CounterError> {
+        Ok(self
+            .format
+            .generation_prompt(messages, &self.options(true))?)
     }
 
     fn options(&self, add_generation_prompt: bool) -> RenderOptions<'_> {
@@ -174,7 +231,7 @@ impl TokenCounter {
         add_generation_prompt: bool,
     ) -> Result<String, CounterError> {
         Ok(self
-            .template
+            .format
             .render(messages, &self.options(add_generation_prompt))?)
     }
 
@@ -182,16 +239,18 @@ impl TokenCounter {
     /// render(messages[..=i]) minus render(messages[..i]). A template-added preamble (a default
     /// system prompt) belongs to the first message. Costs one render per message.
     pub fn segments(&self, messages: &[Json]) -> Result<Segments, CounterError> {
-        let prepared = prepare_messages(messages)?;
+        let prepared = self.format.prepare(messages)?;
         let opts = self.options(false);
-        let full = self.template.render_prepared(&prepared, &opts)?;
+        let full = self
+            .format
+            .render_prefix(&prepared, prepared.len(), &opts)?;
         let mut texts = Vec::with_capacity(prepared.len());
         let mut prev_len = 0;
         for i in 1..=prepared.len() {
             let render = if i == prepared.len() {
                 Ok(full.clone())
             } else {
-                self.template.render_prepared(&prepared[..i], &opts)
+                self.format.render_prefix(&prepared, i, &opts)
             };
             match render {
                 Ok(r) if full.starts_with(r.as_str()) && r.len() >= prev_len => {
@@ -219,10 +278,18 @@ impl TokenCounter {
     /// segments and only need the new ones. `None` when the template's renders are not prefixes of
     /// each other (then only [`TokenCounter::count_prompt`] is exact).
     pub fn segment(&self, messages: &[Json], i: usize) -> Result<Option<String>, CounterError> {
-        let prepared = prepare_messages(&messages[..=i.min(messages.len().saturating_sub(1))])?;
+        let prepared = self
+            .format
+            .prepare(&messages[..=i.min(messages.len().saturating_sub(1))])?;
         let opts = self.options(false);
-        let with = self.template.render_prepared(&prepared, &opts)?;
-        let without = if i == 0 { String::new() } else { self.template.render_prepared(&prepared[..i], &opts)? };
+        let with = self
+            .format
+            .render_prefix(&prepared, prepared.len(), &opts)?;
+        let without = if i == 0 {
+            String::new()
+        } else {
+            self.format.render_prefix(&prepared, i, &opts)?
+        };
         Ok(with.strip_prefix(without.as_str()).map(str::to_string))
     }
 

@@ -2,8 +2,18 @@
 //! `tokenizer_config.json` `chat_template`) the way Hugging Face's `apply_chat_template` does:
 //! trim_blocks + lstrip_blocks, Python string methods, `raise_exception`, Python-style `tojson`.
 //! Models without a template get a ChatML fallback, flagged by [`ChatTemplate::is_fallback`].
+//! [`ChatFormat`] puts these templates and the built-in encoders of models that ship code instead
+//! (DeepSeek V3.2 and V4, [`deepseek`]) behind one type.
 
+pub mod deepseek;
+mod format;
 mod pyfns;
+
+pub use deepseek::{DeepSeekError, DeepSeekFormat, DeepSeekVersion};
+pub use format::{
+    detect_builtin, ChatFormat, ChatFormatChoice, ChatFormatError, UnknownChatFormat,
+    CHAT_FORMAT_NAMES,
+};
 
 use minijinja::value::Serde;
 use minijinja::{context, Environment, Value};
@@ -29,6 +39,8 @@ pub enum TemplateError {
     BadConfig(String),
     #[error(transparent)]
     Gguf(#[from] GgufError),
+    #[error(transparent)]
+    DeepSeek(#[from] DeepSeekError),
 }
 
 /// What a render needs besides the messages.

@@ -104,7 +104,7 @@ fn write_float(f: f64, out: &mut String) {
     }
 }
 
-fn write_str(s: &str, out: &mut String) {
+pub(super) fn write_str(s: &str, out: &mut String) {
     out.push('"');
     for c in s.chars() {
         match c {

@@ -40,10 +40,16 @@ struct Harness {
 
 impl Harness {
     fn new(tokenizer: bool) -> Harness {
+        Harness::with(tokenizer, tokenizer)
+    }
+
+    /// `tokenizer`: the pipeline counts locally; `counter`: the test can count prompts (to script an
+    /// engine's honest answers to a proxy that has no tokenizer).
+    fn with(tokenizer: bool, counter: bool) -> Harness {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
         let tokens = tokenizer.then(|| TokenCache::open(&model()).unwrap());
-        let counter = tokenizer.then(|| TokenCounter::open(model()).unwrap());
+        let counter = counter.then(|| TokenCounter::open(model()).unwrap());
         let pipeline = Pipeline::new(store.clone(), "http://engine".into(), tokens, RetentionPolicy::default());
         Harness { _dir: dir, store, pipeline, counter, clock: 1_000 }
     }
@@ -156,6 +162,85 @@ fn without_a_tokenizer_flat_prompt_counts_while_the_history_grows_are_truncation
     let found = h.findings();
     assert_eq!(h.kinds(), vec![FindingKind::EngineTruncation], "{found:#?}");
     assert_eq!(found[0].evidence["method"], "flat_prompt_tokens");
+}
+
+#[test]
+fn without_a_tokenizer_honest_counts_raise_nothing_whatever_the_text() {
+    let mut h = Harness::with(false, true);
+    clean_conversation(&mut h, long_system(""), 8);
+    clean_conversation(&mut h, system(), 6);
+    // Text of other shapes after a prose start: code, a table rule, CJK, numbers.
+    let mut messages = vec![system(), user("Let us talk about sorting algorithms in plain words first.")];
+    let replies = [
+        "Sure: quicksort picks a pivot and partitions the rest around it.".to_string(),
+        format!("```python\ndef sort(xs):\n    if len(xs) < 2:\n        return xs\n    p = xs[0]\n    return sort([x for x in xs[1:] if x < p]) + [p] + sort([x for x in xs[1:] if x >= p])\n```\n{}", "    # indented comment line\n".repeat(8)),
+        format!("| name | cost |\n|{}|{}|\n| quick | n log n |", "-".repeat(60), "-".repeat(60)),
+        "排序算法有很多种。快速排序的平均复杂度是 n log n，最坏情况是 n 的平方。".repeat(3),
+        (0..60).map(|i| (i * 7919 % 10007).to_string()).collect::<Vec<_>>().join(", "),
+    ];
+    let mut previous = 0;
+    for (i, reply) in replies.iter().enumerate() {
+        let local = h.local(&messages);
+        h.send(&messages, answer(reply, local, previous));
+        previous = local;
+        messages.push(assistant(reply));
+        messages.push(user(&format!("Go on with part {i}, and show me something different.")));
+    }
+    assert_eq!(h.findings(), vec![], "honest counts raised findings without a tokenizer");
+}
+
+#[test]
+fn without_a_tokenizer_a_count_that_stops_growing_with_small_turns_is_truncation_by_rate() {
+    let mut h = Harness::with(false, true);
+    // Earlier conversations give the upstream's tokens-per-byte rate.
+    clean_conversation(&mut h, long_system(""), 6);
+    let mut messages = vec![system(), user("The secret word is banana. Please remember it for later.")];
+    for i in 0..8 {
+        let local = h.local(&messages);
+        // SGLang's auto-truncate at 128: keeps the first 121 tokens and reports that many. Each turn
+        // adds far less than `flat_growth_bytes`, so only the rate can tell.
+        h.send(&messages, answer("Okay, noted.", local.min(121), 0));
+        messages.push(assistant("Okay, noted."));
+        messages.push(user(&format!("Tell me something interesting about the number {i}, in two sentences.")));
+    }
+    let found = h.findings();
+    assert_eq!(h.kinds(), vec![FindingKind::EngineTruncation], "{found:#?}");
+    let evidence = &found[0].evidence;
+    assert_eq!(evidence["method"], "byte_rate", "{evidence:#}");
+    assert_eq!(found[0].severity, ctxscope_store::Severity::Warning, "an estimate is never critical");
+    assert!(["medium", "low"].contains(&evidence["confidence"].as_str().unwrap()), "{evidence:#}");
+    assert!(evidence["predicted_prompt_tokens"].as_u64().unwrap() > 121 + 48, "{evidence:#}");
+}
+
+#[test]
+fn without_a_tokenizer_a_first_turn_cut_far_below_the_upstream_rate_is_truncation() {
+    let mut h = Harness::with(false, true);
+    clean_conversation(&mut h, long_system(""), 6);
+    clean_conversation(&mut h, long_system("Be kind. "), 6);
+    let messages = [system(), user(&"Here is a long document about rivers and the sea. ".repeat(60))];
+    let local = h.local(&messages);
+    h.send(&messages, answer("Rivers.", 200, 0));
+    let found = h.findings();
+    assert_eq!(h.kinds(), vec![FindingKind::EngineTruncation], "local {local}: {found:#?}");
+    assert_eq!(found[0].evidence["confidence"], "low");
+    assert_eq!(found[0].severity, ctxscope_store::Severity::Warning);
+}
+
+#[test]
+fn every_finding_names_its_method_and_confidence() {
+    let mut h = Harness::new(true);
+    let mut messages = vec![system(), user("The secret word is banana. Please remember it for later.")];
+    for _ in 0..3 {
+        let local = h.local(&messages);
+        h.send(&messages, answer("This is the first message you have sent me.", local.min(40), 0));
+        messages.push(assistant("Okay."));
+        messages.push(user("And now?"));
+    }
+    let found = h.findings();
+    assert!(found.len() >= 2, "{found:#?}");
+    for f in &found {
+        assert!(f.evidence["method"].is_string() && f.evidence["confidence"].is_string(), "{f:#?}");
+    }
 }
 
 #[test]

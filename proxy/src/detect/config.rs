@@ -25,6 +25,15 @@ pub struct DetectConfig {
     /// Without a tokenizer: a request that grew by this many bytes while the engine's prompt count
     /// stayed flat or fell is truncation.
     pub flat_growth_bytes: u64,
+    /// Without a count: an extended request whose engine count grew by less than this fraction of what
+    /// its added text bytes predict at the fitted tokens-per-byte rate, ...
+    pub rate_growth_fraction: f64,
+    /// ... by at least this many tokens, is truncation by rate (a warning: an estimate).
+    pub rate_min_tokens: u64,
+    /// A conversation's first turn, at the upstream's rate: below this fraction of the prediction ...
+    pub rate_first_turn_fraction: f64,
+    /// ... and at least this many tokens short.
+    pub rate_first_turn_min_tokens: u64,
     /// Engine-reported cached tokens may exceed the longest common prefix by this many (block rounding).
     pub cache_block_tokens: u64,
     /// A cache miss needs at least this many reusable tokens...
@@ -59,6 +68,10 @@ impl Default for DetectConfig {
             truncation_growth_fraction: 0.5,
             truncation_first_turn_fraction: 0.5,
             flat_growth_bytes: 1024,
+            rate_growth_fraction: 0.5,
+            rate_min_tokens: 48,
+            rate_first_turn_fraction: 0.4,
+            rate_first_turn_min_tokens: 256,
             cache_block_tokens: 16,
             miss_min_tokens: 128,
             miss_fraction: 0.5,

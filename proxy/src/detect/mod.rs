@@ -10,6 +10,7 @@ pub mod drift;
 pub mod history;
 mod amnesia;
 mod dropped;
+mod rate;
 mod reuse;
 mod truncation;
 
@@ -22,6 +23,7 @@ pub use config::DetectConfig;
 use cache::{Recent, RecentPrompts};
 use drift::Drift;
 use history::History;
+use rate::{Rates, Sample};
 
 /// What the detectors see of one captured turn.
 pub struct Observation<'a> {
@@ -146,6 +148,8 @@ pub struct Detectors {
     cold_reports: u64,
     max_prompt: u64,
     recent_turns: RecentTurns,
+    /// Engine tokens per text byte, per conversation and upstream (for diagnosis without a count).
+    rates: Rates,
     gauges: Option<UpstreamGauges>,
 }
 
@@ -160,6 +164,7 @@ impl Detectors {
             cold_reports: 0,
             max_prompt: 0,
             recent_turns: RecentTurns::default(),
+            rates: Rates::default(),
             gauges: None,
         }
     }
@@ -185,20 +190,33 @@ impl Detectors {
         drafts.extend(truncation::overflow(&cx));
         let ok = (200..300).contains(&turn.status);
         if ok {
-            drafts.extend(truncation::truncation(&cx, self.drift.steady(self.config.drift_turns, self.config.drift_tolerance)));
+            let steady = self.drift.steady(self.config.drift_turns, self.config.drift_tolerance);
+            drafts.extend(truncation::truncation(&cx, steady, &self.rates));
             drafts.extend(drift::finding(&mut self.drift, &self.config, turn));
             drafts.extend(reuse::reuse(&cx, &self.recent, self.cache_reported));
             drafts.extend(amnesia::amnesia(&cx));
         }
         drafts.extend(dropped::finding(&cx));
-        self.remember(obs);
+        for draft in &mut drafts {
+            stamp(draft, obs);
+        }
+        let truncated = drafts.iter().any(|d| d.kind == FindingKind::EngineTruncation);
+        self.remember(obs, truncated);
         Ok(drafts)
     }
 
     /// Folds this turn into the per-upstream state and gauges.
-    fn remember(&mut self, obs: &Observation<'_>) {
+    fn remember(&mut self, obs: &Observation<'_>, truncated: bool) {
         let turn = obs.turn;
         self.recent_turns.push(turn);
+        if let (Some(tokens), true) = (turn.usage.as_ref().and_then(|u| u.prompt_tokens), (200..300).contains(&turn.status)) {
+            let extends = match turn.relation {
+                Relation::Extend { parent_turn } => Some(parent_turn),
+                _ => None,
+            };
+            let sample = Sample { bytes: rate::text_bytes(obs.messages), messages: turn.message_count, tokens };
+            self.rates.record(turn.id, turn.conversation, sample, !truncated, extends);
+        }
         let usage = turn.usage.as_ref();
         let gauges = self.gauges.get_or_insert_with(|| UpstreamGauges::new(&turn.upstream));
         if let Some(cached) = usage.and_then(|u| u.cached_tokens) {
@@ -229,6 +247,33 @@ impl Detectors {
             self.recent.push(Recent { ids: Arc::from(held), time_unix_ms: turn.time_unix_ms, conversation: turn.conversation, turn: turn.id });
         }
     }
+}
+
+/// Every finding's evidence names how it was found (`method`) and how sure that is (`confidence`:
+/// high when the evidence proves it, medium or low for estimates); a detector that knows better sets
+/// them itself, the rest get their kind's.
+fn stamp(draft: &mut Draft, obs: &Observation<'_>) {
+    let Some(evidence) = draft.evidence.as_object_mut() else { return };
+    let method = match draft.kind {
+        FindingKind::ContextOverflow => "error_message",
+        FindingKind::PhantomCacheReuse => match evidence.get("bound_method").and_then(Value::as_str) {
+            Some("bytes") => "bytes",
+            _ => "token_ids",
+        },
+        FindingKind::CacheMiss if obs.prompt_ids.is_some() => "token_ids",
+        FindingKind::CacheMiss => "turn_counts",
+        FindingKind::HistoryDropped => "message_hashes",
+        FindingKind::AmnesiaReply => "phrase",
+        FindingKind::TokenCountDrift => "count_fit",
+        _ => "local_count",
+    };
+    let confidence = match draft.kind {
+        FindingKind::CacheMiss if obs.prompt_ids.is_none() => "medium",
+        FindingKind::AmnesiaReply => "medium",
+        _ => "high",
+    };
+    evidence.entry("method").or_insert_with(|| Value::from(method));
+    evidence.entry("confidence").or_insert_with(|| Value::from(confidence));
 }
 
 /// A turn's prompt size: the engine's count, else the local one.

@@ -47,7 +47,8 @@ pub struct LocalTokens {
     pub prompt: u64,
     /// Per message in `new_messages` (the delta against `base`), in order.
     pub new_messages: Vec<u32>,
-    /// Tokenizer source (file name).
+    /// Who counted: the tokenizer's file name, or `upstream:llama.cpp` / `upstream:vllm` /
+    /// `upstream:sglang` / `upstream:ctxscope` when the engine's own endpoints did (`--count-with`).
     pub tokenizer: String,
 }
 

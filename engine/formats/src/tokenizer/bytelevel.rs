@@ -1,10 +1,12 @@
 //! GPT-2 byte-level encoding: every byte maps to one printable Unicode character, so byte-level
-//! BPE vocabularies can store arbitrary bytes as text (a space is "Ġ", a newline "Ċ"). Encoding
-//! happens before BPE; decoding turns token text back into bytes.
+//! BPE vocabularies can store arbitrary bytes as text (a space is "Ġ", a newline "Ċ"). The
+//! `tokenizers` library encodes; this turns a token's text back into bytes for `token_to_piece`.
 
 use std::sync::OnceLock;
 
 struct Tables {
+    /// Only the tests encode; the library decodes.
+    #[cfg_attr(not(test), allow(dead_code))]
     byte_to_char: [char; 256],
     /// Indexed by code point for the 0..=0x143 range the table uses.
     char_to_byte: Vec<Option<u8>>,
@@ -38,6 +40,7 @@ fn tables() -> &'static Tables {
 }
 
 /// Byte-level encodes `text` into `out` (cleared first).
+#[cfg(test)]
 pub(crate) fn encode_into(text: &str, out: &mut String) {
     let t = tables();
     out.clear();
@@ -51,7 +54,7 @@ pub(crate) fn byte_char(b: u8) -> char {
 }
 
 /// Decodes byte-level text back into bytes. Characters outside the table (never produced by
-/// `encode_into`, but possible in a hand-written vocabulary) are kept as their UTF-8 bytes.
+/// byte-level encoding, but possible in a hand-written vocabulary) are kept as their UTF-8 bytes.
 pub(crate) fn decode_into(text: &str, out: &mut Vec<u8>) {
     let t = tables();
     for c in text.chars() {

@@ -1,13 +1,12 @@
 //! Builds a `Tokenizer` from a Hugging Face `tokenizer.json` (+ optional `tokenizer_config.json` for
-//! BOS/EOS and `add_bos_token`). Supports byte-level BPE with no normalizer and pre-tokenizers made
-//! of Split(Regex, Isolated), Digits and ByteLevel; anything else is refused by name, not guessed.
+//! BOS/EOS and `add_bos_token`). The document goes to the `tokenizers` library as it is; this file
+//! only reads what the library does not keep: token kinds, how pieces decode, the special ids.
 
 use std::path::Path;
 
 use serde_json::Value;
 
-use super::pretokenize::HF_BYTE_LEVEL;
-use super::{Parts, TokenKind, Tokenizer, TokenizerError};
+use super::{Meta, PieceStyle, TokenKind, Tokenizer, TokenizerError};
 
 /// Reads and parses a JSON file.
 pub(crate) fn read_json(path: &Path) -> Result<Value, TokenizerError> {
@@ -30,10 +29,6 @@ pub(crate) fn config_token(config: &Value, key: &str) -> Option<String> {
     }
 }
 
-fn unsupported(what: impl Into<String>) -> TokenizerError {
-    TokenizerError::UnsupportedFeature(what.into())
-}
-
 impl Tokenizer {
     /// Loads `tokenizer.json`; `config` is the parsed `tokenizer_config.json` beside it, if any.
     pub fn from_tokenizer_json(
@@ -47,53 +42,9 @@ impl Tokenizer {
     pub fn from_hf_value(json: &Value, config: Option<&Value>) -> Result<Self, TokenizerError> {
         let model = json
             .get("model")
+            .filter(|m| m.is_object())
             .ok_or_else(|| TokenizerError::Invalid("no \"model\" object".into()))?;
-        let kind = model.get("type").and_then(Value::as_str).unwrap_or("BPE");
-        if kind != "BPE" {
-            return Err(TokenizerError::UnsupportedModel(kind.to_string()));
-        }
-        if model
-            .get("byte_fallback")
-            .and_then(Value::as_bool)
-            .unwrap_or(false)
-        {
-            return Err(unsupported(
-                "BPE byte_fallback (SentencePiece-style vocabulary)",
-            ));
-        }
-        for key in ["continuing_subword_prefix", "end_of_word_suffix"] {
-            if model
-                .get(key)
-                .and_then(Value::as_str)
-                .is_some_and(|s| !s.is_empty())
-            {
-                return Err(unsupported(format!("BPE {key}")));
-            }
-        }
-        if !json.get("normalizer").map_or(true, Value::is_null) {
-            return Err(unsupported(format!(
-                "normalizer {}",
-                type_of(&json["normalizer"])
-            )));
-        }
-
-        let mut pre_patterns = Vec::new();
-        let mut byte_level = false;
-        if let Some(pre) = json.get("pre_tokenizer").filter(|v| !v.is_null()) {
-            collect_pre(pre, &mut pre_patterns, &mut byte_level)?;
-        }
-        if json
-            .get("decoder")
-            .is_some_and(|d| type_of(d) == "ByteLevel")
-        {
-            byte_level = true;
-        }
-        if !byte_level {
-            return Err(unsupported("a vocabulary without ByteLevel encoding"));
-        }
-
         let (tokens, kinds) = vocabulary(model, json.get("added_tokens"))?;
-        let merges = merges(model.get("merges"))?;
         let id_of = |text: Option<String>| {
             text.and_then(|t| tokens.iter().position(|x| *x == t))
                 .map(|i| i as u32)
@@ -109,20 +60,43 @@ impl Tokenizer {
                 post_processor_adds(json.get("post_processor"), &tokens[b as usize])
             }),
         };
+        let style = piece_style(json, model);
+        let mut doc = json.clone();
+        fill_added_token_defaults(&mut doc);
+        Tokenizer::from_document(
+            doc,
+            Meta {
+                tokens,
+                kinds,
+                style,
+                bos,
+                eos,
+                add_bos,
+            },
+        )
+    }
+}
 
-        Tokenizer::from_parts(Parts {
-            tokens,
-            kinds,
-            merges,
-            pre_patterns,
-            ignore_merges: model
-                .get("ignore_merges")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-            bos,
-            eos,
-            add_bos,
-        })
+/// Added tokens written by hand often name only id, content and special; `tokenizers` wants every
+/// field. The missing ones get Hugging Face's defaults (normalized unless special).
+fn fill_added_token_defaults(doc: &mut Value) {
+    let Some(list) = doc.get_mut("added_tokens").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for token in list.iter_mut().filter_map(Value::as_object_mut) {
+        let special = token
+            .get("special")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        for (key, default) in [
+            ("special", special),
+            ("single_word", false),
+            ("lstrip", false),
+            ("rstrip", false),
+            ("normalized", !special),
+        ] {
+            token.entry(key).or_insert(Value::Bool(default));
+        }
     }
 }
 
@@ -130,87 +104,108 @@ fn type_of(v: &Value) -> &str {
     v.get("type").and_then(Value::as_str).unwrap_or("?")
 }
 
-/// Flattens a pre-tokenizer tree into llama.cpp-style sequential regexes.
-fn collect_pre(
-    pre: &Value,
-    patterns: &mut Vec<String>,
-    byte_level: &mut bool,
-) -> Result<(), TokenizerError> {
-    match type_of(pre) {
-        "Sequence" => {
-            for p in pre
-                .get("pretokenizers")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                collect_pre(p, patterns, byte_level)?;
-            }
+/// Every component of a (possibly nested `Sequence`) normalizer, pre-tokenizer or decoder.
+fn components(v: Option<&Value>) -> Vec<&Value> {
+    let mut out = Vec::new();
+    let mut stack: Vec<&Value> = v.into_iter().filter(|v| !v.is_null()).collect();
+    while let Some(v) = stack.pop() {
+        let children = ["normalizers", "pretokenizers", "decoders", "processors"]
+            .iter()
+            .find_map(|k| v.get(*k).and_then(Value::as_array));
+        match children {
+            Some(list) => stack.extend(list.iter().rev()),
+            None => out.push(v),
         }
-        "ByteLevel" => {
-            if pre
-                .get("add_prefix_space")
-                .and_then(Value::as_bool)
-                .unwrap_or(false)
-            {
-                return Err(unsupported("ByteLevel add_prefix_space"));
-            }
-            if pre
-                .get("use_regex")
-                .and_then(Value::as_bool)
-                .unwrap_or(true)
-            {
-                patterns.push(HF_BYTE_LEVEL.to_string());
-            }
-            *byte_level = true;
-        }
-        "Digits" => {
-            let single = pre
-                .get("individual_digits")
-                .and_then(Value::as_bool)
-                .unwrap_or(false);
-            patterns.push(if single { r"\p{N}" } else { r"\p{N}+" }.to_string());
-        }
-        "Split" => {
-            let behavior = pre.get("behavior").and_then(Value::as_str).unwrap_or("?");
-            if behavior != "Isolated" || pre.get("invert").and_then(Value::as_bool).unwrap_or(false)
-            {
-                return Err(unsupported(format!(
-                    "Split with behavior {behavior} or invert"
-                )));
-            }
-            let pattern = pre.get("pattern");
-            if let Some(re) = pattern.and_then(|p| p.get("Regex")).and_then(Value::as_str) {
-                patterns.push(re.to_string());
-            } else if let Some(s) = pattern
-                .and_then(|p| p.get("String"))
-                .and_then(Value::as_str)
-            {
-                patterns.push(fancy_regex::escape(s).into_owned());
-            } else {
-                return Err(unsupported("Split without a Regex or String pattern"));
-            }
-        }
-        other => return Err(unsupported(format!("pre-tokenizer {other}"))),
     }
-    Ok(())
+    out
 }
 
-/// Id-ordered tokens and kinds from model.vocab plus added_tokens; ids not named are unused.
+/// How the vocabulary's texts map to bytes, from the decoder (or pre-tokenizer) the file names.
+fn piece_style(json: &Value, model: &Value) -> PieceStyle {
+    let decoder = components(json.get("decoder"));
+    let pre = components(json.get("pre_tokenizer"));
+    let has = |list: &[&Value], t: &str| list.iter().any(|c| type_of(c) == t);
+    if has(&decoder, "ByteLevel") || has(&pre, "ByteLevel") {
+        return PieceStyle::ByteLevel;
+    }
+    let metaspace = decoder
+        .iter()
+        .chain(&pre)
+        .find(|c| type_of(c) == "Metaspace");
+    let replaces_meta = decoder.iter().any(|c| {
+        type_of(c) == "Replace"
+            && c.get("pattern")
+                .and_then(|p| p.get("String"))
+                .and_then(Value::as_str)
+                == Some("\u{2581}")
+    });
+    let byte_fallback = model
+        .get("byte_fallback")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    if metaspace.is_some() || replaces_meta || byte_fallback || has(&decoder, "ByteFallback") {
+        let strip = decoder.iter().any(|c| {
+            type_of(c) == "Strip" && c.get("start").and_then(Value::as_u64).unwrap_or(0) > 0
+        }) || metaspace.is_some_and(|m| {
+            m.get("prepend_scheme").and_then(Value::as_str) != Some("never")
+                && m.get("add_prefix_space").and_then(Value::as_bool) != Some(false)
+        });
+        return PieceStyle::SentencePiece {
+            strip_first_space: strip,
+        };
+    }
+    PieceStyle::Text
+}
+
+/// Id-ordered tokens and kinds from model.vocab (an object for BPE/WordPiece/WordLevel, a list of
+/// [text, score] for Unigram) plus added_tokens; ids not named are unused.
 fn vocabulary(
     model: &Value,
     added: Option<&Value>,
 ) -> Result<(Vec<String>, Vec<TokenKind>), TokenizerError> {
-    let vocab = model
-        .get("vocab")
-        .and_then(Value::as_object)
-        .ok_or_else(|| TokenizerError::Invalid("model.vocab is not an object".into()))?;
-    let mut entries: Vec<(u64, String, TokenKind)> = Vec::with_capacity(vocab.len());
-    for (text, id) in vocab {
-        let id = id.as_u64().ok_or_else(|| {
-            TokenizerError::Invalid(format!("vocab id of {text:?} is not an integer"))
-        })?;
-        entries.push((id, text.clone(), TokenKind::Normal));
+    let byte_fallback = model
+        .get("byte_fallback")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let unk = match model.get("unk_token") {
+        Some(Value::String(s)) => Some(s.clone()),
+        _ => None,
+    };
+    let unk_id = model.get("unk_id").and_then(Value::as_u64);
+    let kind_of = |text: &str, id: u64| {
+        if unk.as_deref() == Some(text) || unk_id == Some(id) {
+            TokenKind::Unknown
+        } else if byte_fallback && super::byte_token(text).is_some() {
+            TokenKind::Byte
+        } else {
+            TokenKind::Normal
+        }
+    };
+    let mut entries: Vec<(u64, String, TokenKind)> = Vec::new();
+    match model.get("vocab") {
+        Some(Value::Object(vocab)) => {
+            for (text, id) in vocab {
+                let id = id.as_u64().ok_or_else(|| {
+                    TokenizerError::Invalid(format!("vocab id of {text:?} is not an integer"))
+                })?;
+                entries.push((id, text.clone(), kind_of(text, id)));
+            }
+        }
+        Some(Value::Array(vocab)) => {
+            for (id, entry) in vocab.iter().enumerate() {
+                let text = entry.get(0).and_then(Value::as_str).ok_or_else(|| {
+                    TokenizerError::Invalid(format!(
+                        "Unigram vocab entry {id} is not [text, score]"
+                    ))
+                })?;
+                entries.push((id as u64, text.to_string(), kind_of(text, id as u64)));
+            }
+        }
+        _ => {
+            return Err(TokenizerError::Invalid(
+                "model.vocab is neither an object nor a list".into(),
+            ))
+        }
     }
     for a in added.and_then(Value::as_array).into_iter().flatten() {
         let id = a.get("id").and_then(Value::as_u64);
@@ -245,47 +240,16 @@ fn vocabulary(
     Ok((tokens, kinds))
 }
 
-/// Merges as "a b" strings (older files) or ["a", "b"] pairs (newer files).
-fn merges(merges: Option<&Value>) -> Result<Vec<(String, String)>, TokenizerError> {
-    let list = merges
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    list.iter()
-        .map(|m| match m {
-            Value::String(s) => s
-                .split_once(' ')
-                .map(|(l, r)| (l.to_string(), r.to_string())),
-            Value::Array(p) if p.len() == 2 => {
-                Some((p[0].as_str()?.to_string(), p[1].as_str()?.to_string()))
-            }
-            _ => None,
-        })
-        .map(|m| {
-            m.ok_or_else(|| TokenizerError::Invalid("a merge is neither \"a b\" nor [a, b]".into()))
-        })
-        .collect()
-}
-
 /// Whether a TemplateProcessing post-processor (alone or in a Sequence) starts with `bos`.
 fn post_processor_adds(post: Option<&Value>, bos: &str) -> bool {
-    let Some(post) = post.filter(|p| !p.is_null()) else {
-        return false;
-    };
-    match type_of(post) {
-        "Sequence" => post
-            .get("processors")
-            .and_then(Value::as_array)
-            .is_some_and(|ps| ps.iter().any(|p| post_processor_adds(Some(p), bos))),
-        "TemplateProcessing" => {
-            post.get("single")
+    components(post).iter().any(|p| {
+        type_of(p) == "TemplateProcessing"
+            && p.get("single")
                 .and_then(Value::as_array)
                 .and_then(|s| s.first())
                 .and_then(|first| first.get("SpecialToken"))
                 .and_then(|st| st.get("id"))
                 .and_then(Value::as_str)
                 == Some(bos)
-        }
-        _ => false,
-    }
+    })
 }

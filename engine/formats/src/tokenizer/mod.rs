@@ -1,20 +1,20 @@
-//! Byte-level BPE tokenizer that agrees token for token with llama.cpp: special-token partition,
-//! regex pre-tokenization, byte-level encoding, rank-ordered merges. Built from GGUF metadata
-//! (`tokenizer.ggml.*`) or from a Hugging Face `tokenizer.json`. SentencePiece-style vocabularies
-//! (`tokenizer.ggml.model = "llama"`) are not supported yet and are refused with a typed error.
+//! The tokenizer: Hugging Face's `tokenizers` behind the API the engine, proxy and replay use. Built
+//! from any `tokenizer.json` (BPE, Unigram, WordPiece, WordLevel with every normalizer,
+//! pre-tokenizer and post-processor), or from GGUF metadata: `tokenizer.ggml.model = "gpt2"`
+//! (byte-level BPE, pre-tokenizer regexes per `tokenizer.ggml.pre` as llama.cpp applies them) and
+//! `"llama"` (SentencePiece as BPE with byte fallback, merges from the scores when absent). Both
+//! GGUF kinds are converted to a `tokenizer.json` document first, so every source runs the same code.
 
-mod bpe;
 mod bytelevel;
 mod from_gguf;
 pub(crate) mod from_hf;
 mod pretokenize;
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 
+use serde_json::Value;
+
 use crate::gguf::GgufError;
-use bpe::Merges;
-use pretokenize::PreTokenizer;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
@@ -32,14 +32,14 @@ pub enum TokenizerError {
         #[source]
         source: serde_json::Error,
     },
-    #[error("unsupported tokenizer model '{0}': only byte-level BPE (GGUF 'gpt2', tokenizer.json BPE with ByteLevel) is supported")]
+    #[error("unsupported GGUF tokenizer model '{0}': supported are 'gpt2' (byte-level BPE) and 'llama' (SentencePiece)")]
     UnsupportedModel(String),
     #[error("unsupported pre-tokenizer '{0}': supported are default, gpt-2, smollm (and starcoder family), llama3 (llama-bpe family), dbrx, smaug-bpe, qwen2")]
     UnsupportedPreTokenizer(String),
-    #[error("unsupported tokenizer.json feature: {0}")]
-    UnsupportedFeature(String),
-    #[error("pre-tokenizer regex {pattern:?} does not compile: {message}")]
-    BadRegex { pattern: String, message: String },
+    #[error("the tokenizers library refuses this tokenizer: {0}")]
+    Load(String),
+    #[error("cannot tokenize the text: {0}")]
+    Encode(String),
     #[error("invalid tokenizer data: {0}")]
     Invalid(String),
 }
@@ -69,7 +69,8 @@ impl TokenKind {
         }
     }
 
-    fn is_special(self) -> bool {
+    /// Written as its literal text by `token_to_piece`, not decoded.
+    fn is_literal(self) -> bool {
         matches!(
             self,
             TokenKind::Control | TokenKind::UserDefined | TokenKind::Unknown
@@ -77,174 +78,153 @@ impl TokenKind {
     }
 }
 
-/// Everything a tokenizer is built from, whatever the source format.
-pub(crate) struct Parts {
+/// How a normal token's stored text maps to the bytes it stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PieceStyle {
+    /// GPT-2 byte-level: every byte is one printable character ("Ġ" is a space).
+    ByteLevel,
+    /// SentencePiece: "▁" is a space, `<0xNN>` is the byte NN. `strip_first_space`: decoding drops
+    /// the space the tokenizer put before the text (llama.cpp's and HF's `Strip` decoder).
+    SentencePiece { strip_first_space: bool },
+    /// Anything else (WordPiece, WordLevel, Unigram without "▁"): the text itself; `decode` asks the
+    /// tokenizer's own decoder.
+    Text,
+}
+
+/// What a source adds to the `tokenizers` document: the id-ordered vocabulary with kinds, the piece
+/// style and the special ids.
+pub(crate) struct Meta {
     pub tokens: Vec<String>,
     pub kinds: Vec<TokenKind>,
-    /// Merge pairs in rank order, as token texts.
-    pub merges: Vec<(String, String)>,
-    pub pre_patterns: Vec<String>,
-    pub ignore_merges: bool,
+    pub style: PieceStyle,
     pub bos: Option<u32>,
     pub eos: Option<u32>,
     pub add_bos: bool,
 }
 
-/// A byte-level BPE tokenizer. Immutable after construction; `Send + Sync`.
-#[derive(Debug)]
+/// A tokenizer. Immutable after construction; `Send + Sync`.
 pub struct Tokenizer {
+    /// Matches special tokens written in the text (`parse_special = true`).
+    special: tokenizers::Tokenizer,
+    /// The same, with special tokens left as plain text (`encode_special_tokens`); added tokens
+    /// that are not special still match.
+    plain: tokenizers::Tokenizer,
     tokens: Vec<String>,
     kinds: Vec<TokenKind>,
-    token_to_id: HashMap<String, u32>,
-    merges: Merges,
-    pre: PreTokenizer,
-    /// Special-token ids, longest text first (llama.cpp's `cache_special_tokens` order).
-    specials: Vec<u32>,
-    ignore_merges: bool,
+    style: PieceStyle,
     bos: Option<u32>,
     eos: Option<u32>,
     add_bos: bool,
 }
 
-enum Fragment {
-    Text(usize, usize),
-    Token(u32),
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab_size", &self.tokens.len())
+            .field("style", &self.style)
+            .field("bos", &self.bos)
+            .field("eos", &self.eos)
+            .field("add_bos", &self.add_bos)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Tokenizer {
-    pub(crate) fn from_parts(p: Parts) -> Result<Self, TokenizerError> {
-        if p.tokens.len() != p.kinds.len() {
+    /// Builds from a `tokenizer.json` document and what the source says beyond it.
+    pub(crate) fn from_document(doc: Value, meta: Meta) -> Result<Self, TokenizerError> {
+        let special: tokenizers::Tokenizer =
+            serde_json::from_value(doc).map_err(|e| TokenizerError::Load(e.to_string()))?;
+        if meta.tokens.len() != meta.kinds.len() {
             return Err(TokenizerError::Invalid(format!(
                 "{} tokens but {} token types",
-                p.tokens.len(),
-                p.kinds.len()
+                meta.tokens.len(),
+                meta.kinds.len()
             )));
         }
-        let n = u32::try_from(p.tokens.len())
+        let n = u32::try_from(meta.tokens.len())
             .map_err(|_| TokenizerError::Invalid("vocabulary larger than u32".into()))?;
-        for (name, id) in [("BOS", p.bos), ("EOS", p.eos)] {
+        for (name, id) in [("BOS", meta.bos), ("EOS", meta.eos)] {
             if let Some(id) = id.filter(|id| *id >= n) {
                 return Err(TokenizerError::Invalid(format!(
                     "{name} id {id} is outside the vocabulary of {n}"
                 )));
             }
         }
-        let mut token_to_id = HashMap::with_capacity(p.tokens.len());
-        for (id, t) in p.tokens.iter().enumerate() {
-            // The first id wins for duplicate texts, as in llama.cpp.
-            token_to_id.entry(t.clone()).or_insert(id as u32);
-        }
-        // Merges whose parts or result are not tokens cannot produce a token; they are skipped.
-        let mut merges = Merges::with_capacity(p.merges.len());
-        for (rank, (l, r)) in p.merges.iter().enumerate() {
-            let ids = (
-                token_to_id.get(l),
-                token_to_id.get(r),
-                token_to_id.get(&format!("{l}{r}")),
-            );
-            if let (Some(&l), Some(&r), Some(&m)) = ids {
-                merges.entry((l, r)).or_insert((rank as u32, m));
-            }
-        }
-        let mut specials: Vec<u32> = (0..n)
-            .filter(|&id| p.kinds[id as usize].is_special() && !p.tokens[id as usize].is_empty())
-            .collect();
-        specials.sort_by_key(|&id| std::cmp::Reverse(p.tokens[id as usize].len()));
+        let mut plain = special.clone();
+        plain.set_encode_special_tokens(true);
         Ok(Tokenizer {
-            pre: PreTokenizer::new(&p.pre_patterns)?,
-            tokens: p.tokens,
-            kinds: p.kinds,
-            token_to_id,
-            merges,
-            specials,
-            ignore_merges: p.ignore_merges,
-            bos: p.bos,
-            eos: p.eos,
-            add_bos: p.add_bos,
+            special,
+            plain,
+            tokens: meta.tokens,
+            kinds: meta.kinds,
+            style: meta.style,
+            bos: meta.bos,
+            eos: meta.eos,
+            add_bos: meta.add_bos,
         })
     }
 
     /// Tokenizes `text` without adding BOS/EOS. With `parse_special`, control tokens written in
-    /// the text (`<|im_start|>`) become their ids; user-defined tokens always do.
+    /// the text (`<|im_start|>`) become their ids; user-defined tokens always do. A failure of the
+    /// underlying tokenizer (not seen on any input so far) gives an empty list: `try_encode` says why.
     pub fn encode(&self, text: &str, parse_special: bool) -> Vec<u32> {
-        let mut out = Vec::new();
-        let mut word = String::new();
-        for fragment in self.partition(text, parse_special) {
-            match fragment {
-                Fragment::Token(id) => out.push(id),
-                Fragment::Text(start, end) => {
-                    let piece = &text[start..end];
-                    for (ws, we) in self.pre.split(piece) {
-                        bytelevel::encode_into(&piece[ws..we], &mut word);
-                        bpe::merge_word(
-                            &word,
-                            &self.token_to_id,
-                            &self.merges,
-                            self.ignore_merges,
-                            &mut out,
-                        );
-                    }
-                }
-            }
-        }
-        out
+        self.try_encode(text, parse_special).unwrap_or_default()
     }
 
-    /// Splits text at special tokens, longest token first, as llama.cpp's `tokenizer_st_partition`.
-    fn partition(&self, text: &str, parse_special: bool) -> Vec<Fragment> {
-        let mut fragments = vec![Fragment::Text(0, text.len())];
-        if text.is_empty() {
-            return Vec::new();
-        }
-        for &id in &self.specials {
-            if !parse_special && self.kinds[id as usize] != TokenKind::UserDefined {
-                continue;
-            }
-            let special = self.tokens[id as usize].as_str();
-            if !text.contains(special) {
-                continue;
-            }
-            let mut next = Vec::with_capacity(fragments.len() + 2);
-            for f in fragments {
-                let Fragment::Text(mut start, end) = f else {
-                    next.push(f);
-                    continue;
-                };
-                while let Some(pos) = text[start..end].find(special) {
-                    if pos > 0 {
-                        next.push(Fragment::Text(start, start + pos));
-                    }
-                    next.push(Fragment::Token(id));
-                    start += pos + special.len();
-                }
-                if start < end {
-                    next.push(Fragment::Text(start, end));
-                }
-            }
-            fragments = next;
-        }
-        fragments
+    /// `encode`, with the underlying tokenizer's error when it fails.
+    pub fn try_encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
+        let tokenizer = if parse_special {
+            &self.special
+        } else {
+            &self.plain
+        };
+        let encoding = tokenizer
+            .encode_fast(text, false)
+            .map_err(|e| TokenizerError::Encode(e.to_string()))?;
+        Ok(encoding.get_ids().to_vec())
     }
 
-    /// The bytes a token stands for: byte-level decoded for normal tokens, the literal text for
-    /// special ones. A single token may hold part of a UTF-8 sequence. None for an unknown id.
+    /// The bytes a token stands for: byte-level decoded (or "▁" as a space and `<0xNN>` as its byte
+    /// for SentencePiece) for normal tokens, the literal text for special ones. A single token may
+    /// hold part of a UTF-8 sequence. None for an unknown id.
     pub fn token_to_piece(&self, id: u32) -> Option<Vec<u8>> {
         let text = self.tokens.get(id as usize)?;
+        let kind = self.kinds[id as usize];
         let mut out = Vec::with_capacity(text.len());
-        match self.kinds[id as usize] {
-            TokenKind::Normal | TokenKind::Byte => bytelevel::decode_into(text, &mut out),
-            _ => out.extend_from_slice(text.as_bytes()),
+        if kind.is_literal() {
+            out.extend_from_slice(text.as_bytes());
+            return Some(out);
+        }
+        match self.style {
+            PieceStyle::ByteLevel => bytelevel::decode_into(text, &mut out),
+            PieceStyle::SentencePiece { .. } => match byte_token(text) {
+                Some(b) => out.push(b),
+                None => out.extend_from_slice(text.replace('\u{2581}', " ").as_bytes()),
+            },
+            PieceStyle::Text => out.extend_from_slice(text.as_bytes()),
         }
         Some(out)
     }
 
     /// Text of a token sequence, special tokens rendered as their text; invalid UTF-8 (a sequence
-    /// cut between tokens) becomes U+FFFD. Unknown ids are skipped.
+    /// cut between tokens) becomes U+FFFD. Unknown ids are skipped. SentencePiece vocabularies drop
+    /// the space put before the text, as llama.cpp's detokenizer does.
     pub fn decode(&self, ids: &[u32]) -> String {
+        if self.style == PieceStyle::Text {
+            return self.special.decode(ids, false).unwrap_or_default();
+        }
         let mut bytes = Vec::new();
-        for &id in ids {
+        for (i, &id) in ids.iter().enumerate() {
             if let Some(piece) = self.token_to_piece(id) {
-                bytes.extend_from_slice(&piece);
+                let strip = i == 0
+                    && matches!(
+                        self.style,
+                        PieceStyle::SentencePiece {
+                            strip_first_space: true
+                        }
+                    )
+                    && piece.first() == Some(&b' ');
+                bytes.extend_from_slice(&piece[usize::from(strip)..]);
             }
         }
         String::from_utf8_lossy(&bytes).into_owned()
@@ -262,7 +242,7 @@ impl Tokenizer {
 
     /// The id of a token text (stored form).
     pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.token_to_id.get(text).copied()
+        self.special.token_to_id(text)
     }
 
     /// Number of entries in the vocabulary.
@@ -284,6 +264,14 @@ impl Tokenizer {
     pub fn add_bos(&self) -> bool {
         self.add_bos && self.bos.is_some()
     }
+}
+
+/// The byte of a SentencePiece byte token `<0xNN>`.
+fn byte_token(text: &str) -> Option<u8> {
+    let hex = text.strip_prefix("<0x")?.strip_suffix('>')?;
+    (hex.len() == 2)
+        .then(|| u8::from_str_radix(hex, 16).ok())
+        .flatten()
 }
 
 #[cfg(test)]

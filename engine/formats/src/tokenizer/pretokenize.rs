@@ -1,17 +1,11 @@
-//! Pre-tokenization: the ordered regex list that splits text into words before BPE, as llama.cpp
-//! applies it (each regex splits every fragment left by the previous one; matches and the gaps
-//! between them both become fragments). Holds llama.cpp's named presets (`tokenizer.ggml.pre`).
+//! Pre-tokenization of GGUF byte-level vocabularies: llama.cpp's named regex presets
+//! (`tokenizer.ggml.pre`) and the `tokenizers` pre-tokenizer that applies them as llama.cpp does.
 
-use fancy_regex::Regex;
-
-use super::TokenizerError;
+use serde_json::{json, Value};
 
 /// GPT-2's split, as llama.cpp writes it (it has no trailing `|\s+`; a lone whitespace left
 /// unmatched becomes a gap fragment, which gives the same words).
 const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
-/// GPT-2's split as Hugging Face's ByteLevel pre-tokenizer writes it.
-pub(crate) const HF_BYTE_LEVEL: &str =
-    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 /// Llama 3's split, case-insensitive contractions spelled out (llama.cpp's adaptation).
 const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Qwen2's split: Llama 3's with single digits.
@@ -55,78 +49,35 @@ pub(crate) fn preset(name: &str) -> Option<Preset> {
     }
 }
 
-/// The compiled regex list.
-#[derive(Debug)]
-pub(crate) struct PreTokenizer {
-    regexes: Vec<Regex>,
-}
-
-impl PreTokenizer {
-    pub(crate) fn new<S: AsRef<str>>(patterns: &[S]) -> Result<Self, TokenizerError> {
-        let regexes = patterns
-            .iter()
-            .map(|p| {
-                Regex::new(p.as_ref()).map_err(|e| TokenizerError::BadRegex {
-                    pattern: p.as_ref().to_string(),
-                    message: e.to_string(),
-                })
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(PreTokenizer { regexes })
-    }
-
-    /// Splits `text` into words (byte ranges of `text`, in order, covering it entirely).
-    pub(crate) fn split(&self, text: &str) -> Vec<(usize, usize)> {
-        let mut fragments = vec![(0, text.len())];
-        if text.is_empty() {
-            return Vec::new();
-        }
-        for re in &self.regexes {
-            let mut next = Vec::with_capacity(fragments.len() * 2);
-            for &(start, end) in &fragments {
-                split_one(re, text, start, end, &mut next);
-            }
-            fragments = next;
-        }
-        fragments
-    }
-}
-
-/// Splits `text[start..end]` by `re`: each match and each gap between matches is a fragment.
-/// The regex sees only the fragment, as in llama.cpp (look-ahead stops at the fragment's end).
-fn split_one(re: &Regex, text: &str, start: usize, end: usize, out: &mut Vec<(usize, usize)>) {
-    let slice = &text[start..end];
-    let mut last = 0;
-    for m in re.find_iter(slice) {
-        let Ok(m) = m else {
-            // fancy-regex gave up (backtrack limit): keep the rest as one fragment rather than
-            // dropping text. Not reached by the presets on any input seen so far.
-            break;
-        };
-        if m.start() == m.end() {
-            continue;
-        }
-        if m.start() > last {
-            out.push((start + last, start + m.start()));
-        }
-        out.push((start + m.start(), start + m.end()));
-        last = m.end();
-    }
-    if last < slice.len() {
-        out.push((start + last, end));
-    }
+/// The `tokenizers` pre-tokenizer for llama.cpp's regex list: each regex splits every fragment
+/// the previous one left (matches and the gaps between them both become fragments, and a regex
+/// sees only its fragment: `Split` with `Isolated`), then byte-level encoding without its own regex.
+pub(crate) fn byte_level_pre_tokenizer(regexes: &[&str]) -> Value {
+    let mut steps: Vec<Value> = regexes
+        .iter()
+        .map(|re| {
+            json!({"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": false})
+        })
+        .collect();
+    steps.push(json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}));
+    json!({"type": "Sequence", "pretokenizers": steps})
 }
 
 #[cfg(test)]
 mod tests {
+    use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+
     use super::*;
 
     fn words(names: &str, text: &str) -> Vec<String> {
         let p = preset(names).unwrap();
-        let pre = PreTokenizer::new(p.regexes).unwrap();
-        pre.split(text)
+        let pre: tokenizers::PreTokenizerWrapper =
+            serde_json::from_value(byte_level_pre_tokenizer(p.regexes)).unwrap();
+        let mut s = PreTokenizedString::from(text);
+        pre.pre_tokenize(&mut s).unwrap();
+        s.get_splits(OffsetReferential::Original, OffsetType::Byte)
             .into_iter()
-            .map(|(s, e)| text[s..e].to_string())
+            .map(|(_, (a, b), _)| text[a..b].to_string())
             .collect()
     }
 
@@ -159,9 +110,11 @@ mod tests {
     fn every_preset_compiles() {
         for name in ["default", "llama3", "dbrx", "gpt-2", "smollm", "qwen2"] {
             let p = preset(name).unwrap();
-            PreTokenizer::new(p.regexes).unwrap();
+            serde_json::from_value::<tokenizers::PreTokenizerWrapper>(byte_level_pre_tokenizer(
+                p.regexes,
+            ))
+            .unwrap();
         }
-        PreTokenizer::new(&[HF_BYTE_LEVEL]).unwrap();
         assert!(preset("no-such-pre").is_none());
     }
 }

@@ -239,6 +239,11 @@ struct ProxyArgs {
     /// The upstream model's tokenizer: a tokenizer.json (or its directory) or a GGUF file.
     #[arg(long)]
     tokenizer: Option<PathBuf>,
+    /// How --tokenizer's model renders a chat: auto (its Jinja template, else a built-in format its
+    /// vocabulary identifies, else ChatML), jinja, chatml, deepseek-v3.2, deepseek-v3.2-thinking,
+    /// deepseek-v4 or deepseek-v4-thinking.
+    #[arg(long, value_name = "NAME", default_value = "auto")]
+    chat_format: ctxscope_formats::template::ChatFormatChoice,
     /// Capture queue bound; beyond it exchanges pass uncaptured (counted).
     #[arg(long, default_value_t = 4096)]
     queue_capacity: usize,
@@ -326,6 +331,7 @@ async fn run_proxy(args: ProxyArgs) -> Result<(), String> {
     let mut config = ProxyConfig::new(upstream);
     args.capture.apply(&mut config)?;
     config.tokenizer = args.tokenizer;
+    config.chat_format = args.chat_format;
     config.queue_capacity = args.queue_capacity;
     config.max_request_bytes = args.max_request_bytes;
     config.max_capture_bytes = args.max_capture_bytes;

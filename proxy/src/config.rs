@@ -14,6 +14,9 @@ pub struct ProxyConfig {
     pub data_dir: Option<PathBuf>,
     /// tokenizer.json, a directory holding one, or a GGUF file.
     pub tokenizer: Option<PathBuf>,
+    /// How `tokenizer`'s model turns a conversation into prompt text (`--chat-format`): its Jinja
+    /// template, a built-in encoder (DeepSeek V3.2/V4), ChatML, or detected.
+    pub chat_format: ctxscope_formats::template::ChatFormatChoice,
     /// How prompts are counted: the local tokenizer, the upstream's own endpoints, or whichever is there.
     pub count_with: CountWith,
     /// Extra request header naming the conversation (besides `x-ctxscope-conversation`).
@@ -120,6 +123,7 @@ impl ProxyConfig {
             upstream,
             data_dir: None,
             tokenizer: None,
+            chat_format: ctxscope_formats::template::ChatFormatChoice::Auto,
             count_with: CountWith::Auto,
             session_header: None,
             queue_capacity: 4096,

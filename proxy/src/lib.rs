@@ -66,7 +66,8 @@ pub async fn run(
     let tokens = match local {
         Some(path) => {
             let path = path.clone();
-            let loaded = tokio::task::spawn_blocking(move || TokenCache::open(&path).map_err(|source| (path, source)))
+            let format = config.chat_format;
+            let loaded = tokio::task::spawn_blocking(move || TokenCache::open_with(&path, format).map_err(|source| (path, source)))
                 .await
                 .expect("tokenizer loading does not panic");
             Some(loaded.map_err(|(path, source)| RunError::Tokenizer { path, source })?)

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use ctxscope_formats::template::ChatFormatChoice;
 use ctxscope_formats::{CounterError, TokenCounter};
 use ctxscope_store::{Endpoint, Hash, LocalTokens};
 use serde_json::Value;
@@ -26,14 +27,20 @@ pub struct TokenCache {
     /// Chain hash of messages 0..=i -> token ids of message i's rendered segment.
     segments: HashMap<Hash, Arc<[u32]>>,
     cached_tokens: usize,
-    /// Ids of the generation prompt the template appends (`<|im_start|>assistant\n`).
+    /// Ids of the generation prompt the template appends (`<|im_start|>assistant\n`), for formats
+    /// that do not give it per conversation.
     generation: Vec<u32>,
     name: String,
 }
 
 impl TokenCache {
     pub fn open(path: &Path) -> Result<TokenCache, CounterError> {
-        let counter = TokenCounter::open(path)?;
+        Self::open_with(path, ChatFormatChoice::Auto)
+    }
+
+    /// [`TokenCache::open`] with the chat format chosen (`--chat-format`).
+    pub fn open_with(path: &Path, format: ChatFormatChoice) -> Result<TokenCache, CounterError> {
+        let counter = TokenCounter::open_with(path, format)?;
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let generation = generation_ids(&counter);
         Ok(TokenCache { counter: Arc::new(counter), segments: HashMap::new(), cached_tokens: 0, generation, name })
@@ -80,7 +87,12 @@ impl TokenCache {
             ids.extend_from_slice(&segment);
             segment_ends.push(ids.len());
         }
-        ids.extend_from_slice(&self.generation);
+        // Built-in formats know this conversation's generation prompt (after DeepSeek V3.2 tool
+        // results it differs from the one after a user message).
+        match self.counter.generation_prompt(messages).ok()? {
+            Some(text) => ids.extend(self.counter.tokenizer().encode(&text, true)),
+            None => ids.extend_from_slice(&self.generation),
+        }
         let local = LocalTokens {
             prompt: ids.len() as u64,
             new_messages: counts[new_from.min(counts.len())..].to_vec(),

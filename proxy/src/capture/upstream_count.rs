@@ -868,6 +868,84 @@ mod tests {
         );
     }
 
+    /// A captured chat exchange as the tee would hand it over.
+    fn exchange(
+        messages: &[Value],
+        authorization: Option<&str>,
+    ) -> crate::capture::exchange::Exchange {
+        use crate::capture::exchange::{Captured, Exchange};
+        let captured = |value: Value| {
+            let mut c = Captured::default();
+            c.push(&Bytes::from(value.to_string()), usize::MAX);
+            c.complete = true;
+            c
+        };
+        let request = Arc::new(Mutex::new(captured(
+            json!({"model": "m", "messages": messages}),
+        )));
+        let mut ex = Exchange::new(
+            Endpoint::ChatCompletions,
+            "POST",
+            "/v1/chat/completions",
+            request,
+        );
+        ex.status = Some(200);
+        ex.response_content_type = Some("application/json".into());
+        let reply = json!({"choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 7, "completion_tokens": 1}});
+        ex.response = captured(reply);
+        ex.authorization = authorization.map(|a| HeaderValue::from_str(a).unwrap());
+        ex
+    }
+
+    #[test]
+    fn the_pipeline_stores_upstream_counts_and_stores_the_turn_uncounted_when_the_upstream_fails() {
+        use crate::capture::pipeline::Pipeline;
+        let up = double("llamacpp", Duration::ZERO);
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            ctxscope_store::Store::open(dir.path(), &ctxscope_store::StoreOptions::default())
+                .unwrap();
+        let counter =
+            UpstreamCounter::new(Upstream::parse(&up.url).unwrap(), CountSettings::default());
+        let mut pipeline = Pipeline::new(store, up.url.clone(), None, Default::default())
+            .with_upstream_counter(counter);
+        let list = messages(1);
+        let turn = pipeline
+            .capture(&exchange(&list, Some("Bearer k1")))
+            .unwrap();
+        let counted = turn.local_tokens.expect("counted by the upstream");
+        assert_eq!(counted.tokenizer, "upstream:llama.cpp");
+        assert_eq!(
+            counted.prompt,
+            "<system>be terse<user>question 0<assistant>".len() as u64
+        );
+        assert!(up
+            .seen
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|(_, a)| a.as_deref() == Some("Bearer k1")));
+        // The engine fails: the turn is still captured, uncounted.
+        up.fail.store(true, std::sync::atomic::Ordering::SeqCst);
+        let turn = pipeline.capture(&exchange(&messages(2), None)).unwrap();
+        assert_eq!(turn.local_tokens, None);
+        assert_eq!(turn.usage.and_then(|u| u.prompt_tokens), Some(7));
+    }
+
+    #[test]
+    fn count_with_parses_and_local_needs_a_tokenizer() {
+        use crate::config::{ConfigError, CountWith, ProxyConfig};
+        assert_eq!("upstream".parse::<CountWith>(), Ok(CountWith::Upstream));
+        assert!("remote".parse::<CountWith>().is_err());
+        let mut config = ProxyConfig::new(Upstream::parse("http://127.0.0.1:1").unwrap());
+        assert_eq!(config.count_with, CountWith::Auto);
+        config.count_with = CountWith::Local;
+        assert!(matches!(
+            config.validate(),
+            Err(ConfigError::CountWithoutTokenizer)
+        ));
+    }
+
     #[test]
     fn other_endpoints_are_not_sent_and_an_unknown_engine_is_found_by_its_endpoints() {
         let up = double("someone-else", Duration::ZERO);

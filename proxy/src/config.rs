@@ -52,6 +52,8 @@ pub enum CountWith {
     /// Local when `--tokenizer` is given, else the upstream's endpoints when it has them, else none.
     #[default]
     Auto,
+    /// No count at all: detectors use only the engine's own numbers (and say so in their evidence).
+    None,
 }
 
 impl std::str::FromStr for CountWith {
@@ -62,7 +64,8 @@ impl std::str::FromStr for CountWith {
             "local" => Ok(CountWith::Local),
             "upstream" => Ok(CountWith::Upstream),
             "auto" => Ok(CountWith::Auto),
-            other => Err(format!("{other:?} is not a counting method; use local, upstream or auto")),
+            "none" => Ok(CountWith::None),
+            other => Err(format!("{other:?} is not a counting method; use local, upstream, auto or none")),
         }
     }
 }

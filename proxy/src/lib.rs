@@ -62,6 +62,7 @@ pub async fn run(
             None
         }
         config::CountWith::Local | config::CountWith::Auto => config.tokenizer.as_ref(),
+        config::CountWith::None => None,
     };
     let tokens = match local {
         Some(path) => {
@@ -76,7 +77,8 @@ pub async fn run(
     };
     let (store, capture_status) = open_store(&config);
     let sinks: Vec<Box<dyn alert::AlertSink>> = webhook.iter().map(|w| Box::new(w.clone()) as Box<dyn alert::AlertSink>).collect();
-    let upstream_counter = tokens.is_none().then(|| UpstreamCounter::new(config.upstream.clone(), CountSettings::default()));
+    let counts_upstream = tokens.is_none() && config.count_with != config::CountWith::None;
+    let upstream_counter = counts_upstream.then(|| UpstreamCounter::new(config.upstream.clone(), CountSettings::default()));
     let (sender, worker) = start_capture(&config, store.clone(), tokens, upstream_counter, sinks);
 
     let admin_state = Arc::new(admin::AdminState {

@@ -23,6 +23,14 @@ pub struct Scenario {
     /// Evidence `cause` an expected finding must name (cache_miss: volatile_number, ...).
     #[serde(default)]
     pub expect_cause: BTreeMap<String, String>,
+    /// The kinds expected from a proxy with no count of the prompt (no tokenizer); by default
+    /// `expect` without `token_count_drift` (which compares a count the proxy does not have).
+    #[serde(default)]
+    pub expect_without_count: Option<Vec<String>>,
+    /// The kinds expected from a proxy that counts through the engine's own endpoints; by default
+    /// `expect` without `token_count_drift` (the engine's own count cannot drift from itself).
+    #[serde(default)]
+    pub expect_upstream_count: Option<Vec<String>>,
     /// A step must be refused (an overflow scenario); the refused step ends the scenario.
     #[serde(default)]
     pub expect_refusal: bool,
@@ -52,6 +60,46 @@ pub struct Scenario {
 
 pub fn default_max_tokens() -> u32 {
     24
+}
+
+/// How the proxies that capture a scenario count prompts. The same traffic goes through a chain of
+/// proxies, one per configuration (the outermost first), so each configuration is scored on the
+/// same conversations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Config {
+    /// No tokenizer and no counting through the upstream: only the engine's own numbers.
+    NoCount,
+    /// No tokenizer; prompts counted by the engine's own endpoints (`--count-with upstream`).
+    Upstream,
+    /// The served model's tokenizer and template (the exact count), next to the target.
+    Exact,
+}
+
+impl Config {
+    pub const ALL: [Config; 3] = [Config::NoCount, Config::Upstream, Config::Exact];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Config::NoCount => "no tokenizer",
+            Config::Upstream => "upstream counting",
+            Config::Exact => "exact tokenizer",
+        }
+    }
+}
+
+impl Scenario {
+    /// The finding kinds this scenario must raise in a configuration.
+    pub fn expected(&self, config: Config) -> BTreeSet<String> {
+        let given = match config {
+            Config::Exact => return self.expect.iter().cloned().collect(),
+            Config::NoCount => &self.expect_without_count,
+            Config::Upstream => &self.expect_upstream_count,
+        };
+        match given {
+            Some(kinds) => kinds.iter().cloned().collect(),
+            None => self.expect.iter().filter(|k| *k != "token_count_drift").cloned().collect(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
@@ -131,7 +179,7 @@ pub fn load_scenarios() -> Vec<Scenario> {
         .collect();
     for s in &scenarios {
         assert!(!s.description.is_empty() && !s.steps.is_empty(), "{}: a description and steps are required", s.name);
-        for kind in s.expect.iter().chain(s.expect_cause.keys()) {
+        for kind in s.expect.iter().chain(s.expect_cause.keys()).chain(s.expect_without_count.iter().flatten()).chain(s.expect_upstream_count.iter().flatten()) {
             assert!(KINDS.contains(&kind.as_str()), "{}: unknown finding kind {kind:?}", s.name);
         }
     }

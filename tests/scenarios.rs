@@ -311,7 +311,31 @@ impl<'a> Harness<'a> {
                 let last_user = history.iter().rposition(|m| m["role"] == "user").expect("a question to edit");
                 history[..last_user].to_vec()
             }
+            Some(Transform::StubToolResults { keep, stub }) => {
+                let results = history.iter().filter(|m| m["role"] == "tool").count();
+                let mut seen = 0;
+                history
+                    .iter()
+                    .map(|m| {
+                        if m["role"] != "tool" {
+                            return m.clone();
+                        }
+                        seen += 1;
+                        let mut m = m.clone();
+                        if seen + keep <= results {
+                            m["content"] = json!(stub);
+                        }
+                        m
+                    })
+                    .collect()
+            }
         };
+        if let Some(tool) = &step.tool {
+            let id = format!("call_{i}");
+            let call = json!({"id": id, "type": "function", "function": {"name": tool.name, "arguments": tool.arguments}});
+            messages.push(json!({"role": "assistant", "content": "", "tool_calls": [call]}));
+            messages.push(json!({"role": "tool", "tool_call_id": id, "content": tool.output}));
+        }
         // A system prompt that holds the clock is re-rendered on every turn.
         let clock = self.scenario.system.as_deref().filter(|s| s.contains("{time}"));
         if let (Some(template), Some(first)) = (clock, messages.first_mut().filter(|m| m["role"] == "system")) {
@@ -328,29 +352,79 @@ impl<'a> Harness<'a> {
     }
 }
 
-/// One chat request to `url` (a proxy, or the engine for a control): the status, and the reply text
-/// and usage, or the error body. `patched`: with the scenario's and the step's headers.
+/// One request to `url` (a proxy, or the engine for a control) in the scenario's API: the status,
+/// and the reply text and usage (OpenAI's names: `prompt_tokens`, `prompt_tokens_details.cached_tokens`),
+/// or the error body. `patched`: with the scenario's and the step's headers.
 async fn ask(url: &str, scenario: &Scenario, step: &Step, messages: &[Value], patched: bool) -> (u16, Result<(String, Value), String>) {
-    let mut body = json!({"model": "SmolLM2-135M-Instruct", "messages": messages, "temperature": 0, "max_tokens": scenario.max_tokens});
-    if scenario.stream {
-        body["stream"] = json!(true);
-        body["stream_options"] = json!({"include_usage": true});
-    }
     let headers = scenario.headers.iter().chain(&step.headers).filter(|_| patched);
     let headers: Vec<(&str, &str)> = headers.map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let raw = post_json(&format!("{url}/v1/chat/completions"), &headers, &body).await;
+    let (route, body) = match scenario.api {
+        Api::Chat => {
+            let mut body = json!({"model": "SmolLM2-135M-Instruct", "messages": messages, "temperature": 0, "max_tokens": scenario.max_tokens});
+            if scenario.stream {
+                body["stream"] = json!(true);
+                body["stream_options"] = json!({"include_usage": true});
+            }
+            ("/v1/chat/completions", body)
+        }
+        Api::Anthropic => {
+            let system: Vec<&str> = messages.iter().filter(|m| m["role"] == "system").filter_map(|m| m["content"].as_str()).collect();
+            let rest: Vec<&Value> = messages.iter().filter(|m| m["role"] != "system").collect();
+            let mut body = json!({"model": "SmolLM2-135M-Instruct", "messages": rest, "temperature": 0, "max_tokens": scenario.max_tokens, "stream": scenario.stream});
+            if !system.is_empty() {
+                body["system"] = json!(system.join("\n"));
+            }
+            ("/v1/messages", body)
+        }
+        Api::Ollama => {
+            let body = json!({"model": "SmolLM2-135M-Instruct", "messages": messages, "stream": scenario.stream, "options": {"temperature": 0, "num_predict": scenario.max_tokens}});
+            ("/api/chat", body)
+        }
+    };
+    let raw = post_json(&format!("{url}{route}"), &headers, &body).await;
     if raw.status != 200 {
         return (raw.status, Err(String::from_utf8_lossy(&raw.body).into_owned()));
     }
-    if !scenario.stream {
-        let reply = raw.json();
-        let text = reply["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_string();
-        return (200, Ok((text, reply["usage"].clone())));
+    (200, Ok(reply_and_usage(scenario, &raw.body)))
+}
+
+/// The reply text and the usage, in OpenAI's names, from an answer in the scenario's API.
+fn reply_and_usage(scenario: &Scenario, body: &[u8]) -> (String, Value) {
+    let parse = |b: &[u8]| serde_json::from_slice::<Value>(b).unwrap_or_else(|e| panic!("{}: answer is not JSON ({e}): {}", scenario.name, String::from_utf8_lossy(b)));
+    match (scenario.api, scenario.stream) {
+        (Api::Chat, false) => {
+            let reply = parse(body);
+            (reply["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_string(), reply["usage"].clone())
+        }
+        (Api::Chat, true) => {
+            let events = sse_payloads(body);
+            let text = events.iter().filter_map(|e| e["choices"].get(0).and_then(|c| c["delta"]["content"].as_str())).collect();
+            let usage = events.iter().rev().find(|e| e["usage"].is_object()).map(|e| e["usage"].clone()).unwrap_or(Value::Null);
+            (text, usage)
+        }
+        (Api::Anthropic, stream) => {
+            let (text, input, cached): (String, Option<u64>, Option<u64>) = if stream {
+                let events = sse_payloads(body);
+                let text = events.iter().filter_map(|e| e["delta"]["text"].as_str()).collect();
+                let start = events.iter().find(|e| e["type"] == "message_start").map(|e| e["message"]["usage"].clone()).unwrap_or(Value::Null);
+                (text, start["input_tokens"].as_u64(), start["cache_read_input_tokens"].as_u64())
+            } else {
+                let reply = parse(body);
+                let text = reply["content"].as_array().into_iter().flatten().filter_map(|b| b["text"].as_str()).collect();
+                (text, reply["usage"]["input_tokens"].as_u64(), reply["usage"]["cache_read_input_tokens"].as_u64())
+            };
+            // Anthropic counts cache reads apart from input_tokens; the prompt is both.
+            let prompt = input.map(|i| i + cached.unwrap_or(0));
+            (text, json!({"prompt_tokens": prompt, "prompt_tokens_details": {"cached_tokens": cached}}))
+        }
+        (Api::Ollama, _) => {
+            let lines: Vec<Value> = body.split(|b| *b == b'\n').filter(|l| !l.is_empty()).map(parse).collect();
+            let text = lines.iter().filter_map(|l| l["message"]["content"].as_str()).collect();
+            let last = lines.last().cloned().unwrap_or(Value::Null);
+            assert_eq!(last["done"], true, "{}: the last Ollama line is not done: {last}", scenario.name);
+            (text, json!({"prompt_tokens": last["prompt_eval_count"], "completion_tokens": last["eval_count"]}))
+        }
     }
-    let events = sse_payloads(&raw.body);
-    let text = events.iter().filter_map(|e| e["choices"].get(0).and_then(|c| c["delta"]["content"].as_str())).collect();
-    let usage = events.iter().rev().find(|e| e["usage"].is_object()).map(|e| e["usage"].clone()).unwrap_or(Value::Null);
-    (200, Ok((text, usage)))
 }
 
 /// The engine's chat template (ChatML, as SmolLM2's renders a conversation with a system prompt).

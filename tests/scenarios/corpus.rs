@@ -44,6 +44,9 @@ pub struct Scenario {
     pub system: Option<String>,
     #[serde(default)]
     pub stream: bool,
+    /// The API the harness speaks.
+    #[serde(default)]
+    pub api: Api,
     #[serde(default = "default_max_tokens")]
     pub max_tokens: u32,
     /// Headers on every request (the engine's fault patches).
@@ -113,6 +116,19 @@ pub enum Target {
     EngineWrongTokenizer,
 }
 
+/// The wire API of a scenario's requests.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Api {
+    /// OpenAI's `/v1/chat/completions`.
+    #[default]
+    Chat,
+    /// Anthropic's `/v1/messages` (llama-server serves it): the system prompt as a top-level field.
+    Anthropic,
+    /// Ollama's native `/api/chat` (the engine serves it): NDJSON when streamed.
+    Ollama,
+}
+
 #[derive(Debug, Default, Clone, Copy, PartialEq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ProxyChoice {
@@ -147,10 +163,23 @@ pub enum Verify {
 #[serde(deny_unknown_fields)]
 pub struct Step {
     pub user: String,
+    /// Tool use the harness ran before this step's question, as an agent does: an assistant message
+    /// calling the tool and the tool's result, appended to the history before the user message.
+    #[serde(default)]
+    pub tool: Option<ToolUse>,
     #[serde(default)]
     pub transform: Option<Transform>,
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+}
+
+/// One scripted tool call and its result.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolUse {
+    pub name: String,
+    pub arguments: String,
+    pub output: String,
 }
 
 /// What the harness does to the history before it sends the step's user message.
@@ -167,6 +196,9 @@ pub enum Transform {
     NewConversation { system: Option<String> },
     /// Go back to the scenario's conversation K (0: the first), as a harness serving several users does.
     SwitchTo(usize),
+    /// Replace the content of every tool result but the latest N with this stub (an agent clearing
+    /// old tool output to save context).
+    StubToolResults { keep: usize, stub: String },
 }
 
 pub fn load_scenarios() -> Vec<Scenario> {

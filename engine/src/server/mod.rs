@@ -8,6 +8,7 @@ mod detok;
 mod error;
 mod generation;
 mod info;
+mod ollama;
 mod request;
 mod response;
 mod routes;

@@ -1,0 +1,233 @@
+//! `POST /api/chat`, Ollama's native chat API, served by translation: the request becomes an OpenAI
+//! chat request for the same generation path, and the answer goes back in Ollama's shape (one JSON
+//! object, or NDJSON lines ending with `"done": true` when streamed, Ollama's default), with
+//! `prompt_eval_count` and `eval_count`. Ollama clients (and the capture proxy's Ollama parser) can
+//! then talk to this engine as to an Ollama server.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::Frame;
+use serde_json::{json, Map, Value};
+
+use super::body::{self, Body};
+use super::completions;
+use super::error::ApiError;
+use super::request::{self, Endpoint};
+use super::state::State;
+use crate::forward::Path;
+use crate::patch::PatchSet;
+
+/// Translates Ollama's request into OpenAI's: messages as they are (Ollama's `images` are refused by
+/// the chat validation as unknown content), `options` mapped to sampling parameters.
+fn to_openai(object: &Map<String, Value>) -> Result<(Map<String, Value>, bool), ApiError> {
+    let messages = object.get("messages").cloned().ok_or_else(|| ApiError::param("messages", "messages is required".to_string()))?;
+    let stream = match object.get("stream") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(ApiError::param("stream", "stream must be a boolean".to_string())),
+    };
+    let mut out = Map::new();
+    out.insert("messages".into(), messages);
+    if let Some(model) = object.get("model") {
+        out.insert("model".into(), model.clone());
+    }
+    let options = match object.get("options") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(o)) => o.clone(),
+        Some(_) => return Err(ApiError::param("options", "options must be an object".to_string())),
+    };
+    for (from, to) in [("temperature", "temperature"), ("top_p", "top_p"), ("seed", "seed"), ("stop", "stop")] {
+        if let Some(v) = options.get(from) {
+            out.insert(to.into(), v.clone());
+        }
+    }
+    // Ollama: num_predict -1 (or absent) is "until the context is full".
+    if let Some(n) = options.get("num_predict").and_then(Value::as_i64).filter(|n| *n > 0) {
+        out.insert("max_tokens".into(), json!(n));
+    }
+    out.insert("stream".into(), json!(stream));
+    if stream {
+        out.insert("stream_options".into(), json!({"include_usage": true}));
+    }
+    Ok((out, stream))
+}
+
+fn created_at() -> String {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let (days, secs) = ((now.as_secs() / 86_400) as i64, now.as_secs() % 86_400);
+    let (y, m, d) = ctxscope_formats::civil::civil_from_days(days);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:09}Z", secs / 3600, secs / 60 % 60, secs % 60, now.subsec_nanos())
+}
+
+/// The closing object: Ollama's done line with its counts and durations (nanoseconds).
+fn done(model: &str, content: Option<&str>, finish: &str, usage: &Value, started: Instant) -> Value {
+    let total = started.elapsed().as_nanos() as u64;
+    json!({
+        "model": model,
+        "created_at": created_at(),
+        "message": {"role": "assistant", "content": content.unwrap_or("")},
+        "done_reason": finish,
+        "done": true,
+        "total_duration": total,
+        "load_duration": 0,
+        "prompt_eval_count": usage["prompt_tokens"],
+        "prompt_eval_duration": 0,
+        "eval_count": usage["completion_tokens"],
+        "eval_duration": total,
+    })
+}
+
+/// Handles `POST /api/chat`.
+pub async fn chat(state: Arc<State>, body: &[u8], path: Path, patches: PatchSet) -> Result<http::Response<Body>, ApiError> {
+    let started = Instant::now();
+    let object = request::json_object(body)?;
+    let (openai, stream) = to_openai(&object)?;
+    let model = object.get("model").and_then(Value::as_str).unwrap_or(&state.engine.model.id).to_string();
+    let translated = serde_json::to_vec(&Value::Object(openai)).map_err(|e| ApiError::Engine(e.to_string()))?;
+    let response = completions::generate(state, Endpoint::Chat, &translated, path, patches).await?;
+    let (mut parts, inner) = response.into_parts();
+    parts.headers.insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static(if stream { "application/x-ndjson" } else { "application/json" }));
+    parts.headers.remove(http::header::CACHE_CONTROL);
+    if stream {
+        let ndjson = NdjsonBody { inner, model, started, buffer: Vec::new(), queue: VecDeque::new(), finish: None, ended: false };
+        return Ok(http::Response::from_parts(parts, Body::new(ndjson)));
+    }
+    let bytes = inner.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    let reply: Value = serde_json::from_slice(&bytes).map_err(|e| ApiError::Engine(format!("chat answer not JSON: {e}")))?;
+    let choice = &reply["choices"][0];
+    let finish = choice["finish_reason"].as_str().unwrap_or("stop");
+    let out = done(&model, choice["message"]["content"].as_str(), finish, &reply["usage"], started);
+    let mut response = body::json(http::StatusCode::OK, &out);
+    *response.headers_mut() = parts.headers;
+    Ok(response)
+}
+
+/// Re-frames the OpenAI SSE body as Ollama NDJSON: a line per text delta, then the done line once
+/// the usage chunk (or `[DONE]`) arrives.
+struct NdjsonBody {
+    inner: Body,
+    model: String,
+    started: Instant,
+    buffer: Vec<u8>,
+    queue: VecDeque<Bytes>,
+    finish: Option<String>,
+    ended: bool,
+}
+
+impl NdjsonBody {
+    fn line(value: &Value) -> Bytes {
+        let mut bytes = serde_json::to_vec(value).unwrap_or_default();
+        bytes.push(b'\n');
+        Bytes::from(bytes)
+    }
+
+    /// Handles every complete SSE event in the buffer.
+    fn drain_events(&mut self) {
+        while let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = self.buffer.drain(..end + 2).collect();
+            let text = String::from_utf8_lossy(&event);
+            for data in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
+                if data == "[DONE]" {
+                    if !self.ended {
+                        self.finish_with(&Value::Null);
+                    }
+                    continue;
+                }
+                let Ok(chunk) = serde_json::from_str::<Value>(data) else { continue };
+                if let Some(reason) = chunk["choices"][0]["finish_reason"].as_str() {
+                    self.finish = Some(reason.to_string());
+                }
+                if let Some(delta) = chunk["choices"][0]["delta"]["content"].as_str().filter(|d| !d.is_empty()) {
+                    let line = json!({"model": self.model, "created_at": created_at(), "message": {"role": "assistant", "content": delta}, "done": false});
+                    self.queue.push_back(Self::line(&line));
+                }
+                if chunk["usage"].is_object() && !self.ended {
+                    self.finish_with(&chunk["usage"]);
+                }
+                if chunk["error"].is_object() {
+                    self.queue.push_back(Self::line(&json!({"error": chunk["error"]["message"]})));
+                    self.ended = true;
+                }
+            }
+        }
+    }
+
+    fn finish_with(&mut self, usage: &Value) {
+        let finish = self.finish.clone().unwrap_or_else(|| "stop".into());
+        self.queue.push_back(Self::line(&done(&self.model, None, &finish, usage, self.started)));
+        self.ended = true;
+    }
+}
+
+impl hyper::body::Body for NdjsonBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        loop {
+            if let Some(bytes) = self.queue.pop_front() {
+                return Poll::Ready(Some(Ok(Frame::data(bytes))));
+            }
+            match Pin::new(&mut self.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.buffer.extend_from_slice(&data);
+                        self.drain_events();
+                    }
+                }
+                Poll::Ready(Some(Err(never))) => match never {},
+                Poll::Ready(None) => {
+                    self.buffer.extend_from_slice(b"\n\n");
+                    self.drain_events();
+                    return match self.queue.pop_front() {
+                        Some(bytes) => Poll::Ready(Some(Ok(Frame::data(bytes)))),
+                        None => Poll::Ready(None),
+                    };
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.queue.is_empty() && self.inner.is_end_stream()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_map_to_sampling_and_stream_defaults_to_true() {
+        let object = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "options": {"temperature": 0, "num_predict": 12, "seed": 3, "num_ctx": 2048}})
+            .as_object()
+            .unwrap()
+            .clone();
+        let (openai, stream) = to_openai(&object).unwrap();
+        assert!(stream);
+        assert_eq!(openai["max_tokens"], 12);
+        assert_eq!(openai["temperature"], 0);
+        assert_eq!(openai["seed"], 3);
+        assert_eq!(openai["stream_options"]["include_usage"], true);
+        let unbounded = json!({"messages": [], "stream": false, "options": {"num_predict": -1}}).as_object().unwrap().clone();
+        let (openai, stream) = to_openai(&unbounded).unwrap();
+        assert!(!stream && openai.get("max_tokens").is_none());
+        let bad = json!({"messages": [], "stream": "yes"}).as_object().unwrap().clone();
+        assert!(to_openai(&bad).is_err());
+    }
+
+    #[test]
+    fn created_at_is_rfc3339_utc() {
+        let at = created_at();
+        assert_eq!(at.len(), "2026-12-01T15:50:52.000000000Z".len(), "{at}");
+        assert!(at.ends_with('Z') && at.as_bytes()[10] == b'T', "{at}");
+    }
+}

@@ -29,6 +29,8 @@ pub mod trees {
     pub const CONVERSATION_FINDINGS: &str = "conversation_findings";
     /// replay run id -> ReplayEntry.
     pub const REPLAYS: &str = "replays";
+    /// updated_unix_ms ++ conversation id -> empty (the newest-first listing, see `listing`).
+    pub const CONVERSATIONS_BY_UPDATED: &str = "conversations_by_updated";
 }
 
 pub const SCHEMA_KEY: &[u8] = b"schema_version";

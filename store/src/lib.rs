@@ -18,9 +18,11 @@ pub use retention::{RetentionPolicy, RetentionReport};
 pub use store::{Store, StoreOptions, SCHEMA_VERSION};
 pub mod export;
 mod findings;
+mod listing;
 mod replays;
 
 pub use findings::FindingFilter;
+pub use listing::{ConversationPage, Cursor, PageQuery};
 
 /// A minimal turn for tests in this crate and its dependents.
 #[doc(hidden)]

@@ -32,11 +32,11 @@ impl Default for StoreOptions {
 #[derive(Clone)]
 pub struct Store {
     path: PathBuf,
-    db: sled::Db,
-    meta: sled::Tree,
+    pub(crate) db: sled::Db,
+    pub(crate) meta: sled::Tree,
     messages: sled::Tree,
-    turns: sled::Tree,
-    conversations: sled::Tree,
+    pub(crate) turns: sled::Tree,
+    pub(crate) conversations: sled::Tree,
     conversation_turns: sled::Tree,
     prefixes: sled::Tree,
     ends: sled::Tree,
@@ -46,6 +46,7 @@ pub struct Store {
     pub(crate) finding_causes: sled::Tree,
     pub(crate) conversation_findings: sled::Tree,
     pub(crate) replays: sled::Tree,
+    pub(crate) by_updated: sled::Tree,
 }
 
 impl Store {
@@ -80,9 +81,11 @@ impl Store {
             finding_causes: tree(trees::FINDING_CAUSES)?,
             conversation_findings: tree(trees::CONVERSATION_FINDINGS)?,
             replays: tree(trees::REPLAYS)?,
+            by_updated: tree(trees::CONVERSATIONS_BY_UPDATED)?,
             db,
         };
         store.check_schema()?;
+        store.backfill_updated_index()?;
         Ok(store)
     }
 
@@ -145,7 +148,8 @@ impl Store {
     }
 
     pub fn put_conversation(&self, conversation: &ConversationRecord) -> Result<(), StoreError> {
-        self.conversations.insert(id_key(conversation.id), encode("conversation", conversation)?)?;
+        let previous = self.conversations.insert(id_key(conversation.id), encode("conversation", conversation)?)?;
+        self.index_updated(previous.as_deref(), conversation)?;
         if let Some(name) = &conversation.name {
             self.names.insert(name.as_bytes(), &id_key(conversation.id))?;
         }
@@ -297,7 +301,9 @@ impl Store {
                 self.names.remove(name.as_bytes())?;
             }
         }
-        self.conversations.remove(id_key(id))?;
+        if let Some(old) = self.conversations.remove(id_key(id))? {
+            self.unindex_updated(&old)?;
+        }
         let mut stale = Vec::new();
         for item in self.prefixes.iter() {
             let (key, value) = item?;

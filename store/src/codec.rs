@@ -31,6 +31,8 @@ pub mod trees {
     pub const REPLAYS: &str = "replays";
     /// updated_unix_ms ++ conversation id -> empty (the newest-first listing, see `listing`).
     pub const CONVERSATIONS_BY_UPDATED: &str = "conversations_by_updated";
+    /// Responses API response id -> turn id.
+    pub const RESPONSE_IDS: &str = "response_ids";
 }
 
 pub const SCHEMA_KEY: &[u8] = b"schema_version";

@@ -58,5 +58,6 @@ pub fn store_test_turn(id: u64, conversation: u64, new_messages: Vec<HashHex>) -
         error: None,
         notes: Vec::new(),
         tools: None,
+        responses: None,
     }
 }

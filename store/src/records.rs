@@ -16,6 +16,8 @@ pub enum Endpoint {
     AnthropicMessages,
     /// Ollama's native `/api/chat` (NDJSON streaming).
     OllamaChat,
+    /// OpenAI's Responses API, `/v1/responses` (input items mapped to chat-shaped messages).
+    Responses,
 }
 
 impl Endpoint {
@@ -25,6 +27,7 @@ impl Endpoint {
             Endpoint::Completions => "completions",
             Endpoint::AnthropicMessages => "anthropic_messages",
             Endpoint::OllamaChat => "ollama_chat",
+            Endpoint::Responses => "responses",
         }
     }
 }
@@ -134,6 +137,42 @@ pub struct TurnRecord {
     /// The tool definitions sent, by digest (templates render them ahead of the messages).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<ToolsDigest>,
+    /// Responses API turns only: the response id and how the turn chains (`previous_response_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub responses: Option<ResponsesInfo>,
+}
+
+/// What a Responses API turn adds to a chat turn (see docs/capture.md, "The Responses API").
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResponsesInfo {
+    /// The response's `id` as the upstream returned it (indexed: `Store::turn_by_response_id`).
+    #[serde(default)]
+    pub response_id: Option<String>,
+    #[serde(default)]
+    pub previous_response_id: Option<String>,
+    /// The turn that produced `previous_response_id`, when the proxy captured it.
+    #[serde(default)]
+    pub parent_turn: Option<u64>,
+    /// `previous_response_id` names a response the proxy never captured: the context before this
+    /// request's own input is unknown (the turn starts a conversation; nothing is guessed).
+    #[serde(default)]
+    pub parent_unknown: bool,
+    /// The first message is the request's `instructions` (not carried to later responses).
+    #[serde(default)]
+    pub instructions: bool,
+    /// Messages taken from the stored chain ahead of this request's own input.
+    #[serde(default)]
+    pub chain_messages: u32,
+    /// Messages from this request's own `input`.
+    #[serde(default)]
+    pub input_messages: u32,
+    #[serde(default)]
+    pub truncation: Option<String>,
+    #[serde(default)]
+    pub store: Option<bool>,
+    /// The request's `conversation` (an id or `{"id": ...}`), as sent.
+    #[serde(default)]
+    pub conversation: Option<Value>,
 }
 
 /// Tool definitions in brief: a hash of their canonical JSON and their names in the order sent.

@@ -47,6 +47,7 @@ pub struct Store {
     pub(crate) conversation_findings: sled::Tree,
     pub(crate) replays: sled::Tree,
     pub(crate) by_updated: sled::Tree,
+    response_ids: sled::Tree,
 }
 
 impl Store {
@@ -82,6 +83,7 @@ impl Store {
             conversation_findings: tree(trees::CONVERSATION_FINDINGS)?,
             replays: tree(trees::REPLAYS)?,
             by_updated: tree(trees::CONVERSATIONS_BY_UPDATED)?,
+            response_ids: tree(trees::RESPONSE_IDS)?,
             db,
         };
         store.check_schema()?;
@@ -225,6 +227,20 @@ impl Store {
     /// The conversation whose latest reply this message is.
     pub fn reply_of(&self, message: &Hash) -> Result<Option<u64>, StoreError> {
         marked(&self.replies, message)
+    }
+
+    /// Indexes a Responses API response id to the turn that produced it.
+    pub fn put_response_id(&self, response_id: &str, turn: u64) -> Result<(), StoreError> {
+        self.response_ids.insert(response_id.as_bytes(), &id_key(turn))?;
+        Ok(())
+    }
+
+    /// The turn that produced a Responses API response id, when it was captured (and not since removed).
+    pub fn turn_by_response_id(&self, response_id: &str) -> Result<Option<TurnRecord>, StoreError> {
+        match self.response_ids.get(response_id.as_bytes())?.and_then(|v| codec::key_id(&v)) {
+            Some(id) => self.turn(id),
+            None => Ok(None),
+        }
     }
 
     /// Hashes of a turn's request messages, resolved through its `base` chain.

@@ -81,6 +81,8 @@ pub fn classify(method: &Method, path: &str) -> Option<Endpoint> {
         Some(Endpoint::AnthropicMessages)
     } else if path.ends_with("/api/chat") {
         Some(Endpoint::OllamaChat)
+    } else if path.ends_with("/v1/responses") {
+        Some(Endpoint::Responses)
     } else {
         None
     }
@@ -209,6 +211,8 @@ mod tests {
         assert_eq!(classify(&Method::POST, "/engine/v1/completions?x=1"), Some(Endpoint::Completions));
         assert_eq!(classify(&Method::POST, "/v1/messages"), Some(Endpoint::AnthropicMessages));
         assert_eq!(classify(&Method::POST, "/api/chat"), Some(Endpoint::OllamaChat));
+        assert_eq!(classify(&Method::POST, "/v1/responses"), Some(Endpoint::Responses));
+        assert_eq!(classify(&Method::POST, "/v1/responses/resp_1/cancel"), None);
         assert_eq!(classify(&Method::GET, "/v1/chat/completions"), None);
         assert_eq!(classify(&Method::POST, "/v1/embeddings"), None);
     }

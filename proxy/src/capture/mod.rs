@@ -6,6 +6,7 @@ pub mod hashes;
 pub mod layer;
 pub mod pipeline;
 pub mod queue;
+pub mod responses;
 pub mod tee;
 pub mod thread;
 pub mod tokens;

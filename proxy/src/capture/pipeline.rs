@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ctxscope_store::{
-    chain_next, message_hash, to_hex, ConversationRecord, FindingRecord, Hash, PrefixEntry, RetentionPolicy, Store, StoreError, Timing,
-    TurnRecord, ZERO_HASH,
+    chain_next, message_hash, to_hex, ConversationRecord, Endpoint, FindingRecord, Hash, PrefixEntry, ResponsesInfo, RetentionPolicy, Store,
+    StoreError, Timing, TurnRecord, ZERO_HASH,
 };
 
 use super::exchange::{Exchange, Outcome};
@@ -14,6 +14,7 @@ use crate::alert::AlertSink;
 use crate::detect::{DetectConfig, Detectors, Draft, Observation};
 use super::hashes::MessageHashes;
 use super::queue::Sink;
+use super::responses::{self, Chained};
 use super::thread::{self, Decision};
 use super::tokens::{Counted, TokenCache};
 use super::upstream_count::{Prompt, UpstreamCounter};
@@ -119,11 +120,13 @@ impl Pipeline {
             // The upstream never read the body: nothing to record beyond the 502 already counted.
             return Err(CaptureError::NothingSent);
         }
-        let request = parse::request(exchange.endpoint, &body)?;
+        let mut request = parse::request(exchange.endpoint, &body)?;
         let mut notes = Vec::new();
         if !complete {
             notes.push("request body did not finish".to_string());
         }
+        // A Responses request stands on the chain its previous_response_id names.
+        let chained = responses::expand(&self.store, &mut request, &mut notes)?;
         let response = self.response(exchange, request.stream, &mut notes);
 
         let hashes: Vec<Hash> = request.messages.iter().map(|m| self.hashes.hash(m)).collect();
@@ -134,7 +137,11 @@ impl Pipeline {
             chain.push(h);
         }
         let threading = thread::Request { messages: &request.messages, hashes: &hashes, chain: &chain };
-        let decision = thread::decide(&self.store, &threading, exchange.conversation_name.as_deref())?;
+        let decision = match &chained {
+            Some(Chained { parent: Some(parent), .. }) => responses::decide(&self.store, parent, &chain)?,
+            Some(Chained { info, .. }) if info.parent_unknown => responses::unknown_parent(),
+            _ => thread::decide(&self.store, &threading, exchange.conversation_name.as_deref())?,
+        };
         let base_len = decision.base.map_or(0, |b| b.len as usize).min(hashes.len());
 
         // Only the messages this turn adds are stored (the rest are in its base).
@@ -156,9 +163,11 @@ impl Pipeline {
         let mut counted = self.tokens.as_mut().and_then(|t| t.count(exchange.endpoint, &request.messages, &chain, base_len));
         let mut local_tokens = counted.as_ref().map(|c| c.local.clone());
         if let (None, Some(counter)) = (&self.tokens, self.upstream_counter.as_mut()) {
-            let tools_hash = request.tools.as_ref().map(|t| t.hash.as_str());
+            // Responses turns are counted as the chat they map to (their tools are not: another shape).
+            let responses = exchange.endpoint == Endpoint::Responses;
+            let tools_hash = request.tools.as_ref().filter(|_| !responses).map(|t| t.hash.as_str());
             let prompt = Prompt {
-                endpoint: exchange.endpoint,
+                endpoint: if responses { Endpoint::ChatCompletions } else { exchange.endpoint },
                 model: request.model.as_deref(),
                 messages: &request.messages,
                 head: chain.last().copied().unwrap_or(ZERO_HASH),
@@ -210,8 +219,12 @@ impl Pipeline {
             error,
             notes,
             tools: request.tools.clone(),
+            responses: chained.map(|c| ResponsesInfo { response_id: response.response_id.clone(), ..c.info }),
         };
         self.store.put_turn(&turn)?;
+        if let (Some(id), true) = (turn.responses.as_ref().and_then(|r| r.response_id.as_deref()), ok) {
+            self.store.put_response_id(id, turn.id)?;
+        }
         for (len, prefix) in chain.iter().enumerate().skip(base_len) {
             self.store.put_prefix_if_absent(prefix, &PrefixEntry { conversation: conversation_id, turn: turn_id, len: len as u32 + 1 })?;
         }

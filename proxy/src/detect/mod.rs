@@ -11,6 +11,7 @@ pub mod history;
 mod amnesia;
 mod dropped;
 mod rate;
+mod responses;
 mod reuse;
 mod truncation;
 
@@ -191,6 +192,7 @@ impl Detectors {
         let ok = (200..300).contains(&turn.status);
         if ok {
             let steady = self.drift.steady(self.config.drift_turns, self.config.drift_tolerance);
+            drafts.extend(responses::ignored_chain(&cx));
             drafts.extend(truncation::truncation(&cx, steady, &self.rates));
             drafts.extend(drift::finding(&mut self.drift, &self.config, turn));
             drafts.extend(reuse::reuse(&cx, &self.recent, self.cache_reported));

@@ -4,6 +4,7 @@
 pub mod anthropic;
 pub mod ollama;
 pub mod openai;
+pub mod responses;
 pub mod sse;
 pub mod usage;
 
@@ -21,6 +22,8 @@ pub struct ParsedRequest {
     pub stream: bool,
     /// Tool definitions in brief (OpenAI `tools`, Anthropic `tools`).
     pub tools: Option<ToolsDigest>,
+    /// Responses API requests: the fields that chain and bound the context.
+    pub responses: Option<responses::ResponsesRequest>,
 }
 
 /// Response fields the capture needs.
@@ -38,6 +41,8 @@ pub struct ParsedResponse {
     /// The error object as the upstream sent it (llama.cpp adds `n_prompt_tokens` and `n_ctx`).
     pub error_object: Option<Value>,
     pub notes: Vec<String>,
+    /// The Responses API response `id`.
+    pub response_id: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -47,6 +52,11 @@ pub enum ParseError {
     #[error("request has no {0}")]
     Missing(&'static str),
 }
+
+/// Responses API fields copied into the turn record besides [`PARAMS`].
+const RESPONSES_PARAMS: [&str; 8] = [
+    "max_output_tokens", "truncation", "store", "previous_response_id", "conversation", "tool_choice", "parallel_tool_calls", "reasoning",
+];
 
 /// Sampling parameters copied into the turn record, whatever the API.
 const PARAMS: [&str; 14] = [
@@ -63,11 +73,21 @@ pub fn request(endpoint: Endpoint, body: &[u8]) -> Result<ParsedRequest, ParseEr
         params: PARAMS.iter().filter_map(|k| object.get(*k).map(|v| (k.to_string(), v.clone()))).collect(),
         messages: Vec::new(),
         tools: object.get("tools").filter(|t| !t.is_null()).map(tools_digest),
+        responses: None,
     };
+    if endpoint == Endpoint::Responses {
+        let extra = RESPONSES_PARAMS.iter().filter_map(|k| object.get(*k).filter(|v| !v.is_null()).map(|v| (k.to_string(), v.clone())));
+        parsed.params.extend(extra.collect::<Vec<_>>());
+    }
     parsed.messages = match endpoint {
         Endpoint::ChatCompletions | Endpoint::OllamaChat => openai::request_messages(object)?,
         Endpoint::Completions => openai::prompt_messages(object)?,
         Endpoint::AnthropicMessages => anthropic::request_messages(object)?,
+        Endpoint::Responses => {
+            let (messages, info) = responses::request_messages(object)?;
+            parsed.responses = Some(info);
+            messages
+        }
     };
     Ok(parsed)
 }
@@ -81,6 +101,7 @@ pub fn response(endpoint: Endpoint, content_type: Option<&str>, status: u16, bod
     } else if is_sse {
         match endpoint {
             Endpoint::AnthropicMessages => anthropic::stream(&sse::events(body)),
+            Endpoint::Responses => responses::stream(&sse::events(body)),
             _ => openai::stream(endpoint, &sse::events(body)),
         }
     } else if is_ndjson {
@@ -90,6 +111,7 @@ pub fn response(endpoint: Endpoint, content_type: Option<&str>, status: u16, bod
             Ok(value) => match endpoint {
                 Endpoint::AnthropicMessages => anthropic::complete(&value),
                 Endpoint::OllamaChat => ollama::stream(&[value]),
+                Endpoint::Responses => responses::complete(&value),
                 _ => openai::complete(endpoint, &value),
             },
             Err(e) => ParsedResponse { notes: vec![format!("response body is not JSON: {e}")], events: 1, ..Default::default() },

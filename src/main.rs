@@ -187,11 +187,17 @@ struct CaptureArgs {
     /// or none (only the engine's own numbers).
     #[arg(long, value_name = "local|upstream|auto|none", default_value = "auto")]
     count_with: ctxscope_proxy::config::CountWith,
+    /// Require this token on the admin port (UI, JSON API, /metrics; not /healthz): `Authorization:
+    /// Bearer TOKEN`, or the UI's login form. Needed to listen with --admin on a non-loopback address.
+    #[arg(long, value_name = "TOKEN")]
+    admin_token: Option<String>,
 }
 
 impl CaptureArgs {
     /// Applies the capture flags to a proxy configuration.
     fn apply(&self, config: &mut ProxyConfig) -> Result<(), String> {
+        ctxscope_proxy::ui::auth::check_bind(self.admin, self.admin_token.as_deref()).map_err(|e| e.to_string())?;
+        config.admin_token = self.admin_token.clone();
         config.data_dir = (!self.no_capture).then(|| self.data.clone());
         config.session_header = self.session_header.clone();
         config.flush_every_ms = self.flush_ms;

@@ -25,9 +25,17 @@ pub struct AdminState {
     /// "on", "off", or why capture is unavailable.
     pub capture: String,
     pub upstream: String,
+    /// `--admin-token`: required on every route but `/healthz` when set (see `ui::auth`).
+    pub token: Option<String>,
+    /// The UI's live event streams.
+    pub live: crate::ui::live::Live,
 }
 
 pub async fn handle(state: Arc<AdminState>, request: Request<Incoming>) -> Result<Response<ProxyBody>, Infallible> {
+    let request = match crate::ui::intercept(&state, request).await {
+        Ok(response) => return Ok(response),
+        Err(request) => request,
+    };
     let path = request.uri().path().trim_end_matches('/').to_string();
     let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let response = match (request.method(), segments.as_slice()) {
@@ -119,7 +127,7 @@ fn to_json<T: serde::Serialize>(value: &T) -> String {
     serde_json::to_string(value).unwrap_or_else(|e| json!({"error": {"message": e.to_string()}}).to_string())
 }
 
-async fn with_store<F>(state: &Arc<AdminState>, f: F) -> Response<ProxyBody>
+pub(crate) async fn with_store<F>(state: &Arc<AdminState>, f: F) -> Response<ProxyBody>
 where
     F: FnOnce(&Store) -> Result<String, StoreError> + Send + 'static,
 {
@@ -130,7 +138,7 @@ where
 }
 
 /// Runs a store query on the blocking pool and maps store errors to HTTP errors.
-async fn with_store_raw<T, F>(state: &Arc<AdminState>, f: F) -> Result<T, Response<ProxyBody>>
+pub(crate) async fn with_store_raw<T, F>(state: &Arc<AdminState>, f: F) -> Result<T, Response<ProxyBody>>
 where
     T: Send + 'static,
     F: FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,

@@ -40,6 +40,8 @@ pub struct ProxyConfig {
     /// Hold non-streamed responses until their capture is done (at most 5 s) and add
     /// `x-ctxscope-findings` when the turn raised findings.
     pub findings_header: bool,
+    /// `--admin-token`: the admin port's API and UI require it (bearer header or login cookie).
+    pub admin_token: Option<String>,
 }
 
 /// `--count-with`: who counts a prompt's tokens.
@@ -140,6 +142,7 @@ impl ProxyConfig {
             detect: crate::detect::DetectConfig::default(),
             alert_webhook: None,
             findings_header: false,
+            admin_token: None,
         }
     }
 

@@ -14,6 +14,7 @@ pub mod forward;
 pub mod metrics;
 pub mod parse;
 pub mod server;
+pub mod ui;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -81,11 +82,14 @@ pub async fn run(
     let upstream_counter = counts_upstream.then(|| UpstreamCounter::new(config.upstream.clone(), CountSettings::default()));
     let (sender, worker) = start_capture(&config, store.clone(), tokens, upstream_counter, sinks);
 
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let admin_state = Arc::new(admin::AdminState {
         metrics: handle,
         store,
         capture: capture_status,
         upstream: config.upstream.display.clone(),
+        token: config.admin_token.clone(),
+        live: ui::live::Live::new(stop_rx.clone()),
     });
     let settings = CaptureSettings {
         session_header: config.session_header.as_deref().and_then(|h| http::HeaderName::from_bytes(h.as_bytes()).ok()),
@@ -100,7 +104,6 @@ pub async fn run(
         .service(forward::Forward::new(config.upstream.clone(), config.connect_timeout));
     let admin_service = hyper::service::service_fn(move |request| admin::handle(admin_state.clone(), request));
 
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tracing::info!(proxy = ?proxy.local_addr().ok(), admin = ?admin.local_addr().ok(), upstream = %config.upstream.display, "ctxscope proxy serving");
     let proxy_task = tokio::spawn(server::serve(proxy, TowerToHyperService::new(proxy_service), stop_rx.clone(), config.shutdown_grace));
     let admin_task = tokio::spawn(server::serve(admin, admin_service, stop_rx, config.shutdown_grace));

@@ -1,0 +1,51 @@
+//! The web UI on the admin port: `/ui/` serves a single page (embedded HTML, JS and CSS, no build
+//! step, nothing fetched from elsewhere) and its JSON endpoints under `/ui/api/`; the access check
+//! (`--admin-token`) guards the whole admin port. Hooked into `admin::handle` by [`intercept`].
+
+pub mod api;
+pub mod assets;
+pub mod auth;
+pub mod diff;
+pub mod live;
+mod query;
+
+use std::sync::Arc;
+
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+
+use crate::admin::AdminState;
+use crate::body::{json_error, ProxyBody};
+
+/// Answers UI routes and refused requests; hands every other request back to the admin router.
+pub async fn intercept(state: &Arc<AdminState>, request: Request<Incoming>) -> Result<Response<ProxyBody>, Request<Incoming>> {
+    let path = request.uri().path().to_string();
+    if path == "/ui/login" {
+        return Ok(auth::login(state, request).await);
+    }
+    if path != "/healthz" && !auth::allowed(state.token.as_deref(), request.headers()) {
+        return Ok(auth::refuse(&path));
+    }
+    if path != "/ui" && !path.starts_with("/ui/") {
+        return Err(request);
+    }
+    Ok(route(state, &request, &path).await)
+}
+
+async fn route(state: &Arc<AdminState>, request: &Request<Incoming>, path: &str) -> Response<ProxyBody> {
+    if request.method() != Method::GET {
+        return json_error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "the UI answers GET only", None);
+    }
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).skip(1).collect();
+    let query = request.uri().query().unwrap_or("").to_string();
+    match segments.as_slice() {
+        [] | ["index.html"] => assets::page(),
+        [file] => assets::file(file),
+        ["api", "conversations"] => api::conversations(state, &query).await,
+        ["api", "finding-counts"] => api::finding_counts(state).await,
+        ["api", "turns", id, "diff"] => api::turn_diff(state, id).await,
+        ["api", "live"] => live::stream(state, &query).await,
+        ["replays", id, "report"] => api::replay_report(state, id).await,
+        _ => json_error(StatusCode::NOT_FOUND, "not_found", &format!("no UI route {path}"), None),
+    }
+}

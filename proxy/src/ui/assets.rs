@@ -17,7 +17,12 @@ pub fn file(name: &str) -> Response<ProxyBody> {
     match name {
         "app.js" => respond(APP, "text/javascript; charset=utf-8"),
         "style.css" => respond(STYLE, "text/css; charset=utf-8"),
-        _ => json_error(StatusCode::NOT_FOUND, "not_found", &format!("no UI file {name:?}"), None),
+        _ => json_error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            &format!("no UI file {name:?}"),
+            None,
+        ),
     }
 }
 

@@ -32,7 +32,10 @@ pub struct Live {
 
 impl Live {
     pub fn new(stop: watch::Receiver<bool>) -> Live {
-        Live { open: Arc::new(AtomicUsize::new(0)), stop }
+        Live {
+            open: Arc::new(AtomicUsize::new(0)),
+            stop,
+        }
     }
 }
 
@@ -40,7 +43,12 @@ impl Live {
 /// `finding`: the newest the page has; absent: from now).
 pub async fn stream(state: &Arc<AdminState>, query: &str) -> Response<ProxyBody> {
     let Some(store) = state.store.clone() else {
-        return json_error(StatusCode::SERVICE_UNAVAILABLE, "capture_unavailable", &format!("capture store: {}", state.capture), None);
+        return json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "capture_unavailable",
+            &format!("capture store: {}", state.capture),
+            None,
+        );
     };
     let mut since = (None, None);
     for (key, value) in super::query::pairs(query) {
@@ -53,7 +61,12 @@ pub async fn stream(state: &Arc<AdminState>, query: &str) -> Response<ProxyBody>
     let live = &state.live;
     if live.open.fetch_add(1, Ordering::SeqCst) >= MAX_STREAMS {
         live.open.fetch_sub(1, Ordering::SeqCst);
-        return json_error(StatusCode::SERVICE_UNAVAILABLE, "too_many_streams", &format!("{MAX_STREAMS} live streams are open already"), None);
+        return json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_streams",
+            &format!("{MAX_STREAMS} live streams are open already"),
+            None,
+        );
     }
     let guard = OpenGuard(live.open.clone());
     let (tx, rx) = mpsc::channel::<Bytes>(4);
@@ -61,19 +74,37 @@ pub async fn stream(state: &Arc<AdminState>, query: &str) -> Response<ProxyBody>
     tokio::spawn(async move {
         let _guard = guard;
         let store2 = store.clone();
-        let start = tokio::task::spawn_blocking(move || Ok::<_, ctxscope_store::StoreError>((store2.latest_turn_id()?, store2.latest_finding_id()?))).await;
+        let start = tokio::task::spawn_blocking(move || {
+            Ok::<_, ctxscope_store::StoreError>((
+                store2.latest_turn_id()?,
+                store2.latest_finding_id()?,
+            ))
+        })
+        .await;
         let (mut turn, mut finding) = match start {
             Ok(Ok((t, f))) => (since.0.or(t).unwrap_or(0), since.1.or(f).unwrap_or(0)),
             _ => return,
         };
-        if tx.send(Bytes::from_static(b"retry: 2000\n\n")).await.is_err() {
+        if tx
+            .send(Bytes::from_static(b"retry: 2000\n\n"))
+            .await
+            .is_err()
+        {
             return;
         }
         let deadline = tokio::time::Instant::now() + MAX_STREAM;
         while tokio::time::Instant::now() < deadline && !*stop.borrow() {
             let s = store.clone();
-            let polled = tokio::task::spawn_blocking(move || Ok::<_, ctxscope_store::StoreError>((s.turns_after(turn, BATCH)?, s.findings_after(finding, BATCH)?))).await;
-            let Ok(Ok((turns, findings))) = polled else { return };
+            let polled = tokio::task::spawn_blocking(move || {
+                Ok::<_, ctxscope_store::StoreError>((
+                    s.turns_after(turn, BATCH)?,
+                    s.findings_after(finding, BATCH)?,
+                ))
+            })
+            .await;
+            let Ok(Ok((turns, findings))) = polled else {
+                return;
+            };
             let mut out = String::new();
             for t in &turns {
                 turn = turn.max(t.id);
@@ -83,7 +114,10 @@ pub async fn stream(state: &Arc<AdminState>, query: &str) -> Response<ProxyBody>
             }
             for f in &findings {
                 finding = finding.max(f.id);
-                out.push_str(&format!("event: finding\ndata: {}\n\n", serde_json::to_string(f).unwrap_or_default()));
+                out.push_str(&format!(
+                    "event: finding\ndata: {}\n\n",
+                    serde_json::to_string(f).unwrap_or_default()
+                ));
             }
             if out.is_empty() {
                 out.push_str(": idle\n\n");
@@ -99,7 +133,10 @@ pub async fn stream(state: &Arc<AdminState>, query: &str) -> Response<ProxyBody>
     });
     let mut response = Response::new(Channel(rx).boxed_unsync());
     let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
 }
@@ -120,7 +157,12 @@ impl Body for Channel {
     type Data = Bytes;
     type Error = hyper::Error;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        self.0.poll_recv(cx).map(|chunk| chunk.map(|bytes| Ok(Frame::data(bytes))))
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|bytes| Ok(Frame::data(bytes))))
     }
 }

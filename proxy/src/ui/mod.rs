@@ -18,7 +18,10 @@ use crate::admin::AdminState;
 use crate::body::{json_error, ProxyBody};
 
 /// Answers UI routes and refused requests; hands every other request back to the admin router.
-pub async fn intercept(state: &Arc<AdminState>, request: Request<Incoming>) -> Result<Response<ProxyBody>, Request<Incoming>> {
+pub async fn intercept(
+    state: &Arc<AdminState>,
+    request: Request<Incoming>,
+) -> Result<Response<ProxyBody>, Request<Incoming>> {
     let path = request.uri().path().to_string();
     if path == "/ui/login" {
         return Ok(auth::login(state, request).await);
@@ -32,9 +35,18 @@ pub async fn intercept(state: &Arc<AdminState>, request: Request<Incoming>) -> R
     Ok(route(state, &request, &path).await)
 }
 
-async fn route(state: &Arc<AdminState>, request: &Request<Incoming>, path: &str) -> Response<ProxyBody> {
+async fn route(
+    state: &Arc<AdminState>,
+    request: &Request<Incoming>,
+    path: &str,
+) -> Response<ProxyBody> {
     if request.method() != Method::GET {
-        return json_error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "the UI answers GET only", None);
+        return json_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "the UI answers GET only",
+            None,
+        );
     }
     let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).skip(1).collect();
     let query = request.uri().query().unwrap_or("").to_string();
@@ -46,6 +58,11 @@ async fn route(state: &Arc<AdminState>, request: &Request<Incoming>, path: &str)
         ["api", "turns", id, "diff"] => api::turn_diff(state, id).await,
         ["api", "live"] => live::stream(state, &query).await,
         ["replays", id, "report"] => api::replay_report(state, id).await,
-        _ => json_error(StatusCode::NOT_FOUND, "not_found", &format!("no UI route {path}"), None),
+        _ => json_error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            &format!("no UI route {path}"),
+            None,
+        ),
     }
 }

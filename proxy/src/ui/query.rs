@@ -21,7 +21,9 @@ pub fn decode(text: &str) -> String {
         match bytes[i] {
             b'+' => out.push(b' '),
             b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3])
+                    .ok()
+                    .and_then(|h| u8::from_str_radix(h, 16).ok());
                 match hex {
                     Some(b) => {
                         out.push(b);
@@ -45,6 +47,13 @@ mod tests {
     fn decodes_escapes_and_plus() {
         assert_eq!(decode("http%3A%2F%2Fa%3A1+b"), "http://a:1 b");
         assert_eq!(decode("100%"), "100%");
-        assert_eq!(pairs("q=a%20b&kind=cache_miss&x"), vec![("q".into(), "a b".into()), ("kind".into(), "cache_miss".into()), ("x".into(), String::new())]);
+        assert_eq!(
+            pairs("q=a%20b&kind=cache_miss&x"),
+            vec![
+                ("q".into(), "a b".into()),
+                ("kind".into(), "cache_miss".into()),
+                ("x".into(), String::new())
+            ]
+        );
     }
 }

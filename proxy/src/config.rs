@@ -40,6 +40,8 @@ pub struct ProxyConfig {
     /// Hold non-streamed responses until their capture is done (at most 5 s) and add
     /// `x-ctxscope-findings` when the turn raised findings.
     pub findings_header: bool,
+    /// Answer Responses API `previous_response_id` from the capture store (`--responses-state`).
+    pub responses_state: bool,
     /// `--admin-token`: the admin port's API and UI require it (bearer header or login cookie).
     pub admin_token: Option<String>,
 }
@@ -95,6 +97,8 @@ pub enum ConfigError {
     Tokenizer(PathBuf),
     #[error("--count-with local needs --tokenizer (or use --count-with upstream or auto)")]
     CountWithoutTokenizer,
+    #[error("--responses-state keeps conversation state in the capture store: it cannot be used with --no-capture")]
+    StateWithoutStore,
     #[error(transparent)]
     Webhook(#[from] crate::alert::webhook::WebhookError),
 }
@@ -142,6 +146,7 @@ impl ProxyConfig {
             detect: crate::detect::DetectConfig::default(),
             alert_webhook: None,
             findings_header: false,
+            responses_state: false,
             admin_token: None,
         }
     }
@@ -156,6 +161,9 @@ impl ProxyConfig {
         }
         if self.count_with == CountWith::Local && self.tokenizer.is_none() {
             return Err(ConfigError::CountWithoutTokenizer);
+        }
+        if self.responses_state && self.data_dir.is_none() {
+            return Err(ConfigError::StateWithoutStore);
         }
         if let Some(path) = &self.tokenizer {
             if !path.exists() {

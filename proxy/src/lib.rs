@@ -13,6 +13,7 @@ pub mod detect;
 pub mod forward;
 pub mod metrics;
 pub mod parse;
+pub mod responses_state;
 pub mod server;
 pub mod ui;
 
@@ -83,6 +84,7 @@ pub async fn run(
     let (sender, worker) = start_capture(&config, store.clone(), tokens, upstream_counter, sinks);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let state_layer = responses_state::ResponsesStateLayer::new(config.responses_state, store.clone());
     let admin_state = Arc::new(admin::AdminState {
         metrics: handle,
         store,
@@ -97,10 +99,12 @@ pub async fn run(
         max_request_bytes: config.max_request_bytes,
         findings_header: config.findings_header.then_some(std::time::Duration::from_secs(5)),
     };
-    // Box the incoming body, tee LLM exchanges into capture, forward to the upstream.
+    // Box the incoming body, tee LLM exchanges into capture, expand Responses chains (with
+    // --responses-state), forward to the upstream.
     let proxy_service = ServiceBuilder::new()
         .map_request(|request: http::Request<Incoming>| request.map(|b| b.boxed_unsync()))
         .layer(CaptureLayer::new(settings, sender))
+        .layer(state_layer)
         .service(forward::Forward::new(config.upstream.clone(), config.connect_timeout));
     let admin_service = hyper::service::service_fn(move |request| admin::handle(admin_state.clone(), request));
 

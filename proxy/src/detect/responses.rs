@@ -16,22 +16,39 @@ pub(crate) fn ignored_chain(cx: &Context<'_>) -> Option<Draft> {
     let engine = turn.usage.as_ref()?.prompt_tokens?;
     let parent = parent(cx, parent_id)?;
     let parent_usage = parent.usage.as_ref()?;
-    let (parent_in, parent_out) = (parent_usage.prompt_tokens?, parent_usage.completion_tokens.unwrap_or(0));
+    let (parent_in, parent_out) = (
+        parent_usage.prompt_tokens?,
+        parent_usage.completion_tokens.unwrap_or(0),
+    );
     // The chain holds all of the parent's input and output (only its instructions are not carried
     // over), then at least one new item.
     let expected = parent_in + parent_out;
     if engine >= expected {
         return None;
     }
-    let same_instructions = match (info.instructions, parent.responses.as_ref().is_some_and(|r| r.instructions)) {
+    let same_instructions = match (
+        info.instructions,
+        parent.responses.as_ref().is_some_and(|r| r.instructions),
+    ) {
         (false, false) => true,
-        (true, true) => cx.obs.hashes.first().map(ctxscope_store::to_hex).as_ref() == parent_first_message(cx, &parent).as_ref(),
+        (true, true) => {
+            cx.obs.hashes.first().map(ctxscope_store::to_hex).as_ref()
+                == parent_first_message(cx, &parent).as_ref()
+        }
         _ => false,
     };
     let auto = info.truncation.as_deref() == Some("auto");
     let missing = expected - engine;
-    let dropped = if auto { dropped_items(cx, missing) } else { Value::Null };
-    let what = if auto { "dropped the oldest items of the chain (truncation: \"auto\")" } else { "ignored previous_response_id" };
+    let dropped = if auto {
+        dropped_items(cx, missing)
+    } else {
+        Value::Null
+    };
+    let what = if auto {
+        "dropped the oldest items of the chain (truncation: \"auto\")"
+    } else {
+        "ignored previous_response_id"
+    };
     let summary = format!(
         "engine reported {engine} input tokens on a chain whose previous response alone had {parent_in} input and {parent_out} output tokens: it {what}"
     );
@@ -45,8 +62,18 @@ pub(crate) fn ignored_chain(cx: &Context<'_>) -> Option<Draft> {
         "truncation": info.truncation, "dropped_items": dropped,
         "same_instructions": same_instructions,
     });
-    let severity = if same_instructions && !auto { Severity::Critical } else { Severity::Warning };
-    Some(Draft { kind: FindingKind::EngineTruncation, severity, summary, evidence, cause: format!("engine_truncation/{}", turn.conversation) })
+    let severity = if same_instructions && !auto {
+        Severity::Critical
+    } else {
+        Severity::Warning
+    };
+    Some(Draft {
+        kind: FindingKind::EngineTruncation,
+        severity,
+        summary,
+        evidence,
+        cause: format!("engine_truncation/{}", turn.conversation),
+    })
 }
 
 fn parent(cx: &Context<'_>, id: u64) -> Option<TurnRecord> {
@@ -63,12 +90,27 @@ fn parent_first_message(cx: &Context<'_>, parent: &TurnRecord) -> Option<String>
 /// With per-message token counts: the oldest messages after the instructions whose tokens add up to
 /// what is missing, by position and role. Without them, nothing is guessed.
 fn dropped_items(cx: &Context<'_>, missing: u64) -> Value {
-    let Some(ends) = cx.obs.segment_ends.filter(|e| e.len() == cx.obs.messages.len()) else { return Value::Null };
-    let first = usize::from(cx.obs.turn.responses.as_ref().is_some_and(|r| r.instructions));
+    let Some(ends) = cx
+        .obs
+        .segment_ends
+        .filter(|e| e.len() == cx.obs.messages.len())
+    else {
+        return Value::Null;
+    };
+    let first = usize::from(
+        cx.obs
+            .turn
+            .responses
+            .as_ref()
+            .is_some_and(|r| r.instructions),
+    );
     let start = if first == 0 { 0 } else { ends[0] };
     let mut items = Vec::new();
     for (i, end) in ends.iter().enumerate().skip(first) {
-        let role = cx.obs.messages[i].get("role").and_then(Value::as_str).unwrap_or("");
+        let role = cx.obs.messages[i]
+            .get("role")
+            .and_then(Value::as_str)
+            .unwrap_or("");
         items.push(json!({"index": i, "role": role}));
         if (end - start) as u64 >= missing {
             break;

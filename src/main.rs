@@ -18,6 +18,11 @@ use clap::{Args, Parser, Subcommand};
 use ctxscope_proxy::alert::webhook::{WebhookConfig, WebhookFormat};
 use ctxscope_proxy::{ProxyConfig, Upstream};
 
+/// mimalloc: a captured turn (tokenizer, parsing, store) allocates many small strings; see
+/// BENCHMARKS.md, "Detection cost".
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "ctxscope", version, about = "Find out why a long LLM conversation lost its context.")]
 struct Cli {
@@ -181,11 +186,6 @@ struct CaptureArgs {
     /// response then waits for its capture, at most 5 s; streamed responses are never held).
     #[arg(long)]
     findings_header: bool,
-    /// Keep Responses API state for upstreams that keep none: a request naming previous_response_id
-    /// is forwarded with the chain expanded from the capture store into its input (an unknown id
-    /// gets OpenAI's 404). Without it the proxy forwards /v1/responses untouched.
-    #[arg(long)]
-    responses_state: bool,
     /// Who counts prompt tokens: local (--tokenizer), upstream (the engine's own /apply-template and
     /// /tokenize endpoints: llama.cpp, vLLM, ctxscope engine; one extra request per new prompt, on the
     /// capture worker), auto (local with --tokenizer, else upstream when it offers them, else none),
@@ -212,7 +212,6 @@ impl CaptureArgs {
         }
         config.detect.enabled = !self.no_detect;
         config.findings_header = self.findings_header;
-        config.responses_state = self.responses_state;
         config.count_with = self.count_with;
         Ok(())
     }

@@ -3,6 +3,10 @@
 //! it; `--tokenizer GGUF` adds local counts and token-id prefix evidence). Prints p50/mean per group of
 //! ten turns. `cargo run --release -p ctxscope-proxy --example capture_cost [-- --tokenizer PATH]`.
 
+// The ctxscope binary's allocator (src/main.rs), so the figures are what ships.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 

@@ -186,6 +186,11 @@ struct CaptureArgs {
     /// response then waits for its capture, at most 5 s; streamed responses are never held).
     #[arg(long)]
     findings_header: bool,
+    /// Keep Responses API state for upstreams that keep none: a request naming previous_response_id
+    /// is forwarded with the chain expanded from the capture store into its input (an unknown id
+    /// gets OpenAI's 404). Without it the proxy forwards /v1/responses untouched.
+    #[arg(long)]
+    responses_state: bool,
     /// Who counts prompt tokens: local (--tokenizer), upstream (the engine's own /apply-template and
     /// /tokenize endpoints: llama.cpp, vLLM, ctxscope engine; one extra request per new prompt, on the
     /// capture worker), auto (local with --tokenizer, else upstream when it offers them, else none),
@@ -212,6 +217,7 @@ impl CaptureArgs {
         }
         config.detect.enabled = !self.no_detect;
         config.findings_header = self.findings_header;
+        config.responses_state = self.responses_state;
         config.count_with = self.count_with;
         Ok(())
     }

@@ -80,9 +80,10 @@ impl Conversation {
 /// The request of one turn, plus a note on what it cannot reproduce; Err(note) when it is skipped.
 fn turn_request(detail: &ConversationDetail, view: &TurnView) -> Result<(TurnRequest, Option<String>), String> {
     let record = &view.turn;
-    if record.endpoint != Endpoint::ChatCompletions {
+    let responses = record.endpoint == Endpoint::Responses;
+    if record.endpoint != Endpoint::ChatCompletions && !responses {
         return Err(format!(
-            "turn {} skipped: it used the {} endpoint; replay covers chat completions only",
+            "turn {} skipped: it used the {} endpoint; replay covers chat completions and Responses API turns only",
             record.index,
             record.endpoint.as_str()
         ));
@@ -92,6 +93,7 @@ fn turn_request(detail: &ConversationDetail, view: &TurnView) -> Result<(TurnReq
         .iter()
         .map(|hash| detail.messages.get(hash).cloned().ok_or_else(|| missing(record.index, hash)))
         .collect::<Result<Vec<Value>, String>>()?;
+    let messages = if responses { responses_as_chat(record.index, messages)? } else { messages };
     if messages.is_empty() {
         return Err(format!("turn {} skipped: the capture holds no request messages for it", record.index));
     }
@@ -110,11 +112,28 @@ fn turn_request(detail: &ConversationDetail, view: &TurnView) -> Result<(TurnReq
         messages,
         model: record.model.clone(),
         params: KEPT_PARAMS.iter().filter_map(|k| record.params.get(*k).map(|v| (k.to_string(), v.clone()))).collect(),
-        captured_max_tokens: ["max_completion_tokens", "max_tokens"].iter().find_map(|k| record.params.get(*k).and_then(Value::as_u64)),
+        captured_max_tokens: ["max_completion_tokens", "max_tokens", "max_output_tokens"].iter().find_map(|k| record.params.get(*k).and_then(Value::as_u64)),
         captured_text,
         captured_message,
     };
     Ok((request, note))
+}
+
+/// A Responses API turn replays as the chat its capture already is (docs/capture.md, "The Responses
+/// API"): the opaque `reasoning_items` / `output_items` kept beside assistant messages are left out;
+/// an item the mapping kept verbatim (`responses_item`) has no chat form, so its turn is skipped.
+fn responses_as_chat(turn: u32, mut messages: Vec<Value>) -> Result<Vec<Value>, String> {
+    for message in &mut messages {
+        if message.get("role").and_then(Value::as_str) == Some("responses_item") {
+            let kind = message.pointer("/item/type").and_then(Value::as_str).unwrap_or("unknown");
+            return Err(format!("turn {turn} skipped: its Responses API input holds a {kind} item, which has no chat form"));
+        }
+        if let Some(object) = message.as_object_mut() {
+            object.remove("reasoning_items");
+            object.remove("output_items");
+        }
+    }
+    Ok(messages)
 }
 
 fn missing(turn: u32, hash: &str) -> String {
@@ -225,6 +244,25 @@ pub(crate) mod tests {
         assert!(c.notes[0].contains("completions endpoint"), "{:?}", c.notes);
         assert!(c.notes[1].contains("not in the capture"), "{:?}", c.notes);
         assert!(c.notes[2].contains("get_weather"), "{:?}", c.notes);
+    }
+
+    #[test]
+    fn responses_turns_replay_as_chat_without_their_opaque_items() {
+        let mut d = detail(2);
+        for view in &mut d.turns {
+            view.turn.endpoint = Endpoint::Responses;
+        }
+        let captured = d.turns[1].messages[2].clone();
+        d.messages.get_mut(&captured).unwrap()["reasoning_items"] = json!([{"type": "reasoning", "id": "rs_1"}]);
+        let c = Conversation::from_detail(&d);
+        assert_eq!(c.turns.len(), 2, "{:?}", c.notes);
+        assert_eq!(c.turn(1).unwrap().messages[2], json!({"role": "assistant", "content": "captured 0"}));
+        let opaque = "ab".repeat(32);
+        d.messages.insert(opaque.clone(), json!({"role": "responses_item", "item": {"type": "web_search_call"}}));
+        d.turns[1].messages.push(opaque);
+        let c = Conversation::from_detail(&d);
+        assert_eq!(c.turns.len(), 1);
+        assert!(c.notes[0].contains("web_search_call item"), "{:?}", c.notes);
     }
 
     #[test]

@@ -372,3 +372,98 @@ def test_an_upstream_that_ignores_previous_response_id_raises_engine_truncation(
     finally:
         proxy.stop()
         double.stop()
+
+
+# -- this engine ------------------------------------------------------------------------------------
+
+
+class Engine:
+    """The real `ctxscope engine` (the default model, golden path) on a port it picks itself."""
+
+    def __init__(self):
+        env = dict(os.environ, CTXSCOPE_LOG="info", NO_COLOR="1")
+        self.proc = subprocess.Popen(
+            [str(proxy_binary()), "engine", "--model", str(model_path()), "--listen", "127.0.0.1:0"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+        )
+        self.log = OutputTail(self.proc.stderr, "engine-stderr")
+        line = self.log.wait_for(lambda l: "ctxscope engine serving" in l, 120.0)
+        if line is None:
+            self.proc.kill()
+            pytest.fail(f"ctxscope engine did not start:\n{self.log.text()}")
+        self.url = "http://" + re.search(r"\blisten=\D*" + ADDR, ANSI.sub("", line)).group(1)
+
+    def stop(self):
+        assert stop_process(self.proc, "ctxscope engine", self.log) == 0
+
+
+@pytest.fixture(scope="module")
+def engine():
+    server = Engine()
+    yield server
+    server.stop()
+
+
+def engine_normalize(raw):
+    """The engine's ids carry the clock and a counter, and its prefix cache fills as requests come."""
+    text = re.sub(r'"(resp|msg)_[0-9a-f]+"', r'"\1_"', raw.decode())
+    text = re.sub(r'"created_at":\d+', '"created_at":0', text)
+    return re.sub(r'"cached_tokens":\d+', '"cached_tokens":0', text)
+
+
+def test_the_engine_serves_responses_through_the_proxy_as_directly(engine, tmp_path):
+    proxy = Proxy(engine.url, tmp_path / "data")
+    try:
+        for body in [
+            {"model": "m", "instructions": "Answer briefly.", "input": "What is the capital of France?", "max_output_tokens": 12, "temperature": 0},
+            {"model": "m", "input": [{"role": "user", "content": [{"type": "input_text", "text": "Say hi."}]}], "max_output_tokens": 6, "temperature": 0, "stream": True},
+            {"model": "m", "input": "Weather in Paris?", "tools": [TOOL], "max_output_tokens": 6, "temperature": 0},
+        ]:
+            direct, through = post_raw(engine.url, body), post_raw(proxy.url, body)
+            assert direct[0] == through[0] == 200, through
+            assert engine_normalize(through[1]) == engine_normalize(direct[1])
+        events = list(client(proxy.url).responses.create(model="m", input="Say hi.", max_output_tokens=6, temperature=0, stream=True))
+        streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        assert streamed and events[-1].response.output_text == streamed
+        # The engine keeps no state and says so; truncation "disabled" refuses an overflow as chat does.
+        refused = post_raw(engine.url, {"model": "m", "input": "x", "previous_response_id": "resp_1"})
+        assert refused[0] == 400 and b"--responses-state" in refused[1]
+        overflow = post_raw(engine.url, {"model": "m", "input": "word " * 9000, "truncation": "disabled"})
+        assert overflow[0] == 400 and json.loads(overflow[1])["error"]["code"] == "context_length_exceeded"
+        listed = proxy.wait_turns(4)
+        turns = [t for c in listed for t in turns_of(proxy, c["id"])]
+        assert len(turns) == 4 and sum(t["stream"] for t in turns) == 2 and all(t["endpoint"] == "responses" for t in turns)
+    finally:
+        proxy.stop()
+
+
+def test_responses_state_gives_the_engine_a_memory(tmp_path):
+    """A 10-response chain recalls a fact from its first response, on the golden path, with a proxy
+    restart in the middle; the engine refuses previous_response_id, so every 200 was stateless.
+    Its own engine: a prefix cache filled by traffic the proxy never saw is (rightly) a finding."""
+    question = "What is the capital of my country?"
+    engine = Engine()
+    proxy = Proxy(engine.url, tmp_path / "data", "--responses-state")
+    try:
+        previous = None
+        for i in range(10):
+            if i == 5:
+                proxy.restart()
+            text = "The capital of my country is Rome." if i == 0 else (question if i == 9 else "Thanks.")
+            kwargs = dict(model="m", input=text, max_output_tokens=16, temperature=0)
+            if previous:
+                kwargs["previous_response_id"] = previous
+            if i % 2:
+                response = list(client(proxy.url).responses.create(stream=True, **kwargs))[-1].response
+            else:
+                response = client(proxy.url).responses.create(**kwargs)
+            previous = response.id
+        assert "Rome" in response.output_text, response.output_text
+        listed = proxy.wait_turns(10)
+        assert len(listed) == 1 and listed[0]["turns"] == 10
+        assert not proxy.findings(), proxy.findings()
+        control = client(engine.url).responses.create(model="m", input=question, max_output_tokens=16, temperature=0)
+        assert "Rome" not in control.output_text, "the fact must come from the chain, not the question"
+    finally:
+        proxy.stop()
+        engine.stop()

@@ -24,7 +24,7 @@ pub enum ApiError {
     TooLarge { limit: usize },
     #[error("cannot read the request body: {0}")]
     Body(String),
-    #[error("no route for {method} {path}; the engine serves POST /v1/chat/completions, POST /v1/completions, GET /v1/models, POST /tokenize, POST /detokenize, POST /apply-template and GET /health")]
+    #[error("no route for {method} {path}; the engine serves POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, POST /api/chat, GET /v1/models, POST /tokenize, POST /detokenize, POST /apply-template and GET /health")]
     NotFound { method: String, path: String },
     #[error("{method} is not allowed on {path}")]
     MethodNotAllowed { method: String, path: String },

@@ -26,7 +26,7 @@ pub const PATH_HEADER: &str = "x-ctxscope-path";
 /// The header that picks the patch set of one request (comma-separated `name` / `name=value`).
 pub const PATCHES_HEADER: &str = "x-ctxscope-patches";
 
-const ROUTES: [&str; 8] = ["/health", "/v1/models", "/v1/chat/completions", "/v1/completions", "/api/chat", "/tokenize", "/detokenize", "/apply-template"];
+const ROUTES: [&str; 9] = ["/health", "/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/responses", "/api/chat", "/tokenize", "/detokenize", "/apply-template"];
 
 /// The service function of every connection.
 pub async fn handle(state: Arc<State>, request: http::Request<Incoming>) -> Result<http::Response<Body>, Infallible> {
@@ -69,6 +69,10 @@ async fn route(state: Arc<State>, request: http::Request<Incoming>, path: Path, 
         (&Method::POST, "/v1/completions") => {
             let body = read_body(&state, request).await?;
             completions::generate(state, Endpoint::Completion, &body, path, patches).await
+        }
+        (&Method::POST, "/v1/responses") => {
+            let body = read_body(&state, request).await?;
+            super::responses::create(state, &body, path, patches).await
         }
         (&Method::POST, "/api/chat") => {
             let body = read_body(&state, request).await?;

@@ -1,0 +1,514 @@
+//! `POST /v1/responses`, OpenAI's Responses API, served statelessly by translation (as `/api/chat`
+//! is): `instructions` and `input` items become chat messages for the same generation path, and the
+//! answer goes back as a response object, or as `response.*` SSE events when streamed. The engine
+//! keeps no responses, so `previous_response_id` is refused (put `ctxscope proxy --responses-state` in
+//! front for state); `truncation: "disabled"` (the default) refuses an overflow with 400 as chat does.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::Frame;
+use serde_json::{json, Map, Value};
+
+use super::body::{self, Body};
+use super::completions;
+use super::error::ApiError;
+use super::request::{self, Endpoint};
+use super::state::State;
+use crate::forward::Path;
+use crate::patch::PatchSet;
+
+/// The text of a content value: a string, or its `input_text` / `output_text` / `text` parts.
+fn content_text(content: &Value) -> Result<String, ApiError> {
+    match content {
+        Value::String(text) => Ok(text.clone()),
+        Value::Array(parts) => parts
+            .iter()
+            .map(|part| {
+                match (
+                    part.get("type").and_then(Value::as_str),
+                    part.get("text").and_then(Value::as_str),
+                ) {
+                    (Some("input_text" | "output_text" | "text"), Some(text)) => {
+                        Ok(text.to_string())
+                    }
+                    (kind, _) => Err(ApiError::param(
+                        "input",
+                        format!(
+                            "content part {kind:?} is not supported: this engine reads text only"
+                        ),
+                    )),
+                }
+            })
+            .collect(),
+        _ => Err(ApiError::param(
+            "input",
+            "message content must be a string or a list of text parts",
+        )),
+    }
+}
+
+/// `input` items as chat messages; a `function_call` joins the assistant message before it.
+fn items_to_messages(items: &[Value], messages: &mut Vec<Value>) -> Result<(), ApiError> {
+    for (i, item) in items.iter().enumerate() {
+        match (
+            item.get("type").and_then(Value::as_str),
+            item.get("role").and_then(Value::as_str),
+        ) {
+            (Some("message") | None, Some(role)) => {
+                let content = content_text(item.get("content").unwrap_or(&Value::Null))?;
+                messages.push(json!({"role": role, "content": content}));
+            }
+            (Some("function_call"), _) => {
+                let call = json!({"id": item.get("call_id"), "type": "function",
+                                  "function": {"name": item.get("name"), "arguments": item.get("arguments").cloned().unwrap_or(json!(""))}});
+                match messages.last_mut().filter(|m| m["role"] == "assistant") {
+                    Some(last) => match last.get_mut("tool_calls").and_then(Value::as_array_mut) {
+                        Some(calls) => calls.push(call),
+                        None => last["tool_calls"] = json!([call]),
+                    },
+                    None => messages
+                        .push(json!({"role": "assistant", "content": "", "tool_calls": [call]})),
+                }
+            }
+            (Some("function_call_output"), _) => {
+                let output = content_text(item.get("output").unwrap_or(&Value::Null))?;
+                messages.push(
+                    json!({"role": "tool", "tool_call_id": item.get("call_id"), "content": output}),
+                );
+            }
+            (Some("reasoning"), _) => {}
+            (kind, _) => {
+                return Err(ApiError::param(
+                    "input",
+                    format!("input[{i}] of type {kind:?} is not supported by this engine"),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Translates a Responses request into a chat request; also says whether it streams.
+fn to_chat(object: &Map<String, Value>) -> Result<(Map<String, Value>, bool), ApiError> {
+    if object
+        .get("previous_response_id")
+        .is_some_and(|v| !v.is_null())
+    {
+        return Err(ApiError::param(
+            "previous_response_id",
+            "this engine keeps no responses: send the whole conversation in `input`, or run `ctxscope proxy --responses-state` in front of it",
+        ));
+    }
+    match object.get("truncation").and_then(Value::as_str) {
+        None | Some("disabled") => {}
+        Some(other) => {
+            return Err(ApiError::param("truncation", format!("truncation {other:?} is not supported: this engine refuses a prompt that does not fit (\"disabled\")")))
+        }
+    }
+    let mut messages = Vec::new();
+    if let Some(instructions) = object.get("instructions").filter(|v| !v.is_null()) {
+        messages.push(json!({"role": "system", "content": content_text(instructions)?}));
+    }
+    match object.get("input") {
+        Some(Value::String(text)) => messages.push(json!({"role": "user", "content": text})),
+        Some(Value::Array(items)) => items_to_messages(items, &mut messages)?,
+        _ => {
+            return Err(ApiError::param(
+                "input",
+                "input is required: a string or a list of items",
+            ))
+        }
+    }
+    let stream = object
+        .get("stream")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let mut out = Map::new();
+    out.insert("messages".into(), Value::Array(messages));
+    for key in ["model", "temperature", "top_p", "ctxscope"] {
+        if let Some(v) = object.get(key).filter(|v| !v.is_null()) {
+            out.insert(key.into(), v.clone());
+        }
+    }
+    if let Some(max) = object.get("max_output_tokens").filter(|v| !v.is_null()) {
+        out.insert("max_tokens".into(), max.clone());
+    }
+    if let Some(Value::Array(tools)) = object.get("tools") {
+        let tools: Vec<Value> = tools
+            .iter()
+            .filter(|t| t.get("type").and_then(Value::as_str) == Some("function"))
+            .map(|t| json!({"type": "function", "function": {"name": t.get("name"), "description": t.get("description"), "parameters": t.get("parameters")}}))
+            .collect();
+        if !tools.is_empty() {
+            out.insert("tools".into(), Value::Array(tools));
+        }
+    }
+    out.insert("stream".into(), json!(stream));
+    if stream {
+        out.insert("stream_options".into(), json!({"include_usage": true}));
+    }
+    Ok((out, stream))
+}
+
+/// What the response object repeats of the request.
+struct Meta {
+    id: String,
+    message_id: String,
+    created_at: u64,
+    model: String,
+    request: Map<String, Value>,
+}
+
+impl Meta {
+    fn new(object: &Map<String, Value>, model: String) -> Meta {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        Meta {
+            id: format!("resp_{:x}{n:06x}", now.as_millis()),
+            message_id: format!("msg_{:x}{n:06x}", now.as_millis()),
+            created_at: now.as_secs(),
+            model,
+            request: object.clone(),
+        }
+    }
+
+    /// The response object; `text` and `usage` (chat's) once known.
+    fn object(
+        &self,
+        status: &str,
+        text: &str,
+        finish: Option<&str>,
+        usage: Option<&Value>,
+    ) -> Value {
+        let incomplete = finish == Some("length");
+        let status = if status == "completed" && incomplete {
+            "incomplete"
+        } else {
+            status
+        };
+        let output = if status == "in_progress" {
+            json!([])
+        } else {
+            json!([self.message(text, "completed")])
+        };
+        let usage = usage.map(|u| {
+            let (input, output) = (u["prompt_tokens"].as_u64().unwrap_or(0), u["completion_tokens"].as_u64().unwrap_or(0));
+            json!({"input_tokens": input, "input_tokens_details": {"cached_tokens": u.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64).unwrap_or(0)},
+                   "output_tokens": output, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": input + output})
+        });
+        let get = |key: &str| self.request.get(key).cloned().unwrap_or(Value::Null);
+        json!({
+            "id": self.id, "object": "response", "created_at": self.created_at, "status": status, "error": null,
+            "incomplete_details": if incomplete { json!({"reason": "max_output_tokens"}) } else { Value::Null },
+            "instructions": get("instructions"), "max_output_tokens": get("max_output_tokens"), "model": self.model,
+            "output": output, "parallel_tool_calls": true, "previous_response_id": null, "store": false,
+            "temperature": get("temperature"), "top_p": get("top_p"), "truncation": "disabled",
+            "tools": self.request.get("tools").cloned().unwrap_or(json!([])), "usage": usage,
+        })
+    }
+
+    fn message(&self, text: &str, status: &str) -> Value {
+        json!({"type": "message", "id": self.message_id, "status": status, "role": "assistant",
+               "content": [{"type": "output_text", "text": text, "annotations": []}]})
+    }
+}
+
+/// Handles `POST /v1/responses`.
+pub async fn create(
+    state: Arc<State>,
+    body: &[u8],
+    path: Path,
+    patches: PatchSet,
+) -> Result<http::Response<Body>, ApiError> {
+    let object = request::json_object(body)?;
+    let (chat, stream) = to_chat(&object)?;
+    let model = object
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or(&state.engine.model.id)
+        .to_string();
+    let meta = Meta::new(&object, model);
+    let translated =
+        serde_json::to_vec(&Value::Object(chat)).map_err(|e| ApiError::Engine(e.to_string()))?;
+    let response = completions::generate(state, Endpoint::Chat, &translated, path, patches).await?;
+    let (parts, inner) = response.into_parts();
+    if stream {
+        let events = EventBody {
+            inner,
+            meta,
+            buffer: Vec::new(),
+            queue: VecDeque::new(),
+            text: String::new(),
+            finish: None,
+            started: false,
+            ended: false,
+            sequence: 0,
+        };
+        return Ok(http::Response::from_parts(parts, Body::new(events)));
+    }
+    let bytes = inner
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    let reply: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::Engine(format!("chat answer not JSON: {e}")))?;
+    let choice = &reply["choices"][0];
+    let text = choice["message"]["content"].as_str().unwrap_or("");
+    let out = meta.object(
+        "completed",
+        text,
+        choice["finish_reason"].as_str(),
+        Some(&reply["usage"]),
+    );
+    let mut response = body::json(http::StatusCode::OK, &out);
+    response
+        .headers_mut()
+        .extend(parts.headers.into_iter().filter_map(|(k, v)| {
+            k.filter(|k| k != http::header::CONTENT_LENGTH)
+                .map(|k| (k, v))
+        }));
+    Ok(response)
+}
+
+/// Re-frames the chat SSE body as Responses events: created, in_progress, the message item and its
+/// text part opened, a `response.output_text.delta` per chat delta, then the closing events and
+/// `response.completed` (with usage) when chat's usage chunk (or `[DONE]`) arrives.
+struct EventBody {
+    inner: Body,
+    meta: Meta,
+    buffer: Vec<u8>,
+    queue: VecDeque<Bytes>,
+    text: String,
+    finish: Option<String>,
+    started: bool,
+    ended: bool,
+    sequence: u64,
+}
+
+impl EventBody {
+    fn event(&mut self, kind: &str, mut data: Value) {
+        data["type"] = json!(kind);
+        data["sequence_number"] = json!(self.sequence);
+        self.sequence += 1;
+        self.queue
+            .push_back(Bytes::from(format!("event: {kind}\ndata: {data}\n\n")));
+    }
+
+    fn start(&mut self) {
+        self.started = true;
+        let response = self.meta.object("in_progress", "", None, None);
+        self.event("response.created", json!({"response": response}));
+        self.event("response.in_progress", json!({"response": response}));
+        let item = json!({"type": "message", "id": self.meta.message_id, "status": "in_progress", "role": "assistant", "content": []});
+        self.event(
+            "response.output_item.added",
+            json!({"output_index": 0, "item": item}),
+        );
+        let part = json!({"type": "output_text", "text": "", "annotations": []});
+        self.event("response.content_part.added", json!({"item_id": self.meta.message_id, "output_index": 0, "content_index": 0, "part": part}));
+    }
+
+    fn finish_with(&mut self, usage: Option<&Value>) {
+        self.ended = true;
+        let (id, text) = (self.meta.message_id.clone(), self.text.clone());
+        self.event(
+            "response.output_text.done",
+            json!({"item_id": id, "output_index": 0, "content_index": 0, "text": text}),
+        );
+        let part = json!({"type": "output_text", "text": text, "annotations": []});
+        self.event(
+            "response.content_part.done",
+            json!({"item_id": id, "output_index": 0, "content_index": 0, "part": part}),
+        );
+        self.event(
+            "response.output_item.done",
+            json!({"output_index": 0, "item": self.meta.message(&text, "completed")}),
+        );
+        let response = self
+            .meta
+            .object("completed", &text, self.finish.as_deref(), usage);
+        let kind = if response["status"] == "incomplete" {
+            "response.incomplete"
+        } else {
+            "response.completed"
+        };
+        self.event(kind, json!({"response": response}));
+    }
+
+    /// Handles every complete chat SSE event in the buffer.
+    fn drain_events(&mut self) {
+        while let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = self.buffer.drain(..end + 2).collect();
+            let text = String::from_utf8_lossy(&event).into_owned();
+            for data in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
+                if self.ended {
+                    continue;
+                }
+                if !self.started {
+                    self.start();
+                }
+                if data == "[DONE]" {
+                    self.finish_with(None);
+                    continue;
+                }
+                let Ok(chunk) = serde_json::from_str::<Value>(data) else {
+                    continue;
+                };
+                if let Some(error) = chunk.get("error").filter(|e| e.is_object()) {
+                    self.event("error", json!({"code": error["code"], "message": error["message"], "param": error["param"]}));
+                    let mut response = self.meta.object("failed", &self.text.clone(), None, None);
+                    response["error"] =
+                        json!({"code": "server_error", "message": error["message"]});
+                    self.event("response.failed", json!({"response": response}));
+                    self.ended = true;
+                    continue;
+                }
+                if let Some(reason) = chunk["choices"][0]["finish_reason"].as_str() {
+                    self.finish = Some(reason.to_string());
+                }
+                if let Some(delta) = chunk["choices"][0]["delta"]["content"]
+                    .as_str()
+                    .filter(|d| !d.is_empty())
+                {
+                    self.text.push_str(delta);
+                    let id = self.meta.message_id.clone();
+                    self.event("response.output_text.delta", json!({"item_id": id, "output_index": 0, "content_index": 0, "delta": delta}));
+                }
+                if chunk["usage"].is_object() {
+                    self.finish_with(Some(&chunk["usage"]));
+                }
+            }
+        }
+    }
+}
+
+impl hyper::body::Body for EventBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        loop {
+            if let Some(bytes) = self.queue.pop_front() {
+                return Poll::Ready(Some(Ok(Frame::data(bytes))));
+            }
+            match Pin::new(&mut self.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.buffer.extend_from_slice(&data);
+                        self.drain_events();
+                    }
+                }
+                Poll::Ready(Some(Err(never))) => match never {},
+                Poll::Ready(None) => {
+                    self.buffer.extend_from_slice(b"\n\n");
+                    self.drain_events();
+                    return match self.queue.pop_front() {
+                        Some(bytes) => Poll::Ready(Some(Ok(Frame::data(bytes)))),
+                        None => Poll::Ready(None),
+                    };
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.queue.is_empty() && self.inner.is_end_stream()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(value: Value) -> Map<String, Value> {
+        value.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn instructions_and_items_become_chat_messages() {
+        let request = object(json!({
+            "model": "m", "instructions": "Be brief.", "max_output_tokens": 9, "stream": true,
+            "input": [
+                {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
+                {"type": "reasoning", "id": "rs_1", "summary": []},
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+                {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "sunny"}
+            ],
+            "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
+        }));
+        let (chat, stream) = to_chat(&request).unwrap();
+        assert!(stream);
+        assert_eq!(chat["max_tokens"], 9);
+        assert_eq!(chat["stream_options"]["include_usage"], true);
+        let messages = chat["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 4);
+        assert_eq!(
+            messages[0],
+            json!({"role": "system", "content": "Be brief."})
+        );
+        assert_eq!(messages[1], json!({"role": "user", "content": "weather?"}));
+        assert_eq!(
+            messages[2]["tool_calls"][0]["function"]["name"],
+            "get_weather"
+        );
+        assert_eq!(
+            messages[3],
+            json!({"role": "tool", "tool_call_id": "c1", "content": "sunny"})
+        );
+        assert_eq!(chat["tools"][0]["function"]["name"], "get_weather");
+    }
+
+    #[test]
+    fn state_and_auto_truncation_are_refused_clearly() {
+        let chained = to_chat(&object(
+            json!({"input": "hi", "previous_response_id": "resp_1"}),
+        ))
+        .unwrap_err();
+        assert!(
+            chained.to_string().contains("--responses-state"),
+            "{chained}"
+        );
+        let auto = to_chat(&object(json!({"input": "hi", "truncation": "auto"}))).unwrap_err();
+        assert!(auto.to_string().contains("\"auto\""), "{auto}");
+        assert!(to_chat(&object(json!({"input": "hi", "truncation": "disabled"}))).is_ok());
+        assert!(to_chat(&object(json!({"model": "m"}))).is_err());
+        let image = to_chat(&object(
+            json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}),
+        ));
+        assert!(image.unwrap_err().to_string().contains("input_image"));
+    }
+
+    #[test]
+    fn the_response_object_reports_usage_and_length() {
+        let meta = Meta::new(
+            &object(json!({"instructions": "x", "max_output_tokens": 2})),
+            "m".into(),
+        );
+        let usage = json!({"prompt_tokens": 30, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 16}});
+        let out = meta.object("completed", "Hi", Some("length"), Some(&usage));
+        assert_eq!(out["status"], "incomplete");
+        assert_eq!(out["incomplete_details"]["reason"], "max_output_tokens");
+        assert_eq!(
+            out["usage"],
+            json!({"input_tokens": 30, "input_tokens_details": {"cached_tokens": 16}, "output_tokens": 2, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 32})
+        );
+        assert_eq!(out["output"][0]["content"][0]["text"], "Hi");
+        assert!(out["id"].as_str().unwrap().starts_with("resp_"));
+    }
+}

@@ -63,6 +63,10 @@ pub async fn handle(state: Arc<AdminState>, request: Request<Incoming>) -> Resul
             }
             Err(_) => bad_id(id),
         },
+        (&Method::GET, ["api", "responses", id]) => {
+            let (id, missing) = (id.to_string(), StoreError::NotFound(format!("response {id}")));
+            with_store(&state, move |s| s.turn_by_response_id(&id)?.ok_or(missing).map(|t| to_json(&t))).await
+        }
         (&Method::POST, ["api", "import"]) => import(&state, request).await,
         (&Method::GET, ["api", "replays"]) => with_store(&state, |s| s.replays().map(|r| to_json(&r))).await,
         (&Method::GET, ["api", "replays", id]) => match id.parse::<u64>() {

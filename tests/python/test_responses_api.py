@@ -347,6 +347,11 @@ def test_clean_chains_are_captured_threaded_and_silent(tmp_path):
         conversation = next(c for c in listed if c["turns"] == 6)
         turns = turns_of(proxy, conversation["id"])
         assert [t["responses"]["response_id"] for t in turns] == ids
+        looked_up = get_json(f"{proxy.admin_url}/api/responses/{ids[3]}")
+        assert (looked_up["id"], looked_up["conversation"]) == (turns[3]["id"], conversation["id"])
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            get_json(f"{proxy.admin_url}/api/responses/resp_never")
+        assert missing.value.code == 404
         assert [t["relation"]["kind"] for t in turns] == ["new"] + ["extend"] * 5
         assert not proxy.findings()
     finally:

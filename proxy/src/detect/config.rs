@@ -69,7 +69,7 @@ impl Default for DetectConfig {
             truncation_first_turn_fraction: 0.5,
             flat_growth_bytes: 1024,
             rate_growth_fraction: 0.5,
-            rate_min_tokens: 48,
+            rate_min_tokens: 32,
             rate_first_turn_fraction: 0.4,
             rate_first_turn_min_tokens: 256,
             cache_block_tokens: 16,

@@ -134,7 +134,9 @@ pub(crate) struct Rates {
     turn_order: VecDeque<u64>,
     chains: HashMap<u64, Chain>,
     chain_order: VecDeque<u64>,
-    slopes: VecDeque<f64>,
+    /// (conversation, slope): a conversation later found cut takes its slopes back out (the steps
+    /// before it was found may already have been cut in part).
+    slopes: VecDeque<(u64, f64)>,
     /// Tokens per byte of whole prompts (overhead taken off), for first turns.
     wholes: VecDeque<f64>,
 }
@@ -164,7 +166,8 @@ impl Rates {
             return Some(Rate { tokens_per_byte: quantile(own, 0.0), source: RateSource::Conversation, samples: own.len() });
         }
         if self.slopes.len() >= MIN_UPSTREAM_SLOPES {
-            return Some(Rate { tokens_per_byte: quantile(&self.slopes, 0.25), source: RateSource::Upstream, samples: self.slopes.len() });
+            let slopes: VecDeque<f64> = self.slopes.iter().map(|(_, s)| *s).collect();
+            return Some(Rate { tokens_per_byte: quantile(&slopes, 0.25), source: RateSource::Upstream, samples: slopes.len() });
         }
         own.map(|own| Rate { tokens_per_byte: quantile(own, 0.0), source: RateSource::Conversation, samples: own.len() })
     }
@@ -187,8 +190,10 @@ impl Rates {
             }
         }
         if !whole {
-            // A conversation that lost its prompt once is not anchored or fitted on again.
+            // A conversation that lost its prompt once is not anchored or fitted on again, and its
+            // earlier steps no longer speak for the upstream's rate.
             self.chains.remove(&conversation);
+            self.slopes.retain(|(c, _)| *c != conversation);
             return;
         }
         if !self.chains.contains_key(&conversation) {
@@ -217,9 +222,8 @@ impl Rates {
             return;
         };
         if let Some(slope) = slope(parent, sample) {
-            for slopes in [&mut chain.slopes, &mut self.slopes] {
-                slopes.push_back(slope);
-            }
+            chain.slopes.push_back(slope);
+            self.slopes.push_back((conversation, slope));
             while chain.slopes.len() > ANCHORS {
                 chain.slopes.pop_front();
             }
@@ -283,6 +287,10 @@ mod tests {
         assert_eq!(rates.whole_rate(), None, "five large prompts are too few to judge a first turn");
         rates.record(12, 1, sample(3000, 4, 300), false, Some(11));
         assert!(rates.anchors(1).is_empty());
+        // Conversation 1's slope (0.2) left the upstream's with it: the quartile of 0.25, 0.26, 0.3, 0.9.
+        let rate = rates.rate(6).unwrap();
+        assert_eq!(rate.samples, 4);
+        assert!((rate.tokens_per_byte - 0.26).abs() < 1e-9, "{rate:?}");
         // A turn that does not extend the last anchor starts the chain anew.
         rates.record(21, 2, sample(900, 2, 250), true, None);
         assert_eq!(rates.anchors(2).len(), 1);

@@ -75,7 +75,7 @@ impl Store {
         }
         let mut conversation =
             header.ok_or_else(|| StoreError::Import { line: 1, detail: "missing header line".into() })?;
-        conversation.id = self.next_id()?;
+        conversation.id = self.next_id_in(crate::IdSpace::Conversation)?;
         conversation.name = None;
         conversation.branch_of = None;
         let mut previous: Option<(u64, Vec<HashHex>)> = None;
@@ -87,7 +87,7 @@ impl Store {
                     return Err(StoreError::Import { line: 0, detail: format!("turn {} references missing message {hash}", turn.id) });
                 }
             }
-            turn.id = self.next_id()?;
+            turn.id = self.next_id_in(crate::IdSpace::Turn)?;
             turn.conversation = conversation.id;
             turn.index = index as u32;
             let shared = previous.as_ref().map_or(0, |(_, prev)| common_prefix(prev, &view.messages));

@@ -15,7 +15,7 @@ pub use error::StoreError;
 pub use hash::{canonical_message, chain_next, from_hex, message_hash, to_hex, Hash, ZERO_HASH};
 pub use records::*;
 pub use retention::{RetentionPolicy, RetentionReport};
-pub use store::{Store, StoreOptions, SCHEMA_VERSION};
+pub use store::{IdSpace, Store, StoreOptions, SCHEMA_VERSION};
 pub mod export;
 mod findings;
 mod listing;

@@ -50,6 +50,24 @@ pub struct Store {
     response_ids: sled::Tree,
 }
 
+/// The kinds of record that number their own ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdSpace {
+    Conversation,
+    Turn,
+    Finding,
+}
+
+impl IdSpace {
+    fn key(self) -> &'static [u8] {
+        match self {
+            IdSpace::Conversation => b"next_id/conversation",
+            IdSpace::Turn => b"next_id/turn",
+            IdSpace::Finding => b"next_id/finding",
+        }
+    }
+}
+
 impl Store {
     /// Opens (creating if needed) the store at `path`.
     pub fn open(path: &Path, options: &StoreOptions) -> Result<Store, StoreError> {
@@ -87,8 +105,22 @@ impl Store {
             db,
         };
         store.check_schema()?;
+        store.init_id_counters()?;
         store.backfill_updated_index()?;
         Ok(store)
+    }
+
+    /// Each id space's counter starts at 0 in a new store; in one written before the spaces had their
+    /// own counters, above every id the shared counter handed out.
+    fn init_id_counters(&self) -> Result<(), StoreError> {
+        let empty = self.turns.is_empty() && self.findings.is_empty() && self.conversations.is_empty();
+        for space in [IdSpace::Conversation, IdSpace::Turn, IdSpace::Finding] {
+            if self.meta.get(space.key())?.is_none() {
+                let floor = if empty { 0 } else { self.db.generate_id()? + 1 };
+                self.meta.insert(space.key(), &floor.to_be_bytes())?;
+            }
+        }
+        Ok(())
     }
 
     fn check_schema(&self) -> Result<(), StoreError> {
@@ -117,9 +149,22 @@ impl Store {
         &self.path
     }
 
-    /// A new unique, increasing id (persisted across restarts).
+    /// A new unique, increasing id (persisted across restarts), shared by every kind of record.
     pub fn next_id(&self) -> Result<u64, StoreError> {
         Ok(self.db.generate_id()? + 1)
+    }
+
+    /// The next id of one kind of record: conversations, turns and findings each count 1, 2, 3, ...
+    /// (persisted across restarts). A store written before the kinds had their own counters goes on
+    /// above every id it used.
+    pub fn next_id_in(&self, space: IdSpace) -> Result<u64, StoreError> {
+        let key = space.key();
+        let next = self.meta.update_and_fetch(key, |old| {
+            let old = old.and_then(|b| <[u8; 8]>::try_from(b).ok()).map_or(0, u64::from_be_bytes);
+            Some((old + 1).to_be_bytes().to_vec())
+        })?;
+        let bytes = next.as_deref().and_then(|b| <[u8; 8]>::try_from(b).ok());
+        bytes.map(u64::from_be_bytes).ok_or_else(|| StoreError::Corrupt { path: self.path.clone(), detail: format!("id counter {} is not 8 bytes", String::from_utf8_lossy(key)) })
     }
 
     /// Stores a canonical message once; returns whether it was new.

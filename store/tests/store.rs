@@ -151,3 +151,20 @@ fn export_import_round_trip() {
     let err = open(dir3.path()).import_conversation(&mut tampered.as_bytes()).unwrap_err();
     assert!(err.to_string().contains("does not match"), "{err}");
 }
+
+#[test]
+fn each_kind_numbers_its_ids_from_one_across_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = open(dir.path());
+        let ids: Vec<u64> = (0..3).map(|_| store.next_id_in(IdSpace::Conversation).unwrap()).collect();
+        assert_eq!(ids, [1, 2, 3]);
+        assert_eq!(store.next_id_in(IdSpace::Turn).unwrap(), 1);
+        assert_eq!(store.next_id_in(IdSpace::Turn).unwrap(), 2);
+        assert_eq!(store.next_id_in(IdSpace::Finding).unwrap(), 1);
+        store.flush().unwrap();
+    }
+    let store = open(dir.path());
+    assert_eq!(store.next_id_in(IdSpace::Conversation).unwrap(), 4, "the counter survives a restart");
+    assert_eq!(store.next_id_in(IdSpace::Turn).unwrap(), 3);
+}

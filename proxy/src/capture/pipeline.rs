@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ctxscope_store::{
-    chain_next, message_hash, to_hex, ConversationRecord, Endpoint, FindingRecord, Hash, PrefixEntry, ResponsesInfo, RetentionPolicy, Store,
+    chain_next, message_hash, to_hex, ConversationRecord, Endpoint, FindingRecord, Hash, IdSpace, PrefixEntry, ResponsesInfo, RetentionPolicy, Store,
     StoreError, Timing, TurnRecord, ZERO_HASH,
 };
 
@@ -181,11 +181,11 @@ impl Pipeline {
             }
         }
 
-        let turn_id = self.store.next_id()?;
         let (conversation_id, index) = match &decision.conversation {
             Some(c) => (c.id, c.turns),
-            None => (self.store.next_id()?, 0),
+            None => (self.store.next_id_in(IdSpace::Conversation)?, 0),
         };
+        let turn_id = self.store.next_id_in(IdSpace::Turn)?;
         let error = describe_error(&exchange.outcome, &response);
         notes.extend(response.notes.iter().cloned());
         let turn = TurnRecord {
@@ -266,7 +266,7 @@ impl Pipeline {
             return Ok(None);
         }
         let finding = FindingRecord {
-            id: self.store.next_id()?,
+            id: self.store.next_id_in(IdSpace::Finding)?,
             kind: draft.kind,
             severity: draft.severity,
             time_unix_ms: turn.time_unix_ms,

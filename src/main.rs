@@ -139,6 +139,10 @@ struct EngineArgs {
     /// Where the forward pass runs: cpu, cuda (GPU 0) or cuda:N; cuda needs a `--features cuda` build.
     #[arg(long, default_value = "cpu", value_parser = ctxscope_engine::BackendKind::parse)]
     device: ctxscope_engine::BackendKind,
+    /// Keep Responses API responses in this directory (a sled database) so that /v1/responses
+    /// answers previous_response_id, across restarts; without it the engine is stateless.
+    #[arg(long, value_name = "DIR")]
+    responses_store: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -233,6 +237,7 @@ impl From<EngineArgs> for serve::EngineSettings {
             patches: a.patches,
             max_batch: a.max_batch,
             device: a.device,
+            responses_store: a.responses_store,
         }
     }
 }

@@ -276,6 +276,7 @@ impl RunArgs {
             patches: ctxscope_engine::PatchSet::default(),
             max_batch: 16,
             device: ctxscope_engine::BackendKind::Cpu,
+            responses_store: None,
         };
         RunSettings { source: self.source.into(), golden: self.golden, probes: self.probes, options, engine, json: self.json, html: self.html }
     }

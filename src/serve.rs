@@ -26,6 +26,8 @@ pub struct EngineSettings {
     pub max_batch: usize,
     /// Where the forward pass runs (`--device`).
     pub device: BackendKind,
+    /// Where `/v1/responses` keeps responses for `previous_response_id` (`--responses-store`).
+    pub responses_store: Option<std::path::PathBuf>,
 }
 
 /// Validated proxy flags of `serve`.
@@ -166,7 +168,12 @@ impl InProcessEngine {
 }
 
 fn server_config(settings: &EngineSettings) -> ServerConfig {
-    ServerConfig { default_path: settings.path, default_patches: settings.patches.clone(), ..ServerConfig::default() }
+    ServerConfig {
+        default_path: settings.path,
+        default_patches: settings.patches.clone(),
+        responses_store: settings.responses_store.clone(),
+        ..ServerConfig::default()
+    }
 }
 
 /// Waits (bounded) for the scheduler thread, which ends once every handle is gone.

@@ -385,10 +385,10 @@ def test_an_upstream_that_ignores_previous_response_id_raises_engine_truncation(
 class Engine:
     """The real `ctxscope engine` (the default model, golden path) on a port it picks itself."""
 
-    def __init__(self):
+    def __init__(self, *extra):
         env = dict(os.environ, CTXSCOPE_LOG="info", NO_COLOR="1")
         self.proc = subprocess.Popen(
-            [str(proxy_binary()), "engine", "--model", str(model_path()), "--listen", "127.0.0.1:0"],
+            [str(proxy_binary()), "engine", "--model", str(model_path()), "--listen", "127.0.0.1:0", *extra],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
         )
         self.log = OutputTail(self.proc.stderr, "engine-stderr")
@@ -472,3 +472,38 @@ def test_responses_state_gives_the_engine_a_memory(tmp_path):
     finally:
         proxy.stop()
         engine.stop()
+
+
+def test_the_engine_keeps_responses_across_its_restart(tmp_path):
+    """`ctxscope engine --responses-store DIR` answers previous_response_id itself, across an engine
+    restart; through a plain proxy the chain is captured, threaded and raises nothing."""
+    store, data = tmp_path / "responses", tmp_path / "data"
+    previous, response = None, None
+    for half in range(2):
+        engine = Engine("--responses-store", str(store))
+        proxy = Proxy(engine.url, data)
+        try:
+            for i in range(5 * half, 5 * half + 5):
+                text = "The capital of my country is Rome." if i == 0 else ("What is the capital of my country?" if i == 9 else "Thanks.")
+                kwargs = dict(model="m", input=text, max_output_tokens=16, temperature=0)
+                if previous:
+                    kwargs["previous_response_id"] = previous
+                if i % 2:
+                    response = list(client(proxy.url).responses.create(stream=True, **kwargs))[-1].response
+                else:
+                    response = client(proxy.url).responses.create(**kwargs)
+                assert response.store and response.previous_response_id == previous
+                previous = response.id
+            unknown = {"model": "m", "input": "x", "previous_response_id": "resp_unknown"}
+            direct, through = post_raw(engine.url, unknown), post_raw(proxy.url, unknown)
+            assert direct == through and direct[0] == 404
+            assert json.loads(direct[1])["error"]["code"] == "previous_response_not_found"
+            listed = proxy.wait_turns(6 * (half + 1))  # 5 chained and 1 unknown id per half
+            chained = max(listed, key=lambda c: c["turns"])
+            kinds = [t["relation"]["kind"] for t in turns_of(proxy, chained["id"])]
+            assert not proxy.findings(), proxy.findings()
+        finally:
+            proxy.stop()
+            engine.stop()
+    assert "Rome" in response.output_text, response.output_text
+    assert kinds == ["new"] + ["extend"] * 9

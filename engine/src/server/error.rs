@@ -32,6 +32,8 @@ pub enum ApiError {
     Busy { in_flight: usize, limit: usize },
     #[error("the engine failed: {0}")]
     Engine(String),
+    #[error("Previous response with id '{0}' not found.")]
+    ResponseNotFound(String),
 }
 
 impl ApiError {
@@ -43,7 +45,7 @@ impl ApiError {
     pub fn status(&self) -> http::StatusCode {
         use http::StatusCode as S;
         match self {
-            ApiError::NotFound { .. } => S::NOT_FOUND,
+            ApiError::NotFound { .. } | ApiError::ResponseNotFound(_) => S::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => S::METHOD_NOT_ALLOWED,
             ApiError::TooLarge { .. } => S::PAYLOAD_TOO_LARGE,
             ApiError::Busy { .. } => S::TOO_MANY_REQUESTS,
@@ -65,6 +67,7 @@ impl ApiError {
         match self {
             ApiError::InvalidParam { param, .. } => Some(param),
             ApiError::ContextLength { .. } => Some("messages"),
+            ApiError::ResponseNotFound(_) => Some("previous_response_id"),
             _ => None,
         }
     }
@@ -74,6 +77,7 @@ impl ApiError {
             ApiError::ContextLength { .. } => Some("context_length_exceeded"),
             ApiError::InvalidJson(_) | ApiError::InvalidUtf8(_) => Some("invalid_json"),
             ApiError::InvalidParam { .. } => Some("invalid_value"),
+            ApiError::ResponseNotFound(_) => Some("previous_response_not_found"),
             _ => None,
         }
     }

@@ -11,6 +11,7 @@ mod info;
 mod ollama;
 mod request;
 mod response;
+mod response_store;
 mod responses;
 mod routes;
 mod state;

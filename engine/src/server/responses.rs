@@ -1,8 +1,10 @@
 //! `POST /v1/responses`, OpenAI's Responses API, served statelessly by translation (as `/api/chat`
 //! is): `instructions` and `input` items become chat messages for the same generation path, and the
-//! answer goes back as a response object, or as `response.*` SSE events when streamed. The engine
-//! keeps no responses, so `previous_response_id` is refused (put `ctxscope proxy --responses-state` in
-//! front for state); `truncation: "disabled"` (the default) refuses an overflow with 400 as chat does.
+//! answer goes back as a response object, or as `response.*` SSE events when streamed. With
+//! `--responses-store DIR` the engine keeps each response (its chat context, input and reply) and
+//! answers `previous_response_id` from it, across restarts; without it `previous_response_id` is
+//! refused (put `ctxscope proxy --responses-state` in front for state). `truncation: "disabled"` (the
+//! default) refuses an overflow with 400 as chat does.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -19,6 +21,7 @@ use super::body::{self, Body};
 use super::completions;
 use super::error::ApiError;
 use super::request::{self, Endpoint};
+use super::response_store::ResponseStore;
 use super::state::State;
 use crate::forward::Path;
 use crate::patch::PatchSet;
@@ -94,17 +97,45 @@ fn items_to_messages(items: &[Value], messages: &mut Vec<Value>) -> Result<(), A
     Ok(())
 }
 
-/// Translates a Responses request into a chat request; also says whether it streams.
-fn to_chat(object: &Map<String, Value>) -> Result<(Map<String, Value>, bool), ApiError> {
-    if object
-        .get("previous_response_id")
-        .is_some_and(|v| !v.is_null())
-    {
-        return Err(ApiError::param(
-            "previous_response_id",
-            "this engine keeps no responses: send the whole conversation in `input`, or run `ctxscope proxy --responses-state` in front of it",
-        ));
-    }
+/// The store to keep this response in (unless the request says `store: false`) and the messages its
+/// `previous_response_id` stands on.
+fn chain(
+    state: &State,
+    object: &Map<String, Value>,
+) -> Result<(Option<ResponseStore>, Vec<Value>), ApiError> {
+    let previous = object.get("previous_response_id").and_then(Value::as_str);
+    let store = match (&state.responses, previous) {
+        (Some(Ok(store)), _) => Some(store.clone()),
+        (Some(Err(why)), Some(_)) => return Err(ApiError::Engine(why.clone())),
+        (None, Some(_)) => {
+            return Err(ApiError::param(
+                "previous_response_id",
+                "this engine keeps no responses (start it with --responses-store DIR): send the whole conversation in `input`, or run `ctxscope proxy --responses-state` in front of it",
+            ))
+        }
+        (_, None) => None,
+    };
+    let context = match (&store, previous) {
+        (Some(store), Some(id)) => store
+            .get(id)
+            .map_err(|e| ApiError::Engine(e.to_string()))?
+            .ok_or_else(|| ApiError::ResponseNotFound(id.to_string()))?,
+        _ => Vec::new(),
+    };
+    let keep = object.get("store").and_then(Value::as_bool) != Some(false);
+    Ok((store.filter(|_| keep), context))
+}
+
+/// A chat request, whether it streams, and the messages a later response chained to it carries.
+type Translated = (Map<String, Value>, bool, Vec<Value>);
+
+/// Translates a Responses request standing on `context` into a chat request; also says whether it
+/// streams, and gives the messages a later response chained to this one carries (all but the
+/// instructions).
+fn to_chat(
+    object: &Map<String, Value>,
+    context: Vec<Value>,
+) -> Result<Translated, ApiError> {
     match object.get("truncation").and_then(Value::as_str) {
         None | Some("disabled") => {}
         Some(other) => {
@@ -115,6 +146,8 @@ fn to_chat(object: &Map<String, Value>) -> Result<(Map<String, Value>, bool), Ap
     if let Some(instructions) = object.get("instructions").filter(|v| !v.is_null()) {
         messages.push(json!({"role": "system", "content": content_text(instructions)?}));
     }
+    let instructions = messages.len();
+    messages.extend(context);
     match object.get("input") {
         Some(Value::String(text)) => messages.push(json!({"role": "user", "content": text})),
         Some(Value::Array(items)) => items_to_messages(items, &mut messages)?,
@@ -129,6 +162,7 @@ fn to_chat(object: &Map<String, Value>) -> Result<(Map<String, Value>, bool), Ap
         .get("stream")
         .and_then(Value::as_bool)
         .unwrap_or(false);
+    let carried = messages[instructions..].to_vec();
     let mut out = Map::new();
     out.insert("messages".into(), Value::Array(messages));
     for key in ["model", "temperature", "top_p", "ctxscope"] {
@@ -153,7 +187,7 @@ fn to_chat(object: &Map<String, Value>) -> Result<(Map<String, Value>, bool), Ap
     if stream {
         out.insert("stream_options".into(), json!({"include_usage": true}));
     }
-    Ok((out, stream))
+    Ok((out, stream, carried))
 }
 
 /// What the response object repeats of the request.
@@ -163,6 +197,8 @@ struct Meta {
     created_at: u64,
     model: String,
     request: Map<String, Value>,
+    /// The response is kept for `previous_response_id`.
+    stored: bool,
 }
 
 impl Meta {
@@ -179,6 +215,7 @@ impl Meta {
             created_at: now.as_secs(),
             model,
             request: object.clone(),
+            stored: false,
         }
     }
 
@@ -211,7 +248,7 @@ impl Meta {
             "id": self.id, "object": "response", "created_at": self.created_at, "status": status, "error": null,
             "incomplete_details": if incomplete { json!({"reason": "max_output_tokens"}) } else { Value::Null },
             "instructions": get("instructions"), "max_output_tokens": get("max_output_tokens"), "model": self.model,
-            "output": output, "parallel_tool_calls": true, "previous_response_id": null, "store": false,
+            "output": output, "parallel_tool_calls": true, "previous_response_id": get("previous_response_id"), "store": self.stored,
             "temperature": get("temperature"), "top_p": get("top_p"), "truncation": "disabled",
             "tools": self.request.get("tools").cloned().unwrap_or(json!([])), "usage": usage,
         })
@@ -231,13 +268,16 @@ pub async fn create(
     patches: PatchSet,
 ) -> Result<http::Response<Body>, ApiError> {
     let object = request::json_object(body)?;
-    let (chat, stream) = to_chat(&object)?;
+    let (store, context) = chain(&state, &object)?;
+    let (chat, stream, carried) = to_chat(&object, context)?;
+    let save = store.map(|store| Save { store, carried });
     let model = object
         .get("model")
         .and_then(Value::as_str)
         .unwrap_or(&state.engine.model.id)
         .to_string();
-    let meta = Meta::new(&object, model);
+    let mut meta = Meta::new(&object, model);
+    meta.stored = save.is_some();
     let translated =
         serde_json::to_vec(&Value::Object(chat)).map_err(|e| ApiError::Engine(e.to_string()))?;
     let response = completions::generate(state, Endpoint::Chat, &translated, path, patches).await?;
@@ -253,6 +293,7 @@ pub async fn create(
             started: false,
             ended: false,
             sequence: 0,
+            save,
         };
         return Ok(http::Response::from_parts(parts, Body::new(events)));
     }
@@ -265,6 +306,9 @@ pub async fn create(
         .map_err(|e| ApiError::Engine(format!("chat answer not JSON: {e}")))?;
     let choice = &reply["choices"][0];
     let text = choice["message"]["content"].as_str().unwrap_or("");
+    if let Some(save) = save {
+        save.put(&meta.id, text);
+    }
     let out = meta.object(
         "completed",
         text,
@@ -294,6 +338,26 @@ struct EventBody {
     started: bool,
     ended: bool,
     sequence: u64,
+    save: Option<Save>,
+}
+
+/// Where a finished response is kept, with the messages it carries before its reply.
+struct Save {
+    store: ResponseStore,
+    carried: Vec<Value>,
+}
+
+impl Save {
+    fn put(self, id: &str, reply: &str) {
+        let mut messages = self.carried;
+        messages.push(json!({"role": "assistant", "content": reply}));
+        match self.store.put(id, &messages) {
+            Ok(()) => self.store.flush(),
+            Err(error) => {
+                tracing::warn!(%error, id, "response not stored; previous_response_id to it will 404")
+            }
+        }
+    }
 }
 
 impl EventBody {
@@ -321,6 +385,9 @@ impl EventBody {
 
     fn finish_with(&mut self, usage: Option<&Value>) {
         self.ended = true;
+        if let Some(save) = self.save.take() {
+            save.put(&self.meta.id, &self.text);
+        }
         let (id, text) = (self.meta.message_id.clone(), self.text.clone());
         self.event(
             "response.output_text.done",
@@ -452,7 +519,8 @@ mod tests {
             ],
             "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
         }));
-        let (chat, stream) = to_chat(&request).unwrap();
+        let (chat, stream, carried) = to_chat(&request, Vec::new()).unwrap();
+        assert_eq!(carried.len(), 3, "all but the instructions");
         assert!(stream);
         assert_eq!(chat["max_tokens"], 9);
         assert_eq!(chat["stream_options"]["include_usage"], true);
@@ -475,23 +543,57 @@ mod tests {
     }
 
     #[test]
-    fn state_and_auto_truncation_are_refused_clearly() {
-        let chained = to_chat(&object(
-            json!({"input": "hi", "previous_response_id": "resp_1"}),
-        ))
+    fn auto_truncation_and_other_parts_are_refused_clearly() {
+        let auto = to_chat(
+            &object(json!({"input": "hi", "truncation": "auto"})),
+            Vec::new(),
+        )
         .unwrap_err();
-        assert!(
-            chained.to_string().contains("--responses-state"),
-            "{chained}"
-        );
-        let auto = to_chat(&object(json!({"input": "hi", "truncation": "auto"}))).unwrap_err();
         assert!(auto.to_string().contains("\"auto\""), "{auto}");
-        assert!(to_chat(&object(json!({"input": "hi", "truncation": "disabled"}))).is_ok());
-        assert!(to_chat(&object(json!({"model": "m"}))).is_err());
-        let image = to_chat(&object(
-            json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}),
-        ));
+        assert!(to_chat(
+            &object(json!({"input": "hi", "truncation": "disabled"})),
+            Vec::new()
+        )
+        .is_ok());
+        assert!(to_chat(&object(json!({"model": "m"})), Vec::new()).is_err());
+        let image = to_chat(
+            &object(
+                json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}),
+            ),
+            Vec::new(),
+        );
         assert!(image.unwrap_err().to_string().contains("input_image"));
+    }
+
+    #[test]
+    fn a_chained_request_stands_on_its_context_after_its_own_instructions() {
+        let context = vec![
+            json!({"role": "user", "content": "a"}),
+            json!({"role": "assistant", "content": "A"}),
+        ];
+        let (chat, _, carried) = to_chat(
+            &object(json!({"instructions": "Be brief.", "input": "b"})),
+            context,
+        )
+        .unwrap();
+        let contents: Vec<&str> = chat["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["content"].as_str().unwrap())
+            .collect();
+        assert_eq!(contents, ["Be brief.", "a", "A", "b"]);
+        assert_eq!(carried.len(), 3);
+        let missing = ApiError::ResponseNotFound("resp_x".into());
+        assert_eq!(missing.status(), 404);
+        assert_eq!(
+            missing.body()["error"]["code"],
+            "previous_response_not_found"
+        );
+        assert_eq!(
+            missing.body()["error"]["message"],
+            "Previous response with id 'resp_x' not found."
+        );
     }
 
     #[test]

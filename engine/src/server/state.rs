@@ -22,11 +22,14 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// How long shutdown waits for open connections.
     pub shutdown_grace: Duration,
+    /// Where `/v1/responses` keeps responses for `previous_response_id` (`--responses-store`);
+    /// `None`: stateless.
+    pub responses_store: Option<std::path::PathBuf>,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig { default_path: Path::Golden, default_patches: PatchSet::default(), max_in_flight: 4096, max_body_bytes: 64 << 20, shutdown_grace: Duration::from_secs(5) }
+        ServerConfig { default_path: Path::Golden, default_patches: PatchSet::default(), max_in_flight: 4096, max_body_bytes: 64 << 20, shutdown_grace: Duration::from_secs(5), responses_store: None }
     }
 }
 
@@ -35,11 +38,19 @@ pub struct State {
     pub engine: EngineHandle,
     pub config: ServerConfig,
     in_flight: Arc<AtomicUsize>,
+    /// The responses store when configured, or why it could not be opened.
+    pub responses: Option<Result<super::response_store::ResponseStore, String>>,
 }
 
 impl State {
     pub fn new(engine: EngineHandle, config: ServerConfig) -> State {
-        State { engine, config, in_flight: Arc::new(AtomicUsize::new(0)) }
+        let responses = config.responses_store.as_deref().map(|path| {
+            super::response_store::ResponseStore::open(path).map_err(|error| {
+                tracing::error!(%error, "responses store unavailable; /v1/responses refuses previous_response_id");
+                error.to_string()
+            })
+        });
+        State { engine, config, in_flight: Arc::new(AtomicUsize::new(0)), responses }
     }
 
     /// Admits one more generation request, or says how busy the engine is.

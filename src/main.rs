@@ -205,6 +205,11 @@ struct CaptureArgs {
     /// Bearer TOKEN`, or the UI's login form. Needed to listen with --admin on a non-loopback address.
     #[arg(long, value_name = "TOKEN")]
     admin_token: Option<String>,
+    /// Seconds between asks of what the upstream runs (llama.cpp /props, vLLM /version, SGLang
+    /// /server_info, Ollama /api/show, the engine's /props), kept as each turn's engine fingerprint;
+    /// a change mid-conversation raises engine_changed. 0: never ask.
+    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
+    fingerprint_every: f64,
 }
 
 impl CaptureArgs {
@@ -223,6 +228,10 @@ impl CaptureArgs {
         config.findings_header = self.findings_header;
         config.responses_state = self.responses_state;
         config.count_with = self.count_with;
+        if !(self.fingerprint_every.is_finite() && self.fingerprint_every >= 0.0) {
+            return Err(format!("--fingerprint-every {} must be a number of seconds, 0 or more", self.fingerprint_every));
+        }
+        config.fingerprint_every = (self.fingerprint_every > 0.0).then(|| Duration::from_secs_f64(self.fingerprint_every));
         Ok(())
     }
 }

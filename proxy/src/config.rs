@@ -44,6 +44,8 @@ pub struct ProxyConfig {
     pub responses_state: bool,
     /// `--admin-token`: the admin port's API and UI require it (bearer header or login cookie).
     pub admin_token: Option<String>,
+    /// How often the upstream is asked what it is running (`--fingerprint-every`); `None`: never.
+    pub fingerprint_every: Option<Duration>,
 }
 
 /// `--count-with`: who counts a prompt's tokens.
@@ -148,6 +150,7 @@ impl ProxyConfig {
             findings_header: false,
             responses_state: false,
             admin_token: None,
+            fingerprint_every: Some(Duration::from_secs(60)),
         }
     }
 

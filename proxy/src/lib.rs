@@ -10,6 +10,7 @@ pub mod body;
 pub mod capture;
 pub mod config;
 pub mod detect;
+pub mod fingerprint;
 pub mod forward;
 pub mod metrics;
 pub mod parse;
@@ -81,7 +82,14 @@ pub async fn run(
     let sinks: Vec<Box<dyn alert::AlertSink>> = webhook.iter().map(|w| Box::new(w.clone()) as Box<dyn alert::AlertSink>).collect();
     let counts_upstream = tokens.is_none() && config.count_with != config::CountWith::None;
     let upstream_counter = counts_upstream.then(|| UpstreamCounter::new(config.upstream.clone(), CountSettings::default()));
-    let (sender, worker) = start_capture(&config, store.clone(), tokens, upstream_counter, sinks);
+    let fingerprints = match (&store, config.fingerprint_every) {
+        (Some(store), Some(every)) => {
+            let settings = fingerprint::FingerprintSettings { every, ..Default::default() };
+            Some(fingerprint::spawn(config.upstream.clone(), store.clone(), settings))
+        }
+        _ => None,
+    };
+    let (sender, worker) = start_capture(&config, store.clone(), tokens, upstream_counter, sinks, fingerprints);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let state_layer = responses_state::ResponsesStateLayer::new(config.responses_state, store.clone());
@@ -154,6 +162,7 @@ fn start_capture(
     tokens: Option<TokenCache>,
     upstream_counter: Option<UpstreamCounter>,
     sinks: Vec<Box<dyn alert::AlertSink>>,
+    fingerprints: Option<fingerprint::Fingerprints>,
 ) -> (CaptureSender, Option<Worker>) {
     match (store, &config.data_dir) {
         (Some(store), _) => {
@@ -164,6 +173,9 @@ fn start_capture(
             }
             if let Some(counter) = upstream_counter {
                 pipeline = pipeline.with_upstream_counter(counter);
+            }
+            if let Some(fingerprints) = fingerprints {
+                pipeline = pipeline.with_fingerprints(fingerprints);
             }
             let (sender, worker) = queue::spawn(pipeline, config.queue_capacity, config.retention_every);
             (sender, Some(worker))

@@ -17,10 +17,12 @@ pub use records::*;
 pub use retention::{RetentionPolicy, RetentionReport};
 pub use store::{IdSpace, Store, StoreOptions, SCHEMA_VERSION};
 pub mod export;
+mod fingerprint;
 mod findings;
 mod listing;
 mod replays;
 
+pub use fingerprint::{FieldChange, Fingerprint};
 pub use findings::FindingFilter;
 pub use listing::{ConversationPage, Cursor, PageQuery};
 
@@ -59,5 +61,6 @@ pub fn store_test_turn(id: u64, conversation: u64, new_messages: Vec<HashHex>) -
         notes: Vec::new(),
         tools: None,
         responses: None,
+        fingerprint: None,
     }
 }

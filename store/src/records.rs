@@ -140,6 +140,10 @@ pub struct TurnRecord {
     /// Responses API turns only: the response id and how the turn chains (`previous_response_id`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub responses: Option<ResponsesInfo>,
+    /// The engine fingerprint the upstream reported when this turn was captured (its hash; see
+    /// `Store::fingerprint`). None: not probed yet, or fingerprinting off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<HashHex>,
 }
 
 /// What a Responses API turn adds to a chat turn (see docs/capture.md, "The Responses API").
@@ -258,10 +262,12 @@ pub enum FindingKind {
     AmnesiaReply,
     /// Local and engine token counts disagree steadily: wrong tokenizer or chat template configured.
     TokenCountDrift,
+    /// The engine serving the conversation reports different settings than for its previous turn.
+    EngineChanged,
 }
 
 impl FindingKind {
-    pub const ALL: [FindingKind; 7] = [
+    pub const ALL: [FindingKind; 8] = [
         FindingKind::HistoryDropped,
         FindingKind::EngineTruncation,
         FindingKind::ContextOverflow,
@@ -269,6 +275,7 @@ impl FindingKind {
         FindingKind::CacheMiss,
         FindingKind::AmnesiaReply,
         FindingKind::TokenCountDrift,
+        FindingKind::EngineChanged,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -280,6 +287,7 @@ impl FindingKind {
             FindingKind::CacheMiss => "cache_miss",
             FindingKind::AmnesiaReply => "amnesia_reply",
             FindingKind::TokenCountDrift => "token_count_drift",
+            FindingKind::EngineChanged => "engine_changed",
         }
     }
 

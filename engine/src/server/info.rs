@@ -3,6 +3,8 @@
 //! `POST /detokenize` (`{"tokens"}` -> `{"content"}`) and `POST /apply-template` (`{"messages"}` ->
 //! `{"prompt"}`). `/tokenize` also takes vLLM's chat form (`{"messages", "tools"}` -> `{"count",
 //! "tokens", "max_model_len"}`): the prompt a chat completion would compute, template and BOS included.
+//! `GET /props` says what this engine is running (model, default path and patch set, context length,
+//! weight type, KV cache dtype, prefix cache), for the proxy's engine fingerprint.
 
 use serde_json::{json, Value};
 
@@ -26,6 +28,30 @@ pub fn models(state: &State) -> Value {
             "max_model_len": state.engine.options.ctx,
             "backend": state.engine.backend,
         }],
+    })
+}
+
+/// What is running, as settings: `engine` is always `ctxscope`, so a fingerprint tells it apart.
+pub fn props(state: &State) -> Value {
+    let engine = &state.engine;
+    let patches = &state.config.default_patches;
+    let wq = engine.model.weights.layers.first().map(|l| l.wq.quant.ggml_type);
+    let weights = wq.map(|t| t.name().map_or_else(|| format!("ggml type {}", t.0), str::to_string));
+    json!({
+        "engine": "ctxscope",
+        "model": engine.model.id,
+        "model_fingerprint": engine.model.fingerprint,
+        "architecture": engine.model.config.architecture,
+        "backend": engine.backend,
+        "default_path": state.config.default_path.as_str(),
+        "default_patches": patches.to_string(),
+        "n_ctx": engine.options.ctx,
+        "n_ctx_train": engine.model.config.ctx_len,
+        "weight_type": weights,
+        "kv_dtype": if patches.kv_fp8 { "fp8_e4m3" } else { "f32" },
+        "max_batch": engine.options.max_batch,
+        "step_tokens": engine.options.step_tokens,
+        "prefix_cache_tokens": if patches.prefix_cache_off { 0 } else { engine.options.prefix_cache_tokens },
     })
 }
 

@@ -26,7 +26,7 @@ pub const PATH_HEADER: &str = "x-ctxscope-path";
 /// The header that picks the patch set of one request (comma-separated `name` / `name=value`).
 pub const PATCHES_HEADER: &str = "x-ctxscope-patches";
 
-const ROUTES: [&str; 9] = ["/health", "/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/responses", "/api/chat", "/tokenize", "/detokenize", "/apply-template"];
+const ROUTES: [&str; 10] = ["/health", "/v1/models", "/props", "/v1/chat/completions", "/v1/completions", "/v1/responses", "/api/chat", "/tokenize", "/detokenize", "/apply-template"];
 
 /// The service function of every connection.
 pub async fn handle(state: Arc<State>, request: http::Request<Incoming>) -> Result<http::Response<Body>, Infallible> {
@@ -62,6 +62,7 @@ async fn route(state: Arc<State>, request: http::Request<Incoming>, path: Path, 
     match (&method, uri_path.as_str()) {
         (&Method::GET, "/health") => Ok(ok(info::health())),
         (&Method::GET, "/v1/models") => Ok(ok(info::models(&state))),
+        (&Method::GET, "/props") => Ok(ok(info::props(&state))),
         (&Method::POST, "/v1/chat/completions") => {
             let body = read_body(&state, request).await?;
             completions::generate(state, Endpoint::Chat, &body, path, patches).await

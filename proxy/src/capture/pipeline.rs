@@ -56,6 +56,8 @@ pub struct Pipeline {
     hashes: MessageHashes,
     detectors: Detectors,
     sinks: Vec<Box<dyn AlertSink>>,
+    /// The upstream's engine fingerprint, stamped on every turn (and re-checked when it was unreachable).
+    fingerprints: Option<crate::fingerprint::Fingerprints>,
 }
 
 /// At most one warning per interval; the rest are counted and reported with the next one.
@@ -83,12 +85,18 @@ impl Pipeline {
     pub fn new(store: Store, upstream: String, tokens: Option<TokenCache>, retention: RetentionPolicy) -> Pipeline {
         let detectors = Detectors::new(DetectConfig::default());
         let warnings = Throttle { last: None, suppressed: 0 };
-        Pipeline { store, upstream, tokens, upstream_counter: None, retention, warnings, hashes: MessageHashes::default(), detectors, sinks: Vec::new() }
+        Pipeline { store, upstream, tokens, upstream_counter: None, retention, warnings, hashes: MessageHashes::default(), detectors, sinks: Vec::new(), fingerprints: None }
     }
 
     /// Counts prompts through the upstream (used when no local tokenizer is configured).
     pub fn with_upstream_counter(mut self, counter: UpstreamCounter) -> Pipeline {
         self.upstream_counter = Some(counter);
+        self
+    }
+
+    /// Stamps every turn with the upstream's current engine fingerprint.
+    pub fn with_fingerprints(mut self, fingerprints: crate::fingerprint::Fingerprints) -> Pipeline {
+        self.fingerprints = Some(fingerprints);
         self
     }
 
@@ -113,6 +121,9 @@ impl Pipeline {
     pub fn capture_with_findings(&mut self, exchange: &Exchange) -> Result<(TurnRecord, Vec<FindingRecord>), CaptureError> {
         let request_copy = exchange.request.lock().map(|c| (c.overflow, c.complete, c.total, c.to_vec())).unwrap_or_default();
         let (overflow, complete, request_bytes, body) = request_copy;
+        if let (Outcome::UpstreamUnreachable(_), Some(fingerprints)) = (&exchange.outcome, &self.fingerprints) {
+            fingerprints.recheck();
+        }
         if overflow {
             return Err(CaptureError::TooLarge);
         }
@@ -220,6 +231,7 @@ impl Pipeline {
             notes,
             tools: request.tools.clone(),
             responses: chained.map(|c| ResponsesInfo { response_id: response.response_id.clone(), ..c.info }),
+            fingerprint: self.fingerprints.as_ref().and_then(|f| f.current()),
         };
         self.store.put_turn(&turn)?;
         if let (Some(id), true) = (turn.responses.as_ref().and_then(|r| r.response_id.as_deref()), ok) {

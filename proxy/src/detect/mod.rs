@@ -10,6 +10,7 @@ pub mod drift;
 pub mod history;
 mod amnesia;
 mod dropped;
+mod engine_changed;
 mod rate;
 mod responses;
 mod reuse;
@@ -199,6 +200,7 @@ impl Detectors {
             drafts.extend(amnesia::amnesia(&cx));
         }
         drafts.extend(dropped::finding(&cx));
+        drafts.extend(engine_changed::finding(&cx));
         for draft in &mut drafts {
             stamp(draft, obs);
         }
@@ -267,6 +269,7 @@ fn stamp(draft: &mut Draft, obs: &Observation<'_>) {
         FindingKind::HistoryDropped => "message_hashes",
         FindingKind::AmnesiaReply => "phrase",
         FindingKind::TokenCountDrift => "count_fit",
+        FindingKind::EngineChanged => "fingerprint",
         _ => "local_count",
     };
     let confidence = match draft.kind {

@@ -1,0 +1,134 @@
+//! Engine fingerprints: what an upstream said about itself (engine, model, context size, settings),
+//! flattened to `field -> value` and stored content-addressed, so that each turn can name the
+//! fingerprint that served it and a change mid-conversation shows as a diff of fields.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::codec::{decode, encode};
+use crate::records::HashHex;
+use crate::{Store, StoreError};
+
+/// The sled tree: fingerprint hash (hex) -> [`Fingerprint`].
+const TREE: &str = "fingerprints";
+
+/// What an upstream reported about itself, flattened. Volatile fields (timestamps, load, throughput)
+/// are left out by whoever builds it, so that the same deployment always hashes the same.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Fingerprint {
+    /// `llama.cpp`, `vllm`, `sglang`, `ollama`, `ctxscope` or `unknown`.
+    pub engine: String,
+    /// The endpoints that answered, in the order asked (`GET /props`, ...).
+    #[serde(default)]
+    pub sources: Vec<String>,
+    /// Dotted field path (`props.default_generation_settings.n_ctx`) -> scalar value.
+    #[serde(default)]
+    pub fields: BTreeMap<String, Value>,
+}
+
+/// One field that differs between two fingerprints (`None`: absent on that side).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FieldChange {
+    pub field: String,
+    pub old: Option<Value>,
+    pub new: Option<Value>,
+}
+
+impl Fingerprint {
+    /// The content address: SHA-256 over the canonical JSON (fields sorted), in hex.
+    pub fn hash(&self) -> HashHex {
+        let bytes = serde_json::to_vec(self).unwrap_or_default();
+        crate::to_hex(&Sha256::digest(&bytes).into())
+    }
+
+    /// The fields that differ, engine first, then in field order.
+    pub fn diff(&self, newer: &Fingerprint) -> Vec<FieldChange> {
+        let mut changes = Vec::new();
+        if self.engine != newer.engine {
+            changes.push(FieldChange {
+                field: "engine".into(),
+                old: Some(self.engine.clone().into()),
+                new: Some(newer.engine.clone().into()),
+            });
+        }
+        let keys: std::collections::BTreeSet<&String> =
+            self.fields.keys().chain(newer.fields.keys()).collect();
+        for key in keys {
+            let (old, new) = (self.fields.get(key), newer.fields.get(key));
+            if old != new {
+                changes.push(FieldChange {
+                    field: key.clone(),
+                    old: old.cloned(),
+                    new: new.cloned(),
+                });
+            }
+        }
+        changes
+    }
+}
+
+impl Store {
+    fn fingerprint_tree(&self) -> Result<sled::Tree, StoreError> {
+        Ok(self.db.open_tree(TREE)?)
+    }
+
+    /// Stores `fingerprint` under its hash (idempotent) and returns the hash.
+    pub fn put_fingerprint(&self, fingerprint: &Fingerprint) -> Result<HashHex, StoreError> {
+        let hash = fingerprint.hash();
+        let tree = self.fingerprint_tree()?;
+        if !tree.contains_key(hash.as_bytes())? {
+            tree.insert(hash.as_bytes(), encode("fingerprint", fingerprint)?)?;
+        }
+        Ok(hash)
+    }
+
+    /// The fingerprint stored under `hash`, if any.
+    pub fn fingerprint(&self, hash: &str) -> Result<Option<Fingerprint>, StoreError> {
+        match self.fingerprint_tree()?.get(hash.as_bytes())? {
+            Some(bytes) => decode("fingerprint", hash.as_bytes(), &bytes).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn print(ctx: u64) -> Fingerprint {
+        let mut fields = BTreeMap::new();
+        fields.insert("props.n_ctx".to_string(), json!(ctx));
+        fields.insert("props.model_path".to_string(), json!("m.gguf"));
+        Fingerprint {
+            engine: "llama.cpp".into(),
+            sources: vec!["GET /props".into()],
+            fields,
+        }
+    }
+
+    #[test]
+    fn same_content_same_address_and_diff_names_the_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &crate::StoreOptions::default()).unwrap();
+        let (a, b) = (print(1024), print(2048));
+        let ha = store.put_fingerprint(&a).unwrap();
+        assert_eq!(store.put_fingerprint(&a).unwrap(), ha);
+        let hb = store.put_fingerprint(&b).unwrap();
+        assert_ne!(ha, hb);
+        assert_eq!(store.fingerprint(&hb).unwrap(), Some(b.clone()));
+        assert_eq!(store.fingerprint("00").unwrap(), None);
+        let diff = a.diff(&b);
+        assert_eq!(
+            diff,
+            vec![FieldChange {
+                field: "props.n_ctx".into(),
+                old: Some(json!(1024)),
+                new: Some(json!(2048))
+            }]
+        );
+    }
+}

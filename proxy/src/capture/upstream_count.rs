@@ -218,15 +218,8 @@ impl UpstreamCounter {
         prompt: &Prompt<'_>,
         authorization: Option<&HeaderValue>,
     ) -> Result<UpstreamCount, CountError> {
-        if !matches!(
-            prompt.endpoint,
-            Endpoint::ChatCompletions | Endpoint::Completions
-        ) {
-            return Err(CountError::Unsupported(format!(
-                "{} requests are not counted upstream",
-                prompt.endpoint.as_str()
-            )));
-        }
+        // Every chat-shaped endpoint (Anthropic messages, Ollama's chat, Responses input items) is
+        // parsed into OpenAI-style messages, which the engines' chat templates take as they are.
         if let Some(cached) = self.flavour.and_then(|f| self.cache.get(&prompt.key(f))) {
             return Ok(cached.clone());
         }
@@ -328,8 +321,9 @@ impl UpstreamCounter {
             .model
             .map(str::to_string)
             .or_else(|| self.served_model.clone());
-        let answer = match (flavour, prompt.endpoint) {
-            (Flavour::LlamaCpp | Flavour::Ctxscope, Endpoint::ChatCompletions) => {
+        let chat = prompt.endpoint != Endpoint::Completions;
+        let answer = match (flavour, chat) {
+            (Flavour::LlamaCpp | Flavour::Ctxscope, true) => {
                 let mut body = json!({"messages": prompt.messages});
                 if let Some(tools) = prompt.tools() {
                     body["tools"] = tools;
@@ -371,7 +365,7 @@ impl UpstreamCounter {
                     )?,
                 )
             }
-            (Flavour::Vllm, Endpoint::ChatCompletions) => {
+            (Flavour::Vllm, true) => {
                 let mut body = json!({"model": model, "messages": prompt.messages, "add_generation_prompt": true});
                 if let Some(tools) = prompt.tools() {
                     body["tools"] = tools;
@@ -400,7 +394,7 @@ impl UpstreamCounter {
                     )?,
                 )
             }
-            (Flavour::Sglang, Endpoint::ChatCompletions) => {
+            (Flavour::Sglang, true) => {
                 return Err(CountError::Unsupported(
                     "SGLang's /v1/tokenize takes text only; chat prompts need --tokenizer".into(),
                 ))
@@ -947,18 +941,11 @@ mod tests {
     }
 
     #[test]
-    fn other_endpoints_are_not_sent_and_an_unknown_engine_is_found_by_its_endpoints() {
+    fn chat_shaped_endpoints_are_counted_as_chats_and_an_unknown_engine_is_found_by_its_endpoints() {
         let up = double("someone-else", Duration::ZERO);
         let mut counter =
             UpstreamCounter::new(Upstream::parse(&up.url).unwrap(), CountSettings::default());
         let list = messages(1);
-        let mut anthropic = prompt(&list, b"{}");
-        anthropic.endpoint = Endpoint::AnthropicMessages;
-        assert!(matches!(
-            counter.try_count(&anthropic, None),
-            Err(CountError::Unsupported(_))
-        ));
-        assert!(paths(&up.seen).is_empty());
         // Unknown owner: found by its /apply-template (the double has one).
         assert_eq!(
             counter
@@ -968,5 +955,13 @@ mod tests {
                 .tokenizer,
             "upstream:llama.cpp"
         );
+        // Anthropic's messages are parsed into chat messages: rendered by the engine's template too.
+        let list = messages(2);
+        let mut anthropic = prompt(&list, b"{\"a\":1}");
+        anthropic.endpoint = Endpoint::AnthropicMessages;
+        let before = paths(&up.seen).iter().filter(|p| p.as_str() == "/apply-template").count();
+        counter.try_count(&anthropic, None).unwrap();
+        let after = paths(&up.seen).iter().filter(|p| p.as_str() == "/apply-template").count();
+        assert_eq!(after, before + 1, "{:?}", paths(&up.seen));
     }
 }

@@ -210,6 +210,14 @@ struct CaptureArgs {
     /// a change mid-conversation raises engine_changed. 0: never ask.
     #[arg(long, value_name = "SECS", default_value_t = 60.0)]
     fingerprint_every: f64,
+    /// Seconds a client may take to send a request head, counted from connecting or from its
+    /// previous response (so idle keep-alive connections close after it too); both listeners.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    header_timeout: f64,
+    /// Proxy connections held at once; more are answered 503 and closed (default: fitted to the
+    /// open-file limit, at most 10000).
+    #[arg(long, value_name = "N")]
+    max_connections: Option<usize>,
 }
 
 impl CaptureArgs {
@@ -232,6 +240,11 @@ impl CaptureArgs {
             return Err(format!("--fingerprint-every {} must be a number of seconds, 0 or more", self.fingerprint_every));
         }
         config.fingerprint_every = (self.fingerprint_every > 0.0).then(|| Duration::from_secs_f64(self.fingerprint_every));
+        if !(self.header_timeout.is_finite() && self.header_timeout > 0.0) {
+            return Err(format!("--header-timeout {} must be a positive number of seconds", self.header_timeout));
+        }
+        config.header_timeout = Duration::from_secs_f64(self.header_timeout);
+        config.max_connections = self.max_connections.map(|n| n.max(1));
         Ok(())
     }
 }

@@ -46,6 +46,11 @@ pub struct ProxyConfig {
     pub admin_token: Option<String>,
     /// How often the upstream is asked what it is running (`--fingerprint-every`); `None`: never.
     pub fingerprint_every: Option<Duration>,
+    /// A client must send a complete request head within this long of connecting or of its previous
+    /// response (`--header-timeout`); also how long an idle keep-alive connection stays open.
+    pub header_timeout: Duration,
+    /// Proxy connections held at once (`--max-connections`); `None`: fitted to the open-file limit.
+    pub max_connections: Option<usize>,
 }
 
 /// `--count-with`: who counts a prompt's tokens.
@@ -151,6 +156,8 @@ impl ProxyConfig {
             responses_state: false,
             admin_token: None,
             fingerprint_every: Some(Duration::from_secs(60)),
+            header_timeout: Duration::from_secs(30),
+            max_connections: None,
         }
     }
 

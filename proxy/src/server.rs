@@ -1,18 +1,23 @@
 //! Serving: accept loops for the proxy and admin listeners, one hyper HTTP/1 connection task each,
 //! and graceful shutdown (stop accepting, let exchanges finish within the grace period, drain capture).
+//! Each listener enforces its [`ConnLimits`]: a request-head timeout, a connection cap (503 beyond
+//! it), and a backoff when accepting fails (out of file descriptors) while open connections go on.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
+
+use crate::limits::{self, Backoff, ConnLimits};
 
 /// Serves `service` on `listener` until `stop` turns true, then shuts connections down gracefully,
 /// aborting those still open after `grace`.
-pub async fn serve<S>(listener: TcpListener, service: S, mut stop: watch::Receiver<bool>, grace: Duration)
+pub async fn serve<S>(listener: TcpListener, service: S, mut stop: watch::Receiver<bool>, grace: Duration, limits: ConnLimits)
 where
     S: hyper::service::Service<http::Request<Incoming>, Response = http::Response<crate::body::ProxyBody>>
         + Clone
@@ -22,23 +27,36 @@ where
     S::Error: std::error::Error + Send + Sync + 'static,
 {
     let mut connections = JoinSet::new();
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let mut backoff = Backoff::default();
     loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let (stream, _) = match accepted {
                     Ok(pair) => pair,
                     Err(error) => {
-                        tracing::warn!(%error, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        // Out of file descriptors (or buffers): wait, while open connections go on.
+                        tokio::time::sleep(backoff.failed(&error)).await;
                         continue;
                     }
+                };
+                backoff.succeeded();
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    connections.spawn(limits::refuse(stream));
+                    continue;
                 };
                 let _ = stream.set_nodelay(true);
                 let service = service.clone();
                 let mut stop = stop.clone();
                 connections.spawn(async move {
-                    // Header names keep the case they arrived in, both ways.
-                    let conn = http1::Builder::new().preserve_header_case(true).serve_connection(TokioIo::new(stream), service);
+                    let _slot = slot;
+                    // Header names keep the case they arrived in, both ways. The head timeout runs
+                    // from the connection's start and again after each response.
+                    let conn = http1::Builder::new()
+                        .preserve_header_case(true)
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(limits.header_timeout)
+                        .serve_connection(TokioIo::new(stream), service);
                     tokio::pin!(conn);
                     tokio::select! {
                         result = conn.as_mut() => log_conn(result),

@@ -3,6 +3,7 @@
 //! `render`, engine and serve wiring in `serve`, model names and fetching in `models` and `fetch`.
 
 mod fetch;
+mod fidelity;
 mod inspect;
 mod models;
 mod render;
@@ -82,6 +83,9 @@ enum Command {
     Replay(replay::ReplayArgs),
     /// Find the smallest subset of a patch set that still makes a conversation diverge.
     Bisect(replay::BisectArgs),
+    /// Context-fidelity sweep: recall of facts planted at chosen depths of generated conversations,
+    /// per target x length x depth x turn count, golden beside every cell.
+    Fidelity(fidelity::FidelityArgs),
     /// List stored replay runs, or show one (`ctxscope replays ID [--json | --html FILE]`).
     Replays {
         id: Option<u64>,
@@ -360,6 +364,7 @@ fn main() -> ExitCode {
             }
             Command::Replay(args) => replay::replay(args.conversation, &args.targets, args.resume, args.run.settings()).await,
             Command::Bisect(args) => replay::bisect(args.conversation, &args.patches, args.metric, args.threshold, args.run.settings()).await,
+            Command::Fidelity(args) => fidelity::run(args).await,
             Command::Replays { id, json, html, source } => replay::replays(&source.into(), id, json, html.as_deref()).await,
             Command::Export { id, source } => inspect::export(&source.into(), id).await,
             Command::Import { file, source } => inspect::import(&source.into(), &file).await,

@@ -52,9 +52,29 @@ pub fn conversation(detail: &ConversationDetail) -> String {
             summary(t),
         );
     }
+    out.push_str(&fingerprints(detail));
     if !detail.findings.is_empty() {
         let _ = writeln!(out, "\nfindings:");
         out.push_str(&findings(&detail.findings));
+    }
+    out
+}
+
+/// Which engine fingerprint served which turns ("engine fingerprint 1a2b3c4d5e6f: turns 0-1"), in
+/// runs; nothing when no turn has one.
+fn fingerprints(detail: &ConversationDetail) -> String {
+    let mut runs: Vec<(&str, u32, u32)> = Vec::new();
+    for t in detail.turns.iter().map(|v| &v.turn) {
+        let Some(print) = t.fingerprint.as_deref() else { continue };
+        match runs.last_mut() {
+            Some((last, _, end)) if *last == print => *end = t.index,
+            _ => runs.push((print, t.index, t.index)),
+        }
+    }
+    let mut out = String::new();
+    for (print, start, end) in runs {
+        let turns = if start == end { format!("turn {start}") } else { format!("turns {start}-{end}") };
+        let _ = writeln!(out, "engine fingerprint {}: {turns}", &print[..print.len().min(12)]);
     }
     out
 }

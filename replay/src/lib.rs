@@ -3,6 +3,7 @@
 //! target and with what was captured, score recall probes, and bisect the smallest patch set that
 //! still diverges. Reports as a terminal table, stable JSON, or one self-contained HTML file.
 
+pub mod fidelity;
 pub mod model;
 pub mod report;
 

@@ -12,6 +12,7 @@ mod view;
 mod tests;
 
 pub use chart::CHART_ID;
+pub(crate) use chart::colour;
 pub use context::CONTEXT_TOKENS;
 pub use html::{escape, html};
 pub use json::json;

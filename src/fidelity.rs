@@ -1,0 +1,168 @@
+//! `ctxscope fidelity`: a context-fidelity sweep. Generates conversations with planted facts (see
+//! `ctxscope_replay::fidelity`), starts this engine in-process when a target needs it, asks every
+//! target, and prints recall per target x length x depth x turn count beside golden's, as a table,
+//! JSON or an HTML chart; `--save` keeps the generated conversations with their probes.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ctxscope_replay::fidelity::{self, report, SweepOptions};
+use ctxscope_replay::{TargetKind, TargetSpec};
+
+use crate::serve::{EngineSettings, InProcessEngine};
+
+/// Flags of `ctxscope fidelity`.
+#[derive(clap::Args)]
+pub struct FidelityArgs {
+    /// A target, as for `ctxscope replay` (`engine:patches=kv_fp8`, `url=http://HOST:PORT`). Repeatable.
+    #[arg(long = "target", value_name = "SPEC")]
+    pub targets: Vec<String>,
+    /// The reference target.
+    #[arg(long, default_value = "engine")]
+    pub golden: String,
+    /// Conversation sizes in tokens, comma-separated (`512,1k,2k`).
+    #[arg(long, default_value = "512,1k,2k")]
+    pub lengths: String,
+    /// User/assistant exchanges per conversation, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "4")]
+    pub turns: Vec<u32>,
+    /// Where facts are planted, 0 (first turn) to 1 (last turn), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "0,0.5,1")]
+    pub depths: Vec<f64>,
+    /// Seed of the generated conversations (and of the requests).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Generated tokens per answer.
+    #[arg(long, default_value_t = 16)]
+    pub max_tokens: u64,
+    #[arg(long, default_value_t = 300)]
+    pub timeout_s: u64,
+    /// The in-process engine's model (a known name, a GGUF file or a checkpoint directory).
+    #[arg(long, default_value = crate::models::DEFAULT_MODEL)]
+    pub model: String,
+    /// The in-process engine's context length (default: the model's).
+    #[arg(long)]
+    pub ctx: Option<usize>,
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the report as one HTML file with a recall chart.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+    /// Write the generated conversations with their probes as JSON (replay form: messages, and
+    /// probes with `after_turn` counted from 0 as `ctxscope show` prints turns).
+    #[arg(long, value_name = "FILE")]
+    pub save: Option<PathBuf>,
+}
+
+/// `512`, `1k`, `2K`, `1.5k` -> tokens.
+pub fn parse_lengths(text: &str) -> Result<Vec<usize>, String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|item| {
+            let (number, scale) = match item.strip_suffix(['k', 'K']) {
+                Some(n) => (n, 1024.0),
+                None => (item, 1.0),
+            };
+            match number.parse::<f64>() {
+                Ok(n) if n > 0.0 && n.is_finite() => Ok((n * scale).round() as usize),
+                _ => Err(format!(
+                    "--lengths: `{item}` is not a token count (write e.g. 512,1k,2k)"
+                )),
+            }
+        })
+        .collect()
+}
+
+pub async fn run(args: FidelityArgs) -> Result<(), String> {
+    let golden = TargetSpec::parse(&args.golden).map_err(|e| format!("--golden: {e}"))?;
+    let targets = args
+        .targets
+        .iter()
+        .map(|t| TargetSpec::parse(t).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
+    if args.depths.iter().any(|d| !(0.0..=1.0).contains(d)) {
+        return Err(format!(
+            "--depths must lie between 0 and 1, got {:?}",
+            args.depths
+        ));
+    }
+    let options = SweepOptions {
+        seed: args.seed,
+        lengths: parse_lengths(&args.lengths)?,
+        turns: args.turns.clone(),
+        depths: args.depths.clone(),
+        max_tokens: args.max_tokens,
+        timeout: Duration::from_secs(args.timeout_s),
+    };
+    let needs_engine = std::iter::once(&golden)
+        .chain(&targets)
+        .any(|t| matches!(&t.kind, TargetKind::Engine { url: None, .. }));
+    let engine = if needs_engine {
+        let settings = EngineSettings {
+            model: args.model.clone(),
+            listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            ctx: args.ctx,
+            path: ctxscope_engine::Path::Golden,
+            patches: ctxscope_engine::PatchSet::default(),
+            max_batch: 16,
+            device: ctxscope_engine::BackendKind::Cpu,
+            responses_store: None,
+        };
+        eprintln!("starting the engine in-process ({})", settings.model);
+        Some(InProcessEngine::start(&settings).await?)
+    } else {
+        None
+    };
+    let progress = |cell: &fidelity::Cell| {
+        eprintln!(
+            "{:<24} length {:>6} turns {:>3} depth {:.2}: recall {:.2} (golden {:.2})",
+            cell.target, cell.length, cell.turns, cell.depth, cell.recall, cell.golden
+        );
+    };
+    let result = fidelity::sweep(
+        &golden,
+        &targets,
+        engine.as_ref().map(|e| e.url.as_str()),
+        &options,
+        &progress,
+    )
+    .await;
+    if let Some(engine) = engine {
+        engine.stop().await;
+    }
+    let report = result.map_err(|e| e.to_string())?;
+    if let Some(path) = &args.save {
+        let saved: Vec<serde_json::Value> = report
+            .conversations
+            .iter()
+            .map(fidelity::run::replay_form)
+            .collect();
+        let text = serde_json::to_string_pretty(&saved).map_err(|e| e.to_string())?;
+        std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        eprintln!("wrote {} conversations to {}", saved.len(), path.display());
+    }
+    if let Some(path) = &args.html {
+        std::fs::write(path, report::html(&report))
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    if args.json {
+        print!("{}", report::json(&report));
+    } else {
+        print!("{}", report::table(&report));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn lengths_take_k_suffixes() {
+        assert_eq!(
+            super::parse_lengths("512,1k,2K,1.5k").unwrap(),
+            vec![512, 1024, 2048, 1536]
+        );
+        assert!(super::parse_lengths("12q").is_err());
+    }
+}

@@ -63,6 +63,7 @@ impl tower::Service<Request<ProxyBody>> for Forward {
             if let Ok(host) = header::HeaderValue::from_str(upstream.authority.as_str()) {
                 parts.headers.insert(header::HOST, host);
             }
+            upstream.authorize(&mut parts.headers);
             parts.version = http::Version::HTTP_11;
             match client.request(Request::from_parts(parts, body)).await {
                 Ok(response) => {

@@ -9,6 +9,7 @@ pub mod alert;
 pub mod body;
 pub mod capture;
 pub mod config;
+pub mod credentials;
 pub mod detect;
 pub mod fingerprint;
 pub mod forward;

@@ -187,7 +187,8 @@ pub async fn replay(
         started_unix_ms,
         finished_unix_ms: now_ms(),
         golden: plan.golden.name.clone(),
-        targets,
+        // Stored, printed and rendered: header values and URL passwords never leave the process.
+        targets: targets.iter().map(TargetSpec::redacted).collect(),
         turns: conversation.total_turns,
         results,
         bisect: None,
@@ -256,7 +257,7 @@ fn lanes(targets: &[TargetSpec], endpoints: &Endpoints, options: &ReplayOptions)
 /// An earlier result worth keeping: same target spec, Ok, and all of its probes answered.
 fn reusable<'a>(resume: Option<&'a ReplayReport>, spec: &TargetSpec, turn: u32, probes: usize) -> Option<&'a TurnResult> {
     let report = resume?;
-    report.targets.iter().find(|t| t.name == spec.name).filter(|t| *t == spec)?;
+    report.targets.iter().find(|t| t.name == spec.name).filter(|t| **t == spec.redacted())?;
     report
         .results
         .iter()

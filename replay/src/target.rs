@@ -50,7 +50,37 @@ impl FromStr for TargetSpec {
     }
 }
 
+/// What replaces a secret in a stored or shown target.
+pub const REDACTED: &str = "<redacted>";
+
 impl TargetSpec {
+    /// The target as it may be stored and shown: `header=` values and URL user information replaced by
+    /// [`REDACTED`], in `headers`, in the URLs and in `spec`. Reports carry only this form.
+    pub fn redacted(&self) -> TargetSpec {
+        let mut out = self.clone();
+        let mut from = 0;
+        for (name, value) in &mut out.headers {
+            // The value that follows this header's name in the spec (values may be short: replace
+            // only that occurrence).
+            let after_name = out.spec[from..].find(name.as_str()).map_or(from, |at| from + at + name.len());
+            if let Some(at) = out.spec[after_name..].find(value.as_str()).filter(|_| !value.is_empty()) {
+                let start = after_name + at;
+                out.spec.replace_range(start..start + value.len(), REDACTED);
+                from = start + REDACTED.len();
+            }
+            *value = REDACTED.to_string();
+        }
+        match &mut out.kind {
+            TargetKind::Engine { url: Some(url), .. } | TargetKind::Url { url } => {
+                let clean = redact_userinfo(url);
+                out.spec = out.spec.replace(url.as_str(), &clean);
+                *url = clean;
+            }
+            TargetKind::Engine { url: None, .. } => {}
+        }
+        out
+    }
+
     /// Parses a target spec (see [`GRAMMAR`]).
     pub fn parse(spec: &str) -> Result<TargetSpec, TargetError> {
         let spec = spec.trim();
@@ -98,6 +128,16 @@ impl TargetSpec {
             spec = format!("engine:{}", items.join(","));
         }
         TargetSpec { name, kind: TargetKind::Engine { patches, path, url }, model: None, headers: Vec::new(), spec }
+    }
+}
+
+/// `http://user:pass@host/...` -> `http://<redacted>@host/...`; other URLs unchanged.
+fn redact_userinfo(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..end].rsplit_once('@') {
+        Some((_, host)) => format!("{scheme}://{REDACTED}@{host}{}", &rest[end..]),
+        None => url.to_string(),
     }
 }
 
@@ -240,7 +280,9 @@ pub fn check_url(url: &str) -> Result<String, TargetError> {
 
 /// `host:port` of a checked URL (the default name of a URL target).
 fn authority(url: &str) -> String {
-    url.parse::<http::Uri>().ok().and_then(|u| u.authority().map(|a| a.to_string())).unwrap_or_else(|| url.to_string())
+    // Without user information: names are shown everywhere.
+    let host = |a: &http::uri::Authority| a.as_str().rsplit_once('@').map_or(a.as_str(), |(_, h)| h).to_string();
+    url.parse::<http::Uri>().ok().and_then(|u| u.authority().map(host)).unwrap_or_else(|| redact_userinfo(url))
 }
 
 fn parse_header(spec: &str, item: &str) -> Result<(String, String), TargetError> {
@@ -334,5 +376,19 @@ mod tests {
         let parsed = TargetSpec::parse(&made.spec).unwrap();
         assert_eq!(made, parsed);
         assert_eq!(TargetSpec::engine(vec![], None, None).name, "golden");
+    }
+
+    #[test]
+    fn redacted_targets_keep_no_header_value_or_url_password() {
+        let t = TargetSpec::parse("url=http://u:PASSWORD@h:1,model=m,header=Authorization:Bearer SECRET-KEY,header=x-k:v").unwrap();
+        let r = t.redacted();
+        let shown = serde_json::to_string(&r).unwrap();
+        assert_eq!(r.spec, "url=http://<redacted>@h:1,model=m,header=Authorization:<redacted>,header=x-k:<redacted>");
+        for secret in ["PASSWORD", "SECRET-KEY"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert_eq!(r.headers[0], ("Authorization".to_string(), REDACTED.to_string()));
+        assert_eq!(r.name, t.name);
+        assert_eq!(r.redacted(), r);
     }
 }

@@ -465,7 +465,8 @@ impl UpstreamCounter {
             .method(method)
             .uri(uri)
             .header(header::ACCEPT, "application/json");
-        if let Some(auth) = authorization {
+        // The upstream URL's own credentials win over the client's key, as on forwarded requests.
+        if let Some(auth) = self.upstream.credentials.as_ref().or(authorization) {
             request = request.header(header::AUTHORIZATION, auth.clone());
         }
         let bytes = match body {

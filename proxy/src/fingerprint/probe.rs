@@ -90,6 +90,9 @@ impl Prober {
             .method(method.clone())
             .uri(uri)
             .header(header::ACCEPT, "application/json");
+        if let Some(credentials) = &self.upstream.credentials {
+            builder = builder.header(header::AUTHORIZATION, credentials.clone());
+        }
         let bytes = match body {
             Some(body) => {
                 builder = builder.header(header::CONTENT_TYPE, "application/json");

@@ -177,6 +177,9 @@ pub struct ResponsesInfo {
     /// The request's `conversation` (an id or `{"id": ...}`), as sent.
     #[serde(default)]
     pub conversation: Option<Value>,
+    /// Input items the engine said it dropped to fit (`truncation: "auto"`), as it listed them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dropped_items: Option<Value>,
 }
 
 /// Tool definitions in brief: a hash of their canonical JSON and their names in the order sent.

@@ -507,3 +507,36 @@ def test_the_engine_keeps_responses_across_its_restart(tmp_path):
             engine.stop()
     assert "Rome" in response.output_text, response.output_text
     assert kinds == ["new"] + ["extend"] * 9
+
+
+def test_auto_truncation_drops_the_oldest_turns_and_the_proxy_reports_which(tmp_path):
+    """A context of 192 tokens: "disabled" refuses the overflow as chat does; "auto" drops the oldest
+    turns, says which in `ctxscope.dropped_items`, and the capture raises engine_truncation naming them."""
+    engine = Engine("--ctx", "192")
+    proxy = Proxy(engine.url, tmp_path / "data")
+    try:
+        history = []
+        for i in range(4):
+            history += [{"role": "user", "content": f"Fact {i}: " + "the quick brown fox jumps over the lazy dog " * 3},
+                        {"role": "assistant", "content": f"Noted fact {i}."}]
+        body = {"model": "m", "input": history + [{"role": "user", "content": "Which facts do you know?"}], "max_output_tokens": 8}
+        refused = post_raw(proxy.url, dict(body, truncation="disabled"))
+        assert refused[0] == 400 and json.loads(refused[1])["error"]["code"] == "context_length_exceeded"
+        status, raw = post_raw(proxy.url, dict(body, truncation="auto"))
+        assert status == 200, raw
+        answer = json.loads(raw)
+        dropped = answer["ctxscope"]["dropped_items"]
+        assert dropped[:2] == [{"index": 0, "role": "user"}, {"index": 1, "role": "assistant"}]
+        assert len(dropped) % 2 == 0 and len(dropped) < len(history)
+        assert answer["truncation"] == "auto" and answer["usage"]["input_tokens"] + 8 <= 192
+        proxy.wait_turns(2)
+        deadline = time.monotonic() + CAPTURE_TIMEOUT_S
+        while not (found := [f for f in proxy.findings() if f["kind"] == "engine_truncation"]):
+            assert time.monotonic() < deadline, proxy.findings()
+            time.sleep(0.05)
+        assert found[0]["evidence"]["method"] == "response_reported"
+        assert found[0]["evidence"]["dropped_items"] == dropped
+        assert found[0]["severity"] == "warning"
+    finally:
+        proxy.stop()
+        engine.stop()

@@ -4,7 +4,8 @@
 //! `--responses-store DIR` the engine keeps each response (its chat context, input and reply) and
 //! answers `previous_response_id` from it, across restarts; without it `previous_response_id` is
 //! refused (put `ctxscope proxy --responses-state` in front for state). `truncation: "disabled"` (the
-//! default) refuses an overflow with 400 as chat does.
+//! default) refuses an overflow with 400 as chat does; `"auto"` drops the oldest turns of the input
+//! until the prompt fits and says which in the response's `ctxscope.dropped_items`.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -97,6 +98,21 @@ fn items_to_messages(items: &[Value], messages: &mut Vec<Value>) -> Result<(), A
     Ok(())
 }
 
+/// With `truncation: "auto"`: drops the oldest turn after the instructions (its first message up to
+/// the next user message) so that the prompt may fit; `None` when only the last user turn is left.
+fn drop_oldest(chat: &mut Map<String, Value>, first: usize) -> Option<Vec<Value>> {
+    let messages = chat.get_mut("messages")?.as_array_mut()?;
+    let last_user = messages.iter().rposition(|m| m["role"] == "user")?;
+    if first >= last_user {
+        return None;
+    }
+    let next_user = messages[first + 1..=last_user]
+        .iter()
+        .position(|m| m["role"] == "user");
+    let end = next_user.map_or(last_user, |p| first + 1 + p);
+    Some(messages.drain(first..end).collect())
+}
+
 /// The store to keep this response in (unless the request says `store: false`) and the messages its
 /// `previous_response_id` stands on.
 fn chain(
@@ -132,14 +148,14 @@ type Translated = (Map<String, Value>, bool, Vec<Value>);
 /// Translates a Responses request standing on `context` into a chat request; also says whether it
 /// streams, and gives the messages a later response chained to this one carries (all but the
 /// instructions).
-fn to_chat(
-    object: &Map<String, Value>,
-    context: Vec<Value>,
-) -> Result<Translated, ApiError> {
+fn to_chat(object: &Map<String, Value>, context: Vec<Value>) -> Result<Translated, ApiError> {
     match object.get("truncation").and_then(Value::as_str) {
-        None | Some("disabled") => {}
+        None | Some("disabled" | "auto") => {}
         Some(other) => {
-            return Err(ApiError::param("truncation", format!("truncation {other:?} is not supported: this engine refuses a prompt that does not fit (\"disabled\")")))
+            return Err(ApiError::param(
+                "truncation",
+                format!("truncation must be \"disabled\" or \"auto\", not {other:?}"),
+            ))
         }
     }
     let mut messages = Vec::new();
@@ -199,6 +215,8 @@ struct Meta {
     request: Map<String, Value>,
     /// The response is kept for `previous_response_id`.
     stored: bool,
+    /// Messages `truncation: "auto"` dropped, oldest first (`index` in the input after instructions).
+    dropped: Vec<Value>,
 }
 
 impl Meta {
@@ -216,6 +234,7 @@ impl Meta {
             model,
             request: object.clone(),
             stored: false,
+            dropped: Vec::new(),
         }
     }
 
@@ -244,14 +263,18 @@ impl Meta {
                    "output_tokens": output, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": input + output})
         });
         let get = |key: &str| self.request.get(key).cloned().unwrap_or(Value::Null);
-        json!({
+        let mut object = json!({
             "id": self.id, "object": "response", "created_at": self.created_at, "status": status, "error": null,
             "incomplete_details": if incomplete { json!({"reason": "max_output_tokens"}) } else { Value::Null },
             "instructions": get("instructions"), "max_output_tokens": get("max_output_tokens"), "model": self.model,
             "output": output, "parallel_tool_calls": true, "previous_response_id": get("previous_response_id"), "store": self.stored,
-            "temperature": get("temperature"), "top_p": get("top_p"), "truncation": "disabled",
+            "temperature": get("temperature"), "top_p": get("top_p"), "truncation": self.request.get("truncation").cloned().unwrap_or(json!("disabled")),
             "tools": self.request.get("tools").cloned().unwrap_or(json!([])), "usage": usage,
-        })
+        });
+        if !self.dropped.is_empty() {
+            object["ctxscope"] = json!({"dropped_items": self.dropped});
+        }
+        object
     }
 
     fn message(&self, text: &str, status: &str) -> Value {
@@ -269,7 +292,36 @@ pub async fn create(
 ) -> Result<http::Response<Body>, ApiError> {
     let object = request::json_object(body)?;
     let (store, context) = chain(&state, &object)?;
-    let (chat, stream, carried) = to_chat(&object, context)?;
+    let (mut chat, stream, carried) = to_chat(&object, context)?;
+    let first = chat["messages"].as_array().map_or(0, Vec::len) - carried.len();
+    let auto = object.get("truncation").and_then(Value::as_str) == Some("auto");
+    let mut dropped = Vec::new();
+    let response = loop {
+        let translated = serde_json::to_vec(&Value::Object(chat.clone()))
+            .map_err(|e| ApiError::Engine(e.to_string()))?;
+        match completions::generate(
+            state.clone(),
+            Endpoint::Chat,
+            &translated,
+            path,
+            patches.clone(),
+        )
+        .await
+        {
+            Err(error @ ApiError::ContextLength { .. }) if auto => {
+                match drop_oldest(&mut chat, first) {
+                    Some(gone) => {
+                        for message in gone {
+                            dropped.push(json!({"index": dropped.len(), "role": message["role"]}));
+                        }
+                    }
+                    None => return Err(error),
+                }
+            }
+            other => break other?,
+        }
+    };
+    let carried = chat["messages"].as_array().map_or(&[][..], Vec::as_slice)[first..].to_vec();
     let save = store.map(|store| Save { store, carried });
     let model = object
         .get("model")
@@ -278,9 +330,7 @@ pub async fn create(
         .to_string();
     let mut meta = Meta::new(&object, model);
     meta.stored = save.is_some();
-    let translated =
-        serde_json::to_vec(&Value::Object(chat)).map_err(|e| ApiError::Engine(e.to_string()))?;
-    let response = completions::generate(state, Endpoint::Chat, &translated, path, patches).await?;
+    meta.dropped = dropped;
     let (parts, inner) = response.into_parts();
     if stream {
         let events = EventBody {
@@ -543,18 +593,20 @@ mod tests {
     }
 
     #[test]
-    fn auto_truncation_and_other_parts_are_refused_clearly() {
-        let auto = to_chat(
-            &object(json!({"input": "hi", "truncation": "auto"})),
+    fn unknown_truncation_and_other_parts_are_refused_clearly() {
+        let bad = to_chat(
+            &object(json!({"input": "hi", "truncation": "sometimes"})),
             Vec::new(),
         )
         .unwrap_err();
-        assert!(auto.to_string().contains("\"auto\""), "{auto}");
-        assert!(to_chat(
-            &object(json!({"input": "hi", "truncation": "disabled"})),
-            Vec::new()
-        )
-        .is_ok());
+        assert!(bad.to_string().contains("\"sometimes\""), "{bad}");
+        for ok in ["disabled", "auto"] {
+            assert!(to_chat(
+                &object(json!({"input": "hi", "truncation": ok})),
+                Vec::new()
+            )
+            .is_ok());
+        }
         assert!(to_chat(&object(json!({"model": "m"})), Vec::new()).is_err());
         let image = to_chat(
             &object(
@@ -563,6 +615,37 @@ mod tests {
             Vec::new(),
         );
         assert!(image.unwrap_err().to_string().contains("input_image"));
+    }
+
+    #[test]
+    fn auto_truncation_drops_whole_turns_oldest_first_and_keeps_the_last_question() {
+        let roles = |chat: &Map<String, Value>| {
+            chat["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m["role"].as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        };
+        let input = json!([
+            "system",
+            "user",
+            "assistant",
+            "tool",
+            "user",
+            "assistant",
+            "user"
+        ]
+        .map(|r| json!({"role": r, "content": r})));
+        let mut chat = object(json!({"messages": input}));
+        assert_eq!(drop_oldest(&mut chat, 1).unwrap().len(), 3);
+        assert_eq!(roles(&chat), ["system", "user", "assistant", "user"]);
+        assert_eq!(drop_oldest(&mut chat, 1).unwrap().len(), 2);
+        assert_eq!(roles(&chat), ["system", "user"]);
+        assert!(
+            drop_oldest(&mut chat, 1).is_none(),
+            "the last user turn stays"
+        );
     }
 
     #[test]

@@ -230,7 +230,11 @@ impl Pipeline {
             error,
             notes,
             tools: request.tools.clone(),
-            responses: chained.map(|c| ResponsesInfo { response_id: response.response_id.clone(), ..c.info }),
+            responses: chained.map(|c| ResponsesInfo {
+                response_id: response.response_id.clone(),
+                dropped_items: response.dropped_items.clone(),
+                ..c.info
+            }),
             fingerprint: self.fingerprints.as_ref().and_then(|f| f.current()),
         };
         self.store.put_turn(&turn)?;

@@ -9,9 +9,35 @@ use serde_json::{json, Value};
 
 use super::{Context, Draft};
 
+/// The engine said it dropped input items (`truncation: "auto"`), or, failing that, its input count
+/// shows it did not see the chain.
 pub(crate) fn ignored_chain(cx: &Context<'_>) -> Option<Draft> {
     let turn = cx.obs.turn;
     let info = turn.responses.as_ref()?;
+    if let Some(dropped) = info
+        .dropped_items
+        .as_ref()
+        .and_then(Value::as_array)
+        .filter(|d| !d.is_empty())
+    {
+        let summary = format!(
+            "engine dropped the {} oldest input message(s) to fit (truncation: \"auto\")",
+            dropped.len()
+        );
+        let evidence = json!({
+            "method": "response_reported", "confidence": "high", "truncation": info.truncation,
+            "dropped_items": dropped, "engine_prompt_tokens": turn.usage.as_ref().and_then(|u| u.prompt_tokens),
+            "chain_messages": info.chain_messages, "input_messages": info.input_messages,
+        });
+        let cause = format!("engine_truncation/{}", turn.conversation);
+        return Some(Draft {
+            kind: FindingKind::EngineTruncation,
+            severity: Severity::Warning,
+            summary,
+            evidence,
+            cause,
+        });
+    }
     let parent_id = info.parent_turn?;
     let engine = turn.usage.as_ref()?.prompt_tokens?;
     let parent = parent(cx, parent_id)?;

@@ -43,6 +43,8 @@ pub struct ParsedResponse {
     pub notes: Vec<String>,
     /// The Responses API response `id`.
     pub response_id: Option<String>,
+    /// Input items the engine says it dropped to fit (`truncation: "auto"`; `ctxscope.dropped_items`).
+    pub dropped_items: Option<Value>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]

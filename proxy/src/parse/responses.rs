@@ -267,6 +267,12 @@ fn absorb_response(value: &Value, parsed: &mut ParsedResponse) {
     if let Some(usage) = value.get("usage").filter(|u| u.is_object()) {
         parsed.usage = Some(usage_of(usage));
     }
+    let dropped = value
+        .pointer("/ctxscope/dropped_items")
+        .filter(|d| d.as_array().is_some_and(|a| !a.is_empty()));
+    if let Some(dropped) = dropped {
+        parsed.dropped_items = Some(dropped.clone());
+    }
     if let Some(message) = value.pointer("/error/message").and_then(Value::as_str) {
         parsed.error = Some(message.to_string());
     }
@@ -553,6 +559,14 @@ mod tests {
             (Some(40), Some(32), Some(6))
         );
         assert_eq!(p.reply_message.unwrap()["tool_calls"][0]["id"], "call_1");
+        assert_eq!(p.dropped_items, None);
+        let told = complete(
+            &json!({"status": "completed", "output": [], "ctxscope": {"dropped_items": [{"index": 0, "role": "user"}]}}),
+        );
+        assert_eq!(
+            told.dropped_items,
+            Some(json!([{"index": 0, "role": "user"}]))
+        );
     }
 
     #[test]

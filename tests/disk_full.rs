@@ -57,12 +57,32 @@ async fn full_disk_drops_capture_not_traffic() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     };
     assert!(metrics.contains("ctxscope_capture_dropped_total{reason=\"store_write\"}"), "no store_write drops counted:\n{metrics}");
+    // Health says so while writes fail, with the reason.
+    let health = get_json(&format!("{}/healthz", proxy.admin_url())).await;
+    assert_eq!(health["capture"], "degraded", "{health}");
+    assert!(health["reason"].as_str().is_some_and(|r| r.contains("store writes failing")), "{health}");
     // Small requests still flow, and what was captured reads through the admin API meanwhile.
     let small = post_json(&url, &[], &json!({"model": "m", "messages": [{"role": "user", "content": "tiny"}]})).await;
     assert_eq!(small.status, 200);
     let live = get_json(&format!("{}/api/conversations", proxy.admin_url())).await;
     let stored = live.as_array().unwrap().len();
     assert!(stored > 0, "nothing stored before the disk filled");
+    // Once there is room again, the next stored turn puts health back to "on".
+    let grown = Command::new("mount").args(["-o", "remount,size=64m"]).arg(&point).status().unwrap();
+    assert!(grown.success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut recovered = json!(null);
+    for i in 0.. {
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": format!("after {i}")}]});
+        assert_eq!(post_json(&url, &[], &body).await.status, 200);
+        recovered = get_json(&format!("{}/healthz", proxy.admin_url())).await;
+        if recovered["capture"] == "on" || std::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(recovered["capture"], "on", "capture still not healthy with free space: {recovered}");
+    let stored = get_json(&format!("{}/api/conversations", proxy.admin_url())).await.as_array().unwrap().len();
     proxy.stop();
     // Opening needs a little space: with none, a clear error...
     let listed = cli(&["conversations", "--json", "--data", data.to_str().unwrap()]);

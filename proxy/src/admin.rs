@@ -24,6 +24,8 @@ pub struct AdminState {
     pub store: Option<Store>,
     /// "on", "off", or why capture is unavailable.
     pub capture: String,
+    /// The same, `degraded` while store writes fail (what `/healthz` reports).
+    pub health: Arc<crate::health::CaptureHealth>,
     pub upstream: String,
     /// `--admin-token`: required on every route but `/healthz` when set (see `ui::auth`).
     pub token: Option<String>,
@@ -40,10 +42,14 @@ pub async fn handle(state: Arc<AdminState>, request: Request<Incoming>) -> Resul
     let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let response = match (request.method(), segments.as_slice()) {
         (&Method::GET, ["metrics"]) => text(state.metrics.render(), "text/plain; version=0.0.4"),
-        (&Method::GET, ["healthz"]) => json_response(
-            StatusCode::OK,
-            json!({"status": "ok", "capture": state.capture, "upstream": state.upstream}).to_string(),
-        ),
+        (&Method::GET, ["healthz"]) => {
+            let (capture, reason) = state.health.status();
+            let mut body = json!({"status": "ok", "capture": capture, "upstream": state.upstream});
+            if let Some(reason) = reason {
+                body["reason"] = json!(reason);
+            }
+            json_response(StatusCode::OK, body.to_string())
+        }
         (&Method::GET, ["api", "conversations"]) => with_store(&state, |s| s.conversations().map(|c| to_json(&c))).await,
         (&Method::GET, ["api", "conversations", id]) => match id.parse::<u64>() {
             Ok(id) => with_store(&state, move |s| s.conversation_detail(id).map(|d| to_json(&d))).await,

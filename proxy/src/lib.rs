@@ -13,6 +13,7 @@ pub mod credentials;
 pub mod detect;
 pub mod fingerprint;
 pub mod forward;
+pub mod health;
 pub mod limits;
 pub mod metrics;
 pub mod parse;
@@ -94,7 +95,8 @@ pub async fn run(
         }
         _ => None,
     };
-    let (sender, worker) = start_capture(&config, store.clone(), tokens, upstream_counter, sinks, fingerprints);
+    let health = Arc::new(health::CaptureHealth::new(capture_status.clone()));
+    let (sender, worker) = start_capture(&config, store.clone(), tokens, upstream_counter, sinks, fingerprints, health.clone());
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let state_layer = responses_state::ResponsesStateLayer::new(config.responses_state, store.clone());
@@ -102,6 +104,7 @@ pub async fn run(
         metrics: handle,
         store,
         capture: capture_status,
+        health,
         upstream: config.upstream.display.clone(),
         token: config.admin_token.clone(),
         live: ui::live::Live::new(stop_rx.clone()),
@@ -168,11 +171,13 @@ fn start_capture(
     upstream_counter: Option<UpstreamCounter>,
     sinks: Vec<Box<dyn alert::AlertSink>>,
     fingerprints: Option<fingerprint::Fingerprints>,
+    health: Arc<health::CaptureHealth>,
 ) -> (CaptureSender, Option<Worker>) {
     match (store, &config.data_dir) {
         (Some(store), _) => {
             let mut pipeline = Pipeline::new(store, config.upstream.display.clone(), tokens, config.retention.clone())
-                .with_detect_config(config.detect.clone());
+                .with_detect_config(config.detect.clone())
+                .with_health(health);
             for sink in sinks {
                 pipeline = pipeline.with_sink(sink);
             }

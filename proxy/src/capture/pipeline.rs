@@ -58,6 +58,8 @@ pub struct Pipeline {
     sinks: Vec<Box<dyn AlertSink>>,
     /// The upstream's engine fingerprint, stamped on every turn (and re-checked when it was unreachable).
     fingerprints: Option<crate::fingerprint::Fingerprints>,
+    /// Told of every store write's outcome (`/healthz` says `degraded` while they fail).
+    health: Option<std::sync::Arc<crate::health::CaptureHealth>>,
 }
 
 /// At most one warning per interval; the rest are counted and reported with the next one.
@@ -85,12 +87,18 @@ impl Pipeline {
     pub fn new(store: Store, upstream: String, tokens: Option<TokenCache>, retention: RetentionPolicy) -> Pipeline {
         let detectors = Detectors::new(DetectConfig::default());
         let warnings = Throttle { last: None, suppressed: 0 };
-        Pipeline { store, upstream, tokens, upstream_counter: None, retention, warnings, hashes: MessageHashes::default(), detectors, sinks: Vec::new(), fingerprints: None }
+        Pipeline { store, upstream, tokens, upstream_counter: None, retention, warnings, hashes: MessageHashes::default(), detectors, sinks: Vec::new(), fingerprints: None, health: None }
     }
 
     /// Counts prompts through the upstream (used when no local tokenizer is configured).
     pub fn with_upstream_counter(mut self, counter: UpstreamCounter) -> Pipeline {
         self.upstream_counter = Some(counter);
+        self
+    }
+
+    /// Reports store write failures and recoveries to `health`.
+    pub fn with_health(mut self, health: std::sync::Arc<crate::health::CaptureHealth>) -> Pipeline {
+        self.health = Some(health);
         self
     }
 
@@ -406,9 +414,15 @@ impl Sink for Pipeline {
         let started = Instant::now();
         let reply = exchange.findings_reply.take();
         let raised = match self.capture_with_findings(&exchange) {
-            Ok((_, findings)) => findings,
+            Ok((_, findings)) => {
+                self.health.iter().for_each(|h| h.write_succeeded());
+                findings
+            }
             Err(CaptureError::NothingSent) => Vec::new(),
             Err(error) => {
+                if let (CaptureError::Store(store_error), Some(health)) = (&error, &self.health) {
+                    health.write_failed(store_error);
+                }
                 m::dropped(error.reason());
                 self.warnings.warn(&exchange.path, &error);
                 Vec::new()

@@ -76,6 +76,10 @@ pub fn spawn(mut sink: impl Sink, capacity: usize, upkeep_every: Duration) -> (C
                     Ok(exchange) => {
                         worker_depth.fetch_sub(1, Ordering::Relaxed);
                         sink.process(exchange);
+                        // The gauge follows the queue down too (0 once drained); set after the work,
+                        // so that a sender's older figure cannot outlast it.
+                        let depth = worker_depth.load(Ordering::Relaxed).max(0);
+                        metrics::gauge!(m::CAPTURE_QUEUE_DEPTH).set(depth as f64);
                     }
                     Err(RecvTimeoutError::Timeout) => {}
                     Err(RecvTimeoutError::Disconnected) => break,

@@ -89,7 +89,18 @@ async fn plan(conversation: u64, run: &RunSettings) -> Result<Plan, String> {
     let mut plan = Plan::new(detail, golden);
     plan.options = run.options.clone();
     if let Some(path) = &run.probes {
-        plan.probes = read_probes(path)?;
+        plan.probes = if path.as_os_str() == "auto" {
+            let proposed = ctxscope_replay::auto_probes::propose(&ctxscope_replay::Conversation::from_detail(&plan.conversation));
+            for p in &proposed {
+                eprintln!("probe (auto): after turn {}: {:?} expects {:?}", p.after_turn, p.question, p.expected);
+            }
+            if proposed.is_empty() {
+                eprintln!("note: --probes auto found no stated fact (\"my X is Y\") in the user messages");
+            }
+            proposed
+        } else {
+            read_probes(path)?
+        };
     }
     for note in ctxscope_replay::Conversation::from_detail(&plan.conversation).notes {
         eprintln!("note: {note}");
@@ -229,8 +240,10 @@ pub struct RunArgs {
     /// The reference target.
     #[arg(long, default_value = "engine")]
     pub golden: String,
-    /// Recall probes: a JSON list of {"after_turn": N, "question": "...", "expected": "..."}.
-    #[arg(long, value_name = "FILE")]
+    /// Recall probes: a JSON list of {"after_turn": N, "question": "...", "expected": "..."}, turns
+    /// counted from 0 as `ctxscope show` prints them; or `auto`: probes proposed from facts the user
+    /// stated ("my X is Y"), asked after the last turn.
+    #[arg(long, value_name = "FILE|auto")]
     pub probes: Option<PathBuf>,
     /// Generated tokens per turn (the captured max_tokens when smaller).
     #[arg(long, default_value_t = 64)]

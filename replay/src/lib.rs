@@ -7,6 +7,7 @@ pub mod fidelity;
 pub mod model;
 pub mod report;
 
+pub mod auto_probes;
 pub mod bisect;
 pub mod client;
 mod collect;

@@ -48,7 +48,7 @@ impl Rng {
         Rng(seed)
     }
 
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -57,7 +57,7 @@ impl Rng {
     }
 
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
+        (self.next_u64() % n.max(1) as u64) as usize
     }
 
     pub fn pick<'a>(&mut self, list: &[&'a str]) -> &'a str {
@@ -337,10 +337,7 @@ pub fn passes(probe: &Probe, answer: &str) -> bool {
         .map(|w| w.trim_matches('-').to_lowercase())
         .filter(|w| !w.is_empty())
         .collect();
-    let has = |w: &String| {
-        let w = w.to_lowercase();
-        words.iter().any(|x| *x == w)
-    };
+    let has = |w: &String| words.contains(&w.to_lowercase());
     probe.expected.iter().all(has) && !probe.absent.iter().any(has)
 }
 

@@ -205,7 +205,7 @@ struct CaptureArgs {
     /// or none (only the engine's own numbers).
     #[arg(long, value_name = "local|upstream|auto|none", default_value = "auto")]
     count_with: ctxscope_proxy::config::CountWith,
-    /// Require this token on the admin port (UI, JSON API, /metrics; not /healthz): `Authorization:
+    /// Require this token on the admin port (UI, JSON API; not /healthz or /metrics): `Authorization:
     /// Bearer TOKEN`, or the UI's login form. Needed to listen with --admin on a non-loopback address.
     #[arg(long, value_name = "TOKEN")]
     admin_token: Option<String>,

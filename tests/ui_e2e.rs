@@ -370,13 +370,17 @@ async fn the_admin_token_guards_the_admin_port() {
         .arg(token)
         .start();
     let admin = proxy.admin_url();
-    assert_eq!(
-        send("GET", &format!("{admin}/healthz"), &[], Vec::new())
-            .await
-            .status,
-        200
-    );
-    for path in ["/api/conversations", "/metrics", "/ui/api/conversations"] {
+    // Health and Prometheus' scrape stay open without the token.
+    for path in ["/healthz", "/metrics"] {
+        assert_eq!(
+            send("GET", &format!("{admin}{path}"), &[], Vec::new())
+                .await
+                .status,
+            200,
+            "{path} without the token"
+        );
+    }
+    for path in ["/api/conversations", "/api/replays", "/ui/api/conversations"] {
         assert_eq!(
             send("GET", &format!("{admin}{path}"), &[], Vec::new())
                 .await

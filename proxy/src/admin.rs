@@ -15,8 +15,8 @@ use serde_json::json;
 
 use crate::body::{full, json_error, ProxyBody};
 
-/// Largest import body accepted.
-const MAX_IMPORT_BYTES: usize = 512 << 20;
+/// Largest replay body accepted.
+const MAX_REPLAY_BYTES: usize = 512 << 20;
 
 /// What the admin API serves from.
 pub struct AdminState {
@@ -27,7 +27,7 @@ pub struct AdminState {
     /// The same, `degraded` while store writes fail (what `/healthz` reports).
     pub health: Arc<crate::health::CaptureHealth>,
     pub upstream: String,
-    /// `--admin-token`: required on every route but `/healthz` when set (see `ui::auth`).
+    /// `--admin-token`: required on every route but `/healthz` and `/metrics` when set (see `ui::auth`).
     pub token: Option<String>,
     /// The UI's live event streams.
     pub live: crate::ui::live::Live,
@@ -73,7 +73,7 @@ pub async fn handle(state: Arc<AdminState>, request: Request<Incoming>) -> Resul
             let (id, missing) = (id.to_string(), StoreError::NotFound(format!("response {id}")));
             with_store(&state, move |s| s.turn_by_response_id(&id)?.ok_or(missing).map(|t| to_json(&t))).await
         }
-        (&Method::POST, ["api", "import"]) => import(&state, request).await,
+        (&Method::POST, ["api", "import"]) => crate::import::import(&state, request).await,
         (&Method::GET, ["api", "replays"]) => with_store(&state, |s| s.replays().map(|r| to_json(&r))).await,
         (&Method::GET, ["api", "replays", id]) => match id.parse::<u64>() {
             Ok(id) => {
@@ -94,7 +94,7 @@ pub async fn handle(state: Arc<AdminState>, request: Request<Incoming>) -> Resul
 
 /// Stores a replay run sent by `ctxscope replay --admin` (the store is this process's while it runs).
 async fn put_replay(state: &Arc<AdminState>, request: Request<Incoming>) -> Response<ProxyBody> {
-    let body = match Limited::new(request.into_body(), MAX_IMPORT_BYTES).collect().await {
+    let body = match Limited::new(request.into_body(), MAX_REPLAY_BYTES).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(e) => return json_error(StatusCode::PAYLOAD_TOO_LARGE, "bad_replay", &format!("cannot read replay body: {e}"), None),
     };
@@ -102,15 +102,16 @@ async fn put_replay(state: &Arc<AdminState>, request: Request<Incoming>) -> Resp
         Ok(entry) => entry,
         Err(e) => return json_error(StatusCode::BAD_REQUEST, "bad_replay", &format!("not a replay entry: {e}"), None),
     };
-    with_store(state, move |s| s.put_replay(&entry).map(|_| json!({"replay": entry.id}).to_string())).await
-}
-
-async fn import(state: &Arc<AdminState>, request: Request<Incoming>) -> Response<ProxyBody> {
-    let body = match Limited::new(request.into_body(), MAX_IMPORT_BYTES).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) => return json_error(StatusCode::PAYLOAD_TOO_LARGE, "bad_import", &format!("cannot read import body: {e}"), None),
-    };
-    with_store(state, move |s| s.import_conversation(&mut body.as_ref()).map(|id| json!({"conversation": id}).to_string())).await
+    // A new run, or the run it resumes; never another run's id (409).
+    let id = entry.id;
+    match with_store_raw(state, move |s| s.insert_replay(&entry)).await {
+        Ok(None) => json_response(StatusCode::OK, json!({"replay": id}).to_string()),
+        Ok(Some(existing)) => {
+            let message = format!("replay {id} already holds another run (conversation {}, started {}); it is not replaced", existing.conversation, existing.started_unix_ms);
+            json_error(StatusCode::CONFLICT, "replay_exists", &message, None)
+        }
+        Err(response) => response,
+    }
 }
 
 /// `kind`, `conversation`, `since` (Unix ms) and `limit` from a query string.

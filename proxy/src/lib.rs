@@ -14,6 +14,7 @@ pub mod detect;
 pub mod fingerprint;
 pub mod forward;
 pub mod health;
+pub mod import;
 pub mod limits;
 pub mod metrics;
 pub mod parse;

@@ -1,17 +1,20 @@
 //! The portable form of a conversation: self-contained JSONL that `ctxscope export` writes and
 //! `ctxscope import` reads back. Line 1 is a header, then one line per message, then one per turn.
 
+use std::collections::HashSet;
 use std::io::{BufRead, Write};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::hash::{from_hex, message_hash};
+use crate::hash::{from_hex, message_hash, Hash};
 use crate::records::*;
 use crate::{Store, StoreError};
 
 pub const EXPORT_FORMAT: &str = "ctxscope-conversation";
 pub const EXPORT_VERSION: u32 = 1;
+/// The note an imported turn carries (followed by its id in the store it was exported from).
+pub const IMPORTED_NOTE: &str = "imported from an export file";
 
 /// One line of an export file.
 #[derive(Debug, Serialize, Deserialize)]
@@ -46,47 +49,73 @@ impl Store {
         Ok(())
     }
 
-    /// Reads a JSONL export into a new conversation (fresh ids); returns its id.
+    /// Reads a JSONL export into a new conversation (fresh ids); returns its id. Only what `export`
+    /// could have written is accepted: the header first and once, then messages (each matching its
+    /// hash), then at least one turn referencing only messages listed before it. Reads line by line,
+    /// so memory follows the longest line and the number of messages, not the file. Imported turns
+    /// carry the note [`IMPORTED_NOTE`] with their original id.
     pub fn import_conversation(&self, input: &mut dyn BufRead) -> Result<u64, StoreError> {
         let mut header = None;
+        let mut seen: HashSet<Hash> = HashSet::new();
         let mut turns = Vec::new();
+        let mut last_line = 0;
         for (n, line) in input.lines().enumerate() {
             let bad = |detail: String| StoreError::Import { line: n + 1, detail };
             let line = line.map_err(|e| bad(e.to_string()))?;
+            last_line = n + 1;
             if line.trim().is_empty() {
                 continue;
             }
-            match serde_json::from_str::<ExportLine>(&line).map_err(|e| bad(e.to_string()))? {
+            let parsed = serde_json::from_str::<ExportLine>(&line).map_err(|e| bad(e.to_string()))?;
+            if header.is_none() && !matches!(parsed, ExportLine::Header { .. }) {
+                return Err(bad("the first line must be the export header".into()));
+            }
+            match parsed {
                 ExportLine::Header { format, version, conversation } => {
+                    if header.is_some() {
+                        return Err(bad("a second header line".into()));
+                    }
                     if format != EXPORT_FORMAT || version != EXPORT_VERSION {
                         return Err(bad(format!("unsupported export {format} v{version}")));
                     }
                     header = Some(conversation);
                 }
                 ExportLine::Message { hash, message } => {
+                    if !turns.is_empty() {
+                        return Err(bad("a message line after the turns (an export lists every message first)".into()));
+                    }
                     let (computed, bytes) = message_hash(&message);
                     if from_hex(&hash) != Some(computed) {
                         return Err(bad(format!("message {hash} does not match its content")));
                     }
                     self.put_message(&computed, &bytes)?;
+                    seen.insert(computed);
                 }
-                ExportLine::Turn(view) => turns.push(view),
+                ExportLine::Turn(view) => {
+                    for hash in view.messages.iter().chain(view.turn.reply.iter()) {
+                        if !from_hex(hash).is_some_and(|h| seen.contains(&h)) {
+                            return Err(bad(format!("turn {} references message {hash}, which no line before it holds", view.turn.id)));
+                        }
+                    }
+                    turns.push(view);
+                }
             }
         }
         let mut conversation =
             header.ok_or_else(|| StoreError::Import { line: 1, detail: "missing header line".into() })?;
+        if turns.is_empty() {
+            return Err(StoreError::Import { line: last_line, detail: "no turn lines: an export holds at least one turn".into() });
+        }
         conversation.id = self.next_id_in(crate::IdSpace::Conversation)?;
         conversation.name = None;
         conversation.branch_of = None;
+        conversation.turns = turns.len() as u32;
         let mut previous: Option<(u64, Vec<HashHex>)> = None;
         for (index, view) in turns.into_iter().enumerate() {
             let mut turn = view.turn;
-            for hash in view.messages.iter().chain(turn.reply.iter()) {
-                let known = from_hex(hash).map(|h| self.message(&h)).transpose()?.flatten().is_some();
-                if !known {
-                    return Err(StoreError::Import { line: 0, detail: format!("turn {} references missing message {hash}", turn.id) });
-                }
-            }
+            let note = format!("{IMPORTED_NOTE} (turn {} of the exported store)", turn.id);
+            turn.notes.retain(|n| !n.starts_with(IMPORTED_NOTE));
+            turn.notes.push(note);
             turn.id = self.next_id_in(crate::IdSpace::Turn)?;
             turn.conversation = conversation.id;
             turn.index = index as u32;

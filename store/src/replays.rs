@@ -14,6 +14,25 @@ impl Store {
         Ok(())
     }
 
+    /// Stores a new replay run, or replaces the run it resumes (same id, conversation and start time,
+    /// as `--resume` sends); any other run under that id is left untouched and returned.
+    pub fn insert_replay(&self, entry: &ReplayEntry) -> Result<Option<ReplayEntry>, StoreError> {
+        let key = id_key(entry.id);
+        let value = encode("replay", entry)?;
+        loop {
+            let current = self.replays.get(key)?;
+            if let Some(bytes) = &current {
+                let existing: ReplayEntry = decode("replay", &key, bytes)?;
+                if existing.conversation != entry.conversation || existing.started_unix_ms != entry.started_unix_ms {
+                    return Ok(Some(existing));
+                }
+            }
+            if self.replays.compare_and_swap(key, current, Some(value.clone()))?.is_ok() {
+                return Ok(None);
+            }
+        }
+    }
+
     pub fn replay(&self, id: u64) -> Result<Option<ReplayEntry>, StoreError> {
         match self.replays.get(id_key(id))? {
             Some(bytes) => Ok(Some(decode("replay", &id_key(id), &bytes)?)),
@@ -60,5 +79,29 @@ mod tests {
         assert!(list.iter().all(|e| e.report.is_null()));
         assert_eq!(store.replay(3).unwrap().unwrap().report, serde_json::json!({"results": [3]}));
         assert!(store.replay(4).unwrap().is_none());
+    }
+
+    #[test]
+    fn insert_replay_never_overwrites_another_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        let entry = |conversation, started, summary: &str| ReplayEntry {
+            id: 7,
+            conversation,
+            started_unix_ms: started,
+            finished_unix_ms: started + 1,
+            targets: vec![],
+            summary: summary.into(),
+            report: serde_json::Value::Null,
+        };
+        assert!(store.insert_replay(&entry(1, 100, "first")).unwrap().is_none());
+        // Resumed: same conversation and start, replaced.
+        assert!(store.insert_replay(&entry(1, 100, "resumed")).unwrap().is_none());
+        assert_eq!(store.replay(7).unwrap().unwrap().summary, "resumed");
+        // Another run under the same id: refused, the stored one kept.
+        for other in [entry(2, 100, "other"), entry(1, 999, "other")] {
+            assert_eq!(store.insert_replay(&other).unwrap().unwrap().summary, "resumed");
+        }
+        assert_eq!(store.replay(7).unwrap().unwrap().summary, "resumed");
     }
 }

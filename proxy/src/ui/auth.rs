@@ -1,5 +1,6 @@
 //! `--admin-token`: a bearer header or, after the login form, a cookie, required on every admin route
-//! but `/healthz`; and the rule that an admin port reachable from other hosts must have a token.
+//! but `/healthz` and `/metrics`; and the rule that an admin port reachable from other hosts must have
+//! a token.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

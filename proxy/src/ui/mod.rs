@@ -26,7 +26,8 @@ pub async fn intercept(
     if path == "/ui/login" {
         return Ok(auth::login(state, request).await);
     }
-    if path != "/healthz" && !auth::allowed(state.token.as_deref(), request.headers()) {
+    let open = path == "/healthz" || path == "/metrics";
+    if !open && !auth::allowed(state.token.as_deref(), request.headers()) {
         return Ok(auth::refuse(&path));
     }
     if path != "/ui" && !path.starts_with("/ui/") {

@@ -20,7 +20,7 @@ pub enum Source {
 pub async fn conversations(source: &Source, json: bool) -> Result<(), String> {
     let list: Vec<ConversationRecord> = match source {
         Source::Admin(url) => decode(&get(url, "/api/conversations").await?)?,
-        Source::Data(dir) => open(dir)?.conversations().map_err(|e| e.to_string())?,
+        Source::Data(dir) => open_read(dir)?.conversations().map_err(|e| e.to_string())?,
     };
     if json {
         println!("{}", serde_json::to_string_pretty(&list).map_err(|e| e.to_string())?);
@@ -34,7 +34,7 @@ pub async fn conversations(source: &Source, json: bool) -> Result<(), String> {
 pub async fn detail(source: &Source, id: u64) -> Result<ConversationDetail, String> {
     match source {
         Source::Admin(url) => decode(&get(url, &format!("/api/conversations/{id}")).await?),
-        Source::Data(dir) => open(dir)?.conversation_detail(id).map_err(|e| e.to_string()),
+        Source::Data(dir) => open_read(dir)?.conversation_detail(id).map_err(|e| e.to_string()),
     }
 }
 
@@ -54,7 +54,7 @@ pub async fn findings(source: &Source, query: &str, json: bool) -> Result<(), St
         Source::Admin(url) => decode(&get(url, &format!("/api/findings?{query}")).await?)?,
         Source::Data(dir) => {
             let filter = ctxscope_proxy::admin::finding_filter(query)?;
-            open(dir)?.findings(&filter).map_err(|e| e.to_string())?
+            open_read(dir)?.findings(&filter).map_err(|e| e.to_string())?
         }
     };
     if json {
@@ -70,7 +70,7 @@ pub async fn export(source: &Source, id: u64) -> Result<(), String> {
         Source::Admin(url) => get(url, &format!("/api/conversations/{id}/export")).await?.to_vec(),
         Source::Data(dir) => {
             let mut out = Vec::new();
-            open(dir)?.export_conversation(id, &mut out).map_err(|e| e.to_string())?;
+            open_read(dir)?.export_conversation(id, &mut out).map_err(|e| e.to_string())?;
             out
         }
     };
@@ -107,7 +107,7 @@ pub async fn put_replay(source: &Source, entry: &ReplayEntry) -> Result<(), Stri
 pub async fn replay_entry(source: &Source, id: u64) -> Result<ReplayEntry, String> {
     match source {
         Source::Admin(url) => decode(&get(url, &format!("/api/replays/{id}")).await?),
-        Source::Data(dir) => open(dir)?.replay(id).map_err(|e| e.to_string())?.ok_or_else(|| format!("no replay {id}")),
+        Source::Data(dir) => open_read(dir)?.replay(id).map_err(|e| e.to_string())?.ok_or_else(|| format!("no replay {id}")),
     }
 }
 
@@ -115,7 +115,7 @@ pub async fn replay_entry(source: &Source, id: u64) -> Result<ReplayEntry, Strin
 pub async fn replay_entries(source: &Source) -> Result<Vec<ReplayEntry>, String> {
     match source {
         Source::Admin(url) => decode(&get(url, "/api/replays").await?),
-        Source::Data(dir) => open(dir)?.replays().map_err(|e| e.to_string()),
+        Source::Data(dir) => open_read(dir)?.replays().map_err(|e| e.to_string()),
     }
 }
 
@@ -124,6 +124,15 @@ fn open(dir: &Path) -> Result<Store, String> {
         return Err(format!("no capture store at {} (pass --data DIR, or --admin URL for a running proxy)", dir.display()));
     }
     Store::open(dir, &StoreOptions::default()).map_err(|e| e.to_string())
+}
+
+/// For commands that only read: a private copy, so that the directory is not modified (sled rewrites
+/// what it opens).
+fn open_read(dir: &Path) -> Result<ctxscope_store::ReadOnlyStore, String> {
+    if !dir.exists() {
+        return Err(format!("no capture store at {} (pass --data DIR, or --admin URL for a running proxy)", dir.display()));
+    }
+    Store::open_read_only(dir, &StoreOptions::default()).map_err(|e| e.to_string())
 }
 
 fn decode<T: serde::de::DeserializeOwned>(bytes: &Bytes) -> Result<T, String> {

@@ -21,6 +21,10 @@ pub enum StoreError {
     Decode { kind: &'static str, key: String, source: serde_json::Error },
     #[error("cannot encode {kind} record: {source}")]
     Encode { kind: &'static str, source: serde_json::Error },
+    #[error("capture store at {path} is in use by a running ctxscope process; inspect it through that process's admin API (--admin URL)")]
+    Locked { path: PathBuf },
+    #[error("cannot copy capture store at {path} to inspect it without modifying it: {source}")]
+    Copy { path: PathBuf, source: std::io::Error },
     #[error("{0} not found")]
     NotFound(String),
     #[error("bad import line {line}: {detail}")]

@@ -132,7 +132,14 @@ fn open_read(dir: &Path) -> Result<ctxscope_store::ReadOnlyStore, String> {
     if !dir.exists() {
         return Err(format!("no capture store at {} (pass --data DIR, or --admin URL for a running proxy)", dir.display()));
     }
-    Store::open_read_only(dir, &StoreOptions::default()).map_err(|e| e.to_string())
+    let store = Store::open_read_only(dir, &StoreOptions::default()).map_err(|e| e.to_string())?;
+    // Never silent: what is shown may be short of what was stored.
+    match store.damage() {
+        Ok(Some(damage)) => eprintln!("ctxscope: warning: {}: {damage}", dir.display()),
+        Ok(None) => {}
+        Err(error) => eprintln!("ctxscope: warning: {}: cannot check the store: {error}", dir.display()),
+    }
+    Ok(store)
 }
 
 fn decode<T: serde::de::DeserializeOwned>(bytes: &Bytes) -> Result<T, String> {

@@ -1,6 +1,7 @@
 //! Inspection with `--data DIR` only reads: sled rewrites its files when it opens (recovery, even of a
 //! damaged log), so `conversations`, `show`, `findings`, `export` and `replays` open a private copy and
-//! leave every byte of the directory as it was, for a healthy store and for a damaged one.
+//! leave every byte of the directory as it was, for a healthy store and for a damaged one. Damage is
+//! never silent: the CLI warns (or fails), a proxy on it reports `degraded` and counts it.
 
 mod support;
 
@@ -93,4 +94,31 @@ async fn inspection_leaves_the_store_untouched() {
         damaged == snapshot(&data),
         "inspecting a damaged store changed its files"
     );
+
+    // Never silent: the CLI fails or warns, and a proxy on it says degraded and counts it.
+    let listed = cli(&["conversations", "--json", "--data", data.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&listed.stderr);
+    assert!(
+        !listed.status.success() || stderr.contains("damaged"),
+        "silent on a damaged store: {stderr}"
+    );
+    if listed.status.success() {
+        let shown: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+        assert!(
+            shown.as_array().unwrap().len() < 20,
+            "nothing lost, yet a warning: {stderr}"
+        );
+    }
+    let proxy = Proxy::builder(&up.url(), &data).start();
+    let health = get_json(&format!("{}/healthz", proxy.admin_url())).await;
+    assert_eq!(health["capture"], "degraded", "{health}");
+    assert!(
+        health["reason"].as_str().unwrap().contains("damaged"),
+        "{health}"
+    );
+    assert_eq!(
+        metric_value(&proxy.admin_url(), "ctxscope_store_damage_total").await,
+        Some(1.0)
+    );
+    proxy.stop();
 }

@@ -11,6 +11,8 @@ pub struct CaptureHealth {
     started: String,
     failing: AtomicBool,
     reason: Mutex<String>,
+    /// Damage found in the store (stays until restart).
+    damage: Mutex<Option<String>>,
 }
 
 impl CaptureHealth {
@@ -19,6 +21,7 @@ impl CaptureHealth {
             started: started.into(),
             failing: AtomicBool::new(false),
             reason: Mutex::new(String::new()),
+            damage: Mutex::new(None),
         }
     }
 
@@ -39,8 +42,21 @@ impl CaptureHealth {
         }
     }
 
-    /// `("degraded", Some(reason))` while writes fail, else the state capture started in.
+    /// The store was found damaged: degraded until restart, logged and counted.
+    pub fn damaged(&self, reason: String) {
+        tracing::error!(%reason, "capture store damaged");
+        metrics::counter!(crate::metrics::STORE_DAMAGE_TOTAL).increment(1);
+        if let Ok(mut damage) = self.damage.lock() {
+            *damage = Some(reason);
+        }
+    }
+
+    /// `("degraded", Some(reason))` while writes fail or after damage was found, else the state
+    /// capture started in.
     pub fn status(&self) -> (String, Option<String>) {
+        if let Some(damage) = self.damage.lock().ok().and_then(|d| d.clone()) {
+            return ("degraded".into(), Some(damage));
+        }
         if self.failing.load(Ordering::Relaxed) {
             let reason = self.reason.lock().map(|r| r.clone()).unwrap_or_default();
             return ("degraded".into(), Some(reason));

@@ -97,6 +97,13 @@ pub async fn run(
         _ => None,
     };
     let health = Arc::new(health::CaptureHealth::new(capture_status.clone()));
+    if let Some(store) = &store {
+        match store.damage() {
+            Ok(Some(damage)) => health.damaged(damage),
+            Ok(None) => {}
+            Err(error) => health.damaged(format!("cannot check the store: {error}")),
+        }
+    }
     let (sender, worker) = start_capture(&config, store.clone(), tokens, upstream_counter, sinks, fingerprints, health.clone());
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -28,9 +28,10 @@ pub const ALERTS_SENT_TOTAL: &str = "ctxscope_alerts_sent_total";
 pub const ALERTS_DROPPED_TOTAL: &str = "ctxscope_alerts_dropped_total";
 pub const UPSTREAM_COUNT_FAILURES_TOTAL: &str = "ctxscope_upstream_count_failures_total";
 pub const UPSTREAM_COUNT_SECONDS: &str = "ctxscope_upstream_count_seconds";
+pub const STORE_DAMAGE_TOTAL: &str = "ctxscope_store_damage_total";
 
 /// Every metric name above, for checks that dashboards and alert rules only use real ones.
-pub const ALL: [&str; 23] = [
+pub const ALL: [&str; 24] = [
     REQUESTS_TOTAL,
     PROMPT_TOKENS,
     CACHED_TOKENS,
@@ -54,6 +55,7 @@ pub const ALL: [&str; 23] = [
     ALERTS_DROPPED_TOTAL,
     UPSTREAM_COUNT_FAILURES_TOTAL,
     UPSTREAM_COUNT_SECONDS,
+    STORE_DAMAGE_TOTAL,
 ];
 
 /// Why a capture was dropped (the `reason` label of `ctxscope_capture_dropped_total`).
@@ -111,6 +113,7 @@ fn describe() {
     metrics::describe_histogram!(PROMPT_TOKENS, "Prompt tokens per captured request (engine-reported, else local).");
     metrics::describe_histogram!(CACHED_TOKENS, "Engine-reported cached prompt tokens per captured request.");
     metrics::describe_counter!(CAPTURE_DROPPED_TOTAL, "Exchanges not captured, by reason; traffic still flowed.");
+    metrics::describe_counter!(STORE_DAMAGE_TOTAL, "Damage found in the capture store (records lost from its log).");
     metrics::describe_histogram!(PROXY_OVERHEAD_SECONDS, "Time spent in the proxy itself before and after the upstream.");
     metrics::describe_counter!(UPSTREAM_ERRORS_TOTAL, "Upstream connection failures answered with 502.");
     metrics::describe_counter!(TURNS_CAPTURED_TOTAL, "Turns written to the store.");

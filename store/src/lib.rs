@@ -20,12 +20,14 @@ pub mod export;
 mod fingerprint;
 mod findings;
 mod listing;
+mod marks;
 mod read_only;
 mod replays;
 
 pub use fingerprint::{FieldChange, Fingerprint};
 pub use findings::FindingFilter;
 pub use listing::{ConversationPage, Cursor, PageQuery};
+pub use marks::MARKS_FILE;
 pub use read_only::ReadOnlyStore;
 
 /// A minimal turn for tests in this crate and its dependents.

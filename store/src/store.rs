@@ -59,7 +59,7 @@ pub enum IdSpace {
 }
 
 impl IdSpace {
-    fn key(self) -> &'static [u8] {
+    pub(crate) fn key(self) -> &'static [u8] {
         match self {
             IdSpace::Conversation => b"next_id/conversation",
             IdSpace::Turn => b"next_id/turn",

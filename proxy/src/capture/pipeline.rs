@@ -60,6 +60,8 @@ pub struct Pipeline {
     fingerprints: Option<crate::fingerprint::Fingerprints>,
     /// Told of every store write's outcome (`/healthz` says `degraded` while they fail).
     health: Option<std::sync::Arc<crate::health::CaptureHealth>>,
+    /// When the store last recorded its high-water marks (`Store::checkpoint`).
+    checkpointed: Instant,
 }
 
 /// At most one warning per interval; the rest are counted and reported with the next one.
@@ -87,7 +89,7 @@ impl Pipeline {
     pub fn new(store: Store, upstream: String, tokens: Option<TokenCache>, retention: RetentionPolicy) -> Pipeline {
         let detectors = Detectors::new(DetectConfig::default());
         let warnings = Throttle { last: None, suppressed: 0 };
-        Pipeline { store, upstream, tokens, upstream_counter: None, retention, warnings, hashes: MessageHashes::default(), detectors, sinks: Vec::new(), fingerprints: None, health: None }
+        Pipeline { store, upstream, tokens, upstream_counter: None, retention, warnings, hashes: MessageHashes::default(), detectors, sinks: Vec::new(), fingerprints: None, health: None, checkpointed: Instant::now() }
     }
 
     /// Counts prompts through the upstream (used when no local tokenizer is configured).
@@ -432,6 +434,14 @@ impl Sink for Pipeline {
             let _ = reply.send(raised.iter().map(|f| f.kind.as_str()).collect());
         }
         metrics::histogram!(m::CAPTURE_SECONDS).record(started.elapsed().as_secs_f64());
+        // Every 2 s of capture: flush and record what is durable, so that damage found on the next
+        // open is noticed (see docs/capture.md).
+        if self.checkpointed.elapsed() >= Duration::from_secs(2) {
+            self.checkpointed = Instant::now();
+            if let Err(error) = self.store.checkpoint() {
+                tracing::warn!(%error, "store checkpoint failed");
+            }
+        }
     }
 
     fn upkeep(&mut self) {
@@ -444,7 +454,7 @@ impl Sink for Pipeline {
     }
 
     fn finish(&mut self) {
-        if let Err(error) = self.store.flush() {
+        if let Err(error) = self.store.checkpoint() {
             tracing::error!(%error, "final store flush failed");
         }
     }

@@ -1,0 +1,104 @@
+//! High-water marks: after a flush, the id counters then durable are written to a small file beside
+//! sled's (`ctxscope-marks`). sled recovers a damaged log by keeping what precedes the damage, which
+//! silently drops everything after it; counters found lower than their marks on open reveal that loss.
+
+use std::path::PathBuf;
+
+use crate::store::IdSpace;
+use crate::{Store, StoreError};
+
+/// The marks file in a data directory.
+pub const MARKS_FILE: &str = "ctxscope-marks";
+
+const SPACES: [(IdSpace, &str); 3] = [
+    (IdSpace::Conversation, "conversation"),
+    (IdSpace::Turn, "turn"),
+    (IdSpace::Finding, "finding"),
+];
+
+impl Store {
+    /// Flushes, then records the id counters as durable. A crash between the two leaves older marks,
+    /// which are still true.
+    pub fn checkpoint(&self) -> Result<(), StoreError> {
+        let counters = self.counters()?;
+        self.flush()?;
+        let text: String = counters
+            .iter()
+            .map(|(name, value)| format!("{name} {value}\n"))
+            .collect();
+        let path = self.marks_path();
+        let temporary = path.with_extension("tmp");
+        std::fs::write(&temporary, text)
+            .and_then(|_| std::fs::rename(&temporary, &path))
+            .map_err(sled::Error::Io)?;
+        Ok(())
+    }
+
+    /// What the store lost since its last checkpoint, when its counters are behind its marks (a log
+    /// damaged and cut short on open); `None` when they agree or there are no marks yet.
+    pub fn damage(&self) -> Result<Option<String>, StoreError> {
+        let Ok(text) = std::fs::read_to_string(self.marks_path()) else {
+            return Ok(None);
+        };
+        let counters = self.counters()?;
+        let mut lost = Vec::new();
+        for line in text.lines() {
+            let Some((name, mark)) = line.split_once(' ') else {
+                continue;
+            };
+            let Ok(mark) = mark.trim().parse::<u64>() else {
+                continue;
+            };
+            if let Some((_, now)) = counters.iter().find(|(n, _)| *n == name) {
+                if *now < mark {
+                    lost.push(format!("{name} ids {}..={mark}", now + 1));
+                }
+            }
+        }
+        Ok((!lost.is_empty()).then(|| {
+            format!("the store's log is damaged: records written before its last checkpoint are missing ({})", lost.join(", "))
+        }))
+    }
+
+    fn counters(&self) -> Result<Vec<(&'static str, u64)>, StoreError> {
+        let mut out = Vec::new();
+        for (space, name) in SPACES {
+            let value = self
+                .meta
+                .get(space.key())?
+                .and_then(|b| <[u8; 8]>::try_from(b.as_ref()).ok())
+                .map_or(0, u64::from_be_bytes);
+            out.push((name, value));
+        }
+        Ok(out)
+    }
+
+    fn marks_path(&self) -> PathBuf {
+        self.path().join(MARKS_FILE)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{IdSpace, Store, StoreOptions};
+
+    #[test]
+    fn counters_behind_their_marks_are_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        assert_eq!(store.damage().unwrap(), None);
+        for _ in 0..5 {
+            store.next_id_in(IdSpace::Turn).unwrap();
+        }
+        store.checkpoint().unwrap();
+        assert_eq!(store.damage().unwrap(), None);
+        // Marks ahead of the counters, as after a log cut short.
+        std::fs::write(
+            dir.path().join(super::MARKS_FILE),
+            "conversation 0\nturn 9\nfinding 0\n",
+        )
+        .unwrap();
+        let damage = store.damage().unwrap().unwrap();
+        assert!(damage.contains("turn ids 6..=9"), "{damage}");
+    }
+}

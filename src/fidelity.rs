@@ -48,9 +48,10 @@ pub struct FidelityArgs {
     /// Also write the report as one HTML file with a recall chart.
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
-    /// Write the generated conversations with their probes as JSON (replay form: messages, and
-    /// probes with `after_turn` counted from 0 as `ctxscope show` prints turns).
-    #[arg(long, value_name = "FILE")]
+    /// Write each generated conversation into DIR as `ctxscope export` JSONL (`ctxscope import` it, then
+    /// `ctxscope replay ID --probes FILE`) with its probes beside it (`*.probes.json`, `after_turn`
+    /// counted from 0 as `ctxscope show` prints turns).
+    #[arg(long, value_name = "DIR")]
     pub save: Option<PathBuf>,
 }
 
@@ -132,15 +133,8 @@ pub async fn run(args: FidelityArgs) -> Result<(), String> {
         engine.stop().await;
     }
     let report = result.map_err(|e| e.to_string())?;
-    if let Some(path) = &args.save {
-        let saved: Vec<serde_json::Value> = report
-            .conversations
-            .iter()
-            .map(fidelity::run::replay_form)
-            .collect();
-        let text = serde_json::to_string_pretty(&saved).map_err(|e| e.to_string())?;
-        std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        eprintln!("wrote {} conversations to {}", saved.len(), path.display());
+    if let Some(dir) = &args.save {
+        save(dir, &report.conversations)?;
     }
     if let Some(path) = &args.html {
         std::fs::write(path, report::html(&report))
@@ -152,6 +146,32 @@ pub async fn run(args: FidelityArgs) -> Result<(), String> {
     } else {
         print!("{}", report::table(&report));
     }
+    Ok(())
+}
+
+/// Writes every conversation as export JSONL and its probes beside it.
+fn save(
+    dir: &std::path::Path,
+    conversations: &[fidelity::SweepConversation],
+) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    for conv in conversations {
+        let stem = format!(
+            "fidelity-s{}-l{}-t{}-d{}",
+            conv.seed, conv.length, conv.turns, conv.depth
+        );
+        let write = |path: PathBuf, text: String| {
+            std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+        };
+        write(
+            dir.join(format!("{stem}.jsonl")),
+            fidelity::export::export_jsonl(conv),
+        )?;
+        let probes = serde_json::to_string_pretty(&fidelity::export::replay_probes(conv))
+            .map_err(|e| e.to_string())?;
+        write(dir.join(format!("{stem}.probes.json")), probes)?;
+    }
+    eprintln!("wrote {} conversations to {} (ctxscope import FILE.jsonl; ctxscope replay ID --probes FILE.probes.json)", conversations.len(), dir.display());
     Ok(())
 }
 

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Map};
 
 use super::gen::{self, SweepConversation};
 use crate::client::{ChatRequest, ClientError, TargetClient};
@@ -198,12 +198,4 @@ async fn ask(
         answers.push(answer);
     }
     answers
-}
-
-/// The conversation as replay probes would name it: messages and `{"after_turn", "question",
-/// "expected"}` items (the last user turn counted from 0, as `ctxscope show` prints turns).
-pub fn replay_form(conv: &SweepConversation) -> Value {
-    let last = conv.turns.saturating_sub(1);
-    let probes: Vec<Value> = conv.probes.iter().map(|p| json!({"after_turn": last, "question": p.question, "expected": p.expected.join(" ")})).collect();
-    json!({"messages": conv.messages, "probes": probes})
 }

@@ -9,6 +9,7 @@ mod error;
 mod generation;
 mod info;
 mod ollama;
+mod reframe;
 mod request;
 mod response;
 mod response_store;

@@ -5,20 +5,17 @@
 //! then talk to this engine as to an Ollama server.
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use hyper::body::Frame;
 use serde_json::{json, Map, Value};
 
 use super::body::{self, Body};
 use super::completions;
 use super::error::ApiError;
+use super::reframe::{Reframed, Translate};
 use super::request::{self, Endpoint};
 use super::state::State;
 use crate::forward::Path;
@@ -96,7 +93,7 @@ pub async fn chat(state: Arc<State>, body: &[u8], path: Path, patches: PatchSet)
     parts.headers.insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static(if stream { "application/x-ndjson" } else { "application/json" }));
     parts.headers.remove(http::header::CACHE_CONTROL);
     if stream {
-        let ndjson = NdjsonBody { inner, model, started, buffer: Vec::new(), queue: VecDeque::new(), finish: None, ended: false };
+        let ndjson = Reframed::new(inner, Ndjson { model, started, finish: None, ended: false });
         return Ok(http::Response::from_parts(parts, Body::new(ndjson)));
     }
     let bytes = inner.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
@@ -109,95 +106,54 @@ pub async fn chat(state: Arc<State>, body: &[u8], path: Path, patches: PatchSet)
     Ok(response)
 }
 
-/// Re-frames the OpenAI SSE body as Ollama NDJSON: a line per text delta, then the done line once
-/// the usage chunk (or `[DONE]`) arrives.
-struct NdjsonBody {
-    inner: Body,
+/// Ollama's NDJSON from the chat stream: a line per text delta, then the done line once the usage
+/// chunk (or `[DONE]`) arrives.
+struct Ndjson {
     model: String,
     started: Instant,
-    buffer: Vec<u8>,
-    queue: VecDeque<Bytes>,
     finish: Option<String>,
     ended: bool,
 }
 
-impl NdjsonBody {
+impl Ndjson {
     fn line(value: &Value) -> Bytes {
         let mut bytes = serde_json::to_vec(value).unwrap_or_default();
         bytes.push(b'\n');
         Bytes::from(bytes)
     }
 
-    /// Handles every complete SSE event in the buffer.
-    fn drain_events(&mut self) {
-        while let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
-            let event: Vec<u8> = self.buffer.drain(..end + 2).collect();
-            let text = String::from_utf8_lossy(&event);
-            for data in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
-                if data == "[DONE]" {
-                    if !self.ended {
-                        self.finish_with(&Value::Null);
-                    }
-                    continue;
-                }
-                let Ok(chunk) = serde_json::from_str::<Value>(data) else { continue };
-                if let Some(reason) = chunk["choices"][0]["finish_reason"].as_str() {
-                    self.finish = Some(reason.to_string());
-                }
-                if let Some(delta) = chunk["choices"][0]["delta"]["content"].as_str().filter(|d| !d.is_empty()) {
-                    let line = json!({"model": self.model, "created_at": created_at(), "message": {"role": "assistant", "content": delta}, "done": false});
-                    self.queue.push_back(Self::line(&line));
-                }
-                if chunk["usage"].is_object() && !self.ended {
-                    self.finish_with(&chunk["usage"]);
-                }
-                if chunk["error"].is_object() {
-                    self.queue.push_back(Self::line(&json!({"error": chunk["error"]["message"]})));
-                    self.ended = true;
-                }
-            }
-        }
-    }
-
-    fn finish_with(&mut self, usage: &Value) {
+    fn finish_with(&mut self, usage: &Value, out: &mut VecDeque<Bytes>) {
         let finish = self.finish.clone().unwrap_or_else(|| "stop".into());
-        self.queue.push_back(Self::line(&done(&self.model, None, &finish, usage, self.started)));
+        out.push_back(Self::line(&done(&self.model, None, &finish, usage, self.started)));
         self.ended = true;
     }
 }
 
-impl hyper::body::Body for NdjsonBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        loop {
-            if let Some(bytes) = self.queue.pop_front() {
-                return Poll::Ready(Some(Ok(Frame::data(bytes))));
-            }
-            match Pin::new(&mut self.inner).poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => {
-                    if let Ok(data) = frame.into_data() {
-                        self.buffer.extend_from_slice(&data);
-                        self.drain_events();
-                    }
-                }
-                Poll::Ready(Some(Err(never))) => match never {},
-                Poll::Ready(None) => {
-                    self.buffer.extend_from_slice(b"\n\n");
-                    self.drain_events();
-                    return match self.queue.pop_front() {
-                        Some(bytes) => Poll::Ready(Some(Ok(Frame::data(bytes)))),
-                        None => Poll::Ready(None),
-                    };
-                }
-                Poll::Pending => return Poll::Pending,
-            }
+impl Translate for Ndjson {
+    fn chunk(&mut self, chunk: Value, out: &mut VecDeque<Bytes>) {
+        if self.ended {
+            return;
+        }
+        if let Some(reason) = chunk["choices"][0]["finish_reason"].as_str() {
+            self.finish = Some(reason.to_string());
+        }
+        if let Some(delta) = chunk["choices"][0]["delta"]["content"].as_str().filter(|d| !d.is_empty()) {
+            let line = json!({"model": self.model, "created_at": created_at(), "message": {"role": "assistant", "content": delta}, "done": false});
+            out.push_back(Self::line(&line));
+        }
+        if chunk["usage"].is_object() {
+            self.finish_with(&chunk["usage"], out);
+        }
+        if chunk["error"].is_object() {
+            out.push_back(Self::line(&json!({"error": chunk["error"]["message"]})));
+            self.ended = true;
         }
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.queue.is_empty() && self.inner.is_end_stream()
+    fn done(&mut self, clean: bool, out: &mut VecDeque<Bytes>) {
+        if clean && !self.ended {
+            self.finish_with(&Value::Null, out);
+        }
     }
 }
 

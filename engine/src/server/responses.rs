@@ -8,19 +8,16 @@
 //! until the prompt fits and says which in the response's `ctxscope.dropped_items`.
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use hyper::body::Frame;
 use serde_json::{json, Map, Value};
 
 use super::body::{self, Body};
 use super::completions;
 use super::error::ApiError;
+use super::reframe::{Reframed, Translate};
 use super::request::{self, Endpoint};
 use super::response_store::ResponseStore;
 use super::state::State;
@@ -333,19 +330,8 @@ pub async fn create(
     meta.dropped = dropped;
     let (parts, inner) = response.into_parts();
     if stream {
-        let events = EventBody {
-            inner,
-            meta,
-            buffer: Vec::new(),
-            queue: VecDeque::new(),
-            text: String::new(),
-            finish: None,
-            started: false,
-            ended: false,
-            sequence: 0,
-            save,
-        };
-        return Ok(http::Response::from_parts(parts, Body::new(events)));
+        let events = EventBody { meta, text: String::new(), finish: None, started: false, ended: false, sequence: 0, save };
+        return Ok(http::Response::from_parts(parts, Body::new(Reframed::new(inner, events))));
     }
     let bytes = inner
         .collect()
@@ -379,10 +365,7 @@ pub async fn create(
 /// text part opened, a `response.output_text.delta` per chat delta, then the closing events and
 /// `response.completed` (with usage) when chat's usage chunk (or `[DONE]`) arrives.
 struct EventBody {
-    inner: Body,
     meta: Meta,
-    buffer: Vec<u8>,
-    queue: VecDeque<Bytes>,
     text: String,
     finish: Option<String>,
     started: bool,
@@ -411,44 +394,47 @@ impl Save {
 }
 
 impl EventBody {
-    fn event(&mut self, kind: &str, mut data: Value) {
+    fn event(&mut self, out: &mut VecDeque<Bytes>, kind: &str, mut data: Value) {
         data["type"] = json!(kind);
         data["sequence_number"] = json!(self.sequence);
         self.sequence += 1;
-        self.queue
-            .push_back(Bytes::from(format!("event: {kind}\ndata: {data}\n\n")));
+        out.push_back(Bytes::from(format!("event: {kind}\ndata: {data}\n\n")));
     }
 
-    fn start(&mut self) {
+    fn start(&mut self, out: &mut VecDeque<Bytes>) {
         self.started = true;
         let response = self.meta.object("in_progress", "", None, None);
-        self.event("response.created", json!({"response": response}));
-        self.event("response.in_progress", json!({"response": response}));
+        self.event(out, "response.created", json!({"response": response}));
+        self.event(out, "response.in_progress", json!({"response": response}));
         let item = json!({"type": "message", "id": self.meta.message_id, "status": "in_progress", "role": "assistant", "content": []});
         self.event(
+            out,
             "response.output_item.added",
             json!({"output_index": 0, "item": item}),
         );
         let part = json!({"type": "output_text", "text": "", "annotations": []});
-        self.event("response.content_part.added", json!({"item_id": self.meta.message_id, "output_index": 0, "content_index": 0, "part": part}));
+        self.event(out, "response.content_part.added", json!({"item_id": self.meta.message_id, "output_index": 0, "content_index": 0, "part": part}));
     }
 
-    fn finish_with(&mut self, usage: Option<&Value>) {
+    fn finish_with(&mut self, out: &mut VecDeque<Bytes>, usage: Option<&Value>) {
         self.ended = true;
         if let Some(save) = self.save.take() {
             save.put(&self.meta.id, &self.text);
         }
         let (id, text) = (self.meta.message_id.clone(), self.text.clone());
         self.event(
+            out,
             "response.output_text.done",
             json!({"item_id": id, "output_index": 0, "content_index": 0, "text": text}),
         );
         let part = json!({"type": "output_text", "text": text, "annotations": []});
         self.event(
+            out,
             "response.content_part.done",
             json!({"item_id": id, "output_index": 0, "content_index": 0, "part": part}),
         );
         self.event(
+            out,
             "response.output_item.done",
             json!({"output_index": 0, "item": self.meta.message(&text, "completed")}),
         );
@@ -460,91 +446,47 @@ impl EventBody {
         } else {
             "response.completed"
         };
-        self.event(kind, json!({"response": response}));
-    }
-
-    /// Handles every complete chat SSE event in the buffer.
-    fn drain_events(&mut self) {
-        while let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
-            let event: Vec<u8> = self.buffer.drain(..end + 2).collect();
-            let text = String::from_utf8_lossy(&event).into_owned();
-            for data in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
-                if self.ended {
-                    continue;
-                }
-                if !self.started {
-                    self.start();
-                }
-                if data == "[DONE]" {
-                    self.finish_with(None);
-                    continue;
-                }
-                let Ok(chunk) = serde_json::from_str::<Value>(data) else {
-                    continue;
-                };
-                if let Some(error) = chunk.get("error").filter(|e| e.is_object()) {
-                    self.event("error", json!({"code": error["code"], "message": error["message"], "param": error["param"]}));
-                    let mut response = self.meta.object("failed", &self.text.clone(), None, None);
-                    response["error"] =
-                        json!({"code": "server_error", "message": error["message"]});
-                    self.event("response.failed", json!({"response": response}));
-                    self.ended = true;
-                    continue;
-                }
-                if let Some(reason) = chunk["choices"][0]["finish_reason"].as_str() {
-                    self.finish = Some(reason.to_string());
-                }
-                if let Some(delta) = chunk["choices"][0]["delta"]["content"]
-                    .as_str()
-                    .filter(|d| !d.is_empty())
-                {
-                    self.text.push_str(delta);
-                    let id = self.meta.message_id.clone();
-                    self.event("response.output_text.delta", json!({"item_id": id, "output_index": 0, "content_index": 0, "delta": delta}));
-                }
-                if chunk["usage"].is_object() {
-                    self.finish_with(Some(&chunk["usage"]));
-                }
-            }
-        }
+        self.event(out, kind, json!({"response": response}));
     }
 }
 
-impl hyper::body::Body for EventBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        loop {
-            if let Some(bytes) = self.queue.pop_front() {
-                return Poll::Ready(Some(Ok(Frame::data(bytes))));
-            }
-            match Pin::new(&mut self.inner).poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => {
-                    if let Ok(data) = frame.into_data() {
-                        self.buffer.extend_from_slice(&data);
-                        self.drain_events();
-                    }
-                }
-                Poll::Ready(Some(Err(never))) => match never {},
-                Poll::Ready(None) => {
-                    self.buffer.extend_from_slice(b"\n\n");
-                    self.drain_events();
-                    return match self.queue.pop_front() {
-                        Some(bytes) => Poll::Ready(Some(Ok(Frame::data(bytes)))),
-                        None => Poll::Ready(None),
-                    };
-                }
-                Poll::Pending => return Poll::Pending,
-            }
+impl Translate for EventBody {
+    fn chunk(&mut self, chunk: Value, out: &mut VecDeque<Bytes>) {
+        if self.ended {
+            return;
+        }
+        if !self.started {
+            self.start(out);
+        }
+        if let Some(error) = chunk.get("error").filter(|e| e.is_object()) {
+            self.event(out, "error", json!({"code": error["code"], "message": error["message"], "param": error["param"]}));
+            let mut response = self.meta.object("failed", &self.text.clone(), None, None);
+            response["error"] = json!({"code": "server_error", "message": error["message"]});
+            self.event(out, "response.failed", json!({"response": response}));
+            self.ended = true;
+            return;
+        }
+        if let Some(reason) = chunk["choices"][0]["finish_reason"].as_str() {
+            self.finish = Some(reason.to_string());
+        }
+        if let Some(delta) = chunk["choices"][0]["delta"]["content"].as_str().filter(|d| !d.is_empty()) {
+            self.text.push_str(delta);
+            let id = self.meta.message_id.clone();
+            self.event(out, "response.output_text.delta", json!({"item_id": id, "output_index": 0, "content_index": 0, "delta": delta}));
+        }
+        if chunk["usage"].is_object() {
+            self.finish_with(out, Some(&chunk["usage"]));
         }
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.queue.is_empty() && self.inner.is_end_stream()
+    fn done(&mut self, clean: bool, out: &mut VecDeque<Bytes>) {
+        if !clean || self.ended {
+            return;
+        }
+        if !self.started {
+            self.start(out);
+        }
+        self.finish_with(out, None);
     }
 }
 

@@ -36,6 +36,23 @@ const DEPTH: usize = 8;
 /// Fields kept in all.
 pub const MAX_FIELDS: usize = 400;
 
+/// Keys whose values are credentials (SGLang's server arguments carry `api_key`, for one): stored as
+/// `<redacted>`, never as the value.
+fn secret(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    [
+        "api_key",
+        "apikey",
+        "secret",
+        "password",
+        "access_token",
+        "hf_token",
+        "admin_key",
+    ]
+    .iter()
+    .any(|s| key.ends_with(s))
+}
+
 /// Adds `value`'s scalars under `prefix` to `fields`.
 pub fn flatten(prefix: &str, value: &Value, fields: &mut BTreeMap<String, Value>) {
     walk(prefix, value, fields, 0);
@@ -48,8 +65,14 @@ fn walk(path: &str, value: &Value, fields: &mut BTreeMap<String, Value>, depth: 
     match value {
         Value::Object(map) if depth < DEPTH => {
             for (key, inner) in map {
-                if !VOLATILE.contains(&key.as_str()) {
-                    walk(&format!("{path}.{key}"), inner, fields, depth + 1);
+                if VOLATILE.contains(&key.as_str()) {
+                    continue;
+                }
+                let field = format!("{path}.{key}");
+                if secret(key) && !inner.is_null() {
+                    fields.insert(field, Value::from("<redacted>"));
+                } else {
+                    walk(&field, inner, fields, depth + 1);
                 }
             }
         }
@@ -84,7 +107,7 @@ mod tests {
     fn paths_volatile_and_long_text() {
         let mut fields = BTreeMap::new();
         let template = "x".repeat(500);
-        let answer = json!({"default_generation_settings": {"n_ctx": 1024}, "created": 5, "chat_template": template, "data": [{"id": "m"}]});
+        let answer = json!({"default_generation_settings": {"n_ctx": 1024}, "created": 5, "chat_template": template, "data": [{"id": "m"}], "api_key": "sk-live-1", "eos_token": "<e>"});
         flatten("props", &answer, &mut fields);
         assert_eq!(
             fields["props.default_generation_settings.n_ctx"],
@@ -92,6 +115,8 @@ mod tests {
         );
         assert_eq!(fields["props.data.0.id"], json!("m"));
         assert!(!fields.contains_key("props.created"));
+        assert_eq!(fields["props.api_key"], json!("<redacted>"));
+        assert_eq!(fields["props.eos_token"], json!("<e>"));
         let digest = fields["props.chat_template"].as_str().unwrap();
         assert!(
             digest.starts_with("sha256:") && digest.ends_with("(500 bytes)"),

@@ -18,6 +18,8 @@ use crate::config::Upstream;
 
 /// Largest answer read from one endpoint.
 const MAX_ANSWER: usize = 1 << 20;
+/// Sent with every probe, so that upstream logs (and test doubles) can tell probes from traffic.
+pub const USER_AGENT: &str = "ctxscope-fingerprint";
 /// Loaded Ollama models described.
 const OLLAMA_MODELS: usize = 4;
 
@@ -89,7 +91,8 @@ impl Prober {
         let mut builder = Request::builder()
             .method(method.clone())
             .uri(uri)
-            .header(header::ACCEPT, "application/json");
+            .header(header::ACCEPT, "application/json")
+            .header(header::USER_AGENT, USER_AGENT);
         if let Some(credentials) = &self.upstream.credentials {
             builder = builder.header(header::AUTHORIZATION, credentials.clone());
         }

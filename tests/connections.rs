@@ -23,6 +23,16 @@ fn start(
     nofile: u32,
     extra: &[&str],
 ) -> (KillOnDrop, SocketAddr, SocketAddr) {
+    start_logging(upstream, data, nofile, extra, Stdio::inherit())
+}
+
+fn start_logging(
+    upstream: &str,
+    data: &Path,
+    nofile: u32,
+    extra: &[&str],
+    stderr: Stdio,
+) -> (KillOnDrop, SocketAddr, SocketAddr) {
     let (port, admin) = (free_port(), free_port());
     let proxy: SocketAddr = ([127, 0, 0, 1], port).into();
     let admin: SocketAddr = ([127, 0, 0, 1], admin).into();
@@ -44,7 +54,7 @@ fn start(
         .args(extra)
         .env("CTXSCOPE_LOG", "warn")
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .spawn()
         .expect("spawn ctxscope proxy");
     let child = KillOnDrop(child);
@@ -200,4 +210,79 @@ async fn idle_connections_under_a_low_file_limit_do_not_stop_service() {
     );
     let health = send("GET", &format!("http://{admin}/healthz"), &[], Vec::new()).await;
     assert_eq!(health.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_file_descriptors_it_backs_off_and_keeps_its_connections() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("stderr.log");
+    // A cap above the open-file limit, so that accepting runs out of descriptors (EMFILE).
+    let (_child, proxy, admin) = start_logging(
+        &up.url(),
+        &dir.path().join("data"),
+        256,
+        &["--header-timeout", "8", "--max-connections", "1000"],
+        Stdio::from(std::fs::File::create(&log).unwrap()),
+    );
+    let started = Instant::now();
+    let mut kept = TcpStream::connect(admin).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let n = kept.read(&mut buf).await.unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+    let mut held = Vec::new();
+    for _ in 0..400 {
+        // Past the listen backlog a connect waits for SYN retries: those are skipped.
+        if let Ok(Ok(stream)) =
+            tokio::time::timeout(Duration::from_millis(100), TcpStream::connect(proxy)).await
+        {
+            held.push(stream);
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The connection it already has is still served while accepting fails.
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(2), kept.read(&mut buf))
+        .await
+        .expect("an open connection went unserved at the open-file limit")
+        .unwrap();
+    assert!(
+        buf[..n].starts_with(b"HTTP/1.1 200"),
+        "{:?} after {:?}; log: {}",
+        String::from_utf8_lossy(&buf[..n]),
+        started.elapsed(),
+        std::fs::read_to_string(&log).unwrap()
+    );
+    // The idle ones time out; then new connections are accepted again.
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let health = tokio::time::timeout(
+            Duration::from_secs(1),
+            send("GET", &format!("http://{admin}/healthz"), &[], Vec::new()),
+        )
+        .await;
+        if health.is_ok_and(|h| h.status == 200) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no recovery after the idle connections closed"
+        );
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let warnings = text.lines().filter(|l| l.contains("accept failed")).count();
+    assert!(
+        warnings >= 1,
+        "accept never failed: the test did not reach the open-file limit"
+    );
+    assert!(
+        warnings <= 12,
+        "{warnings} accept-failure log lines: not backing off"
+    );
 }

@@ -8,7 +8,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use ctxscope_replay::{
     report, Endpoints, Metric, Plan, ProbeSpec, ReplayOptions, ReplayReport, StderrProgress, TargetKind, TargetSpec,
 };
-use ctxscope_store::ReplayEntry;
 
 use crate::inspect::{self, Source};
 use crate::serve::{EngineSettings, InProcessEngine};
@@ -140,15 +139,7 @@ fn cancel_on_ctrl_c() -> (tokio::task::JoinHandle<()>, tokio::sync::watch::Recei
 
 /// Stores the run, then prints it.
 async fn finish(report: ReplayReport, run: &RunSettings) -> Result<(), String> {
-    let entry = ReplayEntry {
-        id: report.id,
-        conversation: report.conversation,
-        started_unix_ms: report.started_unix_ms,
-        finished_unix_ms: report.finished_unix_ms,
-        targets: report.targets.iter().map(|t| t.name.clone()).collect(),
-        summary: summary(&report),
-        report: serde_json::to_value(&report).map_err(|e| e.to_string())?,
-    };
+    let entry = report::entry(&report).map_err(|e| e.to_string())?;
     match inspect::put_replay(&run.source, &entry).await {
         Ok(()) => eprintln!("stored as replay {} ({})", report.id, entry.summary),
         Err(e) => eprintln!("warning: the replay could not be stored: {e}"),
@@ -167,18 +158,6 @@ fn output(report: &ReplayReport, json: bool, html: Option<&Path>) -> Result<(), 
         print!("{}", report::table(report));
     }
     Ok(())
-}
-
-fn summary(report: &ReplayReport) -> String {
-    let mut text = format!("{} target(s), {} turn(s)", report.targets.len(), report.turns);
-    if let Some(bisect) = &report.bisect {
-        let culprit = if bisect.culprit.is_empty() { "none".to_string() } else { bisect.culprit.join("+") };
-        text.push_str(&format!(", bisect culprit {culprit} in {} replays", bisect.replays_run));
-    }
-    if report.interrupted {
-        text.push_str(", interrupted");
-    }
-    text
 }
 
 async fn stored_report(source: &Source, id: u64) -> Result<ReplayReport, String> {

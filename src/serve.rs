@@ -67,6 +67,7 @@ pub async fn run_serve(settings: EngineSettings, front: FrontSettings, shutdown:
     let upstream = Upstream::parse(&format!("http://{engine_addr}")).map_err(|e| e.to_string())?;
     let mut config = front.config;
     config.upstream = upstream;
+    config.replay_engine = Some(format!("http://{engine_addr}"));
     config.tokenizer = Some(started.model_path.clone());
 
     let (stop_engine, engine_stopped) = tokio::sync::oneshot::channel::<()>();

@@ -2,8 +2,9 @@
 //! engine truncates (`auto_truncate=96`) and one a harness compacts (earlier turns replaced by a
 //! summary); headless Debian Chromium then renders the conversation page (the chart marks each
 //! finding on its turn) and the diff page (the dropped messages, the exact changed characters), and
-//! writes screenshots to the target directory, checked for non-blank content. Also: the live event
-//! stream, and `--admin-token`. Needs `chromium` (scripts/test.sh installs it); skips without it
+//! writes screenshots to the target directory, checked for non-blank content. Also: a replay started
+//! as the conversation page's form starts it (progress, stored report), the live event stream, and
+//! `--admin-token`. Needs `chromium` (scripts/test.sh installs it); skips without it
 //! unless `CI` is set.
 
 mod support;
@@ -274,6 +275,34 @@ async fn conversation_and_diff_pages_in_headless_chromium() {
     .await;
     assert_eq!(kinds["conversations"][0]["id"], compacted_id, "{kinds}");
 
+    // A replay started as the conversation page's form starts it, against this engine under a patch.
+    let start = format!("{}/ui/api/replays/start", serve.admin_url);
+    let refused = post_json(&start, &[], &json!({"conversation": truncated_id})).await;
+    assert_eq!(refused.status, 400, "no target and no bisect: {}", String::from_utf8_lossy(&refused.body));
+    let refused = post_json(&start, &[], &json!({"conversation": truncated_id, "targets": ["nonsense:x"]})).await;
+    assert_eq!(refused.status, 400, "a bad target spec: {}", String::from_utf8_lossy(&refused.body));
+    let started = post_json(&start, &[], &json!({"conversation": truncated_id, "targets": ["engine:patches=kv_fp8"], "max_tokens": 8})).await;
+    assert_eq!(started.status, 202, "{}", String::from_utf8_lossy(&started.body));
+    let replay_id = started.json()["id"].as_u64().expect("a replay id");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let run = loop {
+        let running = get_json(&format!("{}/ui/api/replays/running", serve.admin_url)).await;
+        let run = running["runs"].as_array().unwrap().iter().find(|r| r["id"] == replay_id).cloned().expect("the run is listed");
+        if run["state"] != "running" {
+            break run;
+        }
+        assert!(Instant::now() < deadline, "the replay did not finish in 300 s: {run}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(run["state"], "done", "{run}");
+    assert!(run["total"].as_u64().unwrap() > 0 && run["done"] == run["total"], "progress counted every turn: {run}");
+    let report = send("GET", &format!("{}/ui/replays/{replay_id}/report", serve.admin_url), &[], Vec::new()).await;
+    let html = String::from_utf8_lossy(&report.body);
+    assert_eq!(report.status, 200, "{html}");
+    assert!(html.contains("kv_fp8"), "the report names its target: {html:.300}");
+    let stored = get_json(&format!("{}/api/replays", serve.admin_url)).await;
+    assert!(stored.as_array().unwrap().iter().any(|r| r["id"] == replay_id), "stored like the CLI's: {stored}");
+
     let Some(bin) = chromium() else { return };
     let ui = format!("{}/ui/?static", serve.admin_url);
 
@@ -288,6 +317,7 @@ async fn conversation_and_diff_pages_in_headless_chromium() {
         dom.contains("<svg id=\"chart\""),
         "no chart in the conversation page: {dom}"
     );
+    assert!(dom.contains("id=\"replay-form\""), "no replay form on the conversation page");
     let marker = format!("data-kind=\"engine_truncation\" data-turn=\"{cut_turn}\"");
     assert!(
         dom.contains(&format!("class=\"finding-marker\" {marker}")),
@@ -343,6 +373,11 @@ async fn conversation_and_diff_pages_in_headless_chromium() {
         "inserted characters: {dom}"
     );
     screenshot(&bin, dir.path(), &url, "diff");
+
+    // The replay started above opens from the replays page.
+    let url = format!("{ui}#/replays?open={replay_id}");
+    let dom = run_chromium(&bin, &dir.path().join("p4"), &["--dump-dom".into()], &url);
+    assert!(dom.contains(&format!("src=\"/ui/replays/{replay_id}/report\"")), "{dom}");
     serve.stop();
 }
 

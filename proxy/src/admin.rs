@@ -31,6 +31,8 @@ pub struct AdminState {
     pub token: Option<String>,
     /// The UI's live event streams.
     pub live: crate::ui::live::Live,
+    /// Replays started from the UI.
+    pub launcher: crate::ui::launch::Launcher,
 }
 
 pub async fn handle(state: Arc<AdminState>, request: Request<Incoming>) -> Result<Response<ProxyBody>, Infallible> {
@@ -170,7 +172,7 @@ fn bad_id(id: &str) -> Response<ProxyBody> {
     json_error(StatusCode::BAD_REQUEST, "bad_id", &format!("{id:?} is not a conversation id"), None)
 }
 
-fn json_response(status: StatusCode, body: String) -> Response<ProxyBody> {
+pub(crate) fn json_response(status: StatusCode, body: String) -> Response<ProxyBody> {
     let mut response = text(body, "application/json");
     *response.status_mut() = status;
     response

@@ -44,6 +44,8 @@ pub struct ProxyConfig {
     pub responses_state: bool,
     /// `--admin-token`: the admin port's API and UI require it (bearer header or login cookie).
     pub admin_token: Option<String>,
+    /// This process's engine (`serve`), for replays started from the UI with `engine:` targets.
+    pub replay_engine: Option<String>,
     /// How often the upstream is asked what it is running (`--fingerprint-every`); `None`: never.
     pub fingerprint_every: Option<Duration>,
     /// A client must send a complete request head within this long of connecting or of its previous
@@ -169,6 +171,7 @@ impl ProxyConfig {
             findings_header: false,
             responses_state: false,
             admin_token: None,
+            replay_engine: None,
             fingerprint_every: Some(Duration::from_secs(60)),
             header_timeout: Duration::from_secs(30),
             max_connections: None,

@@ -116,6 +116,7 @@ pub async fn run(
         upstream: config.upstream.display.clone(),
         token: config.admin_token.clone(),
         live: ui::live::Live::new(stop_rx.clone()),
+        launcher: ui::launch::Launcher::new(config.replay_engine.clone()),
     });
     let settings = CaptureSettings {
         session_header: config.session_header.as_deref().and_then(|h| http::HeaderName::from_bytes(h.as_bytes()).ok()),

@@ -6,6 +6,7 @@ pub mod api;
 pub mod assets;
 pub mod auth;
 pub mod diff;
+pub mod launch;
 pub mod live;
 mod query;
 
@@ -33,7 +34,23 @@ pub async fn intercept(
     if path != "/ui" && !path.starts_with("/ui/") {
         return Err(request);
     }
+    if path == "/ui/api/replays/start" && request.method() == Method::POST {
+        return Ok(match read_limited(request, launch::MAX_START_BYTES).await {
+            Ok(body) => launch::start(state, &body),
+            Err(message) => json_error(StatusCode::BAD_REQUEST, "invalid_request_error", &message, None),
+        });
+    }
     Ok(route(state, &request, &path).await)
+}
+
+/// A request body of at most `limit` bytes, or why not.
+async fn read_limited(request: Request<Incoming>, limit: usize) -> Result<bytes::Bytes, String> {
+    use http_body_util::{BodyExt, Limited};
+    match Limited::new(request.into_body(), limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(format!("the request body is larger than {limit} bytes")),
+        Err(e) => Err(format!("cannot read the request body: {e}")),
+    }
 }
 
 async fn route(
@@ -58,6 +75,10 @@ async fn route(
         ["api", "finding-counts"] => api::finding_counts(state).await,
         ["api", "turns", id, "diff"] => api::turn_diff(state, id).await,
         ["api", "live"] => live::stream(state, &query).await,
+        ["api", "replays", "running"] => {
+            let body = serde_json::json!({"runs": state.launcher.runs(), "engine_targets": state.launcher.can_run_engine()});
+            crate::admin::json_response(StatusCode::OK, body.to_string())
+        }
         ["replays", id, "report"] => api::replay_report(state, id).await,
         _ => json_error(
             StatusCode::NOT_FOUND,

@@ -3,6 +3,7 @@
 
 mod chart;
 mod context;
+mod entry;
 mod html;
 mod json;
 mod table;
@@ -14,6 +15,7 @@ mod tests;
 pub use chart::CHART_ID;
 pub(crate) use chart::colour;
 pub use context::CONTEXT_TOKENS;
+pub use entry::{entry, summary};
 pub use html::{escape, html};
 pub use json::json;
 pub use table::{table, WIDTH};

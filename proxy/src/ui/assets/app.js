@@ -187,6 +187,7 @@ async function conversationPage(id, params) {
     ${c.branch_of ? ` · branch of <a href="#/c/${c.branch_of.conversation}">conversation ${c.branch_of.conversation}</a>` : ""}</p>
     ${chart(d.turns, d.findings)}
     <h2>Findings (${d.findings.length})</h2>${d.findings.map(findingCard).join("") || '<p class="muted">none</p>'}
+    <h2>Replay</h2>${replayForm(c.id)}
     <h2>Turns</h2><table id="turns"><thead><tr><th>#</th><th>relation</th><th>status</th><th>messages</th><th>local / engine / cached</th><th>first byte</th><th>total</th><th>finish</th><th>findings</th><th></th></tr></thead><tbody></tbody></table>`;
   const body = v.querySelector("#turns tbody");
   for (const t of d.turns) {
@@ -212,6 +213,56 @@ async function conversationPage(id, params) {
   }
   state.onTurn = (t) => { if (t.conversation === c.id) route(); };
   state.onFinding = (f) => { if (f.conversation === c.id) route(); };
+  wireReplayForm(c.id);
+}
+
+// ---- replays started from a conversation ---------------------------------------------------------
+function replayForm(id) {
+  return `<form id="replay-form" class="replay-form" data-conversation="${id}">
+    <label>targets, one per line (as <code>ctxscope replay --target</code>)<textarea name="targets" rows="2" placeholder="engine:patches=kv_fp8&#10;url=http://127.0.0.1:8000,model=m,name=peer"></textarea></label>
+    <label>golden<input name="golden" value="engine"></label>
+    <label>or bisect over patches<input name="patches" placeholder="rmsnorm_bf16,kv_fp8,ctx_shift=256"></label>
+    <label>metric<select name="metric"><option>agreement</option><option>probes</option><option>exact</option><option>first_diff</option></select></label>
+    <label>max tokens<input name="max_tokens" type="number" min="1" value="32"></label>
+    <button type="submit">Start</button>
+    <div id="replay-progress" class="muted"></div></form>`;
+}
+
+function showRun(run) {
+  const box = document.getElementById("replay-progress");
+  if (!box) return;
+  const bar = `<progress max="${run.total || 1}" value="${run.done}"></progress> ${run.done} / ${run.total || "?"} turns`;
+  if (run.state === "running") box.innerHTML = `${esc(run.kind)} ${run.id} running: ${bar}`;
+  else if (run.state === "done") box.innerHTML = `${esc(run.kind)} ${run.id} done: ${esc(run.summary)} · <a id="replay-open" href="#/replays?open=${run.id}">open its report</a>`;
+  else box.innerHTML = `<span class="sev-critical">${esc(run.kind)} ${run.id} failed: ${esc(run.error)}</span>`;
+  box.dataset.state = run.state;
+}
+
+async function pollRun(id) {
+  const { runs } = await getJson("/ui/api/replays/running");
+  const run = runs.find((r) => r.id === id);
+  if (!run) return;
+  showRun(run);
+  if (run.state === "running") setTimeout(() => pollRun(id), 500);
+}
+
+function wireReplayForm(conversation) {
+  const form = document.getElementById("replay-form");
+  if (!form) return;
+  form.onsubmit = async (e) => {
+    e.preventDefault();
+    const f = new FormData(form);
+    const targets = String(f.get("targets")).split("\n").map((t) => t.trim()).filter(Boolean);
+    const body = { conversation, targets, golden: String(f.get("golden")) || "engine", max_tokens: +f.get("max_tokens") || undefined };
+    const patches = String(f.get("patches")).trim();
+    if (patches) body.bisect = { patches, metric: String(f.get("metric")) };
+    const box = document.getElementById("replay-progress");
+    const r = await fetch("/ui/api/replays/start", { method: "POST", credentials: "same-origin", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+    const answer = await r.json();
+    if (!r.ok) { box.innerHTML = `<span class="sev-critical">${esc(answer?.error?.message || r.statusText)}</span>`; box.dataset.state = "refused"; return; }
+    box.textContent = `started ${answer.id}`;
+    pollRun(answer.id);
+  };
 }
 
 // ---- turn diff -----------------------------------------------------------------------------------
@@ -291,7 +342,7 @@ async function replaysPage(params) {
     return;
   }
   const list = await getJson("/api/replays");
-  view().innerHTML = `<h1>Replays</h1><p class="muted">Runs stored by <code>ctxscope replay --admin URL</code>.</p>
+  view().innerHTML = `<h1>Replays</h1><p class="muted">Runs stored by <code>ctxscope replay --admin URL</code> or started from a conversation page.</p>
     <table><thead><tr><th>id</th><th>conversation</th><th>targets</th><th>summary</th><th>finished</th></tr></thead><tbody>
     ${list.map((r) => `<tr><td><a href="#/replays?open=${r.id}">${r.id}</a></td><td><a href="#/c/${r.conversation}">${r.conversation}</a></td><td>${esc(r.targets.join(", "))}</td><td>${esc(r.summary)}</td><td>${time(r.finished_unix_ms)}</td></tr>`).join("") || '<tr><td colspan="5" class="muted">No replays.</td></tr>'}
     </tbody></table>`;

@@ -20,6 +20,8 @@ struct Case {
     tools: Option<Value>,
     prompt: Option<String>,
     tokens: Option<usize>,
+    /// The reference render's token ids (Python `tokenizers`), where the fixture has them.
+    ids: Option<Vec<u32>>,
 }
 
 fn fixture_dir() -> PathBuf {
@@ -44,6 +46,7 @@ fn cases(file: &str, version: DeepSeekVersion) -> Vec<Case> {
             tools: Some(c["tools"].clone()).filter(|t| !t.is_null()),
             prompt: c["prompt"].as_str().map(str::to_string),
             tokens: c["tokens"].as_u64().map(|n| n as usize),
+            ids: c["ids"].as_array().map(|ids| ids.iter().map(|i| i.as_u64().unwrap() as u32).collect()),
         })
         .collect()
 }
@@ -221,7 +224,7 @@ fn v4_token_counts_match_python_tokenizers() {
     let detected = TokenCounter::open(&path).unwrap();
     assert_eq!(detected.format().name(), "deepseek-v4");
     let cases = cases("deepseek-v4.json", DeepSeekVersion::V4);
-    let mut counted = 0;
+    let (mut counted, mut with_ids) = (0, 0);
     for thinking in [false, true] {
         let name = if thinking {
             "deepseek-v4-thinking"
@@ -233,8 +236,12 @@ fn v4_token_counts_match_python_tokenizers() {
             let (Some(prompt), Some(tokens)) = (&case.prompt, case.tokens) else {
                 continue;
             };
-            // The tokenizer on the reference render.
+            // The tokenizer on the reference render: the same ids, not only as many.
             assert_eq!(counter.count_segment(prompt), tokens, "{}", case.name);
+            if let Some(ids) = &case.ids {
+                assert_eq!(&counter.tokenizer().encode(prompt, true), ids, "{}", case.name);
+                with_ids += 1;
+            }
             if case.tools.is_none() {
                 // The whole counter: render, tokenize, BOS rule.
                 assert_eq!(
@@ -252,6 +259,6 @@ fn v4_token_counts_match_python_tokenizers() {
             counted += 1;
         }
     }
-    eprintln!("deepseek-v4: {counted} fixture chats counted like Python tokenizers");
-    assert!(counted >= 40);
+    eprintln!("deepseek-v4: {counted} fixture chats counted like Python tokenizers, {with_ids} with identical ids");
+    assert!(counted >= 40 && with_ids >= 40);
 }

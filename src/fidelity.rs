@@ -43,6 +43,13 @@ pub struct FidelityArgs {
     /// The in-process engine's context length (default: the model's).
     #[arg(long)]
     pub ctx: Option<usize>,
+    /// Bisect by fidelity instead: the smallest subset of these patches (comma-separated) whose sweep
+    /// loses more than --threshold of golden's recall (ddmin, as `ctxscope bisect`).
+    #[arg(long, value_name = "PATCHES")]
+    pub bisect: Option<String>,
+    /// Share of golden's recall a subset must lose to count as diverging (with --bisect).
+    #[arg(long, default_value_t = 0.2)]
+    pub threshold: f64,
     #[arg(long)]
     pub json: bool,
     /// Also write the report as one HTML file with a recall chart.
@@ -121,6 +128,51 @@ pub async fn run(args: FidelityArgs) -> Result<(), String> {
             cell.target, cell.length, cell.turns, cell.depth, cell.recall, cell.golden
         );
     };
+    if let Some(patches) = &args.bisect {
+        let patches: Vec<String> = patches
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(str::to_string)
+            .collect();
+        let url = engine.as_ref().map(|e| e.url.clone());
+        let result =
+            fidelity::bisect::bisect(&golden, patches, url.as_deref(), &options, args.threshold)
+                .await;
+        if let Some(engine) = engine {
+            engine.stop().await;
+        }
+        let (golden_report, found) = result.map_err(|e| e.to_string())?;
+        if args.json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(
+                    &serde_json::json!({"golden": golden_report, "bisect": found})
+                )
+                .map_err(|e| e.to_string())?
+            );
+        } else {
+            for step in &found.steps {
+                let mark = if step.diverges { "diverges" } else { "ok" };
+                println!(
+                    "{:<40} recall lost {:.2}  {mark}{}",
+                    step.patches.join("+"),
+                    step.score,
+                    if step.reused { " (reused)" } else { "" }
+                );
+            }
+            let culprit = if found.culprit.is_empty() {
+                "none".to_string()
+            } else {
+                found.culprit.join("+")
+            };
+            println!(
+                "culprit: {culprit} ({} sweeps run, {} to test each patch alone)",
+                found.replays_run, found.naive_replays
+            );
+        }
+        return Ok(());
+    }
     let result = fidelity::sweep(
         &golden,
         &targets,

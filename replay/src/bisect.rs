@@ -71,6 +71,18 @@ impl<O: Oracle> Memo<O> {
     }
 }
 
+/// ddmin over `patches` with any oracle (the fidelity sweep's too): the culprit (None when cancelled),
+/// every step, the runs made, and the oracle back.
+pub(crate) async fn search<O: Oracle>(
+    oracle: O,
+    threshold: f64,
+    patches: &[String],
+) -> Result<(Option<Vec<String>>, Vec<BisectStep>, usize, O), BisectError> {
+    let mut memo = Memo::new(oracle, threshold);
+    let found = ddmin(&mut memo, patches).await?;
+    Ok((found, memo.steps, memo.runs, memo.oracle))
+}
+
 /// ddmin: a 1-minimal diverging subset of `all` (empty when `all` does not diverge); None when
 /// cancelled.
 async fn ddmin<O: Oracle>(memo: &mut Memo<O>, all: &[String]) -> Result<Option<Vec<String>>, BisectError> {

@@ -3,6 +3,7 @@
 //! count, with the golden target beside every cell. [`gen`] builds the conversations, [`run`] asks,
 //! [`report`] prints a table, JSON or an HTML chart.
 
+pub mod bisect;
 pub mod export;
 pub mod gen;
 pub mod report;

@@ -47,6 +47,8 @@ pub enum SweepError {
     Empty,
     #[error("two targets are named `{0}`; give one a different name=")]
     DuplicateTarget(String),
+    #[error("bisect: {0}")]
+    Bisect(String),
 }
 
 /// One probe on one target.

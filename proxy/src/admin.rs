@@ -96,6 +96,10 @@ pub async fn handle(state: Arc<AdminState>, request: Request<Incoming>) -> Resul
 
 /// Stores a replay run sent by `ctxscope replay --admin` (the store is this process's while it runs).
 async fn put_replay(state: &Arc<AdminState>, request: Request<Incoming>) -> Response<ProxyBody> {
+    let announced = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if announced.is_some_and(|length| length > MAX_REPLAY_BYTES as u64) {
+        return json_error(StatusCode::PAYLOAD_TOO_LARGE, "bad_replay", &format!("replay body over the limit of {MAX_REPLAY_BYTES} bytes"), None);
+    }
     let body = match Limited::new(request.into_body(), MAX_REPLAY_BYTES).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(e) => return json_error(StatusCode::PAYLOAD_TOO_LARGE, "bad_replay", &format!("cannot read replay body: {e}"), None),

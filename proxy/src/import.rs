@@ -50,12 +50,14 @@ pub async fn import(state: &Arc<AdminState>, request: Request<Incoming>) -> Resp
                 )),
                 false => Ok(c),
             });
+            let over = total > MAX_IMPORT_BYTES;
             let stop = chunk.is_err();
             // The store side stopped (a bad line): nothing more to send.
             if tx.send(chunk).await.is_err() || stop {
-                return;
+                return over;
             }
         }
+        false
     };
     let store = with_store(state, move |s| {
         let mut reader = BufReader::with_capacity(
@@ -68,7 +70,11 @@ pub async fn import(state: &Arc<AdminState>, request: Request<Incoming>) -> Resp
         s.import_conversation(&mut reader)
             .map(|id| json!({"conversation": id}).to_string())
     });
-    let ((), response) = tokio::join!(feed, store);
+    let (over, response) = tokio::join!(feed, store);
+    if over {
+        let message = format!("import body over the limit of {MAX_IMPORT_BYTES} bytes");
+        return json_error(StatusCode::PAYLOAD_TOO_LARGE, "bad_import", &message, None);
+    }
     response
 }
 

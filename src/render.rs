@@ -6,7 +6,7 @@ use ctxscope_store::{ConversationDetail, ConversationRecord, FindingRecord, Rela
 
 pub fn conversations(list: &[ConversationRecord]) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "{:>20}  {:>5}  {:<24}  {:<20}  {}", "ID", "TURNS", "MODEL", "UPDATED (UTC)", "NOTE");
+    let _ = writeln!(out, "{:>20}  {:>5}  {:<24}  {:<20}  NOTE", "ID", "TURNS", "MODEL", "UPDATED (UTC)");
     for c in list {
         let note = match (&c.name, &c.branch_of) {
             (Some(name), _) => format!("name={name}"),
@@ -31,8 +31,8 @@ pub fn conversation(detail: &ConversationDetail) -> String {
     }
     let _ = writeln!(
         out,
-        "{:>3}  {:<14}  {:>6}  {:>4}  {:>8}  {:>8}  {:>8}  {:>8}  {:>9}  {:<10}  {}",
-        "#", "RELATION", "STATUS", "MSGS", "LOCAL", "PROMPT", "CACHED", "TTFB_MS", "TOTAL_MS", "FINISH", "REPLY / ERROR"
+        "{:>3}  {:<14}  {:>6}  {:>4}  {:>8}  {:>8}  {:>8}  {:>8}  {:>9}  {:<10}  REPLY / ERROR",
+        "#", "RELATION", "STATUS", "MSGS", "LOCAL", "PROMPT", "CACHED", "TTFB_MS", "TOTAL_MS", "FINISH"
     );
     for view in &detail.turns {
         let t = &view.turn;
@@ -81,7 +81,7 @@ fn fingerprints(detail: &ConversationDetail) -> String {
 
 pub fn findings(list: &[FindingRecord]) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "{:>20}  {:<20}  {:<19}  {:<8}  {:>20}  {:>4}  {}", "ID", "KIND", "TIME (UTC)", "SEVERITY", "CONVERSATION", "TURN", "SUMMARY");
+    let _ = writeln!(out, "{:>20}  {:<20}  {:<19}  {:<8}  {:>20}  {:>4}  SUMMARY", "ID", "KIND", "TIME (UTC)", "SEVERITY", "CONVERSATION", "TURN");
     for f in list {
         let _ = writeln!(
             out,
@@ -103,7 +103,7 @@ pub fn findings(list: &[FindingRecord]) -> String {
 
 pub fn replays(list: &[ReplayEntry]) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "{:>14}  {:>20}  {:<19}  {:>7}  {}", "REPLAY", "CONVERSATION", "STARTED (UTC)", "SECONDS", "SUMMARY");
+    let _ = writeln!(out, "{:>14}  {:>20}  {:<19}  {:>7}  SUMMARY", "REPLAY", "CONVERSATION", "STARTED (UTC)", "SECONDS");
     for r in list {
         let seconds = r.finished_unix_ms.saturating_sub(r.started_unix_ms) as f64 / 1000.0;
         let _ = writeln!(out, "{:>14}  {:>20}  {:<19}  {:>7.1}  {} [{}]", r.id, r.conversation, time(r.started_unix_ms), seconds, r.summary, r.targets.join(", "));

@@ -78,10 +78,13 @@ pub async fn run(
         Some(path) => {
             let path = path.clone();
             let format = config.chat_format;
-            let loaded = tokio::task::spawn_blocking(move || TokenCache::open_with(&path, format).map_err(|source| (path, source)))
+            let loaded = tokio::task::spawn_blocking(move || TokenCache::open_with(&path, format).map_err(|source| Box::new((path, source))))
                 .await
                 .expect("tokenizer loading does not panic");
-            Some(loaded.map_err(|(path, source)| RunError::Tokenizer { path, source })?)
+            Some(loaded.map_err(|failed| {
+                let (path, source) = *failed;
+                RunError::Tokenizer { path, source }
+            })?)
         }
         None => None,
     };

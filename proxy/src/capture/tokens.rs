@@ -69,14 +69,14 @@ impl TokenCache {
         let mut ids = bos;
         let mut counts = Vec::with_capacity(messages.len());
         let mut segment_ends = Vec::with_capacity(messages.len());
-        for i in 0..messages.len() {
-            let segment = match self.segments.get(&chain[i]) {
+        for (i, link) in chain.iter().enumerate().take(messages.len()) {
+            let segment = match self.segments.get(link) {
                 Some(s) => s.clone(),
                 None => match self.counter.segment(messages, i).ok()? {
                     Some(text) => {
                         let s: Arc<[u32]> = self.counter.tokenizer().encode(&text, true).into();
                         self.cached_tokens += s.len();
-                        self.segments.insert(chain[i], s.clone());
+                        self.segments.insert(*link, s.clone());
                         s
                     }
                     // A template whose renders are not prefixes of each other: count the whole prompt.

@@ -221,15 +221,9 @@ mod tests {
     fn q6_k_constant_block() {
         // All 6-bit values 32 (zero after the offset) except element 0 = 33 (ql low nibble 1).
         let mut b = vec![0u8; 210];
-        for i in 0..64 {
-            b[i] = 0; // ql
-        }
-        for i in 128..192 {
-            b[i] = 0b1010_1010; // qh: every 2-bit group = 2 -> high bits 32
-        }
-        for i in 192..208 {
-            b[i] = 1; // scales
-        }
+        b[..64].fill(0); // ql
+        b[128..192].fill(0b1010_1010); // qh: every 2-bit group = 2 -> high bits 32
+        b[192..208].fill(1); // scales
         b[208..210].copy_from_slice(&0x3c00u16.to_le_bytes());
         b[0] = 1;
         let x = dequantize("t", GgmlType(14), &b, 256).unwrap();

@@ -150,6 +150,7 @@ mod tests {
             results,
             bisect: None,
             interrupted: false,
+            captured_fingerprints: Vec::new(),
         }
     }
 

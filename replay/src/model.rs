@@ -177,4 +177,15 @@ pub struct ReplayReport {
     /// Stopped early (Ctrl-C): what finished is kept.
     #[serde(default)]
     pub interrupted: bool,
+    /// The engine fingerprint each captured turn was served under (turns without one left out): what
+    /// the replay is compared with. See docs/findings.md, `engine_changed`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub captured_fingerprints: Vec<CapturedFingerprint>,
+}
+
+/// The fingerprint hash (`Store::fingerprint`) that served one captured turn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CapturedFingerprint {
+    pub turn: u32,
+    pub fingerprint: String,
 }

@@ -16,7 +16,7 @@ use crate::client::{ChatRequest, ClientError, TargetClient};
 use crate::collect::{Collector, Unit};
 use crate::compare::DEFAULT_NEAR_TIE;
 use crate::conversation::{Conversation, TurnRequest};
-use crate::model::{Outcome, ProbeResult, ProbeSpec, ReplayReport, TargetSpec, TurnResult, REPORT_SCHEMA};
+use crate::model::{CapturedFingerprint, Outcome, ProbeResult, ProbeSpec, ReplayReport, TargetSpec, TurnResult, REPORT_SCHEMA};
 
 /// How requests are made.
 #[derive(Debug, Clone, PartialEq)]
@@ -193,6 +193,12 @@ pub async fn replay(
         results,
         bisect: None,
         interrupted,
+        captured_fingerprints: plan
+            .conversation
+            .turns
+            .iter()
+            .filter_map(|v| v.turn.fingerprint.clone().map(|fingerprint| CapturedFingerprint { turn: v.turn.index, fingerprint }))
+            .collect(),
     })
 }
 

@@ -119,6 +119,7 @@ fn report() -> ReplayReport {
             naive_replays: 2,
         }),
         interrupted: false,
+        captured_fingerprints: Vec::new(),
     }
 }
 

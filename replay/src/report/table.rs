@@ -15,6 +15,7 @@ const COL_SEP: &str = " ";
 /// content allows (long names and questions are clipped with `…`).
 pub fn table(report: &ReplayReport) -> String {
     let mut lines = header(report);
+    lines.extend(fingerprints(report));
     lines.push(String::new());
     lines.extend(turn_table(report));
     lines.extend(LEGEND.iter().map(|l| l.to_string()));
@@ -32,6 +33,23 @@ pub fn table(report: &ReplayReport) -> String {
     let mut out = lines.join("\n");
     out.push('\n');
     out
+}
+
+/// "captured on engine fingerprint 1a2b3c4d5e6f: turns 0-3", one line per run of turns.
+fn fingerprints(report: &ReplayReport) -> Vec<String> {
+    let mut runs: Vec<(&str, u32, u32)> = Vec::new();
+    for f in &report.captured_fingerprints {
+        match runs.last_mut() {
+            Some((last, _, end)) if *last == f.fingerprint => *end = f.turn,
+            _ => runs.push((&f.fingerprint, f.turn, f.turn)),
+        }
+    }
+    runs.into_iter()
+        .map(|(print, a, b)| {
+            let turns = if a == b { format!("turn {a}") } else { format!("turns {a}-{b}") };
+            format!("captured on engine fingerprint {}: {turns}", &print[..print.len().min(12)])
+        })
+        .collect()
 }
 
 fn header(report: &ReplayReport) -> Vec<String> {

@@ -170,6 +170,7 @@ pub(super) fn sample() -> ReplayReport {
             naive_replays: 3,
         }),
         interrupted: false,
+        captured_fingerprints: Vec::new(),
     }
 }
 
@@ -304,4 +305,15 @@ fn html_has_header_probes_and_bisect() {
 #[test]
 fn escape_covers_markup_and_quotes() {
     assert_eq!(escape(r#"<a href="x">'&'</a>"#), "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;");
+}
+
+#[test]
+fn table_names_the_engine_fingerprints_the_capture_was_served_under() {
+    let mut report = sample();
+    let print = |turn: u32, fingerprint: &str| crate::model::CapturedFingerprint { turn, fingerprint: fingerprint.repeat(16) };
+    report.captured_fingerprints = vec![print(0, "ab12"), print(1, "ab12"), print(2, "cd34")];
+    let text = table(&report);
+    assert!(text.contains("captured on engine fingerprint ab12ab12ab12: turns 0-1"), "{text}");
+    assert!(text.contains("captured on engine fingerprint cd34cd34cd34: turn 2"), "{text}");
+    assert!(!table(&sample()).contains("captured on engine fingerprint"));
 }

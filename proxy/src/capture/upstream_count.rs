@@ -340,59 +340,23 @@ impl UpstreamCounter {
                     .and_then(Value::as_str)
                     .ok_or_else(|| shape("/apply-template", "no `prompt` string"))?;
                 let body = json!({"content": text, "add_special": true, "parse_special": true});
-                (
-                    "/tokenize",
-                    self.call(
-                        Method::POST,
-                        "/tokenize",
-                        Some(&body),
-                        authorization,
-                        deadline,
-                    )?,
-                )
+                self.post("/tokenize", &body, authorization, deadline)?
             }
             (Flavour::LlamaCpp | Flavour::Ctxscope, _) => {
                 let body =
                     json!({"content": prompt.text()?, "add_special": true, "parse_special": true});
-                (
-                    "/tokenize",
-                    self.call(
-                        Method::POST,
-                        "/tokenize",
-                        Some(&body),
-                        authorization,
-                        deadline,
-                    )?,
-                )
+                self.post("/tokenize", &body, authorization, deadline)?
             }
             (Flavour::Vllm, true) => {
                 let mut body = json!({"model": model, "messages": prompt.messages, "add_generation_prompt": true});
                 if let Some(tools) = prompt.tools() {
                     body["tools"] = tools;
                 }
-                (
-                    "/tokenize",
-                    self.call(
-                        Method::POST,
-                        "/tokenize",
-                        Some(&body),
-                        authorization,
-                        deadline,
-                    )?,
-                )
+                self.post("/tokenize", &body, authorization, deadline)?
             }
             (Flavour::Vllm, _) => {
                 let body = json!({"model": model, "prompt": prompt.text()?});
-                (
-                    "/tokenize",
-                    self.call(
-                        Method::POST,
-                        "/tokenize",
-                        Some(&body),
-                        authorization,
-                        deadline,
-                    )?,
-                )
+                self.post("/tokenize", &body, authorization, deadline)?
             }
             (Flavour::Sglang, true) => {
                 return Err(CountError::Unsupported(
@@ -439,6 +403,17 @@ impl UpstreamCounter {
     }
 
     /// One JSON call to the upstream under the turn's deadline.
+    /// A POST to `path`, answered with the path beside the answer (for error messages).
+    fn post(
+        &mut self,
+        path: &'static str,
+        body: &Value,
+        authorization: Option<&HeaderValue>,
+        deadline: Instant,
+    ) -> Result<(&'static str, Value), CountError> {
+        Ok((path, self.call(Method::POST, path, Some(body), authorization, deadline)?))
+    }
+
     fn call(
         &mut self,
         method: Method,

@@ -64,7 +64,7 @@ enum Command {
     /// List findings (truncation, dropped history, cache mismatches...), newest first.
     Findings {
         /// Only this kind (history_dropped, engine_truncation, context_overflow, phantom_cache_reuse,
-        /// cache_miss, amnesia_reply, token_count_drift).
+        /// cache_miss, amnesia_reply, token_count_drift, engine_changed).
         #[arg(long)]
         kind: Option<String>,
         /// Only this conversation's.

@@ -16,12 +16,22 @@ use support::*;
 const UPSTREAM_PASSWORD: &str = "UPSTREAM-SECRET-1x";
 const CLIENT_KEY: &str = "CLIENT-KEY-2x";
 const REPLAY_HEADER: &str = "REPLAY-SECRET-3x";
+const REPLAY_URL_PASSWORD: &str = "URLPASS-4x";
+/// base64("bob:URLPASS-4x"), the replay URL target's Basic credentials.
+const REPLAY_BASIC: &str = "Ym9iOlVSTFBBU1MtNHg=";
 /// base64("ctxuser:UPSTREAM-SECRET-1x"), the Basic credentials as sent.
 const BASIC: &str = "Y3R4dXNlcjpVUFNUUkVBTS1TRUNSRVQtMXg=";
 
 fn assert_clean(what: &str, bytes: &[u8]) {
     let text = String::from_utf8_lossy(bytes);
-    for secret in [UPSTREAM_PASSWORD, CLIENT_KEY, REPLAY_HEADER, BASIC] {
+    for secret in [
+        UPSTREAM_PASSWORD,
+        CLIENT_KEY,
+        REPLAY_HEADER,
+        REPLAY_URL_PASSWORD,
+        BASIC,
+        REPLAY_BASIC,
+    ] {
         if let Some(at) = text.find(secret) {
             let context: String = text[at.saturating_sub(200)..].chars().take(400).collect();
             panic!("{secret} found in {what}: ...{context}...");
@@ -97,6 +107,10 @@ async fn planted_secrets_are_sent_where_meant_and_found_nowhere_else() {
         "url=http://{},model=m,header=Authorization:Bearer {REPLAY_HEADER},name=secured",
         up.addr
     );
+    let with_password = format!(
+        "url=http://bob:{REPLAY_URL_PASSWORD}@{},model=m,name=basic",
+        up.addr
+    );
     let replay = Command::new(bin())
         .args([
             "replay",
@@ -106,7 +120,8 @@ async fn planted_secrets_are_sent_where_meant_and_found_nowhere_else() {
             "--golden",
             &format!("url=http://{},model=m", up.addr),
         ])
-        .args(["--target", &target, "--json", "--max-tokens", "4", "--html"])
+        .args(["--target", &target, "--target", &with_password])
+        .args(["--json", "--max-tokens", "4", "--html"])
         .arg(&html)
         .env("CTXSCOPE_LOG", "debug")
         .output()
@@ -121,6 +136,15 @@ async fn planted_secrets_are_sent_where_meant_and_found_nowhere_else() {
             .is_some_and(|v| v.to_str().unwrap().contains(REPLAY_HEADER))
     });
     assert!(used, "the replay target's header was not sent");
+    // The URL target's credentials went as Basic auth.
+    let basic = up.state.headers.lock().unwrap().iter().any(|h| {
+        h.get("authorization")
+            .is_some_and(|v| v.to_str().unwrap() == format!("Basic {REPLAY_BASIC}"))
+    });
+    assert!(
+        basic,
+        "the replay URL target's credentials were not sent as Basic auth"
+    );
     assert_clean("replay --json output", &replay.stdout);
     assert_clean("replay stderr", &replay.stderr);
     assert_clean("the HTML report", &std::fs::read(&html).unwrap());

@@ -84,14 +84,20 @@ impl TargetClient {
             }
         };
         let base = check_url(&base).map_err(url_error)?;
+        // User information in the URL goes as Basic auth, never in the URI (nor in logs).
+        let (base, basic) = split_credentials(&base);
         let uri = chat_url(&base).parse::<Uri>().map_err(|e| url_error(TargetError::BadUrl { url: base, reason: e.to_string() }))?;
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(timeout));
         connector.set_nodelay(true);
+        let mut headers = request_headers(target)?;
+        if let Some(basic) = basic.filter(|_| !headers.iter().any(|(n, _)| n == http::header::AUTHORIZATION)) {
+            headers.push((http::header::AUTHORIZATION, basic));
+        }
         Ok(TargetClient {
             name: target.name.clone(),
             uri,
-            headers: request_headers(target)?,
+            headers,
             model: target.model.clone(),
             http: Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector),
             timeout,
@@ -164,6 +170,45 @@ impl TargetClient {
         }
         parse_reply(&bytes, wall_ms).map_err(|error| Failure { error, status: Some(status.as_u16()) })
     }
+}
+
+/// `http://user:pass@host/...` -> (`http://host/...`, `Basic base64(user:pass)`, marked sensitive).
+fn split_credentials(url: &str) -> (String, Option<HeaderValue>) {
+    let Some((scheme, rest)) = url.split_once("://") else { return (url.to_string(), None) };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let Some((userinfo, host)) = rest[..end].rsplit_once('@') else { return (url.to_string(), None) };
+    let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+    let plain = format!("{}:{}", percent_decode(user), percent_decode(password));
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut encoded = String::new();
+    for chunk in plain.as_bytes().chunks(3) {
+        let n = (chunk[0] as u32) << 16 | (*chunk.get(1).unwrap_or(&0) as u32) << 8 | *chunk.get(2).unwrap_or(&0) as u32;
+        for (i, shift) in [18, 12, 6, 0].into_iter().enumerate() {
+            encoded.push(if i <= chunk.len() { ALPHABET[(n >> shift) as usize & 63] as char } else { '=' });
+        }
+    }
+    let mut value = HeaderValue::from_str(&format!("Basic {encoded}")).ok();
+    if let Some(value) = &mut value {
+        value.set_sensitive(true);
+    }
+    (format!("{scheme}://{host}{}", &rest[end..]), value)
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        if let (b'%', Some(Some(h)), Some(Some(l))) = (bytes[i], bytes.get(i + 1).map(|b| hex(*b)), bytes.get(i + 2).map(|b| hex(*b))) {
+            out.push((h * 16 + l) as u8);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `{base}/v1/chat/completions`, or `{base}/chat/completions` when the base already ends in `/v1`.
@@ -368,6 +413,19 @@ mod tests {
         assert_eq!(names, [("x-k", "v"), (PATCHES_HEADER, "a,b"), (PATH_HEADER, "fast")].map(|(a, b)| (a.to_string(), b.to_string())));
         let url = TargetSpec::parse("url=http://h:1").unwrap();
         assert!(request_headers(&url).unwrap().is_empty());
+    }
+
+    #[test]
+    fn url_credentials_become_basic_auth_outside_the_uri() {
+        let (base, basic) = split_credentials("http://bob:p%40ss@h:1/v1");
+        assert_eq!(base, "http://h:1/v1");
+        // base64("bob:p@ss")
+        assert_eq!(basic.unwrap(), "Basic Ym9iOnBAc3M=");
+        assert_eq!(split_credentials("http://h:1"), ("http://h:1".to_string(), None));
+        let target = TargetSpec::parse("url=http://bob:secret@h:1,model=m").unwrap();
+        let client = TargetClient::new(&target, None, Duration::from_secs(1)).unwrap();
+        assert!(!client.uri.to_string().contains("secret"));
+        assert!(client.headers.iter().any(|(n, v)| n == http::header::AUTHORIZATION && v == "Basic Ym9iOnNlY3JldA=="));
     }
 
     #[test]

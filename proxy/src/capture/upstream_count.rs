@@ -129,7 +129,7 @@ pub struct CountSettings {
 impl Default for CountSettings {
     fn default() -> CountSettings {
         CountSettings {
-            timeout: Duration::from_secs(2),
+            timeout: Duration::from_secs(5),
             cache_entries: 4096,
             cache_tokens: 8 << 20,
         }

@@ -297,7 +297,7 @@ impl Device {
     /// RoPE on the fused qkv rows and the K/V store into each row's sequence cache (see cuda/elementwise.cu).
     pub fn rope_kv(&self, qkv: &mut Out, positions: &In<i32>, kv_base: &In<u64>, n: usize, layer: usize, shape: &RopeShape) -> Result<(), DeviceError> {
         let row = (shape.heads + 2 * shape.kv_heads) * shape.head_dim;
-        check("rope_kv", qkv.len() >= n * row && positions.len() >= n && kv_base.len() >= n && shape.head_dim % 2 == 0 && shape.head_dim <= 256 && layer < shape.n_layers, || format!("{n} rows, layer {layer}"))?;
+        check("rope_kv", qkv.len() >= n * row && positions.len() >= n && kv_base.len() >= n && shape.head_dim.is_multiple_of(2) && shape.head_dim <= 256 && layer < shape.n_layers, || format!("{n} rows, layer {layer}"))?;
         let ints = [layer as i32, shape.n_layers as i32, shape.heads as i32, shape.kv_heads as i32, shape.head_dim as i32];
         launch!(self, "rope_kv", grid((n, 1, 1), 128), qkv, positions, kv_base, &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &shape.base, &shape.flags, &shape.kv_scale)
     }
@@ -332,7 +332,7 @@ impl Device {
 
     /// llama.cpp's Q8_0 activation rounding of `n` values in place (`n % 32 == 0`: whole blocks of rows).
     pub fn q8_blocks(&self, x: &mut Out, n: usize) -> Result<(), DeviceError> {
-        check("q8_blocks", x.len() >= n && n % 32 == 0, || format!("{n} values"))?;
+        check("q8_blocks", x.len() >= n && n.is_multiple_of(32), || format!("{n} values"))?;
         let count = (n / 32) as i32;
         launch!(self, "q8_blocks", blocks(n, 256), x, &count)
     }
@@ -340,7 +340,7 @@ impl Device {
     /// `y[t] (op)= W x[t]` for `n <= GEMV_MAX_ROWS` token rows; `round_x` rounds x to bf16 on load.
     pub fn gemv(&self, w: &Matrix, x: &In, y: &mut Out, n: usize, mode: GemvMode, round_x: bool) -> Result<(), DeviceError> {
         let out_rows = mode.outputs(w.rows);
-        let ok = (1..=GEMV_MAX_ROWS).contains(&n) && w.cols % 8 == 0 && x.len() >= n * w.cols && y.len() >= n * out_rows && (mode != GemvMode::SwiGlu || w.rows % 2 == 0);
+        let ok = (1..=GEMV_MAX_ROWS).contains(&n) && w.cols.is_multiple_of(8) && x.len() >= n * w.cols && y.len() >= n * out_rows && (mode != GemvMode::SwiGlu || w.rows.is_multiple_of(2));
         check("gemv", ok, || format!("{}x{} by {n} rows ({mode:?})", w.rows, w.cols))?;
         let args = [out_rows as i32, w.cols as i32, n as i32, mode as i32, i32::from(round_x)];
         let cfg = blocks(out_rows * 32, 256);
@@ -373,8 +373,8 @@ fn qkv_rope_args(kernel: &'static str, w: &Matrix, x: &In, qkv: &Out, n: usize, 
     let (q_dim, kv_dim) = (shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim);
     let ok = (1..=GEMV_MAX_ROWS).contains(&n)
         && w.rows == q_dim + 2 * kv_dim
-        && w.cols % 8 == 0
-        && shape.head_dim % 2 == 0
+        && w.cols.is_multiple_of(8)
+        && shape.head_dim.is_multiple_of(2)
         && layer < shape.n_layers
         && x.len() >= n * w.cols
         && qkv.len() >= n * w.rows
@@ -410,7 +410,7 @@ pub struct AttentionShape {
 
 impl AttentionShape {
     fn valid(&self) -> bool {
-        self.kv_heads > 0 && self.heads % self.kv_heads == 0 && self.heads / self.kv_heads <= MAX_GROUP && self.head_dim <= MAX_HEAD_DIM && self.head_dim % 4 == 0
+        self.kv_heads > 0 && self.heads.is_multiple_of(self.kv_heads) && self.heads / self.kv_heads <= MAX_GROUP && self.head_dim <= MAX_HEAD_DIM && self.head_dim.is_multiple_of(4)
     }
 
     fn q_stride(&self) -> usize {

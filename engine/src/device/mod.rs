@@ -77,7 +77,7 @@ impl DeviceBackend {
     /// workspace for `options.step_tokens` rows and `options.max_batch` sequences per pass.
     pub fn new(model: Arc<Model>, ordinal: usize, options: &EngineOptions) -> Result<DeviceBackend, BackendError> {
         let c = model.config.clone();
-        if c.head_dim > MAX_HEAD_DIM || c.head_dim % 4 != 0 || c.n_heads / c.n_kv_heads.max(1) > MAX_GROUP || c.dim % 32 != 0 || c.ffn_dim % 32 != 0 {
+        if c.head_dim > MAX_HEAD_DIM || !c.head_dim.is_multiple_of(4) || c.n_heads / c.n_kv_heads.max(1) > MAX_GROUP || !c.dim.is_multiple_of(32) || !c.ffn_dim.is_multiple_of(32) {
             return Err(error(format!(
                 "model shape not supported by the kernels (head_dim {} <= {MAX_HEAD_DIM} and a multiple of 4, heads per KV head {} <= {MAX_GROUP}, widths multiples of 32)",
                 c.head_dim,

@@ -272,7 +272,7 @@ impl Pass<'_> {
     }
 
     fn q8(&self, x: &mut CudaSlice<f32>, len: usize) -> Result<(), DeviceError> {
-        if len % 32 != 0 {
+        if !len.is_multiple_of(32) {
             return Err(DeviceError::Shape { kernel: "act_q8", detail: format!("{len} values are not whole blocks of 32") });
         }
         self.device.q8_blocks(&mut x.slice_mut(..len), len)

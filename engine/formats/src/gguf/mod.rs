@@ -302,7 +302,7 @@ impl Gguf {
                     .data_offset
                     .checked_add(t.offset)
                     .and_then(|s| s.checked_add(size));
-                if end.map_or(true, |end| end > self.file_len) {
+                if end.is_none_or(|end| end > self.file_len) {
                     return Err(GgufError::TensorOutOfBounds {
                         name: t.name.clone(),
                         offset: self.data_offset.saturating_add(t.offset),

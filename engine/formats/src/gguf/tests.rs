@@ -43,7 +43,7 @@ impl Writer {
         self.u32(ggml_type).u64(offset)
     }
     fn pad_to(&mut self, alignment: usize) -> &mut Self {
-        while self.buf.len() % alignment != 0 {
+        while !self.buf.len().is_multiple_of(alignment) {
             self.buf.push(0);
         }
         self

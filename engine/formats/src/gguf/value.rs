@@ -199,7 +199,7 @@ impl GgmlType {
     /// whole number of blocks.
     pub fn byte_size(self, elements: u64) -> Option<u64> {
         let (_, block, bytes) = self.layout()?;
-        if elements % block != 0 {
+        if !elements.is_multiple_of(block) {
             return None;
         }
         (elements / block).checked_mul(bytes)

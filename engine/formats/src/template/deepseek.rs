@@ -305,11 +305,11 @@ fn last_user_index(messages: &[Json]) -> Option<usize> {
 
 /// Index > the last user's (Python compares with -1 when there is none).
 fn after(index: usize, last_user: Option<usize>) -> bool {
-    last_user.map_or(true, |u| index > u)
+    last_user.is_none_or(|u| index > u)
 }
 
 fn at_or_after(index: usize, last_user: Option<usize>) -> bool {
-    last_user.map_or(true, |u| index >= u)
+    last_user.is_none_or(|u| index >= u)
 }
 
 /// The system-prompt additions of a message: tools, then response_format.

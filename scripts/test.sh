@@ -39,6 +39,9 @@ step() {
         failed+=("$*")
     fi
 }
+# House rules: formatted as rustfmt.toml says, and no clippy warning anywhere in the workspace.
+step cargo fmt --all -- --check
+step cargo clippy --workspace --all-targets --locked -- -D warnings
 step cargo test --workspace --locked --no-fail-fast
 # The CUDA backend builds here too (no GPU needed: CUDA is loaded at run time), and every kernel module
 # compiles to Hopper machine code with NVRTC from PyPI; its GPU tests skip, saying so, without a GPU.
@@ -47,6 +50,7 @@ nvrtc_lib="$(python3 -c 'import nvidia.cu13, os; print(os.path.join(list(nvidia.
 step env CTXSCOPE_REQUIRE_NVRTC=1 LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     cargo test --locked --no-fail-fast -p ctxscope-kernels --features cuda
 step cargo build --locked -p ctxscope-engine --features cuda --tests --examples
+step cargo clippy --locked -p ctxscope-engine -p ctxscope-kernels --features ctxscope-engine/cuda --all-targets -- -D warnings
 step env CTXSCOPE_BIN="$PWD/target/debug/ctxscope" python3 -m pytest -q tests/python
 if [[ ${#failed[@]} -ne 0 ]]; then
     echo "test.sh: ${#failed[@]} step(s) failed:" >&2

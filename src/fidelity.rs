@@ -74,9 +74,7 @@ pub fn parse_lengths(text: &str) -> Result<Vec<usize>, String> {
             };
             match number.parse::<f64>() {
                 Ok(n) if n > 0.0 && n.is_finite() => Ok((n * scale).round() as usize),
-                _ => Err(format!(
-                    "--lengths: `{item}` is not a token count (write e.g. 512,1k,2k)"
-                )),
+                _ => Err(format!("--lengths: `{item}` is not a token count (write e.g. 512,1k,2k)")),
             }
         })
         .collect()
@@ -84,16 +82,9 @@ pub fn parse_lengths(text: &str) -> Result<Vec<usize>, String> {
 
 pub async fn run(args: FidelityArgs) -> Result<(), String> {
     let golden = TargetSpec::parse(&args.golden).map_err(|e| format!("--golden: {e}"))?;
-    let targets = args
-        .targets
-        .iter()
-        .map(|t| TargetSpec::parse(t).map_err(|e| e.to_string()))
-        .collect::<Result<Vec<_>, _>>()?;
+    let targets = args.targets.iter().map(|t| TargetSpec::parse(t).map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?;
     if args.depths.iter().any(|d| !(0.0..=1.0).contains(d)) {
-        return Err(format!(
-            "--depths must lie between 0 and 1, got {:?}",
-            args.depths
-        ));
+        return Err(format!("--depths must lie between 0 and 1, got {:?}", args.depths));
     }
     let options = SweepOptions {
         seed: args.seed,
@@ -103,9 +94,7 @@ pub async fn run(args: FidelityArgs) -> Result<(), String> {
         max_tokens: args.max_tokens,
         timeout: Duration::from_secs(args.timeout_s),
     };
-    let needs_engine = std::iter::once(&golden)
-        .chain(&targets)
-        .any(|t| matches!(&t.kind, TargetKind::Engine { url: None, .. }));
+    let needs_engine = std::iter::once(&golden).chain(&targets).any(|t| matches!(&t.kind, TargetKind::Engine { url: None, .. }));
     let engine = if needs_engine {
         let settings = EngineSettings {
             model: args.model.clone(),
@@ -129,16 +118,9 @@ pub async fn run(args: FidelityArgs) -> Result<(), String> {
         );
     };
     if let Some(patches) = &args.bisect {
-        let patches: Vec<String> = patches
-            .split(',')
-            .map(str::trim)
-            .filter(|p| !p.is_empty())
-            .map(str::to_string)
-            .collect();
+        let patches: Vec<String> = patches.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::to_string).collect();
         let url = engine.as_ref().map(|e| e.url.clone());
-        let result =
-            fidelity::bisect::bisect(&golden, patches, url.as_deref(), &options, args.threshold)
-                .await;
+        let result = fidelity::bisect::bisect(&golden, patches, url.as_deref(), &options, args.threshold).await;
         if let Some(engine) = engine {
             engine.stop().await;
         }
@@ -146,10 +128,7 @@ pub async fn run(args: FidelityArgs) -> Result<(), String> {
         if args.json {
             println!(
                 "{}",
-                serde_json::to_string_pretty(
-                    &serde_json::json!({"golden": golden_report, "bisect": found})
-                )
-                .map_err(|e| e.to_string())?
+                serde_json::to_string_pretty(&serde_json::json!({"golden": golden_report, "bisect": found})).map_err(|e| e.to_string())?
             );
         } else {
             for step in &found.steps {
@@ -161,26 +140,12 @@ pub async fn run(args: FidelityArgs) -> Result<(), String> {
                     if step.reused { " (reused)" } else { "" }
                 );
             }
-            let culprit = if found.culprit.is_empty() {
-                "none".to_string()
-            } else {
-                found.culprit.join("+")
-            };
-            println!(
-                "culprit: {culprit} ({} sweeps run, {} to test each patch alone)",
-                found.replays_run, found.naive_replays
-            );
+            let culprit = if found.culprit.is_empty() { "none".to_string() } else { found.culprit.join("+") };
+            println!("culprit: {culprit} ({} sweeps run, {} to test each patch alone)", found.replays_run, found.naive_replays);
         }
         return Ok(());
     }
-    let result = fidelity::sweep(
-        &golden,
-        &targets,
-        engine.as_ref().map(|e| e.url.as_str()),
-        &options,
-        &progress,
-    )
-    .await;
+    let result = fidelity::sweep(&golden, &targets, engine.as_ref().map(|e| e.url.as_str()), &options, &progress).await;
     if let Some(engine) = engine {
         engine.stop().await;
     }
@@ -189,8 +154,7 @@ pub async fn run(args: FidelityArgs) -> Result<(), String> {
         save(dir, &report.conversations)?;
     }
     if let Some(path) = &args.html {
-        std::fs::write(path, report::html(&report))
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        std::fs::write(path, report::html(&report)).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }
     if args.json {
@@ -202,28 +166,20 @@ pub async fn run(args: FidelityArgs) -> Result<(), String> {
 }
 
 /// Writes every conversation as export JSONL and its probes beside it.
-fn save(
-    dir: &std::path::Path,
-    conversations: &[fidelity::SweepConversation],
-) -> Result<(), String> {
+fn save(dir: &std::path::Path, conversations: &[fidelity::SweepConversation]) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     for conv in conversations {
-        let stem = format!(
-            "fidelity-s{}-l{}-t{}-d{}",
-            conv.seed, conv.length, conv.turns, conv.depth
-        );
-        let write = |path: PathBuf, text: String| {
-            std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
-        };
-        write(
-            dir.join(format!("{stem}.jsonl")),
-            fidelity::export::export_jsonl(conv),
-        )?;
-        let probes = serde_json::to_string_pretty(&fidelity::export::replay_probes(conv))
-            .map_err(|e| e.to_string())?;
+        let stem = format!("fidelity-s{}-l{}-t{}-d{}", conv.seed, conv.length, conv.turns, conv.depth);
+        let write = |path: PathBuf, text: String| std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()));
+        write(dir.join(format!("{stem}.jsonl")), fidelity::export::export_jsonl(conv))?;
+        let probes = serde_json::to_string_pretty(&fidelity::export::replay_probes(conv)).map_err(|e| e.to_string())?;
         write(dir.join(format!("{stem}.probes.json")), probes)?;
     }
-    eprintln!("wrote {} conversations to {} (ctxscope import FILE.jsonl; ctxscope replay ID --probes FILE.probes.json)", conversations.len(), dir.display());
+    eprintln!(
+        "wrote {} conversations to {} (ctxscope import FILE.jsonl; ctxscope replay ID --probes FILE.probes.json)",
+        conversations.len(),
+        dir.display()
+    );
     Ok(())
 }
 
@@ -231,10 +187,7 @@ fn save(
 mod tests {
     #[test]
     fn lengths_take_k_suffixes() {
-        assert_eq!(
-            super::parse_lengths("512,1k,2K,1.5k").unwrap(),
-            vec![512, 1024, 2048, 1536]
-        );
+        assert_eq!(super::parse_lengths("512,1k,2K,1.5k").unwrap(), vec![512, 1024, 2048, 1536]);
         assert!(super::parse_lengths("12q").is_err());
     }
 }

@@ -232,7 +232,8 @@ impl CaptureArgs {
         config.data_dir = (!self.no_capture).then(|| self.data.clone());
         config.session_header = self.session_header.clone();
         config.flush_every_ms = self.flush_ms;
-        config.alert_webhook = self.alert_webhook.as_ref().map(|url| WebhookConfig { format: self.alert_webhook_format, ..WebhookConfig::new(url.clone()) });
+        config.alert_webhook =
+            self.alert_webhook.as_ref().map(|url| WebhookConfig { format: self.alert_webhook_format, ..WebhookConfig::new(url.clone()) });
         if let Some(path) = &self.amnesia_phrases {
             config.detect.add_amnesia_phrases(path).map_err(|e| e.to_string())?;
         }
@@ -363,7 +364,9 @@ fn main() -> ExitCode {
                 inspect::findings(&source.into(), &query.join("&"), json).await
             }
             Command::Replay(args) => replay::replay(args.conversation, &args.targets, args.resume, args.run.settings()).await,
-            Command::Bisect(args) => replay::bisect(args.conversation, &args.patches, args.metric, args.threshold, args.run.settings()).await,
+            Command::Bisect(args) => {
+                replay::bisect(args.conversation, &args.patches, args.metric, args.threshold, args.run.settings()).await
+            }
             Command::Fidelity(args) => fidelity::run(args).await,
             Command::Replays { id, json, html, source } => replay::replays(&source.into(), id, json, html.as_deref()).await,
             Command::Export { id, source } => inspect::export(&source.into(), id).await,

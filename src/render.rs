@@ -81,7 +81,11 @@ fn fingerprints(detail: &ConversationDetail) -> String {
 
 pub fn findings(list: &[FindingRecord]) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "{:>20}  {:<20}  {:<19}  {:<8}  {:>20}  {:>4}  SUMMARY", "ID", "KIND", "TIME (UTC)", "SEVERITY", "CONVERSATION", "TURN");
+    let _ = writeln!(
+        out,
+        "{:>20}  {:<20}  {:<19}  {:<8}  {:>20}  {:>4}  SUMMARY",
+        "ID", "KIND", "TIME (UTC)", "SEVERITY", "CONVERSATION", "TURN"
+    );
     for f in list {
         let _ = writeln!(
             out,
@@ -106,7 +110,16 @@ pub fn replays(list: &[ReplayEntry]) -> String {
     let _ = writeln!(out, "{:>14}  {:>20}  {:<19}  {:>7}  SUMMARY", "REPLAY", "CONVERSATION", "STARTED (UTC)", "SECONDS");
     for r in list {
         let seconds = r.finished_unix_ms.saturating_sub(r.started_unix_ms) as f64 / 1000.0;
-        let _ = writeln!(out, "{:>14}  {:>20}  {:<19}  {:>7.1}  {} [{}]", r.id, r.conversation, time(r.started_unix_ms), seconds, r.summary, r.targets.join(", "));
+        let _ = writeln!(
+            out,
+            "{:>14}  {:>20}  {:<19}  {:>7.1}  {} [{}]",
+            r.id,
+            r.conversation,
+            time(r.started_unix_ms),
+            seconds,
+            r.summary,
+            r.targets.join(", ")
+        );
     }
     if list.is_empty() {
         out.push_str("(no replays yet)\n");

@@ -5,9 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use ctxscope_replay::{
-    report, Endpoints, Metric, Plan, ProbeSpec, ReplayOptions, ReplayReport, StderrProgress, TargetKind, TargetSpec,
-};
+use ctxscope_replay::{report, Endpoints, Metric, Plan, ProbeSpec, ReplayOptions, ReplayReport, StderrProgress, TargetKind, TargetSpec};
 
 use crate::inspect::{self, Source};
 use crate::serve::{EngineSettings, InProcessEngine};
@@ -111,7 +109,10 @@ async fn plan(conversation: u64, run: &RunSettings) -> Result<Plan, String> {
 fn read_probes(path: &Path) -> Result<Vec<ProbeSpec>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("--probes {}: {e}", path.display()))?;
     serde_json::from_str(&text).map_err(|e| {
-        format!("--probes {}: {e} (expected a JSON list of {{\"after_turn\": N, \"question\": \"...\", \"expected\": \"...\"}})", path.display())
+        format!(
+            "--probes {}: {e} (expected a JSON list of {{\"after_turn\": N, \"question\": \"...\", \"expected\": \"...\"}})",
+            path.display()
+        )
     })
 }
 
@@ -270,6 +271,14 @@ impl RunArgs {
             device: ctxscope_engine::BackendKind::Cpu,
             responses_store: None,
         };
-        RunSettings { source: self.source.into(), golden: self.golden, probes: self.probes, options, engine, json: self.json, html: self.html }
+        RunSettings {
+            source: self.source.into(),
+            golden: self.golden,
+            probes: self.probes,
+            options,
+            engine,
+            json: self.json,
+            html: self.html,
+        }
     }
 }

@@ -125,15 +125,21 @@ async fn start_engine(settings: &EngineSettings) -> Result<Started, String> {
 const NO_CUDA: &str = "this ctxscope was built without CUDA support; rebuild with `cargo build --release --features cuda`";
 
 /// Starts the scheduler on `device`; blocks while a GPU backend uploads the model.
-fn start_scheduler(model: Arc<Model>, options: EngineOptions, device: BackendKind) -> Result<(EngineHandle, std::thread::JoinHandle<()>), String> {
+fn start_scheduler(
+    model: Arc<Model>,
+    options: EngineOptions,
+    device: BackendKind,
+) -> Result<(EngineHandle, std::thread::JoinHandle<()>), String> {
     match device {
         BackendKind::Cpu => Ok(scheduler::start(model, options)),
         #[cfg(feature = "cuda")]
         BackendKind::Cuda { ordinal } => {
             let device_model = model.clone();
             let device_options = options.clone();
-            scheduler::start_backend(model, options, move || ctxscope_engine::device::DeviceBackend::new(device_model, ordinal, &device_options))
-                .map_err(|e| format!("cannot start the engine on {device}: {e}"))
+            scheduler::start_backend(model, options, move || {
+                ctxscope_engine::device::DeviceBackend::new(device_model, ordinal, &device_options)
+            })
+            .map_err(|e| format!("cannot start the engine on {device}: {e}"))
         }
         #[cfg(not(feature = "cuda"))]
         BackendKind::Cuda { .. } => Err(NO_CUDA.into()),

@@ -21,8 +21,7 @@ async fn imports_are_checked_and_replays_are_not_overwritten() {
     // 600 MB announced, 10 bytes sent: refused at once (it used to wait to read up to 512 MiB).
     let started = Instant::now();
     let mut stream = tokio::net::TcpStream::connect(proxy.admin).await.unwrap();
-    let head =
-        "POST /api/import HTTP/1.1\r\nhost: x\r\ncontent-length: 600000000\r\n\r\n{\"kind\":";
+    let head = "POST /api/import HTTP/1.1\r\nhost: x\r\ncontent-length: 600000000\r\n\r\n{\"kind\":";
     stream.write_all(head.as_bytes()).await.unwrap();
     let mut answer = vec![0u8; 1024];
     let n = tokio::time::timeout(Duration::from_secs(3), stream.read(&mut answer))
@@ -35,68 +34,27 @@ async fn imports_are_checked_and_replays_are_not_overwritten() {
 
     // A real conversation, exported and imported back through the admin API.
     let body = json!({"model": "m", "messages": [{"role": "user", "content": "remember 42"}]});
-    assert_eq!(
-        post_json(&format!("{}/v1/chat/completions", proxy.url()), &[], &body)
-            .await
-            .status,
-        200
-    );
+    assert_eq!(post_json(&format!("{}/v1/chat/completions", proxy.url()), &[], &body).await.status, 200);
     let listed = proxy.wait_turns(1).await;
     let id = listed[0]["id"].as_u64().unwrap();
-    let export = send(
-        "GET",
-        &format!("{admin}/api/conversations/{id}/export"),
-        &[],
-        Vec::new(),
-    )
-    .await;
+    let export = send("GET", &format!("{admin}/api/conversations/{id}/export"), &[], Vec::new()).await;
     assert_eq!(export.status, 200);
-    let lines: Vec<String> = String::from_utf8_lossy(&export.body)
-        .lines()
-        .map(str::to_string)
-        .collect();
+    let lines: Vec<String> = String::from_utf8_lossy(&export.body).lines().map(str::to_string).collect();
     let import = |lines: Vec<String>| {
         let admin = admin.clone();
-        async move {
-            send(
-                "POST",
-                &format!("{admin}/api/import"),
-                &[],
-                lines.join("\n").into_bytes(),
-            )
-            .await
-        }
+        async move { send("POST", &format!("{admin}/api/import"), &[], lines.join("\n").into_bytes()).await }
     };
     let imported = import(lines.clone()).await;
-    assert_eq!(
-        imported.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&imported.body)
-    );
+    assert_eq!(imported.status, 200, "{}", String::from_utf8_lossy(&imported.body));
     let new_id = imported.json()["conversation"].as_u64().unwrap();
     let detail = get_json(&format!("{admin}/api/conversations/{new_id}")).await;
     let notes = detail["turns"][0]["notes"].as_array().unwrap();
-    assert!(
-        notes.iter().any(|n| n
-            .as_str()
-            .unwrap()
-            .starts_with("imported from an export file")),
-        "{notes:?}"
-    );
+    assert!(notes.iter().any(|n| n.as_str().unwrap().starts_with("imported from an export file")), "{notes:?}");
 
     // Header only; a turn before its messages.
     let header_only = import(lines[..1].to_vec()).await;
-    assert_eq!(
-        header_only.status,
-        400,
-        "{}",
-        String::from_utf8_lossy(&header_only.body)
-    );
-    let turn_line = lines
-        .iter()
-        .position(|l| l.contains("\"kind\":\"turn\""))
-        .unwrap();
+    assert_eq!(header_only.status, 400, "{}", String::from_utf8_lossy(&header_only.body));
+    let turn_line = lines.iter().position(|l| l.contains("\"kind\":\"turn\"")).unwrap();
     let mut reordered = lines.clone();
     let turn = reordered.remove(turn_line);
     reordered.insert(1, turn);
@@ -109,28 +67,10 @@ async fn imports_are_checked_and_replays_are_not_overwritten() {
         json!({"id": 77, "conversation": conversation, "started_unix_ms": 1, "finished_unix_ms": 2,
                "targets": [], "summary": summary, "report": null})
     };
-    assert_eq!(
-        post_json(&format!("{admin}/api/replays"), &[], &run(id, "first"))
-            .await
-            .status,
-        200
-    );
-    let clash = post_json(
-        &format!("{admin}/api/replays"),
-        &[],
-        &run(id + 1, "intruder"),
-    )
-    .await;
-    assert_eq!(
-        clash.status,
-        409,
-        "{}",
-        String::from_utf8_lossy(&clash.body)
-    );
-    assert_eq!(
-        get_json(&format!("{admin}/api/replays/77")).await["summary"],
-        "first"
-    );
+    assert_eq!(post_json(&format!("{admin}/api/replays"), &[], &run(id, "first")).await.status, 200);
+    let clash = post_json(&format!("{admin}/api/replays"), &[], &run(id + 1, "intruder")).await;
+    assert_eq!(clash.status, 409, "{}", String::from_utf8_lossy(&clash.body));
+    assert_eq!(get_json(&format!("{admin}/api/replays/77")).await["summary"], "first");
     proxy.stop();
 }
 
@@ -138,13 +78,7 @@ async fn imports_are_checked_and_replays_are_not_overwritten() {
 fn spawn_proxy(upstream: &str, data: &std::path::Path) -> (KillOnDrop, String) {
     let admin_port = free_port();
     let child = std::process::Command::new(bin())
-        .args([
-            "proxy",
-            "--upstream",
-            upstream,
-            "--listen",
-            &format!("127.0.0.1:{}", free_port()),
-        ])
+        .args(["proxy", "--upstream", upstream, "--listen", &format!("127.0.0.1:{}", free_port())])
         .args(["--admin", &format!("127.0.0.1:{admin_port}")])
         .arg("--data")
         .arg(data)
@@ -185,14 +119,9 @@ async fn a_100_mb_import_is_streamed_in_bounded_memory() {
             first = hash.clone();
         }
         body.push(b'\n');
-        body.extend_from_slice(
-            json!({"kind": "message", "hash": hash, "message": message})
-                .to_string()
-                .as_bytes(),
-        );
+        body.extend_from_slice(json!({"kind": "message", "hash": hash, "message": message}).to_string().as_bytes());
     }
-    let mut turn: serde_json::Value =
-        serde_json::to_value(ctxscope_store::store_test_turn(1, 1, vec![first.clone()])).unwrap();
+    let mut turn: serde_json::Value = serde_json::to_value(ctxscope_store::store_test_turn(1, 1, vec![first.clone()])).unwrap();
     turn["kind"] = json!("turn");
     turn["messages"] = json!([first]);
     body.push(b'\n');
@@ -201,19 +130,10 @@ async fn a_100_mb_import_is_streamed_in_bounded_memory() {
     let pid = child.0.id();
     let before = status_kib(pid, "VmRSS:");
     let imported = send("POST", &format!("{admin}/api/import"), &[], body).await;
-    assert_eq!(
-        imported.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&imported.body)
-    );
+    assert_eq!(imported.status, 200, "{}", String::from_utf8_lossy(&imported.body));
     let peak = status_kib(pid, "VmHWM:");
     eprintln!("import of {size_kib} KiB: RSS {before} KiB before, peak {peak} KiB");
     // Streamed: sled's page cache (64 MiB) and write buffers, not the body. Collecting the body first
     // (as before) added the whole 100 MB on top, and more while it grew: +238 MB against +130 MB here.
-    assert!(
-        peak - before < size_kib * 7 / 4,
-        "peak grew by {} KiB for a {size_kib} KiB import",
-        peak - before
-    );
+    assert!(peak - before < size_kib * 7 / 4, "peak grew by {} KiB for a {size_kib} KiB import", peak - before);
 }

@@ -17,22 +17,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// The proxy under `ulimit -n NOFILE` (soft and hard, so it cannot raise it), on free ports.
-fn start(
-    upstream: &str,
-    data: &Path,
-    nofile: u32,
-    extra: &[&str],
-) -> (KillOnDrop, SocketAddr, SocketAddr) {
+fn start(upstream: &str, data: &Path, nofile: u32, extra: &[&str]) -> (KillOnDrop, SocketAddr, SocketAddr) {
     start_logging(upstream, data, nofile, extra, Stdio::inherit())
 }
 
-fn start_logging(
-    upstream: &str,
-    data: &Path,
-    nofile: u32,
-    extra: &[&str],
-    stderr: Stdio,
-) -> (KillOnDrop, SocketAddr, SocketAddr) {
+fn start_logging(upstream: &str, data: &Path, nofile: u32, extra: &[&str], stderr: Stdio) -> (KillOnDrop, SocketAddr, SocketAddr) {
     let (port, admin) = (free_port(), free_port());
     let proxy: SocketAddr = ([127, 0, 0, 1], port).into();
     let admin: SocketAddr = ([127, 0, 0, 1], admin).into();
@@ -40,15 +29,7 @@ fn start_logging(
         .arg("-c")
         .arg(format!("ulimit -n {nofile} && exec \"$0\" \"$@\""))
         .arg(bin())
-        .args([
-            "proxy",
-            "--upstream",
-            upstream,
-            "--listen",
-            &proxy.to_string(),
-            "--admin",
-            &admin.to_string(),
-        ])
+        .args(["proxy", "--upstream", upstream, "--listen", &proxy.to_string(), "--admin", &admin.to_string()])
         .arg("--data")
         .arg(data)
         .args(extra)
@@ -59,9 +40,7 @@ fn start_logging(
         .expect("spawn ctxscope proxy");
     let child = KillOnDrop(child);
     let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(admin).is_err()
-        || std::net::TcpStream::connect(proxy).is_err()
-    {
+    while std::net::TcpStream::connect(admin).is_err() || std::net::TcpStream::connect(proxy).is_err() {
         assert!(Instant::now() < deadline, "proxy did not start listening");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -70,11 +49,7 @@ fn start_logging(
 
 /// How long until the server closes `stream` (EOF or reset), sending `drip` one byte every 200 ms
 /// meanwhile when given; `None` if it is still open after `limit`. Also returns what was read.
-async fn closed_after(
-    mut stream: TcpStream,
-    drip: Option<&[u8]>,
-    limit: Duration,
-) -> (Option<Duration>, Vec<u8>) {
+async fn closed_after(mut stream: TcpStream, drip: Option<&[u8]>, limit: Duration) -> (Option<Duration>, Vec<u8>) {
     let started = Instant::now();
     let mut read = Vec::new();
     let mut next = 0;
@@ -110,46 +85,24 @@ async fn slow_and_silent_connections_are_closed_after_the_header_timeout() {
         let mut stream = TcpStream::connect(target).await.unwrap();
         let drip: Option<&'static [u8]> = if i % 2 == 0 {
             // Slowloris: a request line, then a header that never ends, a byte at a time.
-            stream
-                .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
-                .await
-                .unwrap();
+            stream.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n").await.unwrap();
             Some(b"x-slow-header-without-end")
         } else {
             None
         };
-        tasks.push(tokio::spawn(closed_after(
-            stream,
-            drip,
-            Duration::from_secs(10),
-        )));
+        tasks.push(tokio::spawn(closed_after(stream, drip, Duration::from_secs(10))));
     }
     for (i, task) in tasks.into_iter().enumerate() {
         let (closed, _) = task.await.unwrap();
-        let closed = closed.unwrap_or_else(|| {
-            panic!("connection {i} still open after 10 s with --header-timeout 2")
-        });
-        assert!(
-            closed >= Duration::from_millis(1500) && closed < Duration::from_secs(5),
-            "connection {i} closed after {closed:?}"
-        );
+        let closed = closed.unwrap_or_else(|| panic!("connection {i} still open after 10 s with --header-timeout 2"));
+        assert!(closed >= Duration::from_millis(1500) && closed < Duration::from_secs(5), "connection {i} closed after {closed:?}");
     }
     // A keep-alive connection idle after its response is closed too.
     let mut stream = TcpStream::connect(admin).await.unwrap();
-    stream
-        .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
-        .await
-        .unwrap();
+    stream.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
     let (closed, read) = closed_after(stream, None, Duration::from_secs(10)).await;
-    assert!(
-        String::from_utf8_lossy(&read).starts_with("HTTP/1.1 200"),
-        "{}",
-        String::from_utf8_lossy(&read)
-    );
-    assert!(
-        closed.is_some_and(|c| c < Duration::from_secs(5)),
-        "idle keep-alive connection open for {closed:?}"
-    );
+    assert!(String::from_utf8_lossy(&read).starts_with("HTTP/1.1 200"), "{}", String::from_utf8_lossy(&read));
+    assert!(closed.is_some_and(|c| c < Duration::from_secs(5)), "idle keep-alive connection open for {closed:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -162,52 +115,29 @@ async fn idle_connections_under_a_low_file_limit_do_not_stop_service() {
         held.push(TcpStream::connect(proxy).await.expect("connect"));
     }
     // Health and the admin API answer at once while the proxy port is saturated.
-    let health = tokio::time::timeout(
-        Duration::from_secs(2),
-        send("GET", &format!("http://{admin}/healthz"), &[], Vec::new()),
-    )
-    .await
-    .expect("/healthz timed out with 300 idle proxy connections held");
+    let health = tokio::time::timeout(Duration::from_secs(2), send("GET", &format!("http://{admin}/healthz"), &[], Vec::new()))
+        .await
+        .expect("/healthz timed out with 300 idle proxy connections held");
     assert_eq!(health.status, 200);
     // A request meanwhile is answered (or refused with a clear 503), never left hanging.
     let body = json!({"model": "m", "messages": [{"role": "user", "content": "hello"}]});
     let url = format!("http://{proxy}/v1/chat/completions");
-    let during = tokio::time::timeout(Duration::from_secs(2), post_json(&url, &[], &body))
-        .await
-        .expect("request hung");
-    assert!(
-        during.status == 200 || during.status == 503,
-        "status {} during saturation",
-        during.status
-    );
+    let during = tokio::time::timeout(Duration::from_secs(2), post_json(&url, &[], &body)).await.expect("request hung");
+    assert!(during.status == 200 || during.status == 503, "status {} during saturation", during.status);
     // Every held connection is closed: those over the cap with a 503 at once, the rest at the timeout.
-    let outcomes: Vec<_> = held
-        .into_iter()
-        .map(|s| tokio::spawn(closed_after(s, None, Duration::from_secs(10))))
-        .collect();
+    let outcomes: Vec<_> = held.into_iter().map(|s| tokio::spawn(closed_after(s, None, Duration::from_secs(10)))).collect();
     let mut refused = 0;
     for (i, task) in outcomes.into_iter().enumerate() {
         let (closed, read) = task.await.unwrap();
-        assert!(
-            closed.is_some(),
-            "held connection {i} still open 10 s later"
-        );
+        assert!(closed.is_some(), "held connection {i} still open 10 s later");
         if read.starts_with(b"HTTP/1.1 503") {
             assert!(String::from_utf8_lossy(&read).contains("too_many_connections"));
             refused += 1;
         }
     }
-    assert!(
-        refused >= 200,
-        "only {refused} of 300 connections over the cap were refused with 503"
-    );
+    assert!(refused >= 200, "only {refused} of 300 connections over the cap were refused with 503");
     let after = post_json(&url, &[], &body).await;
-    assert_eq!(
-        after.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&after.body)
-    );
+    assert_eq!(after.status, 200, "{}", String::from_utf8_lossy(&after.body));
     let health = send("GET", &format!("http://{admin}/healthz"), &[], Vec::new()).await;
     assert_eq!(health.status, 200);
 }
@@ -228,25 +158,19 @@ async fn out_of_file_descriptors_it_backs_off_and_keeps_its_connections() {
     let started = Instant::now();
     let mut kept = TcpStream::connect(admin).await.unwrap();
     let mut buf = vec![0u8; 4096];
-    kept.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
-        .await
-        .unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
     let n = kept.read(&mut buf).await.unwrap();
     assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
     let mut held = Vec::new();
     for _ in 0..400 {
         // Past the listen backlog a connect waits for SYN retries: those are skipped.
-        if let Ok(Ok(stream)) =
-            tokio::time::timeout(Duration::from_millis(100), TcpStream::connect(proxy)).await
-        {
+        if let Ok(Ok(stream)) = tokio::time::timeout(Duration::from_millis(100), TcpStream::connect(proxy)).await {
             held.push(stream);
         }
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     // The connection it already has is still served while accepting fails.
-    kept.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
-        .await
-        .unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
     let n = tokio::time::timeout(Duration::from_secs(2), kept.read(&mut buf))
         .await
         .expect("an open connection went unserved at the open-file limit")
@@ -262,27 +186,14 @@ async fn out_of_file_descriptors_it_backs_off_and_keeps_its_connections() {
     drop(held);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let health = tokio::time::timeout(
-            Duration::from_secs(1),
-            send("GET", &format!("http://{admin}/healthz"), &[], Vec::new()),
-        )
-        .await;
+        let health = tokio::time::timeout(Duration::from_secs(1), send("GET", &format!("http://{admin}/healthz"), &[], Vec::new())).await;
         if health.is_ok_and(|h| h.status == 200) {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "no recovery after the idle connections closed"
-        );
+        assert!(Instant::now() < deadline, "no recovery after the idle connections closed");
     }
     let text = std::fs::read_to_string(&log).unwrap();
     let warnings = text.lines().filter(|l| l.contains("accept failed")).count();
-    assert!(
-        warnings >= 1,
-        "accept never failed: the test did not reach the open-file limit"
-    );
-    assert!(
-        warnings <= 12,
-        "{warnings} accept-failure log lines: not backing off"
-    );
+    assert!(warnings >= 1, "accept never failed: the test did not reach the open-file limit");
+    assert!(warnings <= 12, "{warnings} accept-failure log lines: not backing off");
 }

@@ -5,9 +5,9 @@
 //! engine truncation. Needs Debian's `prometheus` package (promtool, prometheus): scripts/test.sh
 //! installs it; elsewhere set CTXSCOPE_SKIP_PROMETHEUS=1 to skip what needs it.
 
-mod support;
 #[path = "deploy/promql.rs"]
 mod promql;
+mod support;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 use ctxscope_proxy::metrics as m;
 use ctxscope_store::{FindingKind, Severity};
+use promql::*;
 use serde_json::{json, Value};
 use support::upstream::Upstream;
-use promql::*;
 use support::*;
 
 /// Metrics that exist from startup, before any traffic (the alert rules' `increase() > 0` needs them).
@@ -67,7 +67,6 @@ fn promtool_accepts_the_rules_the_config_and_the_dashboard_queries() {
     run_ok(Command::new(&promtool).args(["test", "rules"]).arg(&unit));
 }
 
-
 // ---------------------------------------------------------------------------------------------------
 // 2. Metric names: the rules and the dashboard use only exported metrics; a live proxy exports them
 // ---------------------------------------------------------------------------------------------------
@@ -113,8 +112,15 @@ async fn rules_and_dashboard_use_only_metrics_the_proxy_exports() {
     for kind in FindingKind::ALL {
         for severity in Severity::ALL {
             let (kind, severity) = (kind.as_str(), severity.as_str());
-            let series = samples.iter().find(|s| s.name == m::FINDINGS_TOTAL && s.label("kind") == Some(kind) && s.label("severity") == Some(severity));
-            assert_eq!(series.map(|s| s.value), Some(0.0), "{}{{kind={kind:?},severity={severity:?}}} is not 0 at startup", m::FINDINGS_TOTAL);
+            let series = samples
+                .iter()
+                .find(|s| s.name == m::FINDINGS_TOTAL && s.label("kind") == Some(kind) && s.label("severity") == Some(severity));
+            assert_eq!(
+                series.map(|s| s.value),
+                Some(0.0),
+                "{}{{kind={kind:?},severity={severity:?}}} is not 0 at startup",
+                m::FINDINGS_TOTAL
+            );
         }
     }
 
@@ -194,10 +200,13 @@ async fn prometheus_fires_on_a_real_engine_truncation() {
         let url = format!("{proxy}/v1/chat/completions");
         async move { post_json(&url, headers, &body).await }
     };
-    let healthy = chat(json!({"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 4, "temperature": 0}), &[]).await;
+    let healthy =
+        chat(json!({"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 4, "temperature": 0}), &[])
+            .await;
     assert_eq!(healthy.status, 200, "{}", String::from_utf8_lossy(&healthy.body));
     wait_captured_turns(&admin, 1, Duration::from_secs(20)).await;
-    poll("Prometheus to scrape the healthy request", 15, || async { (!query(&api, m::REQUESTS_TOTAL).await.is_empty()).then_some(()) }).await;
+    poll("Prometheus to scrape the healthy request", 15, || async { (!query(&api, m::REQUESTS_TOTAL).await.is_empty()).then_some(()) })
+        .await;
     tokio::time::sleep(Duration::from_secs(3)).await; // three rule evaluations on the scraped data
     let firing = firing_alerts(&api).await;
     assert!(firing.is_empty(), "alerts fire on healthy traffic: {}", Value::Array(firing));
@@ -214,7 +223,11 @@ async fn prometheus_fires_on_a_real_engine_truncation() {
     });
     let cut = chat(body, &[("x-ctxscope-patches", "auto_truncate=64")]).await;
     assert_eq!(cut.status, 200, "{}", String::from_utf8_lossy(&cut.body));
-    assert_eq!(cut.headers.get("x-ctxscope-patches").map(|v| v.to_str().unwrap()), Some("auto_truncate=64"), "the patch header did not reach the engine");
+    assert_eq!(
+        cut.headers.get("x-ctxscope-patches").map(|v| v.to_str().unwrap()),
+        Some("auto_truncate=64"),
+        "the patch header did not reach the engine"
+    );
     let usage = cut.json()["usage"].clone();
     assert_eq!(usage["prompt_tokens"].as_u64(), Some(57), "the engine did not truncate: {usage}");
     wait_captured_turns(&admin, 2, Duration::from_secs(20)).await;
@@ -227,11 +240,12 @@ async fn prometheus_fires_on_a_real_engine_truncation() {
             break alert.clone();
         }
         if Instant::now() > deadline {
-            let proxy_findings: Vec<String> = parse_exposition(&String::from_utf8_lossy(&send("GET", &format!("{admin}/metrics"), &[], Vec::new()).await.body))
-                .into_iter()
-                .filter(|s| s.name == m::FINDINGS_TOTAL && s.value > 0.0)
-                .map(|s| format!("{:?} = {}", s.labels, s.value))
-                .collect();
+            let proxy_findings: Vec<String> =
+                parse_exposition(&String::from_utf8_lossy(&send("GET", &format!("{admin}/metrics"), &[], Vec::new()).await.body))
+                    .into_iter()
+                    .filter(|s| s.name == m::FINDINGS_TOTAL && s.value > 0.0)
+                    .map(|s| format!("{:?} = {}", s.labels, s.value))
+                    .collect();
             let all = get_json(&format!("{api}/api/v1/alerts")).await;
             panic!(
                 "no engine_truncation alert fired within 60 s of a truncated request (usage {usage}).\n\
@@ -240,7 +254,13 @@ async fn prometheus_fires_on_a_real_engine_truncation() {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
-    eprintln!("{} fired {:?} after the truncation: {} {}", alert["labels"]["alertname"], started.elapsed(), alert["labels"], alert["annotations"]);
+    eprintln!(
+        "{} fired {:?} after the truncation: {} {}",
+        alert["labels"]["alertname"],
+        started.elapsed(),
+        alert["labels"],
+        alert["annotations"]
+    );
     server.stop();
     serve.stop();
 }
@@ -248,11 +268,27 @@ async fn prometheus_fires_on_a_real_engine_truncation() {
 /// An alert about engine truncation: its kind label, or its name.
 fn names_truncation(alert: &Value) -> bool {
     let labels = &alert["labels"];
-    labels["kind"] == "engine_truncation" || labels["alertname"].as_str().is_some_and(|n| n.to_lowercase().replace('_', "").contains("enginetruncation"))
+    labels["kind"] == "engine_truncation"
+        || labels["alertname"].as_str().is_some_and(|n| n.to_lowercase().replace('_', "").contains("enginetruncation"))
 }
 
 const WORDS: [&str; 16] = [
-    "the", "inspector", "walked", "down", "a", "long", "corridor", "and", "noted", "every", "door", "was", "painted", "green", "before", "lunch",
+    "the",
+    "inspector",
+    "walked",
+    "down",
+    "a",
+    "long",
+    "corridor",
+    "and",
+    "noted",
+    "every",
+    "door",
+    "was",
+    "painted",
+    "green",
+    "before",
+    "lunch",
 ];
 
 // ---------------------------------------------------------------------------------------------------
@@ -350,9 +386,13 @@ fn dashboard_exprs() -> Vec<(String, String)> {
     let mut out = Vec::new();
     for panel in panels {
         let title = panel["title"].as_str().unwrap_or("(untitled)").to_string();
-        let targets = panel["targets"].as_array().filter(|t| !t.is_empty()).unwrap_or_else(|| panic!("dashboard panel {title:?} has no targets"));
+        let targets =
+            panel["targets"].as_array().filter(|t| !t.is_empty()).unwrap_or_else(|| panic!("dashboard panel {title:?} has no targets"));
         for (i, target) in targets.iter().enumerate() {
-            let expr = target["expr"].as_str().filter(|e| !e.trim().is_empty()).unwrap_or_else(|| panic!("dashboard panel {title:?} target {i} has no expr"));
+            let expr = target["expr"]
+                .as_str()
+                .filter(|e| !e.trim().is_empty())
+                .unwrap_or_else(|| panic!("dashboard panel {title:?} target {i} has no expr"));
             out.push((format!("{title} {i}"), expr.to_string()));
         }
     }

@@ -136,7 +136,9 @@ async fn chat_streaming_usage_and_prefix_reuse() {
     assert_eq!(plain["object"], "text_completion");
     let text = plain["choices"][0]["text"].as_str().unwrap().to_string();
     assert!(text.contains("Paris"), "{text:?}");
-    let events = sse_events(&post_json(&url, &[], &json!({"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0, "stream": true})).await);
+    let events = sse_events(
+        &post_json(&url, &[], &json!({"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0, "stream": true})).await,
+    );
     assert_eq!(streamed_text(&events), text);
     assert_eq!(events.last().unwrap()["choices"][0]["finish_reason"], plain["choices"][0]["finish_reason"]);
 
@@ -219,7 +221,9 @@ async fn stop_strings_logprobs_tokenize_and_models() {
 
     // Legacy completions logprobs.
     let url = format!("{}/v1/completions", engine.url);
-    let reply = ok_json(&post_json(&url, &[], &json!({"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0, "logprobs": 2})).await);
+    let reply = ok_json(
+        &post_json(&url, &[], &json!({"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0, "logprobs": 2})).await,
+    );
     let lp = &reply["choices"][0]["logprobs"];
     let n = lp["tokens"].as_array().unwrap().len();
     assert_eq!(n, 4);
@@ -234,7 +238,14 @@ async fn stop_strings_logprobs_tokenize_and_models() {
     // /tokenize (llama.cpp's shape) and back.
     let tokenize = |body: Value| {
         let url = format!("{}/tokenize", engine.url);
-        async move { ok_json(&post_json(&url, &[], &body).await)["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect::<Vec<_>>() }
+        async move {
+            ok_json(&post_json(&url, &[], &body).await)["tokens"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_u64().unwrap())
+                .collect::<Vec<_>>()
+        }
     };
     let hello = tokenize(json!({"content": "Hello world", "add_special": false})).await;
     assert!(!hello.is_empty() && hello.len() <= 3, "{hello:?}");
@@ -280,7 +291,11 @@ async fn bad_inputs_get_clear_errors_and_the_server_keeps_serving() {
         ("null content", chat(json!({"messages": [{"role": "user", "content": null}]})), "has no `content`"),
         ("max_tokens 0", chat(json!({"messages": hi, "max_tokens": 0})), "`max_tokens` must be at least 1, got 0"),
         ("negative max_tokens", chat(json!({"messages": hi, "max_tokens": -5})), "`max_tokens` must be at least 1, got -5"),
-        ("negative max_completion_tokens", chat(json!({"messages": hi, "max_completion_tokens": -1})), "`max_completion_tokens` must be at least 1"),
+        (
+            "negative max_completion_tokens",
+            chat(json!({"messages": hi, "max_completion_tokens": -1})),
+            "`max_completion_tokens` must be at least 1",
+        ),
         ("string max_tokens", chat(json!({"messages": hi, "max_tokens": "ten"})), "must be a positive integer"),
         ("bad temperature", chat(json!({"messages": hi, "temperature": -1})), "`temperature` must be between 0 and 2"),
         ("bad stop", chat(json!({"messages": hi, "stop": 5})), "`stop` must be a string or a list of strings"),
@@ -308,7 +323,11 @@ async fn bad_inputs_get_clear_errors_and_the_server_keeps_serving() {
     assert_eq!(missing.status, 404);
 
     // An absurd max_tokens is clamped to what the context leaves.
-    let reply = ok_json(&engine.chat(json!({"messages": [user("Count from one to one hundred.")], "max_tokens": 1_000_000_000_000u64, "temperature": 0})).await);
+    let reply = ok_json(
+        &engine
+            .chat(json!({"messages": [user("Count from one to one hundred.")], "max_tokens": 1_000_000_000_000u64, "temperature": 0}))
+            .await,
+    );
     let usage = &reply["usage"];
     if reply["choices"][0]["finish_reason"] == "length" {
         assert_eq!(usage["total_tokens"].as_u64(), Some(64), "{usage}");
@@ -355,7 +374,8 @@ async fn a_thousand_concurrent_requests_all_get_answers() {
     eprintln!("1000 concurrent requests: {ok} ok, {refused} refused in {:?}", started.elapsed());
     assert_eq!(ok + refused, 1000);
     assert!(ok > 0);
-    let reply = ok_json(&engine.chat(json!({"messages": [user("What is the capital of France?")], "max_tokens": 8, "temperature": 0})).await);
+    let reply =
+        ok_json(&engine.chat(json!({"messages": [user("What is the capital of France?")], "max_tokens": 8, "temperature": 0})).await);
     assert!(content(&reply).contains("Paris"), "{reply}");
     engine.stop();
 }
@@ -365,10 +385,14 @@ async fn a_client_that_disconnects_mid_stream_cancels_its_sequence() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     // One sequence at a time: a request can only run once the abandoned one is gone.
     let engine = Server::engine(&["--max-batch", "1"]).ready().await;
-    let body = serde_json::to_string(&json!({"prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 4000, "temperature": 0, "stream": true})).unwrap();
+    let body =
+        serde_json::to_string(&json!({"prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 4000, "temperature": 0, "stream": true})).unwrap();
     let addr = engine.url.trim_start_matches("http://").to_string();
     let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    let head = format!("POST /v1/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", body.len());
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
     socket.write_all(head.as_bytes()).await.unwrap();
     socket.write_all(body.as_bytes()).await.unwrap();
     let mut seen = Vec::new();
@@ -414,7 +438,9 @@ async fn serve_captures_the_engine_through_its_proxy() {
     assert_eq!(get_json(&format!("{admin}/healthz")).await["capture"], "on");
 
     let first = json!([user("What is the capital of France?")]);
-    let reply = ok_json(&post_json(&format!("{proxy}/v1/chat/completions"), &[], &json!({"messages": first, "max_tokens": 12, "temperature": 0})).await);
+    let reply = ok_json(
+        &post_json(&format!("{proxy}/v1/chat/completions"), &[], &json!({"messages": first, "max_tokens": 12, "temperature": 0})).await,
+    );
     let answer = content(&reply);
     assert!(answer.contains("Paris"), "{answer:?}");
     let second = json!([user("What is the capital of France?"), {"role": "assistant", "content": answer}, user("And of Spain?")]);
@@ -493,7 +519,19 @@ async fn patches_flag_header_and_registry_listing() {
     let listing = Command::new(bin()).arg("patches").output().expect("runs ctxscope patches");
     assert!(listing.status.success());
     let text = String::from_utf8_lossy(&listing.stdout);
-    for name in ["rmsnorm_bf16", "residual_gemm_bf16", "rope_bf16", "attn_splitk_bf16", "kv_fp8", "act_q8", "ctx_shift=N", "auto_truncate=N", "sliding_window=N", "prefix_cache_weak_hash", "prefix_cache_off"] {
+    for name in [
+        "rmsnorm_bf16",
+        "residual_gemm_bf16",
+        "rope_bf16",
+        "attn_splitk_bf16",
+        "kv_fp8",
+        "act_q8",
+        "ctx_shift=N",
+        "auto_truncate=N",
+        "sliding_window=N",
+        "prefix_cache_weak_hash",
+        "prefix_cache_off",
+    ] {
         assert!(text.contains(name), "`ctxscope patches` does not list {name}:\n{text}");
     }
     let bad = Command::new(bin()).args(["engine", "--patches", "kv_fp4"]).output().expect("runs ctxscope engine");

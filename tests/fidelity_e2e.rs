@@ -17,11 +17,7 @@ fn recall(report: &Value, target: &str, length: u64) -> (f64, f64, u64) {
         .iter()
         .find(|c| c["target"] == target && c["length"] == length)
         .unwrap_or_else(|| panic!("no cell for {target} at {length}: {report}"));
-    (
-        cell["recall"].as_f64().unwrap(),
-        cell["golden"].as_f64().unwrap(),
-        cell["prompt_tokens"].as_u64().unwrap_or(0),
-    )
+    (cell["recall"].as_f64().unwrap(), cell["golden"].as_f64().unwrap(), cell["prompt_tokens"].as_u64().unwrap_or(0))
 }
 
 #[test]
@@ -49,33 +45,14 @@ fn context_faults_keep_golden_recall_below_their_limit_and_lose_it_past_it() {
     let (short, long) = (256, 1024);
     let (golden_short, _, short_tokens) = recall(&report, "golden", short);
     let (golden_long, _, long_tokens) = recall(&report, "golden", long);
-    assert!(
-        short_tokens < LIMIT && long_tokens > LIMIT,
-        "lengths must straddle the limit: {short_tokens} and {long_tokens} tokens"
-    );
-    assert!(
-        golden_short > 0.0,
-        "golden recalls nothing even at {short_tokens} tokens: {report}"
-    );
+    assert!(short_tokens < LIMIT && long_tokens > LIMIT, "lengths must straddle the limit: {short_tokens} and {long_tokens} tokens");
+    assert!(golden_short > 0.0, "golden recalls nothing even at {short_tokens} tokens: {report}");
     for fault in ["engine:ctx_shift=512", "engine:auto_truncate=512"] {
         let (below, golden_below, _) = recall(&report, fault, short);
         let (above, golden_above, _) = recall(&report, fault, long);
-        assert_eq!(
-            (golden_below, golden_above),
-            (golden_short, golden_long),
-            "golden beside every cell"
-        );
-        assert_eq!(
-            below, golden_short,
-            "{fault} changed recall below its limit"
-        );
-        assert!(
-            above <= golden_long,
-            "{fault} recalls more than golden past its limit: {above} > {golden_long}"
-        );
-        assert!(
-            above < below,
-            "{fault} recall did not fall past its limit: {below} -> {above}"
-        );
+        assert_eq!((golden_below, golden_above), (golden_short, golden_long), "golden beside every cell");
+        assert_eq!(below, golden_short, "{fault} changed recall below its limit");
+        assert!(above <= golden_long, "{fault} recalls more than golden past its limit: {above} > {golden_long}");
+        assert!(above < below, "{fault} recall did not fall past its limit: {below} -> {above}");
     }
 }

@@ -27,10 +27,7 @@ async fn queue_depth_gauge_returns_to_zero_when_drained() {
         if depth == Some(0.0) {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "queue drained but ctxscope_capture_queue_depth is {depth:?}"
-        );
+        assert!(Instant::now() < deadline, "queue drained but ctxscope_capture_queue_depth is {depth:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let health = get_json(&format!("{}/healthz", proxy.admin_url())).await;

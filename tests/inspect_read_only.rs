@@ -57,27 +57,16 @@ async fn inspection_leaves_the_store_untouched() {
     // While the proxy holds it: refused with a pointer to the admin API.
     let held = cli(&["conversations", "--data", data.to_str().unwrap()]);
     assert!(!held.status.success());
-    assert!(
-        String::from_utf8_lossy(&held.stderr).contains("--admin URL"),
-        "{}",
-        String::from_utf8_lossy(&held.stderr)
-    );
+    assert!(String::from_utf8_lossy(&held.stderr).contains("--admin URL"), "{}", String::from_utf8_lossy(&held.stderr));
     proxy.stop();
 
     let before = snapshot(&data);
     let listed = cli(&["conversations", "--json", "--data", data.to_str().unwrap()]);
-    assert!(
-        listed.status.success(),
-        "{}",
-        String::from_utf8_lossy(&listed.stderr)
-    );
+    assert!(listed.status.success(), "{}", String::from_utf8_lossy(&listed.stderr));
     let conversations: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
     assert_eq!(conversations.as_array().unwrap().len(), 20);
     inspect_all(&data);
-    assert!(
-        before == snapshot(&data),
-        "inspecting a healthy store changed its files"
-    );
+    assert!(before == snapshot(&data), "inspecting a healthy store changed its files");
 
     // Damage the log a third of the way in: inspection may fail or warn, but changes nothing.
     let db = data.join("db");
@@ -90,35 +79,20 @@ async fn inspection_leaves_the_store_untouched() {
     std::fs::write(&db, &bytes).unwrap();
     let damaged = snapshot(&data);
     inspect_all(&data);
-    assert!(
-        damaged == snapshot(&data),
-        "inspecting a damaged store changed its files"
-    );
+    assert!(damaged == snapshot(&data), "inspecting a damaged store changed its files");
 
     // Never silent: the CLI fails or warns, and a proxy on it says degraded and counts it.
     let listed = cli(&["conversations", "--json", "--data", data.to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&listed.stderr);
-    assert!(
-        !listed.status.success() || stderr.contains("damaged"),
-        "silent on a damaged store: {stderr}"
-    );
+    assert!(!listed.status.success() || stderr.contains("damaged"), "silent on a damaged store: {stderr}");
     if listed.status.success() {
         let shown: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
-        assert!(
-            shown.as_array().unwrap().len() < 20,
-            "nothing lost, yet a warning: {stderr}"
-        );
+        assert!(shown.as_array().unwrap().len() < 20, "nothing lost, yet a warning: {stderr}");
     }
     let proxy = Proxy::builder(&up.url(), &data).start();
     let health = get_json(&format!("{}/healthz", proxy.admin_url())).await;
     assert_eq!(health["capture"], "degraded", "{health}");
-    assert!(
-        health["reason"].as_str().unwrap().contains("damaged"),
-        "{health}"
-    );
-    assert_eq!(
-        metric_value(&proxy.admin_url(), "ctxscope_store_damage_total").await,
-        Some(1.0)
-    );
+    assert!(health["reason"].as_str().unwrap().contains("damaged"), "{health}");
+    assert_eq!(metric_value(&proxy.admin_url(), "ctxscope_store_damage_total").await, Some(1.0));
     proxy.stop();
 }

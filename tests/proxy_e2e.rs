@@ -136,7 +136,8 @@ async fn multi_turn_conversation_is_threaded_and_readable_after_shutdown() {
         messages.push(json!({"role": "assistant", "content": format!("You said: {question}")}));
     }
     // A branch: same first exchange, different second question.
-    let branch = vec![messages[0].clone(), messages[1].clone(), messages[2].clone(), json!({"role": "user", "content": "Actually, minus 1?"})];
+    let branch =
+        vec![messages[0].clone(), messages[1].clone(), messages[2].clone(), json!({"role": "user", "content": "Actually, minus 1?"})];
     post_json(&url, &key, &chat(Value::Array(branch), false)).await;
     // An unrelated conversation sharing only the system prompt.
     post_json(&url, &key, &chat(json!([messages[0].clone(), {"role": "user", "content": "Unrelated."}]), false)).await;
@@ -226,7 +227,9 @@ async fn bad_input_gets_the_upstream_answer_or_a_clear_error_and_the_proxy_keeps
     let proxy = Proxy::builder(&up.url(), dir.path()).arg("--max-request-bytes").arg("100000").start();
     let url = format!("{}/v1/chat/completions", proxy.url());
     // Malformed JSON: the upstream's own 400, verbatim.
-    let direct = send("POST", &format!("{}/v1/chat/completions", up.url()), &[("content-type", "application/json")], b"{\"messages\": [".to_vec()).await;
+    let direct =
+        send("POST", &format!("{}/v1/chat/completions", up.url()), &[("content-type", "application/json")], b"{\"messages\": [".to_vec())
+            .await;
     let via = send("POST", &url, &[("content-type", "application/json")], b"{\"messages\": [".to_vec()).await;
     assert_eq!((via.status, &via.body), (direct.status, &direct.body));
     // Far over the limit: 413 from the proxy, naming the limit.
@@ -267,7 +270,8 @@ async fn unusable_data_directory_still_serves_and_says_why() {
     let blocked = dir.path().join("not-a-dir");
     std::fs::write(&blocked, "x").unwrap();
     let proxy = Proxy::builder(&up.url(), &blocked).start();
-    let raw = post_json(&format!("{}/v1/chat/completions", proxy.url()), &[], &chat(json!([{"role": "user", "content": "hi"}]), false)).await;
+    let raw =
+        post_json(&format!("{}/v1/chat/completions", proxy.url()), &[], &chat(json!([{"role": "user", "content": "hi"}]), false)).await;
     assert_eq!(raw.status, 200);
     assert_eq!(raw.json()["choices"][0]["message"]["content"], "You said: hi");
     let health = get_json(&format!("{}/healthz", proxy.admin_url())).await;
@@ -301,7 +305,11 @@ async fn export_then_import_reproduces_the_conversation() {
     let new_id = convs[0]["id"].as_u64().unwrap().to_string();
     let again = cli(&["export", &new_id, "--data", other.to_str().unwrap()]);
     let strip = |bytes: &[u8]| -> Vec<Value> {
-        String::from_utf8_lossy(bytes).lines().filter(|l| l.contains("\"kind\":\"message\"")).map(|l| serde_json::from_str(l).unwrap()).collect()
+        String::from_utf8_lossy(bytes)
+            .lines()
+            .filter(|l| l.contains("\"kind\":\"message\""))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
     };
     assert_eq!(strip(&again.stdout), strip(&export.stdout));
     // Bad input to import is a clear error.
@@ -319,7 +327,12 @@ async fn metrics_catalogue_is_served() {
     post_json(&format!("{}/v1/chat/completions", proxy.url()), &[], &chat(json!([{"role": "user", "content": "m"}]), false)).await;
     proxy.wait_turns(1).await;
     let metrics = proxy.metrics().await;
-    for name in ["ctxscope_requests_total", "ctxscope_prompt_tokens_bucket", "ctxscope_proxy_overhead_seconds_bucket", "ctxscope_turns_captured_total"] {
+    for name in [
+        "ctxscope_requests_total",
+        "ctxscope_prompt_tokens_bucket",
+        "ctxscope_proxy_overhead_seconds_bucket",
+        "ctxscope_turns_captured_total",
+    ] {
         assert!(metrics.contains(name), "missing {name}:\n{metrics}");
     }
     let health = get_json(&format!("{}/healthz", proxy.admin_url())).await;

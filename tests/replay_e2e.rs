@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ctxscope_replay::{score, Metric, Outcome, ProbeSpec, Reply, ReplayReport, TurnResult};
+use ctxscope_replay::{score, Metric, Outcome, ProbeSpec, ReplayReport, Reply, TurnResult};
 use ctxscope_store::ReplayEntry;
 use serde_json::json;
 use support::*;
@@ -102,7 +102,8 @@ async fn capture(model: &Path, data: &Path) -> (u64, Vec<String>) {
         let raw = post_json(&format!("{}/v1/chat/completions", serve.proxy_url), &[], &request).await;
         assert_eq!(raw.status, 200, "turn {i}: {}", String::from_utf8_lossy(&raw.body));
         let body = raw.json();
-        let text = body["choices"][0]["message"]["content"].as_str().unwrap_or_else(|| panic!("turn {i}: no reply text: {body}")).to_string();
+        let text =
+            body["choices"][0]["message"]["content"].as_str().unwrap_or_else(|| panic!("turn {i}: no reply text: {body}")).to_string();
         eprintln!("captured turn {i} ({} prompt tokens): {text:?}", body["usage"]["prompt_tokens"]);
         messages.push(json!({"role": "assistant", "content": text}));
         replies.push(text);
@@ -163,9 +164,18 @@ fn golden_reproduces_the_capture(report: &ReplayReport, captured: &[String]) {
             assert!(probe.passed, "golden must recall the fact at every probe, else the probes test nothing: {probe:?}");
         }
     }
-    assert!(golden.iter().any(|r| ok(r).cached_tokens.unwrap_or(0) > 0), "no golden turn hit the prefix cache: the cold comparison would be vacuous");
+    assert!(
+        golden.iter().any(|r| ok(r).cached_tokens.unwrap_or(0) > 0),
+        "no golden turn hit the prefix cache: the cold comparison would be vacuous"
+    );
     for (warm, cold) in golden.iter().zip(turn_results(report, COLD)) {
-        assert!(same_generation(ok(warm), ok(cold)), "turn {}: golden depends on the prefix cache:\n{:?}\n{:?}", warm.turn, ok(warm), ok(cold));
+        assert!(
+            same_generation(ok(warm), ok(cold)),
+            "turn {}: golden depends on the prefix cache:\n{:?}\n{:?}",
+            warm.turn,
+            ok(warm),
+            ok(cold)
+        );
         assert_eq!(ok(cold).cached_tokens, Some(0));
     }
     assert_eq!(mean_kl(report, COLD), 0.0);
@@ -195,7 +205,8 @@ fn context_fault_loses_the_fact(report: &ReplayReport) {
     let name = shift_name();
     let golden = turn_results(report, "golden");
     let shifted = turn_results(report, &name);
-    let k = golden.iter().position(|r| ok(r).prompt_tokens.unwrap_or(0) > CTX_SHIFT).expect("the conversation never outgrows ctx_shift") as u32;
+    let k =
+        golden.iter().position(|r| ok(r).prompt_tokens.unwrap_or(0) > CTX_SHIFT).expect("the conversation never outgrows ctx_shift") as u32;
     let probed: Vec<u32> = shifted.iter().filter(|r| !r.probes.is_empty()).map(|r| r.turn).collect();
     assert!(probed.iter().any(|t| *t < k) && probed.iter().any(|t| *t >= k), "probes after turns {probed:?} do not straddle turn {k}");
     eprintln!("ctx_shift={CTX_SHIFT}: the prompt first exceeds it at turn {k}");
@@ -333,7 +344,8 @@ fn bisect_names_the_numerical_patch(lab: &Lab, first: &ReplayReport) -> ReplayRe
 /// Step 5: `ctxscope replays` lists every run, newest first, and gives each report back whole.
 fn runs_are_stored(lab: &Lab, runs: &[&ReplayReport]) {
     let data = path_str(&lab.data);
-    let list: Vec<ReplayEntry> = serde_json::from_value(cli_json(&["replays", "--data", data, "--json"])).expect("a list of replay entries");
+    let list: Vec<ReplayEntry> =
+        serde_json::from_value(cli_json(&["replays", "--data", data, "--json"])).expect("a list of replay entries");
     let mut expected: Vec<u64> = runs.iter().map(|r| r.id).collect();
     expected.sort_unstable_by(|a, b| b.cmp(a));
     assert_eq!(list.iter().map(|e| e.id).collect::<Vec<_>>(), expected, "stored runs, newest first");

@@ -45,7 +45,13 @@ fn export_hf(model: &Model, gguf: &Path, dir: &Path) {
         put(n("post_attention_layernorm"), vec![c.dim], l.ffn_norm.clone());
         put(n("self_attn.q_proj"), vec![l.wq.rows, l.wq.cols], rotate_half(&l.wq, c.n_heads));
         put(n("self_attn.k_proj"), vec![l.wk.rows, l.wk.cols], rotate_half(&l.wk, c.n_kv_heads));
-        for (name, x) in [("self_attn.v_proj", &l.wv), ("self_attn.o_proj", &l.wo), ("mlp.gate_proj", &l.w_gate), ("mlp.up_proj", &l.w_up), ("mlp.down_proj", &l.w_down)] {
+        for (name, x) in [
+            ("self_attn.v_proj", &l.wv),
+            ("self_attn.o_proj", &l.wo),
+            ("mlp.gate_proj", &l.w_gate),
+            ("mlp.up_proj", &l.w_up),
+            ("mlp.down_proj", &l.w_down),
+        ] {
             let (shape, data) = m(x);
             put(n(name), shape, data);
         }

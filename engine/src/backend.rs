@@ -53,7 +53,10 @@ pub struct Step<'a, K> {
 pub enum Output {
     Logits(Vec<f32>),
     /// The chosen token (greedy or sampled) and its log-probability at temperature 1.
-    Token { token: u32, logprob: f32 },
+    Token {
+        token: u32,
+        logprob: f32,
+    },
 }
 
 /// A place to run the model.
@@ -92,7 +95,9 @@ impl BackendError {
 pub enum BackendKind {
     #[default]
     Cpu,
-    Cuda { ordinal: usize },
+    Cuda {
+        ordinal: usize,
+    },
 }
 
 impl BackendKind {

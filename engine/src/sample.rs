@@ -134,7 +134,8 @@ mod tests {
     fn seeded_sampling_is_reproducible_and_top_p_cuts_the_tail() {
         let logits = [2.0, 1.9, -10.0, -10.0];
         let params = SamplingParams { temperature: 1.0, top_p: 0.9, seed: 42, ..Default::default() };
-        let draw = |p: &SamplingParams| (0..50).map(|_| 0).scan(Sampler::new(p.clone()), |s, _| Some(s.sample(&logits).token)).collect::<Vec<_>>();
+        let draw =
+            |p: &SamplingParams| (0..50).map(|_| 0).scan(Sampler::new(p.clone()), |s, _| Some(s.sample(&logits).token)).collect::<Vec<_>>();
         let a = draw(&params);
         assert_eq!(a, draw(&params));
         assert!(a.iter().all(|t| *t < 2));

@@ -112,7 +112,8 @@ where
     B: Backend + 'static,
     F: FnOnce() -> Result<B, BackendError> + Send + 'static,
 {
-    let (handle, thread) = scheduler::start_backend(common::shared_model(), options, make).unwrap_or_else(|e| panic!("the engine starts: {e}"));
+    let (handle, thread) =
+        scheduler::start_backend(common::shared_model(), options, make).unwrap_or_else(|e| panic!("the engine starts: {e}"));
     Engine { handle: Some(handle), thread: Some(thread) }
 }
 
@@ -148,7 +149,13 @@ impl Heard {
     }
 }
 
-fn submit(engine: &EngineHandle, prompt: Vec<u32>, max_tokens: usize, sampling: SamplingParams, patches: PatchSet) -> UnboundedReceiver<Event> {
+fn submit(
+    engine: &EngineHandle,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    sampling: SamplingParams,
+    patches: PatchSet,
+) -> UnboundedReceiver<Event> {
     let (events, rx) = tokio::sync::mpsc::unbounded_channel();
     let request = GenerateRequest { prompt, max_tokens, sampling, path: Path::Golden, patches, events };
     engine.submit(request).expect("the engine is running");
@@ -205,7 +212,8 @@ fn batching_matches_single_runs<B: Backend + 'static>(make: impl Fn() -> Result<
     .iter()
     .map(|text| tokens(text))
     .collect();
-    let alone: Vec<Vec<u32>> = prompts.iter().map(|p| generate(&engine, p.clone(), 5, greedy(), PatchSet::default()).done().ids()).collect();
+    let alone: Vec<Vec<u32>> =
+        prompts.iter().map(|p| generate(&engine, p.clone(), 5, greedy(), PatchSet::default()).done().ids()).collect();
     let pending: Vec<_> = prompts.iter().map(|p| submit(&engine, p.clone(), 5, greedy(), PatchSet::default())).collect();
     let together: Vec<Vec<u32>> = pending.into_iter().map(|rx| hear(rx).done().ids()).collect();
     assert_eq!(together, alone, "batching changed the greedy tokens");
@@ -233,7 +241,9 @@ fn greedy_and_logits_wants_agree<B: Backend + 'static>(make: impl Fn() -> Result
 /// Sampling (on the device where the backend samples, else on the host): the same seed draws the same
 /// tokens twice; a top_p so small that only the most likely token is kept draws the greedy tokens; the
 /// reported log-probabilities are those of the drawn tokens (finite, <= 0).
-fn seeded_sampling_repeats_and_a_tiny_top_p_is_greedy<B: Backend + 'static>(make: impl Fn() -> Result<B, BackendError> + Send + Clone + 'static) {
+fn seeded_sampling_repeats_and_a_tiny_top_p_is_greedy<B: Backend + 'static>(
+    make: impl Fn() -> Result<B, BackendError> + Send + Clone + 'static,
+) {
     let model = common::shared_model();
     let engine = start(make, EngineOptions { prefix_cache_tokens: 0, ..options(&model) });
     let prompt = tokens("The weather today is");
@@ -369,7 +379,10 @@ fn continuation_hints_follow_the_schedule<B: Backend + 'static>(make: impl Fn() 
     let after = &hints[last_golden + 1..];
     assert!(after.iter().all(|h| h.path == Path::Fast), "{hints:?}");
     if fast.finish == Some(Finish::Length) && after.len() >= 2 {
-        assert!(after[..after.len() - 1].iter().all(|h| h.likely) && !after[after.len() - 1].likely, "the fast request alone again: {hints:?}");
+        assert!(
+            after[..after.len() - 1].iter().all(|h| h.likely) && !after[after.len() - 1].likely,
+            "the fast request alone again: {hints:?}"
+        );
     }
 }
 
@@ -404,7 +417,9 @@ fn a_failed_admission_ends_only_its_request<B: Backend + 'static>(make: impl Fn(
 }
 
 /// (e) `start_backend` returns the error of a backend that cannot be built, or says its thread died.
-fn a_backend_that_cannot_start_is_the_start_error<B: Backend + 'static>(_make: impl Fn() -> Result<B, BackendError> + Send + Clone + 'static) {
+fn a_backend_that_cannot_start_is_the_start_error<B: Backend + 'static>(
+    _make: impl Fn() -> Result<B, BackendError> + Send + Clone + 'static,
+) {
     let model = common::shared_model();
     let failing = || -> Result<B, BackendError> { Err(BackendError::new("test", "no such device")) };
     let err = scheduler::start_backend(model.clone(), options(&model), failing).err().expect("the start fails");

@@ -40,7 +40,8 @@ fn greedy_decode(backend: &mut DeviceBackend, path: Path, prompts: &[Vec<u32>], 
         if let Some((_, token)) = divert.filter(|d| d.0 == step) {
             fed[0] = [token];
         }
-        let mut batch: Vec<Step<'_, _>> = fed.iter().zip(kvs.iter_mut()).map(|(t, kv)| Step { tokens: t, kv, want: Want::Greedy }).collect();
+        let mut batch: Vec<Step<'_, _>> =
+            fed.iter().zip(kvs.iter_mut()).map(|(t, kv)| Step { tokens: t, kv, want: Want::Greedy }).collect();
         let outs = backend.forward(path, &patches, &mut batch).unwrap_or_else(|e| panic!("decode step {step}: {e}"));
         assert_eq!(outs.len(), prompts.len());
         for (p, out) in picks.iter_mut().zip(outs) {

@@ -3,7 +3,6 @@
 
 mod common;
 
-
 use ctxscope_engine::scheduler::{EngineHandle, Event, Finish, GenerateRequest};
 use ctxscope_engine::Path;
 use serde_json::{json, Value};
@@ -25,7 +24,8 @@ struct Outcome {
 
 fn generate(tokens: Vec<u32>, max_tokens: usize, path: Path) -> Outcome {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let request = GenerateRequest { prompt: tokens, max_tokens, sampling: Default::default(), path, patches: Default::default(), events: tx };
+    let request =
+        GenerateRequest { prompt: tokens, max_tokens, sampling: Default::default(), path, patches: Default::default(), events: tx };
     engine().submit(request).expect("engine running");
     let (mut out, mut cached) = (Vec::new(), 0);
     loop {
@@ -98,7 +98,16 @@ fn max_tokens_and_overlong_prompts() {
     assert_eq!((out.tokens.len(), out.finish), (3, Finish::Length));
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let huge = vec![100u32; engine().options.ctx + 5];
-    engine().submit(GenerateRequest { prompt: huge, max_tokens: 4, sampling: Default::default(), path: Path::Golden, patches: Default::default(), events: tx }).unwrap();
+    engine()
+        .submit(GenerateRequest {
+            prompt: huge,
+            max_tokens: 4,
+            sampling: Default::default(),
+            path: Path::Golden,
+            patches: Default::default(),
+            events: tx,
+        })
+        .unwrap();
     match rx.blocking_recv().unwrap() {
         Event::Error(message) => assert!(message.contains("context"), "{message}"),
         other => panic!("expected an error, got {other:?}"),

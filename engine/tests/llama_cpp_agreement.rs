@@ -178,11 +178,14 @@ fn compare(ours: &[Step], theirs: &[Step], engine: &Model) -> Agreement {
             (_, Some(None)) => "beyond top-5".into(),
             _ => "n/a".into(),
         };
-        let detail =
-            format!(
+        let detail = format!(
             "first mismatch at {i}: ours {} (lp {}; margin over theirs {}), llama.cpp {} (lp {}; margin over ours {})",
-            piece(o.token), show(o.logprob), margin(o.logprob, Some(theirs_in_ours)),
-            piece(t.token), show(t.logprob), margin(t.logprob, ours_in_theirs),
+            piece(o.token),
+            show(o.logprob),
+            margin(o.logprob, Some(theirs_in_ours)),
+            piece(t.token),
+            show(t.logprob),
+            margin(t.logprob, ours_in_theirs),
         );
         let close = match ours_in_theirs {
             Some(found) => Some(found.is_some() && theirs_in_ours.is_some()),
@@ -192,11 +195,7 @@ fn compare(ours: &[Step], theirs: &[Step], engine: &Model) -> Agreement {
         return Agreement { compared, agreed: i, identical: false, close, max_logprob_diff: max_diff, detail };
     }
     let identical = ours.len() == theirs.len();
-    let detail = if identical {
-        String::new()
-    } else {
-        format!("lengths {} (ours) vs {} (llama.cpp)", ours.len(), theirs.len())
-    };
+    let detail = if identical { String::new() } else { format!("lengths {} (ours) vs {} (llama.cpp)", ours.len(), theirs.len()) };
     Agreement { compared, agreed: compared, identical, close: Some(true), max_logprob_diff: max_diff, detail }
 }
 
@@ -210,8 +209,7 @@ fn chat_template_and_tokens_match_llama_cpp() {
     for chat in &chats().chats {
         let ours = model.template.render(&chat.messages, &opts).expect("renders");
         if ours != chat.prompt {
-            failures
-                .push(format!("{}: render differs\n  ours:      {ours:?}\n  llama.cpp: {:?}", chat.name, chat.prompt));
+            failures.push(format!("{}: render differs\n  ours:      {ours:?}\n  llama.cpp: {:?}", chat.name, chat.prompt));
         }
         // Tokens of llama.cpp's own render, so a template difference does not hide a tokenizer one.
         let tokens = encode(&chat.prompt);
@@ -225,11 +223,7 @@ fn chat_template_and_tokens_match_llama_cpp() {
             ));
         }
     }
-    eprintln!(
-        "template and tokens: {} of {} chats match llama.cpp",
-        chats().chats.len() - failures.len(),
-        chats().chats.len()
-    );
+    eprintln!("template and tokens: {} of {} chats match llama.cpp", chats().chats.len() - failures.len(), chats().chats.len());
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -241,10 +235,8 @@ fn greedy_agrees(path: Path) {
     let mut rows = Vec::new();
     for (chat, rx) in file.chats.iter().zip(pending) {
         let (sampled, finish) = collect(rx);
-        let mut ours: Vec<Step> = sampled
-            .iter()
-            .map(|s| Step { token: s.token, logprob: Some(s.logprob), top: Some(s.top.clone()) })
-            .collect();
+        let mut ours: Vec<Step> =
+            sampled.iter().map(|s| Step { token: s.token, logprob: Some(s.logprob), top: Some(s.top.clone()) }).collect();
         if finish == Finish::Stop && ours.len() < chat.positions.len() {
             ours.push(stop_step(path, &chat.prompt_tokens, &sampled));
         }
@@ -277,12 +269,9 @@ fn greedy_agrees(path: Path) {
     );
     let half = rows.iter().filter(|(_, a)| a.close.is_none()).count();
     if half > 0 {
-        eprintln!(
-            "{label}: {half} first mismatches fall where llama.cpp gave no top-5; only our top-5 was checked there"
-        );
+        eprintln!("{label}: {half} first mismatches fall where llama.cpp gave no top-5; only our top-5 was checked there");
     }
-    let far: Vec<String> =
-        rows.iter().filter(|(_, a)| a.close == Some(false)).map(|(n, a)| format!("{n}: {}", a.detail)).collect();
+    let far: Vec<String> = rows.iter().filter(|(_, a)| a.close == Some(false)).map(|(n, a)| format!("{n}: {}", a.detail)).collect();
     assert!(far.is_empty(), "{label} path not close to llama.cpp (check_logprobs_close):\n{}", far.join("\n"));
 }
 
@@ -328,19 +317,13 @@ fn golden_recalls_what_llama_cpp_recalls() {
             (Some(ours), Some(&theirs)) => match ours.top.iter().find(|(id, _)| *id == theirs) {
                 Some((_, lp)) => (
                     ours.logprob - lp,
-                    format!(
-                        "at token {at}: ours {} lp {:.4}, llama.cpp's {theirs} lp {lp:.4}",
-                        ours.token, ours.logprob
-                    ),
+                    format!("at token {at}: ours {} lp {:.4}, llama.cpp's {theirs} lp {lp:.4}", ours.token, ours.logprob),
                 ),
                 None => (f32::INFINITY, format!("at token {at}: llama.cpp's {theirs} is beyond our top-5")),
             },
             _ => (f32::INFINITY, format!("replies end differently at token {at}")),
         };
-        let line = format!(
-            "{}: expected {:?}; ours {text:?}; llama.cpp {:?}; {}",
-            probe.name, probe.expect, probe.llama_cpp_reply, why.1
-        );
+        let line = format!("{}: expected {:?}; ours {text:?}; llama.cpp {:?}; {}", probe.name, probe.expect, probe.llama_cpp_reply, why.1);
         if why.0 <= RECALL_TIE_NATS {
             ties.push(line)
         } else {

@@ -24,9 +24,7 @@ const DECODE_STEPS: usize = 8;
 
 fn model() -> &'static Arc<Model> {
     static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
-    MODEL.get_or_init(|| {
-        common::load_model()
-    })
+    MODEL.get_or_init(common::load_model)
 }
 
 /// Fixed prompts: a short question, the recall probe, and a long multi-turn chat (past 256 positions).
@@ -114,7 +112,8 @@ impl Distance {
 
 fn distance(patch: &str) -> Distance {
     let patches = PatchSet::parse(patch).expect("valid patch");
-    let mut d = Distance { max_abs: 0.0, mean_abs: 0.0, max_logit: 0.0, mean_kl: 0.0, max_kl: 0.0, positions: 0, first_diff: None, agree: 0 };
+    let mut d =
+        Distance { max_abs: 0.0, mean_abs: 0.0, max_logit: 0.0, mean_kl: 0.0, max_kl: 0.0, positions: 0, first_diff: None, agree: 0 };
     let mut count = 0usize;
     for (pi, (prompt, (golden, greedy))) in prompts().iter().zip(golden_runs()).enumerate() {
         let (patched, _) = run(prompt, &patches, Some(greedy));
@@ -181,7 +180,10 @@ fn empty_patch_set_is_exactly_golden() {
 #[ignore = "prints the BENCHMARKS.md table; run with --ignored --nocapture"]
 fn distance_table() {
     let lens: Vec<usize> = prompts().iter().map(Vec::len).collect();
-    println!("prompts of {lens:?} tokens; {} positions each (last prompt position + {DECODE_STEPS} decode steps fed golden's token)", DECODE_STEPS + 1);
+    println!(
+        "prompts of {lens:?} tokens; {} positions each (last prompt position + {DECODE_STEPS} decode steps fed golden's token)",
+        DECODE_STEPS + 1
+    );
     println!("| patch | max abs Δlogit | mean abs Δlogit | relative (max Δ / max logit) | mean KL | max KL | greedy agrees | first greedy difference (prompt, step) | top-1/top-2 margin there |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for patch in NUMERICAL {
@@ -192,7 +194,13 @@ fn distance_table() {
         };
         println!(
             "| `{patch}` | {:.3} | {:.4} | {:.2e} | {:.2e} | {:.2e} | {}/{} | {first} | {margin} |",
-            d.max_abs, d.mean_abs, d.relative(), d.mean_kl, d.max_kl, d.agree, d.positions
+            d.max_abs,
+            d.mean_abs,
+            d.relative(),
+            d.mean_kl,
+            d.max_kl,
+            d.agree,
+            d.positions
         );
     }
 }

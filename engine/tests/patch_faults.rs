@@ -5,7 +5,6 @@
 
 mod common;
 
-
 use ctxscope_engine::scheduler::{EngineHandle, Event, GenerateRequest};
 use ctxscope_engine::{PatchSet, Path};
 use serde_json::{json, Value};

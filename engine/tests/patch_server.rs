@@ -29,7 +29,10 @@ impl Reply {
 
 async fn post(addr: std::net::SocketAddr, body: &str, headers: &[(&str, &str)]) -> Reply {
     let mut stream = TcpStream::connect(addr).await.expect("connects");
-    let mut request = format!("POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n", body.len());
+    let mut request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
     for (k, v) in headers {
         request.push_str(&format!("{k}: {v}\r\n"));
     }

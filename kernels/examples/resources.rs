@@ -16,7 +16,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for (module, source) in SOURCES {
         let compiled = compile_cubin(&format!("{PRELUDE}\n{source}"), "sm_90", &options)?;
         println!("== {module}: {}", if compiled.cubin.is_some() { "ok" } else { "FAILED" });
-        for line in compiled.log.lines().filter(|l| l.contains("Used") || l.contains("spill") || l.contains("error") || l.contains("Compiling")) {
+        for line in
+            compiled.log.lines().filter(|l| l.contains("Used") || l.contains("spill") || l.contains("error") || l.contains("Compiling"))
+        {
             println!("  {line}");
         }
         if let Some(cubin) = &compiled.cubin {

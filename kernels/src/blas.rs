@@ -49,7 +49,15 @@ impl Blas {
 
     /// Row-major `y[n][rows] (+)= x[n][cols] · w[rows][cols]ᵀ` (the engine's weight layout: one row
     /// per output). In cuBLAS's column-major terms: `yᵀ = op_T(w) · xᵀ`.
-    pub fn matmul(&self, w: &Matrix, x: Activations<'_>, y: &mut CudaViewMut<'_, f32>, n: usize, compute: Compute, accumulate: bool) -> Result<(), DeviceError> {
+    pub fn matmul(
+        &self,
+        w: &Matrix,
+        x: Activations<'_>,
+        y: &mut CudaViewMut<'_, f32>,
+        n: usize,
+        compute: Compute,
+        accumulate: bool,
+    ) -> Result<(), DeviceError> {
         let (rows, cols) = (w.rows, w.cols);
         let x_len = match &x {
             Activations::F32(v) => v.len(),
@@ -63,8 +71,12 @@ impl Blas {
         let f32_type = sys::cudaDataType::CUDA_R_32F;
         let bf16_type = sys::cudaDataType::CUDA_R_16BF;
         let (wp, xp, in_type, compute) = match (&w.data, &x) {
-            (MatrixData::F32(m), Activations::F32(v)) => (m.device_ptr(&self.stream).0, v.device_ptr(&self.stream).0, f32_type, compute.sys()),
-            (MatrixData::Bf16(m), Activations::Bf16(v)) => (m.device_ptr(&self.stream).0, v.device_ptr(&self.stream).0, bf16_type, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F),
+            (MatrixData::F32(m), Activations::F32(v)) => {
+                (m.device_ptr(&self.stream).0, v.device_ptr(&self.stream).0, f32_type, compute.sys())
+            }
+            (MatrixData::Bf16(m), Activations::Bf16(v)) => {
+                (m.device_ptr(&self.stream).0, v.device_ptr(&self.stream).0, bf16_type, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F)
+            }
             _ => return Err(DeviceError::Shape { kernel: "gemm", detail: "weights and activations must both be f32 or both bf16".into() }),
         };
         // SAFETY: w holds rows*cols, x at least n*cols and y at least n*rows elements of the declared

@@ -146,7 +146,11 @@ mod tests {
         let compiled = compile_cubin(&format!("{}\n{source}", crate::PRELUDE), "sm_90", &[]).expect("NVRTC runs");
         let cubin = compiled.cubin.unwrap_or_else(|| panic!("attention does not compile:\n{}", compiled.log));
         let sizes = code_sizes(&cubin);
-        let size = sizes.iter().find(|(kernel, _)| kernel == "attn_decode_cluster").map(|(_, size)| *size).expect("attn_decode_cluster in the CUBIN");
+        let size = sizes
+            .iter()
+            .find(|(kernel, _)| kernel == "attn_decode_cluster")
+            .map(|(_, size)| *size)
+            .expect("attn_decode_cluster in the CUBIN");
         assert!(size <= BUDGET, "attn_decode_cluster is {size} bytes of machine code, over its budget of {BUDGET}");
     }
 }

@@ -245,13 +245,30 @@ impl Device {
         let argmax_i = stream.alloc_zeros::<i32>(ARGMAX_MAX_ROWS * ARGMAX_BLOCKS)?;
         let argmax_s = stream.alloc_zeros::<f32>(ARGMAX_MAX_ROWS * ARGMAX_BLOCKS)?;
         let optin = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
-        let per_sm = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)? as usize;
+        let per_sm =
+            ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)? as usize;
         let tuning = StreamTuning::new([&functions["gemv_stream_bf16"], &functions["gemv_stream_f32"]], optin, per_sm)?;
         let programmatic = major >= 9 && std::env::var("CTXSCOPE_CUDA_PDL").map_or(true, |v| v != "0");
         let max_cluster = if major >= 9 { cluster_attributes(&functions["attn_decode_cluster"], optin)? } else { 0 };
         let step_smem_limit = step::step_attributes([&functions["decode_step_bf16"], &functions["decode_step_f32"]], optin)?;
         let stream_plans = Mutex::new(HashMap::new());
-        Ok(Device { ctx, stream, multiprocessors, functions, modules, tracing, programmatic, counters, argmax_v, argmax_i, argmax_s, tuning, max_cluster, step_smem_limit, stream_plans })
+        Ok(Device {
+            ctx,
+            stream,
+            multiprocessors,
+            functions,
+            modules,
+            tracing,
+            programmatic,
+            counters,
+            argmax_v,
+            argmax_i,
+            argmax_s,
+            tuning,
+            max_cluster,
+            step_smem_limit,
+            stream_plans,
+        })
     }
 
     fn function(&self, kernel: &'static str) -> &CudaFunction {
@@ -261,9 +278,21 @@ impl Device {
 
     /// `out[r] = x[rows[r] or r] / rms * w` for `n` rows of `dim`; `bf16_stats`: the rmsnorm_bf16 patch.
     #[allow(clippy::too_many_arguments)]
-    pub fn rmsnorm(&self, x: &In, rows: Option<&In<i32>>, w: &In, out: &mut Out, n: usize, dim: usize, eps: f32, bf16_stats: bool) -> Result<(), DeviceError> {
+    pub fn rmsnorm(
+        &self,
+        x: &In,
+        rows: Option<&In<i32>>,
+        w: &In,
+        out: &mut Out,
+        n: usize,
+        dim: usize,
+        eps: f32,
+        bf16_stats: bool,
+    ) -> Result<(), DeviceError> {
         let rows_ok = rows.is_none_or(|r| r.len() >= n);
-        check("rmsnorm_f32", out.len() >= n * dim && w.len() == dim && rows_ok && (rows.is_some() || x.len() >= n * dim), || format!("{n} rows of {dim}"))?;
+        check("rmsnorm_f32", out.len() >= n * dim && w.len() == dim && rows_ok && (rows.is_some() || x.len() >= n * dim), || {
+            format!("{n} rows of {dim}")
+        })?;
         // A null row map reads rows 0..n (checked above).
         let row_map = match rows {
             Some(r) => r.device_ptr(&self.stream).0,
@@ -295,11 +324,43 @@ impl Device {
     }
 
     /// RoPE on the fused qkv rows and the K/V store into each row's sequence cache (see cuda/elementwise.cu).
-    pub fn rope_kv(&self, qkv: &mut Out, positions: &In<i32>, kv_base: &In<u64>, n: usize, layer: usize, shape: &RopeShape) -> Result<(), DeviceError> {
+    pub fn rope_kv(
+        &self,
+        qkv: &mut Out,
+        positions: &In<i32>,
+        kv_base: &In<u64>,
+        n: usize,
+        layer: usize,
+        shape: &RopeShape,
+    ) -> Result<(), DeviceError> {
         let row = (shape.heads + 2 * shape.kv_heads) * shape.head_dim;
-        check("rope_kv", qkv.len() >= n * row && positions.len() >= n && kv_base.len() >= n && shape.head_dim.is_multiple_of(2) && shape.head_dim <= 256 && layer < shape.n_layers, || format!("{n} rows, layer {layer}"))?;
+        check(
+            "rope_kv",
+            qkv.len() >= n * row
+                && positions.len() >= n
+                && kv_base.len() >= n
+                && shape.head_dim.is_multiple_of(2)
+                && shape.head_dim <= 256
+                && layer < shape.n_layers,
+            || format!("{n} rows, layer {layer}"),
+        )?;
         let ints = [layer as i32, shape.n_layers as i32, shape.heads as i32, shape.kv_heads as i32, shape.head_dim as i32];
-        launch!(self, "rope_kv", grid((n, 1, 1), 128), qkv, positions, kv_base, &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &shape.base, &shape.flags, &shape.kv_scale)
+        launch!(
+            self,
+            "rope_kv",
+            grid((n, 1, 1), 128),
+            qkv,
+            positions,
+            kv_base,
+            &ints[0],
+            &ints[1],
+            &ints[2],
+            &ints[3],
+            &ints[4],
+            &shape.base,
+            &shape.flags,
+            &shape.kv_scale
+        )
     }
 
     /// `out[r] = silu(gu[r][..ffn]) * gu[r][ffn..]`.
@@ -340,7 +401,11 @@ impl Device {
     /// `y[t] (op)= W x[t]` for `n <= GEMV_MAX_ROWS` token rows; `round_x` rounds x to bf16 on load.
     pub fn gemv(&self, w: &Matrix, x: &In, y: &mut Out, n: usize, mode: GemvMode, round_x: bool) -> Result<(), DeviceError> {
         let out_rows = mode.outputs(w.rows);
-        let ok = (1..=GEMV_MAX_ROWS).contains(&n) && w.cols.is_multiple_of(8) && x.len() >= n * w.cols && y.len() >= n * out_rows && (mode != GemvMode::SwiGlu || w.rows.is_multiple_of(2));
+        let ok = (1..=GEMV_MAX_ROWS).contains(&n)
+            && w.cols.is_multiple_of(8)
+            && x.len() >= n * w.cols
+            && y.len() >= n * out_rows
+            && (mode != GemvMode::SwiGlu || w.rows.is_multiple_of(2));
         check("gemv", ok, || format!("{}x{} by {n} rows ({mode:?})", w.rows, w.cols))?;
         let args = [out_rows as i32, w.cols as i32, n as i32, mode as i32, i32::from(round_x)];
         let cfg = blocks(out_rows * 32, 256);
@@ -355,13 +420,62 @@ impl Device {
     /// Decode QKV: `qkv[t] = Wqkv x[t]` for `n <= GEMV_MAX_ROWS` rows with RoPE applied and K/V stored
     /// into each row's sequence cache, in one launch (what `gemv` + `rope_kv` do without patches).
     #[allow(clippy::too_many_arguments)]
-    pub fn gemv_qkv_rope(&self, w: &Matrix, x: &In, qkv: &mut Out, n: usize, round_x: bool, positions: &In<i32>, kv_base: &In<u64>, layer: usize, shape: &RopeShape) -> Result<(), DeviceError> {
+    pub fn gemv_qkv_rope(
+        &self,
+        w: &Matrix,
+        x: &In,
+        qkv: &mut Out,
+        n: usize,
+        round_x: bool,
+        positions: &In<i32>,
+        kv_base: &In<u64>,
+        layer: usize,
+        shape: &RopeShape,
+    ) -> Result<(), DeviceError> {
         let more = qkv_rope_args("gemv_qkv_rope", w, x, qkv, n, positions, kv_base, layer, shape)?;
         let ints = [(w.rows / 2) as i32, w.cols as i32, n as i32, i32::from(round_x)];
         let cfg = blocks(w.rows / 2 * 32, 256);
         match &w.data {
-            MatrixData::Bf16(m) => launch!(self, "gemv_qkv_rope_bf16", cfg, m, x, qkv, &ints[0], &ints[1], &ints[2], &ints[3], positions, kv_base, &more[0], &more[1], &more[2], &more[3], &more[4], &shape.base),
-            MatrixData::F32(m) => launch!(self, "gemv_qkv_rope_f32", cfg, m, x, qkv, &ints[0], &ints[1], &ints[2], &ints[3], positions, kv_base, &more[0], &more[1], &more[2], &more[3], &more[4], &shape.base),
+            MatrixData::Bf16(m) => launch!(
+                self,
+                "gemv_qkv_rope_bf16",
+                cfg,
+                m,
+                x,
+                qkv,
+                &ints[0],
+                &ints[1],
+                &ints[2],
+                &ints[3],
+                positions,
+                kv_base,
+                &more[0],
+                &more[1],
+                &more[2],
+                &more[3],
+                &more[4],
+                &shape.base
+            ),
+            MatrixData::F32(m) => launch!(
+                self,
+                "gemv_qkv_rope_f32",
+                cfg,
+                m,
+                x,
+                qkv,
+                &ints[0],
+                &ints[1],
+                &ints[2],
+                &ints[3],
+                positions,
+                kv_base,
+                &more[0],
+                &more[1],
+                &more[2],
+                &more[3],
+                &more[4],
+                &shape.base
+            ),
         }
     }
 }
@@ -369,7 +483,17 @@ impl Device {
 /// Checks the shapes of a fused QKV + RoPE launch (`gemv_qkv_rope`, `gemv_stream_qkv_rope`) and
 /// returns the kernel's RoPE arguments: layer, n_layers, q_dim, kv_dim, head_dim.
 #[allow(clippy::too_many_arguments)]
-fn qkv_rope_args(kernel: &'static str, w: &Matrix, x: &In, qkv: &Out, n: usize, positions: &In<i32>, kv_base: &In<u64>, layer: usize, shape: &RopeShape) -> Result<[i32; 5], DeviceError> {
+fn qkv_rope_args(
+    kernel: &'static str,
+    w: &Matrix,
+    x: &In,
+    qkv: &Out,
+    n: usize,
+    positions: &In<i32>,
+    kv_base: &In<u64>,
+    layer: usize,
+    shape: &RopeShape,
+) -> Result<[i32; 5], DeviceError> {
     let (q_dim, kv_dim) = (shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim);
     let ok = (1..=GEMV_MAX_ROWS).contains(&n)
         && w.rows == q_dim + 2 * kv_dim
@@ -410,7 +534,11 @@ pub struct AttentionShape {
 
 impl AttentionShape {
     fn valid(&self) -> bool {
-        self.kv_heads > 0 && self.heads.is_multiple_of(self.kv_heads) && self.heads / self.kv_heads <= MAX_GROUP && self.head_dim <= MAX_HEAD_DIM && self.head_dim.is_multiple_of(4)
+        self.kv_heads > 0
+            && self.heads.is_multiple_of(self.kv_heads)
+            && self.heads / self.kv_heads <= MAX_GROUP
+            && self.head_dim <= MAX_HEAD_DIM
+            && self.head_dim.is_multiple_of(4)
     }
 
     fn q_stride(&self) -> usize {
@@ -422,13 +550,50 @@ impl Device {
     /// Prefill attention of `n` query rows of one sequence at positions `start..start + n` (their K/V
     /// stored), reading q from the fused qkv rows; writes `n` rows of heads * head_dim.
     #[allow(clippy::too_many_arguments)]
-    pub fn attn_prefill(&self, qkv: &In, kv_base: u64, layer: usize, out: &mut Out, n: usize, start: usize, s: &AttentionShape) -> Result<(), DeviceError> {
+    pub fn attn_prefill(
+        &self,
+        qkv: &In,
+        kv_base: u64,
+        layer: usize,
+        out: &mut Out,
+        n: usize,
+        start: usize,
+        s: &AttentionShape,
+    ) -> Result<(), DeviceError> {
         let width = s.heads * s.head_dim;
-        check("attn_prefill", s.valid() && layer < s.n_layers && qkv.len() >= n * s.q_stride() && out.len() >= n * width, || format!("{n} rows"))?;
-        let ints = [s.q_stride() as i32, layer as i32, s.n_layers as i32, n as i32, start as i32, s.heads as i32, s.kv_heads as i32, s.head_dim as i32];
+        check("attn_prefill", s.valid() && layer < s.n_layers && qkv.len() >= n * s.q_stride() && out.len() >= n * width, || {
+            format!("{n} rows")
+        })?;
+        let ints = [
+            s.q_stride() as i32,
+            layer as i32,
+            s.n_layers as i32,
+            n as i32,
+            start as i32,
+            s.heads as i32,
+            s.kv_heads as i32,
+            s.head_dim as i32,
+        ];
         let (scale, window) = (1.0 / (s.head_dim as f32).sqrt(), s.window as i32);
         let cfg = grid((n.div_ceil(16), s.heads, 1), 128);
-        launch!(self, "attn_prefill", cfg, qkv, &ints[0], &kv_base, &ints[1], &ints[2], out, &ints[3], &ints[4], &ints[5], &ints[6], &ints[7], &scale, &window)
+        launch!(
+            self,
+            "attn_prefill",
+            cfg,
+            qkv,
+            &ints[0],
+            &kv_base,
+            &ints[1],
+            &ints[2],
+            out,
+            &ints[3],
+            &ints[4],
+            &ints[5],
+            &ints[6],
+            &ints[7],
+            &scale,
+            &window
+        )
     }
 
     /// Decode attention of `n` rows (one query per sequence) with `splits` (<= MAX_SPLITS) partials per
@@ -436,29 +601,101 @@ impl Device {
     /// attn_splitk_bf16 patch. `part_o` holds n * heads * splits * head_dim values, `part_ml`
     /// n * heads * splits * 2.
     #[allow(clippy::too_many_arguments)]
-    pub fn attn_decode(&self, qkv: &In, positions: &In<i32>, kv_base: &In<u64>, layer: usize, parts: (&mut Out, &mut Out), out: &mut Out, n: usize, splits: usize, chunk: usize, s: &AttentionShape) -> Result<(), DeviceError> {
+    pub fn attn_decode(
+        &self,
+        qkv: &In,
+        positions: &In<i32>,
+        kv_base: &In<u64>,
+        layer: usize,
+        parts: (&mut Out, &mut Out),
+        out: &mut Out,
+        n: usize,
+        splits: usize,
+        chunk: usize,
+        s: &AttentionShape,
+    ) -> Result<(), DeviceError> {
         let (part_o, part_ml) = parts;
         let slots = n * s.heads * splits;
-        let ok = s.valid() && layer < s.n_layers && (1..=MAX_SPLITS).contains(&splits) && n * s.kv_heads <= ATTN_COUNTERS && qkv.len() >= n * s.q_stride() && positions.len() >= n && kv_base.len() >= n && part_o.len() >= slots * s.head_dim && part_ml.len() >= slots * 2 && out.len() >= n * s.heads * s.head_dim;
+        let ok = s.valid()
+            && layer < s.n_layers
+            && (1..=MAX_SPLITS).contains(&splits)
+            && n * s.kv_heads <= ATTN_COUNTERS
+            && qkv.len() >= n * s.q_stride()
+            && positions.len() >= n
+            && kv_base.len() >= n
+            && part_o.len() >= slots * s.head_dim
+            && part_ml.len() >= slots * 2
+            && out.len() >= n * s.heads * s.head_dim;
         check("attn_decode", ok, || format!("{n} rows, {splits} splits"))?;
-        let ints = [s.q_stride() as i32, layer as i32, s.n_layers as i32, s.heads as i32, s.kv_heads as i32, s.head_dim as i32, s.window as i32, splits as i32, chunk as i32];
+        let ints = [
+            s.q_stride() as i32,
+            layer as i32,
+            s.n_layers as i32,
+            s.heads as i32,
+            s.kv_heads as i32,
+            s.head_dim as i32,
+            s.window as i32,
+            splits as i32,
+            chunk as i32,
+        ];
         let scale = 1.0 / (s.head_dim as f32).sqrt();
         let cfg = grid((n, s.kv_heads, splits), 128);
         let counters = self.counters.slice(..ATTN_COUNTERS);
-        launch!(self, "attn_decode", cfg, qkv, &ints[0], positions, kv_base, &ints[1], &ints[2], part_o, part_ml, &ints[3], &ints[4], &ints[5], &scale, &ints[6], &ints[7], &ints[8], out, &counters)
+        launch!(
+            self,
+            "attn_decode",
+            cfg,
+            qkv,
+            &ints[0],
+            positions,
+            kv_base,
+            &ints[1],
+            &ints[2],
+            part_o,
+            part_ml,
+            &ints[3],
+            &ints[4],
+            &ints[5],
+            &scale,
+            &ints[6],
+            &ints[7],
+            &ints[8],
+            out,
+            &counters
+        )
     }
 
     /// Decode attention of `n` rows as `attn_decode` (chunk 0) without global partials: one
     /// thread-block cluster of `cluster` blocks (1 to `max_cluster`) per (row, KV head), each block a
     /// contiguous span of the positions, merged through distributed shared memory (sm_90).
     #[allow(clippy::too_many_arguments)]
-    pub fn attn_decode_cluster(&self, qkv: &In, positions: &In<i32>, kv_base: &In<u64>, layer: usize, out: &mut Out, n: usize, cluster: usize, s: &AttentionShape) -> Result<(), DeviceError> {
-        let ok = s.valid() && layer < s.n_layers && (1..=self.max_cluster).contains(&cluster) && qkv.len() >= n * s.q_stride() && positions.len() >= n && kv_base.len() >= n && out.len() >= n * s.heads * s.head_dim;
+    pub fn attn_decode_cluster(
+        &self,
+        qkv: &In,
+        positions: &In<i32>,
+        kv_base: &In<u64>,
+        layer: usize,
+        out: &mut Out,
+        n: usize,
+        cluster: usize,
+        s: &AttentionShape,
+    ) -> Result<(), DeviceError> {
+        let ok = s.valid()
+            && layer < s.n_layers
+            && (1..=self.max_cluster).contains(&cluster)
+            && qkv.len() >= n * s.q_stride()
+            && positions.len() >= n
+            && kv_base.len() >= n
+            && out.len() >= n * s.heads * s.head_dim;
         check("attn_decode_cluster", ok, || format!("{n} rows, clusters of {cluster} (at most {} here)", self.max_cluster))?;
-        let ints = [s.q_stride() as i32, layer as i32, s.n_layers as i32, s.heads as i32, s.kv_heads as i32, s.head_dim as i32, s.window as i32];
+        let ints =
+            [s.q_stride() as i32, layer as i32, s.n_layers as i32, s.heads as i32, s.kv_heads as i32, s.head_dim as i32, s.window as i32];
         let scale = 1.0 / (s.head_dim as f32).sqrt();
         let group = s.heads / s.kv_heads;
-        let cfg = LaunchConfig { shared_mem_bytes: cluster_smem_bytes(s.head_dim, group, cluster) as u32, ..grid((cluster, s.kv_heads, n), 32 * group.max(2)) };
+        let cfg = LaunchConfig {
+            shared_mem_bytes: cluster_smem_bytes(s.head_dim, group, cluster) as u32,
+            ..grid((cluster, s.kv_heads, n), 32 * group.max(2))
+        };
         launch!(self, "attn_decode_cluster", cfg, cluster cluster as u32, qkv, &ints[0], positions, kv_base, &ints[1], &ints[2], &ints[3], &ints[4], &ints[5], &scale, &ints[6], out)
     }
 
@@ -470,9 +707,21 @@ impl Device {
     /// `argmax`, and with `next` = (ids, positions) of a decode pass whose row r is output r, row r's
     /// next inputs: its token as the next id, its position plus one (so the same pass can run again
     /// for the next step without the host).
-    pub fn argmax_advancing(&self, logits: &In, n: usize, vocab: usize, token: &mut Out<i32>, logprob: &mut Out, next: Option<(&mut Out<i32>, &mut Out<i32>)>) -> Result<(), DeviceError> {
+    pub fn argmax_advancing(
+        &self,
+        logits: &In,
+        n: usize,
+        vocab: usize,
+        token: &mut Out<i32>,
+        logprob: &mut Out,
+        next: Option<(&mut Out<i32>, &mut Out<i32>)>,
+    ) -> Result<(), DeviceError> {
         let fits_next = next.as_ref().is_none_or(|(ids, positions)| ids.len() >= n && positions.len() >= n);
-        check("argmax_logprob", logits.len() >= n * vocab && token.len() >= n && logprob.len() >= n && n <= ARGMAX_MAX_ROWS && fits_next, || format!("{n} rows"))?;
+        check(
+            "argmax_logprob",
+            logits.len() >= n * vocab && token.len() >= n && logprob.len() >= n && n <= ARGMAX_MAX_ROWS && fits_next,
+            || format!("{n} rows"),
+        )?;
         let v = vocab as i32;
         let blocks = ARGMAX_BLOCKS.min(vocab.div_ceil(256)).max(1);
         let counters = self.counters.slice(ATTN_COUNTERS..);
@@ -480,15 +729,42 @@ impl Device {
             Some((ids, positions)) => (ids.bits(&self.stream), positions.bits(&self.stream)),
             None => (0, 0),
         };
-        launch!(self, "argmax_logprob", grid((n, blocks, 1), 256), logits, &v, token, logprob, &self.argmax_v, &self.argmax_i, &self.argmax_s, &counters, &ids, &positions)
+        launch!(
+            self,
+            "argmax_logprob",
+            grid((n, blocks, 1), 256),
+            logits,
+            &v,
+            token,
+            logprob,
+            &self.argmax_v,
+            &self.argmax_i,
+            &self.argmax_s,
+            &counters,
+            &ids,
+            &positions
+        )
     }
 
     /// Temperature + top-p draw per row: `params` = (temperature, top_p, uniform in [0, 1)) per row;
     /// the drawn token and its log-probability at temperature 1.
     #[allow(clippy::too_many_arguments)]
-    pub fn top_p(&self, logits: &In, n: usize, vocab: usize, params: (&In, &In, &In), token: &mut Out<i32>, logprob: &mut Out) -> Result<(), DeviceError> {
+    pub fn top_p(
+        &self,
+        logits: &In,
+        n: usize,
+        vocab: usize,
+        params: (&In, &In, &In),
+        token: &mut Out<i32>,
+        logprob: &mut Out,
+    ) -> Result<(), DeviceError> {
         let (temperature, top_p, uniforms) = params;
-        let ok = logits.len() >= n * vocab && temperature.len() >= n && top_p.len() >= n && uniforms.len() >= n && token.len() >= n && logprob.len() >= n;
+        let ok = logits.len() >= n * vocab
+            && temperature.len() >= n
+            && top_p.len() >= n
+            && uniforms.len() >= n
+            && token.len() >= n
+            && logprob.len() >= n;
         check("top_p_sample", ok, || format!("{n} rows"))?;
         let v = vocab as i32;
         launch!(self, "top_p_sample", grid((n, 1, 1), 1024), logits, &v, temperature, top_p, uniforms, token, logprob)

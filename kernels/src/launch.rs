@@ -60,7 +60,14 @@ impl KernelArg for &u64 {
 /// # Safety
 /// `args` must match the kernel's parameter list in number, order and type, and every buffer the
 /// kernel indexes must be large enough (the wrappers in `device` check this before calling).
-pub unsafe fn launch(stream: &CudaStream, function: &CudaFunction, cfg: LaunchConfig, args: &mut [u64], programmatic: bool, cluster: u32) -> Result<(), DriverError> {
+pub unsafe fn launch(
+    stream: &CudaStream,
+    function: &CudaFunction,
+    cfg: LaunchConfig,
+    args: &mut [u64],
+    programmatic: bool,
+    cluster: u32,
+) -> Result<(), DriverError> {
     let mut params: Vec<*mut c_void> = args.iter_mut().map(|slot| (slot as *mut u64).cast::<c_void>()).collect();
     // SAFETY: an all-zero attribute is a valid (ignored) value; ids and values are set below.
     let mut attributes: [CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };

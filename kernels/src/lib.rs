@@ -77,7 +77,12 @@ pub(crate) mod tests {
     fn every_kernel_is_defined_extern_c_in_a_source() {
         for kernel in KERNELS {
             // `extern "C" __global__ void [__launch_bounds__(..)] name(` on one line.
-            let defined = SOURCES.iter().any(|(_, src)| src.lines().any(|l| l.starts_with("extern \"C\" __global__ void ") && (l.contains(&format!("void {kernel}(")) || l.contains(&format!(") {kernel}(")))));
+            let defined = SOURCES.iter().any(|(_, src)| {
+                src.lines().any(|l| {
+                    l.starts_with("extern \"C\" __global__ void ")
+                        && (l.contains(&format!("void {kernel}(")) || l.contains(&format!(") {kernel}(")))
+                })
+            });
             assert!(defined, "{kernel} is not defined in kernels/cuda/");
         }
     }

@@ -87,7 +87,13 @@ async fn bench(plan: Plan) -> Result<(), BenchError> {
     let bin = proxy_proc::binary();
     let proxy = ProxyProcess::start(&bin, upstream.addr, true).await?;
     let bare = ProxyProcess::start(&bin, upstream.addr, false).await?;
-    eprintln!("latency bench: upstream {} proxy {} (capture) {} (--no-capture), {}", upstream.addr, proxy.listen, bare.listen, bin.display());
+    eprintln!(
+        "latency bench: upstream {} proxy {} (capture) {} (--no-capture), {}",
+        upstream.addr,
+        proxy.listen,
+        bare.listen,
+        bin.display()
+    );
     let targets = [(DIRECT, upstream.addr), (PROXY, proxy.listen), (BARE, bare.listen)];
 
     let mut small = Vec::new();

@@ -48,7 +48,8 @@ fn run(detect: bool, tokenizer: Option<&str>) -> Vec<f64> {
     let mut times = Vec::new();
     let mut prompt = 20;
     for turn in 0..100 {
-        messages.push(json!({"role": "user", "content": format!("Question {turn}: {}", "tell me more about the topic at hand. ".repeat(8))}));
+        messages
+            .push(json!({"role": "user", "content": format!("Question {turn}: {}", "tell me more about the topic at hand. ".repeat(8))}));
         let reply = format!("Answer {turn}: {}", "here is some more detail about it. ".repeat(8));
         let ex = exchange(&messages, &reply, prompt, prompt.saturating_sub(80));
         let started = Instant::now();

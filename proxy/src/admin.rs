@@ -98,7 +98,12 @@ pub async fn handle(state: Arc<AdminState>, request: Request<Incoming>) -> Resul
 async fn put_replay(state: &Arc<AdminState>, request: Request<Incoming>) -> Response<ProxyBody> {
     let announced = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if announced.is_some_and(|length| length > MAX_REPLAY_BYTES as u64) {
-        return json_error(StatusCode::PAYLOAD_TOO_LARGE, "bad_replay", &format!("replay body over the limit of {MAX_REPLAY_BYTES} bytes"), None);
+        return json_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "bad_replay",
+            &format!("replay body over the limit of {MAX_REPLAY_BYTES} bytes"),
+            None,
+        );
     }
     let body = match Limited::new(request.into_body(), MAX_REPLAY_BYTES).collect().await {
         Ok(collected) => collected.to_bytes(),
@@ -113,7 +118,10 @@ async fn put_replay(state: &Arc<AdminState>, request: Request<Incoming>) -> Resp
     match with_store_raw(state, move |s| s.insert_replay(&entry)).await {
         Ok(None) => json_response(StatusCode::OK, json!({"replay": id}).to_string()),
         Ok(Some(existing)) => {
-            let message = format!("replay {id} already holds another run (conversation {}, started {}); it is not replaced", existing.conversation, existing.started_unix_ms);
+            let message = format!(
+                "replay {id} already holds another run (conversation {}, started {}); it is not replaced",
+                existing.conversation, existing.started_unix_ms
+            );
             json_error(StatusCode::CONFLICT, "replay_exists", &message, None)
         }
         Err(response) => response,
@@ -187,4 +195,3 @@ fn text(body: impl Into<Bytes>, content_type: &'static str) -> Response<ProxyBod
     response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static(content_type));
     response
 }
-

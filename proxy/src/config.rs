@@ -118,12 +118,18 @@ pub enum ConfigError {
 impl Upstream {
     pub fn parse(text: &str) -> Result<Upstream, ConfigError> {
         let trimmed = text.trim_end_matches('/');
-        let uri: http::Uri = trimmed.parse().map_err(|e: http::uri::InvalidUri| ConfigError::UpstreamUrl(crate::credentials::redact_url(text), e.to_string()))?;
-        let scheme = uri.scheme().cloned().ok_or_else(|| ConfigError::UpstreamUrl(crate::credentials::redact_url(text), "missing http://".into()))?;
+        let uri: http::Uri = trimmed
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| ConfigError::UpstreamUrl(crate::credentials::redact_url(text), e.to_string()))?;
+        let scheme = uri
+            .scheme()
+            .cloned()
+            .ok_or_else(|| ConfigError::UpstreamUrl(crate::credentials::redact_url(text), "missing http://".into()))?;
         if scheme != http::uri::Scheme::HTTP {
             return Err(ConfigError::UpstreamScheme(crate::credentials::redact_url(text)));
         }
-        let authority = uri.authority().ok_or_else(|| ConfigError::UpstreamUrl(crate::credentials::redact_url(text), "missing host".into()))?;
+        let authority =
+            uri.authority().ok_or_else(|| ConfigError::UpstreamUrl(crate::credentials::redact_url(text), "missing host".into()))?;
         let split = crate::credentials::split(authority.as_str());
         let bad_host = |e: http::uri::InvalidUri| ConfigError::UpstreamUrl(crate::credentials::redact_url(text), e.to_string());
         let authority: http::uri::Authority = split.host.parse().map_err(bad_host)?;

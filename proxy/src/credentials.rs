@@ -19,18 +19,10 @@ pub struct Split<'a> {
 /// Splits `user:password@host:port` (the password is optional).
 pub fn split(authority: &str) -> Split<'_> {
     let Some((userinfo, host)) = authority.rsplit_once('@') else {
-        return Split {
-            host: authority,
-            basic: None,
-        };
+        return Split { host: authority, basic: None };
     };
     let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-    let plain = [
-        percent_decode(user),
-        b":".to_vec(),
-        percent_decode(password),
-    ]
-    .concat();
+    let plain = [percent_decode(user), b":".to_vec(), percent_decode(password)].concat();
     let mut value = HeaderValue::from_str(&format!("Basic {}", base64(&plain))).ok();
     if let Some(value) = &mut value {
         value.set_sensitive(true);
@@ -73,9 +65,7 @@ fn base64(bytes: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for chunk in bytes.chunks(3) {
-        let n = (chunk[0] as u32) << 16
-            | (*chunk.get(1).unwrap_or(&0) as u32) << 8
-            | *chunk.get(2).unwrap_or(&0) as u32;
+        let n = (chunk[0] as u32) << 16 | (*chunk.get(1).unwrap_or(&0) as u32) << 8 | *chunk.get(2).unwrap_or(&0) as u32;
         for (i, shift) in [18, 12, 6, 0].into_iter().enumerate() {
             if i <= chunk.len() {
                 out.push(ALPHABET[(n >> shift) as usize & 63] as char);
@@ -105,10 +95,7 @@ mod tests {
 
     #[test]
     fn redacts_user_information_only() {
-        assert_eq!(
-            redact_url("http://u:SECRET@h:1/v1?q=a@b"),
-            "http://***@h:1/v1?q=a@b"
-        );
+        assert_eq!(redact_url("http://u:SECRET@h:1/v1?q=a@b"), "http://***@h:1/v1?q=a@b");
         assert_eq!(redact_url("http://h:1/v1"), "http://h:1/v1");
     }
 }

@@ -57,7 +57,14 @@ impl tower::Service<Request<ProxyBody>> for Forward {
             let path = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
             parts.uri = match upstream.uri_for(&path) {
                 Ok(uri) => uri,
-                Err(e) => return Ok(json_error(StatusCode::BAD_REQUEST, "ctxscope_bad_request", &format!("ctxscope: cannot forward path {path:?}: {e}"), None)),
+                Err(e) => {
+                    return Ok(json_error(
+                        StatusCode::BAD_REQUEST,
+                        "ctxscope_bad_request",
+                        &format!("ctxscope: cannot forward path {path:?}: {e}"),
+                        None,
+                    ))
+                }
             };
             strip_hop_by_hop(&mut parts.headers);
             if let Ok(host) = header::HeaderValue::from_str(upstream.authority.as_str()) {
@@ -76,7 +83,8 @@ impl tower::Service<Request<ProxyBody>> for Forward {
                     let message = format!("ctxscope: upstream {} failed: {detail}", upstream.display);
                     metrics::counter!(crate::metrics::UPSTREAM_ERRORS_TOTAL).increment(1);
                     tracing::warn!(upstream = %upstream.display, error = %detail, "upstream request failed");
-                    let mut response = json_error(StatusCode::BAD_GATEWAY, "ctxscope_upstream_unavailable", &message, Some(&upstream.display));
+                    let mut response =
+                        json_error(StatusCode::BAD_GATEWAY, "ctxscope_upstream_unavailable", &message, Some(&upstream.display));
                     response.extensions_mut().insert(UpstreamFailure(detail));
                     Ok(response)
                 }

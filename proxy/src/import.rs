@@ -21,14 +21,9 @@ pub const MAX_IMPORT_BYTES: u64 = 512 << 20;
 const CHANNEL_CHUNKS: usize = 8;
 
 pub async fn import(state: &Arc<AdminState>, request: Request<Incoming>) -> Response<ProxyBody> {
-    let announced = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let announced = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if let Some(length) = announced.filter(|&l| l > MAX_IMPORT_BYTES) {
-        let message =
-            format!("import body of {length} bytes is over the limit of {MAX_IMPORT_BYTES}");
+        let message = format!("import body of {length} bytes is over the limit of {MAX_IMPORT_BYTES}");
         return json_error(StatusCode::PAYLOAD_TOO_LARGE, "bad_import", &message, None);
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, String>>(CHANNEL_CHUNKS);
@@ -45,9 +40,7 @@ pub async fn import(state: &Arc<AdminState>, request: Request<Incoming>) -> Resp
             };
             total += chunk.as_ref().map_or(0, |c| c.len() as u64);
             let chunk = chunk.and_then(|c| match total > MAX_IMPORT_BYTES {
-                true => Err(format!(
-                    "import body over the limit of {MAX_IMPORT_BYTES} bytes"
-                )),
+                true => Err(format!("import body over the limit of {MAX_IMPORT_BYTES} bytes")),
                 false => Ok(c),
             });
             let over = total > MAX_IMPORT_BYTES;
@@ -60,15 +53,8 @@ pub async fn import(state: &Arc<AdminState>, request: Request<Incoming>) -> Resp
         false
     };
     let store = with_store(state, move |s| {
-        let mut reader = BufReader::with_capacity(
-            64 << 10,
-            ChannelReader {
-                rx,
-                current: Bytes::new(),
-            },
-        );
-        s.import_conversation(&mut reader)
-            .map(|id| json!({"conversation": id}).to_string())
+        let mut reader = BufReader::with_capacity(64 << 10, ChannelReader { rx, current: Bytes::new() });
+        s.import_conversation(&mut reader).map(|id| json!({"conversation": id}).to_string())
     });
     let (over, response) = tokio::join!(feed, store);
     if over {

@@ -49,12 +49,7 @@ pub enum RunError {
 }
 
 /// Runs the proxy on `proxy` and the admin API on `admin` until `shutdown` resolves.
-pub async fn run(
-    config: ProxyConfig,
-    proxy: TcpListener,
-    admin: TcpListener,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), RunError> {
+pub async fn run(config: ProxyConfig, proxy: TcpListener, admin: TcpListener, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
     let config = config.validate()?;
     let nofile = limits::raise_nofile();
     let proxy_limits = limits::ConnLimits::proxy(config.header_timeout, config.max_connections, nofile);
@@ -78,9 +73,10 @@ pub async fn run(
         Some(path) => {
             let path = path.clone();
             let format = config.chat_format;
-            let loaded = tokio::task::spawn_blocking(move || TokenCache::open_with(&path, format).map_err(|source| Box::new((path, source))))
-                .await
-                .expect("tokenizer loading does not panic");
+            let loaded =
+                tokio::task::spawn_blocking(move || TokenCache::open_with(&path, format).map_err(|source| Box::new((path, source))))
+                    .await
+                    .expect("tokenizer loading does not panic");
             Some(loaded.map_err(|failed| {
                 let (path, source) = *failed;
                 RunError::Tokenizer { path, source }
@@ -137,7 +133,8 @@ pub async fn run(
     let admin_service = hyper::service::service_fn(move |request| admin::handle(admin_state.clone(), request));
 
     tracing::info!(proxy = ?proxy.local_addr().ok(), admin = ?admin.local_addr().ok(), upstream = %config.upstream.display, max_connections = proxy_limits.max_connections, open_files = nofile, "ctxscope proxy serving");
-    let proxy_task = tokio::spawn(server::serve(proxy, TowerToHyperService::new(proxy_service), stop_rx.clone(), config.shutdown_grace, proxy_limits));
+    let proxy_task =
+        tokio::spawn(server::serve(proxy, TowerToHyperService::new(proxy_service), stop_rx.clone(), config.shutdown_grace, proxy_limits));
     let admin_task = tokio::spawn(server::serve(admin, admin_service, stop_rx, config.shutdown_grace, admin_limits));
     shutdown.await;
     tracing::info!("shutting down: finishing in-flight exchanges");

@@ -28,39 +28,27 @@ impl ConnLimits {
     /// (each proxied connection may hold an upstream connection too), at most 10,000.
     pub fn proxy(header_timeout: Duration, max: Option<usize>, nofile: u64) -> ConnLimits {
         let fit = (nofile.saturating_sub(RESERVED_FDS + ADMIN_MAX as u64) / 2).max(16) as usize;
-        ConnLimits {
-            header_timeout,
-            max_connections: max.unwrap_or(fit.min(10_000)),
-        }
+        ConnLimits { header_timeout, max_connections: max.unwrap_or(fit.min(10_000)) }
     }
 
     /// The admin listener's limits.
     pub fn admin(header_timeout: Duration, nofile: u64) -> ConnLimits {
         let fit = (nofile / 8).max(8) as usize;
-        ConnLimits {
-            header_timeout,
-            max_connections: ADMIN_MAX.min(fit),
-        }
+        ConnLimits { header_timeout, max_connections: ADMIN_MAX.min(fit) }
     }
 }
 
 /// Raises the soft RLIMIT_NOFILE to the hard limit where allowed; returns the soft limit in effect.
 #[cfg(unix)]
 pub fn raise_nofile() -> u64 {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit and setrlimit only read and write the struct passed by pointer.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
             return 1024;
         }
         if limit.rlim_cur < limit.rlim_max {
-            let raised = libc::rlimit {
-                rlim_cur: limit.rlim_max,
-                rlim_max: limit.rlim_max,
-            };
+            let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
             if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
                 limit.rlim_cur = limit.rlim_max;
             }
@@ -114,9 +102,7 @@ impl Backoff {
     /// Records a failed accept; returns how long to wait before the next one.
     pub fn failed(&mut self, error: &std::io::Error) -> Duration {
         self.failures += 1;
-        let delay = self.delay.map_or(Duration::from_millis(10), |d| {
-            (d * 2).min(Duration::from_secs(1))
-        });
+        let delay = self.delay.map_or(Duration::from_millis(10), |d| (d * 2).min(Duration::from_secs(1)));
         self.delay = Some(delay);
         let due = match self.logged {
             None => true,
@@ -144,10 +130,7 @@ mod tests {
     fn refusal_length_matches_its_body() {
         let text = std::str::from_utf8(REFUSAL).unwrap();
         let (head, body) = text.split_once("\r\n\r\n").unwrap();
-        assert!(
-            head.contains(&format!("content-length: {}", body.len())),
-            "{head}"
-        );
+        assert!(head.contains(&format!("content-length: {}", body.len())), "{head}");
         serde_json::from_str::<serde_json::Value>(body).unwrap();
     }
 

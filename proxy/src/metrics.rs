@@ -124,14 +124,26 @@ fn describe() {
     metrics::describe_histogram!(DETECT_SECONDS, "Detector time per captured turn (on the capture worker, off the request path).");
     metrics::describe_counter!(UPSTREAM_PROMPT_TOKENS_TOTAL, "Prompt tokens the upstream reported, summed.");
     metrics::describe_counter!(UPSTREAM_CACHED_TOKENS_TOTAL, "Cached prompt tokens the upstream reported, summed.");
-    metrics::describe_counter!(UPSTREAM_LOCAL_PROMPT_TOKENS_TOTAL, "Prompt tokens counted locally (tokenizer and template), summed over turns the upstream also counted.");
+    metrics::describe_counter!(
+        UPSTREAM_LOCAL_PROMPT_TOKENS_TOTAL,
+        "Prompt tokens counted locally (tokenizer and template), summed over turns the upstream also counted."
+    );
     metrics::describe_gauge!(UPSTREAM_LAST_PROMPT_TOKENS, "Prompt tokens the upstream reported for the latest captured turn.");
     metrics::describe_gauge!(UPSTREAM_MAX_PROMPT_TOKENS, "Largest prompt the upstream has reported processing.");
-    metrics::describe_gauge!(UPSTREAM_TOKEN_RATIO, "Median engine/local prompt token ratio over recent turns (1 when the configured tokenizer matches).");
+    metrics::describe_gauge!(
+        UPSTREAM_TOKEN_RATIO,
+        "Median engine/local prompt token ratio over recent turns (1 when the configured tokenizer matches)."
+    );
     metrics::describe_gauge!(UPSTREAM_CACHE_REPORTED, "1 once the upstream has reported a prefix-cache hit, else 0.");
     metrics::describe_counter!(ALERTS_SENT_TOTAL, "Alert deliveries to sinks, by sink and outcome.");
-    metrics::describe_counter!(UPSTREAM_COUNT_FAILURES_TOTAL, "Prompts the upstream was asked to count (--count-with upstream) that stayed uncounted, by reason; traffic unaffected.");
-    metrics::describe_histogram!(UPSTREAM_COUNT_SECONDS, "Time to count one prompt through the upstream's endpoints (on the capture worker).");
+    metrics::describe_counter!(
+        UPSTREAM_COUNT_FAILURES_TOTAL,
+        "Prompts the upstream was asked to count (--count-with upstream) that stayed uncounted, by reason; traffic unaffected."
+    );
+    metrics::describe_histogram!(
+        UPSTREAM_COUNT_SECONDS,
+        "Time to count one prompt through the upstream's endpoints (on the capture worker)."
+    );
     metrics::describe_counter!(ALERTS_DROPPED_TOTAL, "Alerts not delivered, by reason (deduplicated, rate_limited, queue_full, failed).");
 }
 

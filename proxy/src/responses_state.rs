@@ -31,9 +31,7 @@ pub enum StateError {
     NotFound(String),
     #[error("ctxscope --responses-state: the capture store is unavailable, so previous_response_id cannot be expanded")]
     NoStore,
-    #[error(
-        "ctxscope --responses-state: reading the chain of {id} from the store failed: {source}"
-    )]
+    #[error("ctxscope --responses-state: reading the chain of {id} from the store failed: {source}")]
     Store { id: String, source: StoreError },
 }
 
@@ -47,18 +45,12 @@ impl StateError {
                 }});
                 let mut response = Response::new(full(body.to_string()));
                 *response.status_mut() = StatusCode::NOT_FOUND;
-                response.headers_mut().insert(
-                    header::CONTENT_TYPE,
-                    header::HeaderValue::from_static("application/json"),
-                );
+                response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
                 response
             }
-            StateError::NoStore | StateError::Store { .. } => json_error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "ctxscope_responses_state",
-                &self.to_string(),
-                None,
-            ),
+            StateError::NoStore | StateError::Store { .. } => {
+                json_error(StatusCode::SERVICE_UNAVAILABLE, "ctxscope_responses_state", &self.to_string(), None)
+            }
         }
     }
 }
@@ -80,11 +72,7 @@ impl<S> tower::Layer<S> for ResponsesStateLayer {
     type Service = ResponsesState<S>;
 
     fn layer(&self, inner: S) -> ResponsesState<S> {
-        ResponsesState {
-            inner,
-            enabled: self.enabled,
-            store: self.store.clone(),
-        }
+        ResponsesState { inner, enabled: self.enabled, store: self.store.clone() }
     }
 }
 
@@ -101,10 +89,7 @@ fn is_responses(method: &Method, path: &str) -> bool {
 
 impl<S> tower::Service<Request<ProxyBody>> for ResponsesState<S>
 where
-    S: tower::Service<Request<ProxyBody>, Response = Response<ProxyBody>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
+    S: tower::Service<Request<ProxyBody>, Response = Response<ProxyBody>, Error = Infallible> + Clone + Send + 'static,
     S::Future: Send,
 {
     type Response = Response<ProxyBody>;
@@ -128,12 +113,7 @@ where
                 Ok(collected) => collected.to_bytes(),
                 Err(e) => {
                     let message = format!("ctxscope: reading the request body failed: {e}");
-                    return Ok(json_error(
-                        StatusCode::BAD_REQUEST,
-                        "ctxscope_bad_request",
-                        &message,
-                        None,
-                    ));
+                    return Ok(json_error(StatusCode::BAD_REQUEST, "ctxscope_bad_request", &message, None));
                 }
             };
             let bytes = match expand_request(store, bytes).await {
@@ -141,10 +121,7 @@ where
                 Err(error) => return Ok(error.response()),
             };
             parts.headers.remove(header::TRANSFER_ENCODING);
-            parts.headers.insert(
-                header::CONTENT_LENGTH,
-                header::HeaderValue::from(bytes.len()),
-            );
+            parts.headers.insert(header::CONTENT_LENGTH, header::HeaderValue::from(bytes.len()));
             inner.call(Request::from_parts(parts, full(bytes))).await
         })
     }
@@ -156,11 +133,7 @@ async fn expand_request(store: Option<Store>, bytes: Bytes) -> Result<Bytes, Sta
     let Ok(Value::Object(mut object)) = serde_json::from_slice::<Value>(&bytes) else {
         return Ok(bytes);
     };
-    let Some(id) = object
-        .get("previous_response_id")
-        .and_then(Value::as_str)
-        .map(str::to_string)
-    else {
+    let Some(id) = object.get("previous_response_id").and_then(Value::as_str).map(str::to_string) else {
         return Ok(bytes);
     };
     let store = store.ok_or(StateError::NoStore)?;
@@ -168,24 +141,17 @@ async fn expand_request(store: Option<Store>, bytes: Bytes) -> Result<Bytes, Sta
     let context = tokio::task::spawn_blocking(move || wait_for_parent(&store, &lookup))
         .await
         .unwrap_or_else(|e| Err(StoreError::NotFound(format!("lookup task failed: {e}"))))
-        .map_err(|source| StateError::Store {
-            id: id.clone(),
-            source,
-        })?
+        .map_err(|source| StateError::Store { id: id.clone(), source })?
         .ok_or_else(|| StateError::NotFound(id.clone()))?;
     let mut input = messages_to_items(&context);
     match object.remove("input") {
-        Some(Value::String(text)) => {
-            input.push(json!({"type": "message", "role": "user", "content": text}))
-        }
+        Some(Value::String(text)) => input.push(json!({"type": "message", "role": "user", "content": text})),
         Some(Value::Array(items)) => input.extend(items),
         _ => {}
     }
     object.insert("input".into(), Value::Array(input));
     object.remove("previous_response_id");
-    Ok(Bytes::from(
-        serde_json::to_vec(&Value::Object(object)).unwrap_or_default(),
-    ))
+    Ok(Bytes::from(serde_json::to_vec(&Value::Object(object)).unwrap_or_default()))
 }
 
 /// The parent's context, waiting up to [`PARENT_WAIT`] for the capture worker to store it.
@@ -219,10 +185,7 @@ mod tests {
         let body = Bytes::from_static(b"{ \"input\" : \"hi\",\"model\":\"m\" }");
         assert_eq!(expand_request(None, body.clone()).await.unwrap(), body);
         let not_json = Bytes::from_static(b"{nope");
-        assert_eq!(
-            expand_request(None, not_json.clone()).await.unwrap(),
-            not_json
-        );
+        assert_eq!(expand_request(None, not_json.clone()).await.unwrap(), not_json);
     }
 
     #[tokio::test]
@@ -236,13 +199,7 @@ mod tests {
         let bytes = response.into_body().collect().await.unwrap().to_bytes();
         let value: Value = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(value["error"]["code"], "previous_response_not_found");
-        assert_eq!(
-            value["error"]["message"],
-            "Previous response with id 'resp_x' not found."
-        );
-        assert!(matches!(
-            expand_request(None, Bytes::from_static(br#"{"previous_response_id":"r"}"#)).await,
-            Err(StateError::NoStore)
-        ));
+        assert_eq!(value["error"]["message"], "Previous response with id 'resp_x' not found.");
+        assert!(matches!(expand_request(None, Bytes::from_static(br#"{"previous_response_id":"r"}"#)).await, Err(StateError::NoStore)));
     }
 }

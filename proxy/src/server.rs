@@ -19,10 +19,7 @@ use crate::limits::{self, Backoff, ConnLimits};
 /// aborting those still open after `grace`.
 pub async fn serve<S>(listener: TcpListener, service: S, mut stop: watch::Receiver<bool>, grace: Duration, limits: ConnLimits)
 where
-    S: hyper::service::Service<http::Request<Incoming>, Response = http::Response<crate::body::ProxyBody>>
-        + Clone
-        + Send
-        + 'static,
+    S: hyper::service::Service<http::Request<Incoming>, Response = http::Response<crate::body::ProxyBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: std::error::Error + Send + Sync + 'static,
 {

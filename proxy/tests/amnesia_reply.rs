@@ -2,9 +2,7 @@
 //! recognised by structure, with readable evidence; innocent replies with the same words raise nothing.
 
 use ctxscope_proxy::capture::pipeline::Pipeline;
-use ctxscope_store::{
-    FindingFilter, FindingKind, FindingRecord, RetentionPolicy, Store, StoreOptions,
-};
+use ctxscope_store::{FindingFilter, FindingKind, FindingRecord, RetentionPolicy, Store, StoreOptions};
 use serde_json::{json, Value};
 
 mod common;
@@ -21,18 +19,8 @@ impl Harness {
     fn new() -> Harness {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
-        let pipeline = Pipeline::new(
-            store.clone(),
-            "http://engine".into(),
-            None,
-            RetentionPolicy::default(),
-        );
-        Harness {
-            _dir: dir,
-            store,
-            pipeline,
-            clock: 1_000,
-        }
+        let pipeline = Pipeline::new(store.clone(), "http://engine".into(), None, RetentionPolicy::default());
+        Harness { _dir: dir, store, pipeline, clock: 1_000 }
     }
 
     fn send(&mut self, messages: &[Value], reply: &str) {
@@ -50,9 +38,7 @@ impl Harness {
     /// The amnesia findings (other detectors are not this test's business).
     fn findings(&self) -> Vec<FindingRecord> {
         let all = self.store.findings(&FindingFilter::default()).unwrap();
-        all.into_iter()
-            .filter(|f| f.kind == FindingKind::AmnesiaReply)
-            .collect()
+        all.into_iter().filter(|f| f.kind == FindingKind::AmnesiaReply).collect()
     }
 }
 
@@ -61,11 +47,7 @@ fn a_reworded_denial_is_recognised_by_structure_and_innocent_replies_are_not() {
     let mut h = Harness::new();
     let first = "Done: the loop now stops at EOF.";
     // Innocent replies that use the same words, in a continued conversation: nothing.
-    let mut messages = vec![
-        user("Fix the parser."),
-        assistant(first),
-        user("What changed?"),
-    ];
+    let mut messages = vec![user("Fix the parser."), assistant(first), user("What changed?")];
     h.send(&messages[..1], first);
     let innocent = "As I mentioned earlier, the first step is the EOF check.\n```rust\n// no previous token: this is the first one\nlet prev = None;\n```\nThere is no previous version of this API, so nothing else changes.";
     h.send(&messages, innocent);
@@ -76,32 +58,15 @@ fn a_reworded_denial_is_recognised_by_structure_and_innocent_replies_are_not() {
     let reply = "Sure.\n```rust\n#[test]\nfn parses() {}\n```\nI can't see the parser you shared earlier in our chat, so the test is a stub. Paste it and I'll fill it in.";
     h.send(&messages, reply);
     let found = h.findings();
-    assert_eq!(
-        found.iter().map(|f| f.kind).collect::<Vec<_>>(),
-        vec![FindingKind::AmnesiaReply],
-        "{found:#?}"
-    );
+    assert_eq!(found.iter().map(|f| f.kind).collect::<Vec<_>>(), vec![FindingKind::AmnesiaReply], "{found:#?}");
     let evidence = &found[0].evidence;
     assert_eq!(evidence["method"], "structure", "{evidence:#}");
     assert_eq!(evidence["rule"], "self_access", "{evidence:#}");
     assert_eq!(evidence["phrase"], Value::Null, "{evidence:#}");
-    assert_eq!(
-        evidence["sentence"],
-        "I can't see the parser you shared earlier in our chat, so the test is a stub.",
-        "{evidence:#}"
-    );
+    assert_eq!(evidence["sentence"], "I can't see the parser you shared earlier in our chat, so the test is a stub.", "{evidence:#}");
     assert_eq!(evidence["cues"]["negation"], "not", "{evidence:#}");
     assert_eq!(evidence["cues"]["access"], "see", "{evidence:#}");
     assert_eq!(evidence["earlier_replies"], 2, "{evidence:#}");
-    assert!(
-        ["high", "medium", "low"].contains(&evidence["confidence"].as_str().unwrap()),
-        "{evidence:#}"
-    );
-    assert!(
-        found[0]
-            .summary
-            .starts_with("reply denies earlier context (\"I can't see the parser"),
-        "{}",
-        found[0].summary
-    );
+    assert!(["high", "medium", "low"].contains(&evidence["confidence"].as_str().unwrap()), "{evidence:#}");
+    assert!(found[0].summary.starts_with("reply denies earlier context (\"I can't see the parser"), "{}", found[0].summary);
 }

@@ -70,7 +70,9 @@ impl Harness {
         }
         let response = match &answer.status {
             Some((_, body)) => body.clone(),
-            None => json!({"choices": [{"message": {"role": "assistant", "content": answer.reply}, "finish_reason": "stop"}], "usage": usage}),
+            None => {
+                json!({"choices": [{"message": {"role": "assistant", "content": answer.reply}, "finish_reason": "stop"}], "usage": usage})
+            }
         };
         let mut ex = exchange(request, response, None);
         self.clock += 1_000;
@@ -251,7 +253,10 @@ fn a_length_refusal_is_context_overflow_with_the_engine_numbers() {
     let llama = json!({"error": {"code": 400, "message": "the request exceeds the available context size, try increasing it", "type": "exceed_context_size_error", "n_prompt_tokens": 600, "n_ctx": 512}});
     h.send(&[user("another conversation")], Answer { status: Some((400, llama)), ..Default::default() });
     // An unrelated 400 is not an overflow.
-    h.send(&[user("third")], Answer { status: Some((400, json!({"error": {"message": "temperature must be positive"}}))), ..Default::default() });
+    h.send(
+        &[user("third")],
+        Answer { status: Some((400, json!({"error": {"message": "temperature must be positive"}}))), ..Default::default() },
+    );
     let found = h.findings();
     assert_eq!(h.kinds(), vec![FindingKind::ContextOverflow, FindingKind::ContextOverflow], "{found:#?}");
     assert_eq!(found[0].evidence["engine_context_size"], 512);

@@ -133,7 +133,8 @@ fn tool_call_replies_thread_when_resent_with_null_content() {
     let mut h = Harness::new();
     let tools_request = json!({"model": "m", "messages": [user("weather?")]});
     let call = json!([{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]);
-    let response = json!({"choices": [{"message": {"role": "assistant", "content": null, "tool_calls": call}, "finish_reason": "tool_calls"}]});
+    let response =
+        json!({"choices": [{"message": {"role": "assistant", "content": null, "tool_calls": call}, "finish_reason": "tool_calls"}]});
     let t1 = h.pipeline.capture(&exchange(tools_request, response, None)).unwrap();
     assert_eq!(t1.finish_reason.as_deref(), Some("tool_calls"));
     let follow = [

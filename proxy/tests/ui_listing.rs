@@ -6,9 +6,7 @@
 use std::time::{Duration, Instant};
 
 use ctxscope_proxy::ui::api::{conversation_page, list_filter};
-use ctxscope_store::{
-    ConversationRecord, FindingKind, FindingRecord, Severity, Store, StoreOptions,
-};
+use ctxscope_store::{ConversationRecord, FindingKind, FindingRecord, Severity, Store, StoreOptions};
 
 const CONVERSATIONS: u64 = 100_000;
 const BUDGET: Duration = Duration::from_millis(200);
@@ -42,10 +40,7 @@ fn timed(store: &Store, query: &str) -> (serde_json::Value, Duration) {
     let started = Instant::now();
     let page = conversation_page(store, &filter).unwrap();
     let took = started.elapsed();
-    eprintln!(
-        "GET /ui/api/conversations?{query}: {} rows in {took:?}",
-        page["conversations"].as_array().unwrap().len()
-    );
+    eprintln!("GET /ui/api/conversations?{query}: {} rows in {took:?}", page["conversations"].as_array().unwrap().len());
     assert!(took < BUDGET, "{query}: {took:?} is over {BUDGET:?}");
     (page, took)
 }
@@ -75,34 +70,17 @@ fn pages_of_100k_conversations_answer_within_200_ms() {
             store.put_finding(&finding).unwrap();
         }
     }
-    eprintln!(
-        "filled {CONVERSATIONS} conversations in {:?}",
-        started.elapsed()
-    );
+    eprintln!("filled {CONVERSATIONS} conversations in {:?}", started.elapsed());
 
     let (first, _) = timed(&store, "limit=50");
     let rows = first["conversations"].as_array().unwrap();
-    assert_eq!(
-        (rows.len(), rows[0]["id"].as_u64()),
-        (50, Some(CONVERSATIONS))
-    );
+    assert_eq!((rows.len(), rows[0]["id"].as_u64()), (50, Some(CONVERSATIONS)));
     assert_eq!(rows[0]["findings"]["engine_truncation"], 1);
     // 1,000 pages in: the cursor of the conversation just above id 50,001.
-    let (deep, _) = timed(
-        &store,
-        &format!(
-            "limit=50&cursor={}-{}",
-            conversation(50_001).updated_unix_ms,
-            50_001
-        ),
-    );
+    let (deep, _) = timed(&store, &format!("limit=50&cursor={}-{}", conversation(50_001).updated_unix_ms, 50_001));
     assert_eq!(deep["conversations"][0]["id"], 50_000);
     let (rare, _) = timed(&store, "limit=50&model=rare");
-    assert!(rare["conversations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .all(|c| c["model"] == "rare"));
+    assert!(rare["conversations"].as_array().unwrap().iter().all(|c| c["model"] == "rare"));
     let (kind, _) = timed(&store, "limit=50&kind=engine_truncation");
     assert_eq!(kind["conversations"].as_array().unwrap().len(), 50);
     let since = conversation(99_990).updated_unix_ms;
@@ -112,9 +90,5 @@ fn pages_of_100k_conversations_answer_within_200_ms() {
     // For comparison, the whole-store listing the JSON API has always had.
     let started = Instant::now();
     let all = store.conversations().unwrap();
-    eprintln!(
-        "Store::conversations() (all {} records, sorted): {:?}",
-        all.len(),
-        started.elapsed()
-    );
+    eprintln!("Store::conversations() (all {} records, sorted): {:?}", all.len(), started.elapsed());
 }

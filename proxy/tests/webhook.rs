@@ -257,7 +257,10 @@ async fn a_dead_webhook_only_counts_failures() {
     assert_eq!(stats, WebhookStats { failed: 2, ..WebhookStats::default() });
     let rendered = metrics.render();
     let value = |name: &str, label: &str| -> f64 {
-        let line = rendered.lines().find(|l| l.starts_with(name) && l.contains(label)).unwrap_or_else(|| panic!("no {name} {label} in\n{rendered}"));
+        let line = rendered
+            .lines()
+            .find(|l| l.starts_with(name) && l.contains(label))
+            .unwrap_or_else(|| panic!("no {name} {label} in\n{rendered}"));
         line.rsplit(' ').next().unwrap().parse().unwrap()
     };
     assert!(value("ctxscope_alerts_sent_total", r#"outcome="failed""#) >= 2.0);

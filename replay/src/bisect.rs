@@ -180,7 +180,12 @@ impl Oracle for ReplayOracle<'_> {
 /// engine) with its path, url, model and headers, and this patch set.
 fn template(plan: &Plan) -> TargetSpec {
     let engine = |t: &&TargetSpec| matches!(t.kind, TargetKind::Engine { .. });
-    plan.targets.iter().find(engine).or(Some(&plan.golden).filter(engine)).cloned().unwrap_or_else(|| TargetSpec::engine(Vec::new(), None, None))
+    plan.targets
+        .iter()
+        .find(engine)
+        .or(Some(&plan.golden).filter(engine))
+        .cloned()
+        .unwrap_or_else(|| TargetSpec::engine(Vec::new(), None, None))
 }
 
 fn candidate(template: &TargetSpec, subset: &[String]) -> TargetSpec {

@@ -148,7 +148,8 @@ impl TargetClient {
         for (name, value) in &self.headers {
             builder = builder.header(name, value);
         }
-        let http_request = builder.body(Full::new(Bytes::from(body.to_string()))).map_err(|e| Failure { error: e.to_string(), status: None })?;
+        let http_request =
+            builder.body(Full::new(Bytes::from(body.to_string()))).map_err(|e| Failure { error: e.to_string(), status: None })?;
         let started = Instant::now();
         let exchange = async {
             let response = self.http.request(http_request).await.map_err(|e| Failure { error: describe(&e), status: None })?;
@@ -160,10 +161,9 @@ impl TargetClient {
                 .to_bytes();
             Ok::<_, Failure>((status, bytes))
         };
-        let (status, bytes) = tokio::time::timeout(self.timeout, exchange).await.map_err(|_| Failure {
-            error: format!("timed out after {:.1} s", self.timeout.as_secs_f64()),
-            status: None,
-        })??;
+        let (status, bytes) = tokio::time::timeout(self.timeout, exchange)
+            .await
+            .map_err(|_| Failure { error: format!("timed out after {:.1} s", self.timeout.as_secs_f64()), status: None })??;
         let wall_ms = started.elapsed().as_secs_f64() * 1e3;
         if !status.is_success() {
             return Err(Failure { error: error_text(&bytes), status: Some(status.as_u16()) });
@@ -287,10 +287,7 @@ fn error_text(body: &[u8]) -> String {
 /// Reads a non-streamed chat completion into a [`Reply`].
 pub fn parse_reply(body: &[u8], wall_ms: f64) -> Result<Reply, String> {
     let value: Value = serde_json::from_slice(body).map_err(|e| format!("the reply is not JSON: {e}"))?;
-    let choice = value
-        .get("choices")
-        .and_then(|c| c.get(0))
-        .ok_or_else(|| format!("the reply has no choices: {}", error_text(body)))?;
+    let choice = value.get("choices").and_then(|c| c.get(0)).ok_or_else(|| format!("the reply has no choices: {}", error_text(body)))?;
     let text = choice.get("message").and_then(|m| m.get("content")).map(content_text).unwrap_or_default();
     let usage = value.get("usage").unwrap_or(&Value::Null);
     Ok(Reply {
@@ -325,9 +322,7 @@ fn token_steps(content: &Value) -> Vec<TokenStep> {
                 .get("top_logprobs")
                 .and_then(Value::as_array)
                 .map(|alts| {
-                    alts.iter()
-                        .filter_map(|a| Some((a.get("token")?.as_str()?.to_string(), a.get("logprob")?.as_f64()?)))
-                        .collect()
+                    alts.iter().filter_map(|a| Some((a.get("token")?.as_str()?.to_string(), a.get("logprob")?.as_f64()?))).collect()
                 })
                 .unwrap_or_default();
             Some(TokenStep { token, logprob, top })
@@ -371,7 +366,8 @@ mod tests {
 
     #[test]
     fn replies_without_logprobs_or_choices() {
-        let reply = parse_reply(br#"{"choices":[{"message":{"content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}}]}"#, 0.0).unwrap();
+        let reply =
+            parse_reply(br#"{"choices":[{"message":{"content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}}]}"#, 0.0).unwrap();
         assert_eq!(reply.text, "ab");
         assert!(reply.tokens.is_empty());
         assert!(parse_reply(br#"{"error":{"message":"boom"}}"#, 0.0).unwrap_err().contains("boom"));
@@ -388,9 +384,11 @@ mod tests {
 
     #[test]
     fn body_is_greedy_seeded_and_keeps_captured_params() {
-        let params: Map<String, Value> = [("stop".to_string(), json!(["\n"])), ("temperature".to_string(), json!(0.9))].into_iter().collect();
+        let params: Map<String, Value> =
+            [("stop".to_string(), json!(["\n"])), ("temperature".to_string(), json!(0.9))].into_iter().collect();
         let messages = [json!({"role": "user", "content": "hi"})];
-        let request = ChatRequest { messages: &messages, model: Some("captured"), params: &params, max_tokens: 16, seed: 7, top_logprobs: 5 };
+        let request =
+            ChatRequest { messages: &messages, model: Some("captured"), params: &params, max_tokens: 16, seed: 7, top_logprobs: 5 };
         let body = request_body(&request, None, true);
         assert_eq!(body["temperature"], 0);
         assert_eq!((body["seed"].clone(), body["max_tokens"].clone()), (json!(7), json!(16)));

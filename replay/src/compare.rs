@@ -25,21 +25,15 @@ pub fn divergence(reference: &Reply, other: &Reply, near_tie: f64) -> Divergence
     };
     let compared_tokens = a.len().max(b.len());
     let first_diff = if exact { None } else { first_difference(&a, &b) };
-    let agreement = if exact || compared_tokens == 0 {
-        1.0
-    } else {
-        a.iter().zip(&b).filter(|(x, y)| x == y).count() as f64 / compared_tokens as f64
-    };
+    let agreement =
+        if exact || compared_tokens == 0 { 1.0 } else { a.iter().zip(&b).filter(|(x, y)| x == y).count() as f64 / compared_tokens as f64 };
     let margin_at_diff = match (by_tokens, first_diff) {
         (true, Some(i)) => reference.tokens.get(i).and_then(top_margin),
         _ => None,
     };
     let agreed = first_diff.unwrap_or(a.len().min(b.len()));
-    let (max_logprob_diff, mean_logprob_diff, kl_topk) = if by_tokens {
-        drift(&reference.tokens[..agreed], &other.tokens[..agreed])
-    } else {
-        (None, None, None)
-    };
+    let (max_logprob_diff, mean_logprob_diff, kl_topk) =
+        if by_tokens { drift(&reference.tokens[..agreed], &other.tokens[..agreed]) } else { (None, None, None) };
     Divergence {
         exact,
         first_diff,
@@ -87,12 +81,7 @@ fn top_margin(step: &TokenStep) -> Option<f64> {
 
 /// Over agreeing positions: max and mean |Δ logprob| of the chosen token, mean top-k KL.
 fn drift(reference: &[TokenStep], other: &[TokenStep]) -> (Option<f64>, Option<f64>, Option<f64>) {
-    let diffs: Vec<f64> = reference
-        .iter()
-        .zip(other)
-        .map(|(r, o)| (r.logprob - o.logprob).abs())
-        .filter(|d| d.is_finite())
-        .collect();
+    let diffs: Vec<f64> = reference.iter().zip(other).map(|(r, o)| (r.logprob - o.logprob).abs()).filter(|d| d.is_finite()).collect();
     let kls: Vec<f64> = reference.iter().zip(other).filter_map(|(r, o)| kl_topk(&r.top, &o.top)).collect();
     let max = diffs.iter().copied().reduce(f64::max);
     (max, mean(&diffs), mean(&kls))
@@ -112,12 +101,8 @@ fn kl_topk(p: &[(String, f64)], q: &[(String, f64)]) -> Option<f64> {
     if shared.is_empty() || sum_p <= 0.0 || sum_q <= 0.0 {
         return None;
     }
-    let kl = shared
-        .iter()
-        .map(|(pp, qq)| (pp / sum_p, qq / sum_q))
-        .filter(|(pp, _)| *pp > 0.0)
-        .map(|(pp, qq)| pp * (pp / qq).ln())
-        .sum::<f64>();
+    let kl =
+        shared.iter().map(|(pp, qq)| (pp / sum_p, qq / sum_q)).filter(|(pp, _)| *pp > 0.0).map(|(pp, qq)| pp * (pp / qq).ln()).sum::<f64>();
     kl.is_finite().then_some(kl.max(0.0))
 }
 

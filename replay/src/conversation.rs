@@ -112,7 +112,9 @@ fn turn_request(detail: &ConversationDetail, view: &TurnView) -> Result<(TurnReq
         messages,
         model: record.model.clone(),
         params: KEPT_PARAMS.iter().filter_map(|k| record.params.get(*k).map(|v| (k.to_string(), v.clone()))).collect(),
-        captured_max_tokens: ["max_completion_tokens", "max_tokens", "max_output_tokens"].iter().find_map(|k| record.params.get(*k).and_then(Value::as_u64)),
+        captured_max_tokens: ["max_completion_tokens", "max_tokens", "max_output_tokens"]
+            .iter()
+            .find_map(|k| record.params.get(*k).and_then(Value::as_u64)),
         captured_text,
         captured_message,
     };

@@ -187,11 +187,7 @@ fn split_items(spec: &str, list: &str, keys: &[&str]) -> Result<Items, TargetErr
 
 fn unknown_item(spec: &str, item: &str, keys: &[&str]) -> TargetError {
     match item.split_once('=') {
-        Some((key, _)) => TargetError::UnknownKey {
-            key: key.trim().to_string(),
-            spec: spec.to_string(),
-            allowed: keys.join(", "),
-        },
+        Some((key, _)) => TargetError::UnknownKey { key: key.trim().to_string(), spec: spec.to_string(), allowed: keys.join(", ") },
         None => TargetError::NoKey { item: item.to_string(), spec: spec.to_string() },
     }
 }

@@ -146,7 +146,11 @@ async fn handle(shared: Arc<Shared>, req: http::Request<Incoming>) -> Result<htt
 /// "Reply to question k" (the secret word for a probe); the fault changes everything after two tokens.
 fn reply_tokens(last_user: &str, fault: bool) -> Vec<String> {
     let words: Vec<&str> = if last_user.contains("secret") {
-        if fault { vec!["I", " do", " not", " know"] } else { vec!["The", " word", " is", " papaya"] }
+        if fault {
+            vec!["I", " do", " not", " know"]
+        } else {
+            vec!["The", " word", " is", " papaya"]
+        }
     } else {
         let mut words = vec!["Reply", " to"];
         let tail: Vec<&str> = last_user.split_whitespace().collect();
@@ -182,7 +186,6 @@ fn completion(request: &Value, mut tokens: Vec<String>, logprobs: bool) -> Value
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": tokens.len(), "prompt_tokens_details": {"cached_tokens": 0}}
     })
 }
-
 
 fn plan(turns: u32, targets: &[&str]) -> Plan {
     let mut plan = Plan::new(replay_test_conversation(7, turns), TargetSpec::parse("engine").unwrap());
@@ -356,7 +359,8 @@ async fn resume_reruns_only_what_is_missing_or_failed() {
     assert!(!resumed.interrupted);
     assert_eq!(resumed.started_unix_ms, first.started_unix_ms);
     assert_eq!(resumed.results.len(), 6);
-    let strip = |r: &ReplayReport| r.results.iter().map(|t| (t.turn, t.target.clone(), t.vs_golden.clone(), t.probes.len())).collect::<Vec<_>>();
+    let strip =
+        |r: &ReplayReport| r.results.iter().map(|t| (t.turn, t.target.clone(), t.vs_golden.clone(), t.probes.len())).collect::<Vec<_>>();
     assert_eq!(strip(&resumed), strip(&first));
     assert_eq!(observer.calls.lock().unwrap().len(), 6, "reused results are reported too");
     println!("resume: first run {} requests, resumed run {rerun}", 8);
@@ -370,7 +374,8 @@ async fn probes_ask_after_the_captured_reply() {
     let report = replay(&p, &fake.endpoints(), &Quiet, no_cancel(), None).await.unwrap();
     let probe_request = fake.requests().into_iter().find(|(_, b)| contents(b).last().unwrap().contains("secret")).unwrap().1;
     assert_eq!(contents(&probe_request), ["be brief", "question 0", "captured 0", "question 1", "captured 1", "What was the secret word?"]);
-    let passed: Vec<(&str, bool)> = report.results.iter().filter(|r| r.turn == 1).map(|r| (r.target.as_str(), r.probes[0].passed)).collect();
+    let passed: Vec<(&str, bool)> =
+        report.results.iter().filter(|r| r.turn == 1).map(|r| (r.target.as_str(), r.probes[0].passed)).collect();
     assert_eq!(passed, [("golden", true), ("engine:fault", false)]);
     assert_eq!(ctxscope_replay::score(&report, "engine:fault", Metric::Probes), Some(1.0));
     let d = report.results.iter().find(|r| r.target == "engine:fault" && r.turn == 1).unwrap().vs_golden.clone().unwrap();
@@ -389,12 +394,15 @@ async fn bisect_names_the_faulty_patch_among_four() {
     assert_eq!((summary.replays_run, summary.naive_replays), (4, 4));
     let steps: Vec<(Vec<String>, bool)> = summary.steps.iter().map(|s| (s.patches.clone(), s.diverges)).collect();
     let s = |list: &[&str]| list.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-    assert_eq!(steps, [
-        (s(&["rmsnorm_bf16", "kv_fp8", "fault", "rope_bf16"]), true),
-        (s(&["rmsnorm_bf16", "kv_fp8"]), false),
-        (s(&["fault", "rope_bf16"]), true),
-        (s(&["fault"]), true),
-    ]);
+    assert_eq!(
+        steps,
+        [
+            (s(&["rmsnorm_bf16", "kv_fp8", "fault", "rope_bf16"]), true),
+            (s(&["rmsnorm_bf16", "kv_fp8"]), false),
+            (s(&["fault", "rope_bf16"]), true),
+            (s(&["fault"]), true),
+        ]
+    );
     assert_eq!(fake.count(), 3 + 4 * 3, "golden once, then three turns per subset");
     let golden_requests = fake.requests().iter().filter(|(p, _)| p.is_empty()).count();
     assert_eq!(golden_requests, 3, "golden is replayed once");

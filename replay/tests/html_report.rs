@@ -17,11 +17,7 @@ fn reply(tokens: &[&str]) -> Reply {
         text: tokens.concat(),
         tokens: tokens
             .iter()
-            .map(|t| TokenStep {
-                token: t.to_string(),
-                logprob: -0.2,
-                top: vec![(t.to_string(), -0.2), (" Rome".into(), -0.25)],
-            })
+            .map(|t| TokenStep { token: t.to_string(), logprob: -0.2, top: vec![(t.to_string(), -0.2), (" Rome".into(), -0.25)] })
             .collect(),
         prompt_tokens: Some(900),
         cached_tokens: Some(512),
@@ -74,12 +70,7 @@ fn report() -> ReplayReport {
         };
         results.push(row(turn, "fast", Outcome::Ok(fast.0), Some(fast.1)));
         if turn == 2 {
-            results.push(row(
-                turn,
-                "remote",
-                Outcome::Failed { error: "connection refused".into(), status: None },
-                None,
-            ));
+            results.push(row(turn, "remote", Outcome::Failed { error: "connection refused".into(), status: None }, None));
         } else {
             results.push(row(turn, "remote", Outcome::Ok(reply(golden)), Some(divergence(1.0, None, false))));
         }
@@ -110,11 +101,7 @@ fn report() -> ReplayReport {
             metric: "agreement".into(),
             threshold: 0.05,
             culprit: vec!["kv_q8".into()],
-            steps: vec![
-                step(&["kv_q8", "spec"], 0.23, true),
-                step(&["kv_q8"], 0.23, true),
-                step(&["spec"], 0.0, false),
-            ],
+            steps: vec![step(&["kv_q8", "spec"], 0.23, true), step(&["kv_q8"], 0.23, true), step(&["spec"], 0.0, false)],
             replays_run: 3,
             naive_replays: 2,
         }),
@@ -193,11 +180,7 @@ fn renders_in_headless_chromium_with_a_visible_chart() {
     run_chromium(
         &bin,
         &dir.path().join("profile-shot"),
-        &[
-            "--hide-scrollbars".into(),
-            "--force-device-scale-factor=1".into(),
-            format!("--screenshot={}", png_path.display()),
-        ],
+        &["--hide-scrollbars".into(), "--force-device-scale-factor=1".into(), format!("--screenshot={}", png_path.display())],
         &page_path,
     );
     let png = std::fs::read(&png_path).expect("chromium wrote no screenshot");
@@ -215,15 +198,10 @@ fn renders_in_headless_chromium_with_a_visible_chart() {
     std::fs::write(&probe_path, page.replacen("</body>", &probe, 1)).expect("write probe page");
     let out = run_chromium(&bin, &dir.path().join("profile-dom"), &["--dump-dom".into()], &probe_path);
     let dom = String::from_utf8_lossy(&out.stdout);
-    let title = dom
-        .split_once("<title>")
-        .and_then(|(_, rest)| rest.split_once("</title>"))
-        .map(|(t, _)| t.to_string())
-        .unwrap_or_default();
+    let title = dom.split_once("<title>").and_then(|(_, rest)| rest.split_once("</title>")).map(|(t, _)| t.to_string()).unwrap_or_default();
     eprintln!("probe title: {title:?}");
-    let size = title
-        .strip_prefix("chart:")
-        .unwrap_or_else(|| panic!("the probe script did not run or found no #{CHART_ID}: title {title:?}"));
+    let size =
+        title.strip_prefix("chart:").unwrap_or_else(|| panic!("the probe script did not run or found no #{CHART_ID}: title {title:?}"));
     let (cw, ch) = size.split_once('x').expect("WxH");
     let (cw, ch): (f64, f64) = (cw.parse().expect("width"), ch.parse().expect("height"));
     assert!(cw > 0.0 && ch > 0.0, "chart rendered with zero size: {cw}x{ch}");

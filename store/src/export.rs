@@ -37,11 +37,7 @@ impl Store {
             out.write_all(&bytes).map_err(io)?;
             out.write_all(b"\n").map_err(io)
         };
-        line(&ExportLine::Header {
-            format: EXPORT_FORMAT.into(),
-            version: EXPORT_VERSION,
-            conversation: detail.conversation.clone(),
-        })?;
+        line(&ExportLine::Header { format: EXPORT_FORMAT.into(), version: EXPORT_VERSION, conversation: detail.conversation.clone() })?;
         for (hash, message) in &detail.messages {
             line(&ExportLine::Message { hash: hash.clone(), message: message.clone() })?;
         }
@@ -103,8 +99,7 @@ impl Store {
                 }
             }
         }
-        let mut conversation =
-            header.ok_or_else(|| StoreError::Import { line: 1, detail: "missing header line".into() })?;
+        let mut conversation = header.ok_or_else(|| StoreError::Import { line: 1, detail: "missing header line".into() })?;
         if turns.is_empty() {
             return Err(StoreError::Import { line: last_line, detail: "no turn lines: an export holds at least one turn".into() });
         }

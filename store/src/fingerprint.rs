@@ -54,16 +54,11 @@ impl Fingerprint {
                 new: Some(newer.engine.clone().into()),
             });
         }
-        let keys: std::collections::BTreeSet<&String> =
-            self.fields.keys().chain(newer.fields.keys()).collect();
+        let keys: std::collections::BTreeSet<&String> = self.fields.keys().chain(newer.fields.keys()).collect();
         for key in keys {
             let (old, new) = (self.fields.get(key), newer.fields.get(key));
             if old != new {
-                changes.push(FieldChange {
-                    field: key.clone(),
-                    old: old.cloned(),
-                    new: new.cloned(),
-                });
+                changes.push(FieldChange { field: key.clone(), old: old.cloned(), new: new.cloned() });
             }
         }
         changes
@@ -103,11 +98,7 @@ mod tests {
         let mut fields = BTreeMap::new();
         fields.insert("props.n_ctx".to_string(), json!(ctx));
         fields.insert("props.model_path".to_string(), json!("m.gguf"));
-        Fingerprint {
-            engine: "llama.cpp".into(),
-            sources: vec!["GET /props".into()],
-            fields,
-        }
+        Fingerprint { engine: "llama.cpp".into(), sources: vec!["GET /props".into()], fields }
     }
 
     #[test]
@@ -122,13 +113,6 @@ mod tests {
         assert_eq!(store.fingerprint(&hb).unwrap(), Some(b.clone()));
         assert_eq!(store.fingerprint("00").unwrap(), None);
         let diff = a.diff(&b);
-        assert_eq!(
-            diff,
-            vec![FieldChange {
-                field: "props.n_ctx".into(),
-                old: Some(json!(1024)),
-                new: Some(json!(2048))
-            }]
-        );
+        assert_eq!(diff, vec![FieldChange { field: "props.n_ctx".into(), old: Some(json!(1024)), new: Some(json!(2048)) }]);
     }
 }

@@ -17,15 +17,15 @@ pub use records::*;
 pub use retention::{RetentionPolicy, RetentionReport};
 pub use store::{IdSpace, Store, StoreOptions, SCHEMA_VERSION};
 pub mod export;
-mod fingerprint;
 mod findings;
+mod fingerprint;
 mod listing;
 mod marks;
 mod read_only;
 mod replays;
 
-pub use fingerprint::{FieldChange, Fingerprint};
 pub use findings::FindingFilter;
+pub use fingerprint::{FieldChange, Fingerprint};
 pub use listing::{ConversationPage, Cursor, PageQuery};
 pub use marks::MARKS_FILE;
 pub use read_only::ReadOnlyStore;

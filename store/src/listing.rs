@@ -24,10 +24,7 @@ impl Cursor {
     /// `"<updated_unix_ms>-<id>"`, the form that travels in URLs.
     pub fn parse(text: &str) -> Option<Cursor> {
         let (updated, id) = text.split_once('-')?;
-        Some(Cursor {
-            updated_unix_ms: updated.parse().ok()?,
-            id: id.parse().ok()?,
-        })
+        Some(Cursor { updated_unix_ms: updated.parse().ok()?, id: id.parse().ok()? })
     }
 
     pub fn to_text(self) -> String {
@@ -52,13 +49,7 @@ pub struct PageQuery {
 
 impl Default for PageQuery {
     fn default() -> Self {
-        PageQuery {
-            after: None,
-            limit: 50,
-            since_unix_ms: None,
-            until_unix_ms: None,
-            max_scan: 20_000,
-        }
+        PageQuery { after: None, limit: 50, since_unix_ms: None, until_unix_ms: None, max_scan: 20_000 }
     }
 }
 
@@ -85,11 +76,7 @@ impl Store {
             Some(c) => pair_key(c.updated_unix_ms, c.id).min(until),
             None => until,
         };
-        let mut page = ConversationPage {
-            conversations: Vec::new(),
-            next: None,
-            scanned: 0,
-        };
+        let mut page = ConversationPage { conversations: Vec::new(), next: None, scanned: 0 };
         if low > high {
             return Ok(page);
         }
@@ -125,31 +112,19 @@ impl Store {
         let mut ordered = BTreeMap::new();
         for id in ids {
             if let Some(c) = self.conversation(id)? {
-                let cursor = Cursor {
-                    updated_unix_ms: c.updated_unix_ms,
-                    id: c.id,
-                };
+                let cursor = Cursor { updated_unix_ms: c.updated_unix_ms, id: c.id };
                 let in_time = !matches!(query.since_unix_ms, Some(t) if c.updated_unix_ms < t)
                     && !matches!(query.until_unix_ms, Some(t) if c.updated_unix_ms > t);
-                if in_time
-                    && !matches!(query.after, Some(a) if pair_key(a.updated_unix_ms, a.id) <= pair_key(c.updated_unix_ms, c.id))
-                {
+                if in_time && !matches!(query.after, Some(a) if pair_key(a.updated_unix_ms, a.id) <= pair_key(c.updated_unix_ms, c.id)) {
                     ordered.insert(pair_key(cursor.updated_unix_ms, cursor.id), c);
                 }
             }
         }
-        let mut page = ConversationPage {
-            conversations: Vec::new(),
-            next: None,
-            scanned: 0,
-        };
+        let mut page = ConversationPage { conversations: Vec::new(), next: None, scanned: 0 };
         let mut rest = ordered.into_values().rev().peekable();
         while let Some(c) = rest.next() {
             page.scanned += 1;
-            let cursor = Cursor {
-                updated_unix_ms: c.updated_unix_ms,
-                id: c.id,
-            };
+            let cursor = Cursor { updated_unix_ms: c.updated_unix_ms, id: c.id };
             if keep(&c)? {
                 page.conversations.push(c);
             }
@@ -197,11 +172,7 @@ impl Store {
     /// Findings with ids above `id`, oldest first, at most `limit`.
     pub fn findings_after(&self, id: u64, limit: usize) -> Result<Vec<FindingRecord>, StoreError> {
         let mut out = Vec::new();
-        for item in self
-            .findings
-            .range(id_key(id.saturating_add(1))..)
-            .take(limit)
-        {
+        for item in self.findings.range(id_key(id.saturating_add(1))..).take(limit) {
             let (key, value) = item?;
             out.push(decode("finding", &key, &value)?);
         }
@@ -210,23 +181,17 @@ impl Store {
 
     /// Keeps the (updated, id) index in step with a conversation write; `previous` is the record's
     /// bytes before it.
-    pub(crate) fn index_updated(
-        &self,
-        previous: Option<&[u8]>,
-        conversation: &ConversationRecord,
-    ) -> Result<(), StoreError> {
+    pub(crate) fn index_updated(&self, previous: Option<&[u8]>, conversation: &ConversationRecord) -> Result<(), StoreError> {
         if let Some(old) = previous {
             self.unindex_updated(old)?;
         }
-        self.by_updated
-            .insert(pair_key(conversation.updated_unix_ms, conversation.id), &[])?;
+        self.by_updated.insert(pair_key(conversation.updated_unix_ms, conversation.id), &[])?;
         Ok(())
     }
 
     pub(crate) fn unindex_updated(&self, record: &[u8]) -> Result<(), StoreError> {
         let old: ConversationRecord = decode("conversation", b"", record)?;
-        self.by_updated
-            .remove(pair_key(old.updated_unix_ms, old.id))?;
+        self.by_updated.remove(pair_key(old.updated_unix_ms, old.id))?;
         Ok(())
     }
 
@@ -239,8 +204,7 @@ impl Store {
         for item in self.conversations.iter() {
             let (key, value) = item?;
             let c: ConversationRecord = decode("conversation", &key, &value)?;
-            self.by_updated
-                .insert(pair_key(c.updated_unix_ms, c.id), &[])?;
+            self.by_updated.insert(pair_key(c.updated_unix_ms, c.id), &[])?;
         }
         self.meta.insert(BY_UPDATED_BUILT, &[1])?;
         Ok(())
@@ -248,16 +212,8 @@ impl Store {
 }
 
 fn cursor_of(key: &[u8]) -> Cursor {
-    let part = |range: std::ops::Range<usize>| {
-        key.get(range)
-            .and_then(|b| b.try_into().ok())
-            .map(u64::from_be_bytes)
-            .unwrap_or(0)
-    };
-    Cursor {
-        updated_unix_ms: part(0..8),
-        id: part(8..16),
-    }
+    let part = |range: std::ops::Range<usize>| key.get(range).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes).unwrap_or(0);
+    Cursor { updated_unix_ms: part(0..8), id: part(8..16) }
 }
 
 #[cfg(test)]
@@ -288,78 +244,27 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
         for id in 1..=7 {
-            store
-                .put_conversation(&conversation(
-                    id,
-                    100 + id,
-                    if id % 2 == 0 { "a" } else { "b" },
-                ))
-                .unwrap();
+            store.put_conversation(&conversation(id, 100 + id, if id % 2 == 0 { "a" } else { "b" })).unwrap();
         }
         // Conversation 2 is updated last: it moves to the front, once.
         store.put_conversation(&conversation(2, 500, "a")).unwrap();
         let ids = |p: &ConversationPage| p.conversations.iter().map(|c| c.id).collect::<Vec<_>>();
-        let query = PageQuery {
-            limit: 3,
-            ..Default::default()
-        };
+        let query = PageQuery { limit: 3, ..Default::default() };
         let first = store.conversations_page(&query, |_| Ok(true)).unwrap();
         assert_eq!(ids(&first), vec![2, 7, 6]);
-        let second = store
-            .conversations_page(
-                &PageQuery {
-                    after: first.next,
-                    ..query.clone()
-                },
-                |_| Ok(true),
-            )
-            .unwrap();
+        let second = store.conversations_page(&PageQuery { after: first.next, ..query.clone() }, |_| Ok(true)).unwrap();
         assert_eq!(ids(&second), vec![5, 4, 3]);
-        let third = store
-            .conversations_page(
-                &PageQuery {
-                    after: second.next,
-                    ..query.clone()
-                },
-                |_| Ok(true),
-            )
-            .unwrap();
+        let third = store.conversations_page(&PageQuery { after: second.next, ..query.clone() }, |_| Ok(true)).unwrap();
         assert_eq!((ids(&third), third.next), (vec![1], None));
-        let models = store
-            .conversations_page(&query, |c| Ok(c.model.as_deref() == Some("a")))
-            .unwrap();
+        let models = store.conversations_page(&query, |c| Ok(c.model.as_deref() == Some("a"))).unwrap();
         assert_eq!(ids(&models), vec![2, 6, 4]);
-        let window = PageQuery {
-            since_unix_ms: Some(103),
-            until_unix_ms: Some(105),
-            ..query.clone()
-        };
-        assert_eq!(
-            ids(&store.conversations_page(&window, |_| Ok(true)).unwrap()),
-            vec![5, 4, 3]
-        );
-        let among = store
-            .conversations_among([1, 2, 5], &query, |_| Ok(true))
-            .unwrap();
+        let window = PageQuery { since_unix_ms: Some(103), until_unix_ms: Some(105), ..query.clone() };
+        assert_eq!(ids(&store.conversations_page(&window, |_| Ok(true)).unwrap()), vec![5, 4, 3]);
+        let among = store.conversations_among([1, 2, 5], &query, |_| Ok(true)).unwrap();
         assert_eq!(ids(&among), vec![2, 5, 1]);
         store.delete_conversation(7).unwrap();
-        assert_eq!(
-            ids(&store.conversations_page(&query, |_| Ok(true)).unwrap()),
-            vec![2, 6, 5]
-        );
-        assert_eq!(
-            Cursor::parse(
-                &Cursor {
-                    updated_unix_ms: 5,
-                    id: 9
-                }
-                .to_text()
-            ),
-            Some(Cursor {
-                updated_unix_ms: 5,
-                id: 9
-            })
-        );
+        assert_eq!(ids(&store.conversations_page(&query, |_| Ok(true)).unwrap()), vec![2, 6, 5]);
+        assert_eq!(Cursor::parse(&Cursor { updated_unix_ms: 5, id: 9 }.to_text()), Some(Cursor { updated_unix_ms: 5, id: 9 }));
     }
 
     #[test]
@@ -373,9 +278,7 @@ mod tests {
             store.db.flush().unwrap();
         }
         let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
-        let page = store
-            .conversations_page(&PageQuery::default(), |_| Ok(true))
-            .unwrap();
+        let page = store.conversations_page(&PageQuery::default(), |_| Ok(true)).unwrap();
         assert_eq!(page.conversations.len(), 1);
     }
 }

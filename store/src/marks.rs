@@ -10,11 +10,7 @@ use crate::{Store, StoreError};
 /// The marks file in a data directory.
 pub const MARKS_FILE: &str = "ctxscope-marks";
 
-const SPACES: [(IdSpace, &str); 3] = [
-    (IdSpace::Conversation, "conversation"),
-    (IdSpace::Turn, "turn"),
-    (IdSpace::Finding, "finding"),
-];
+const SPACES: [(IdSpace, &str); 3] = [(IdSpace::Conversation, "conversation"), (IdSpace::Turn, "turn"), (IdSpace::Finding, "finding")];
 
 impl Store {
     /// Flushes, then records the id counters as durable. A crash between the two leaves older marks,
@@ -22,15 +18,10 @@ impl Store {
     pub fn checkpoint(&self) -> Result<(), StoreError> {
         let counters = self.counters()?;
         self.flush()?;
-        let text: String = counters
-            .iter()
-            .map(|(name, value)| format!("{name} {value}\n"))
-            .collect();
+        let text: String = counters.iter().map(|(name, value)| format!("{name} {value}\n")).collect();
         let path = self.marks_path();
         let temporary = path.with_extension("tmp");
-        std::fs::write(&temporary, text)
-            .and_then(|_| std::fs::rename(&temporary, &path))
-            .map_err(sled::Error::Io)?;
+        std::fs::write(&temporary, text).and_then(|_| std::fs::rename(&temporary, &path)).map_err(sled::Error::Io)?;
         Ok(())
     }
 
@@ -55,19 +46,14 @@ impl Store {
                 }
             }
         }
-        Ok((!lost.is_empty()).then(|| {
-            format!("the store's log is damaged: records written before its last checkpoint are missing ({})", lost.join(", "))
-        }))
+        Ok((!lost.is_empty())
+            .then(|| format!("the store's log is damaged: records written before its last checkpoint are missing ({})", lost.join(", "))))
     }
 
     fn counters(&self) -> Result<Vec<(&'static str, u64)>, StoreError> {
         let mut out = Vec::new();
         for (space, name) in SPACES {
-            let value = self
-                .meta
-                .get(space.key())?
-                .and_then(|b| <[u8; 8]>::try_from(b.as_ref()).ok())
-                .map_or(0, u64::from_be_bytes);
+            let value = self.meta.get(space.key())?.and_then(|b| <[u8; 8]>::try_from(b.as_ref()).ok()).map_or(0, u64::from_be_bytes);
             out.push((name, value));
         }
         Ok(out)
@@ -93,11 +79,7 @@ mod tests {
         store.checkpoint().unwrap();
         assert_eq!(store.damage().unwrap(), None);
         // Marks ahead of the counters, as after a log cut short.
-        std::fs::write(
-            dir.path().join(super::MARKS_FILE),
-            "conversation 0\nturn 9\nfinding 0\n",
-        )
-        .unwrap();
+        std::fs::write(dir.path().join(super::MARKS_FILE), "conversation 0\nturn 9\nfinding 0\n").unwrap();
         let damage = store.damage().unwrap().unwrap();
         assert!(damage.contains("turn ids 6..=9"), "{damage}");
     }

@@ -33,26 +33,16 @@ impl Drop for ReadOnlyStore {
 impl Store {
     /// Opens `path` for reading without modifying it: copies the directory (while holding sled's
     /// lock file shared, so no writer starts meanwhile) and opens the copy.
-    pub fn open_read_only(
-        path: &Path,
-        options: &StoreOptions,
-    ) -> Result<ReadOnlyStore, StoreError> {
-        let copy_error = |source: std::io::Error| StoreError::Copy {
-            path: path.to_path_buf(),
-            source,
-        };
+    pub fn open_read_only(path: &Path, options: &StoreOptions) -> Result<ReadOnlyStore, StoreError> {
+        let copy_error = |source: std::io::Error| StoreError::Copy { path: path.to_path_buf(), source };
         let lock = File::open(path.join("db")).map_err(copy_error)?;
         if !lock_shared(&lock) {
-            return Err(StoreError::Locked {
-                path: path.to_path_buf(),
-            });
+            return Err(StoreError::Locked { path: path.to_path_buf() });
         }
         let copy = std::env::temp_dir().join(format!(
             "ctxscope-inspect-{}-{}",
             std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos())
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
         ));
         let copied = copy_dir(path, &copy).map_err(copy_error);
         drop(lock);
@@ -61,10 +51,7 @@ impl Store {
             return Err(error);
         }
         match Store::open(&copy, options) {
-            Ok(store) => Ok(ReadOnlyStore {
-                store: Some(store),
-                copy,
-            }),
+            Ok(store) => Ok(ReadOnlyStore { store: Some(store), copy }),
             Err(error) => {
                 let _ = std::fs::remove_dir_all(&copy);
                 Err(error)

@@ -78,9 +78,7 @@ impl Store {
             .flush_every_ms(Some(options.flush_every_ms.max(1)))
             .open()
             .map_err(|source| match source {
-                sled::Error::Corruption { .. } => {
-                    StoreError::Corrupt { path: path.to_path_buf(), detail: source.to_string() }
-                }
+                sled::Error::Corruption { .. } => StoreError::Corrupt { path: path.to_path_buf(), detail: source.to_string() },
                 source if crate::error::is_disk_full(&source) => StoreError::DiskFull { path: path.to_path_buf() },
                 source => StoreError::Open { path: path.to_path_buf(), source },
             })?;
@@ -126,10 +124,11 @@ impl Store {
     fn check_schema(&self) -> Result<(), StoreError> {
         match self.meta.get(codec::SCHEMA_KEY)? {
             Some(bytes) => {
-                let found = bytes.as_ref().try_into().map(u32::from_be_bytes).map_err(|_| StoreError::Corrupt {
-                    path: self.path.clone(),
-                    detail: "schema version record is malformed".into(),
-                })?;
+                let found = bytes
+                    .as_ref()
+                    .try_into()
+                    .map(u32::from_be_bytes)
+                    .map_err(|_| StoreError::Corrupt { path: self.path.clone(), detail: "schema version record is malformed".into() })?;
                 if found != SCHEMA_VERSION {
                     return Err(StoreError::Schema { path: self.path.clone(), found, expected: SCHEMA_VERSION });
                 }
@@ -138,9 +137,7 @@ impl Store {
                 self.meta.insert(codec::SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes())?;
                 self.db.flush()?;
             }
-            None => {
-                return Err(StoreError::Corrupt { path: self.path.clone(), detail: "records without a schema version".into() })
-            }
+            None => return Err(StoreError::Corrupt { path: self.path.clone(), detail: "records without a schema version".into() }),
         }
         Ok(())
     }
@@ -164,7 +161,10 @@ impl Store {
             Some((old + 1).to_be_bytes().to_vec())
         })?;
         let bytes = next.as_deref().and_then(|b| <[u8; 8]>::try_from(b).ok());
-        bytes.map(u64::from_be_bytes).ok_or_else(|| StoreError::Corrupt { path: self.path.clone(), detail: format!("id counter {} is not 8 bytes", String::from_utf8_lossy(key)) })
+        bytes.map(u64::from_be_bytes).ok_or_else(|| StoreError::Corrupt {
+            path: self.path.clone(),
+            detail: format!("id counter {} is not 8 bytes", String::from_utf8_lossy(key)),
+        })
     }
 
     /// Stores a canonical message once; returns whether it was new.

@@ -39,11 +39,7 @@ fn exported() -> Vec<String> {
     store.put_conversation(&conv).unwrap();
     let mut out = Vec::new();
     store.export_conversation(5, &mut out).unwrap();
-    String::from_utf8(out)
-        .unwrap()
-        .lines()
-        .map(str::to_string)
-        .collect()
+    String::from_utf8(out).unwrap().lines().map(str::to_string).collect()
 }
 
 fn import(lines: &[String]) -> Result<u64, StoreError> {
@@ -53,9 +49,7 @@ fn import(lines: &[String]) -> Result<u64, StoreError> {
 }
 
 fn refused(lines: &[String], expected: &str) {
-    let error = import(lines)
-        .expect_err("accepted a file export could not have written")
-        .to_string();
+    let error = import(lines).expect_err("accepted a file export could not have written").to_string();
     assert!(error.contains(expected), "{error}");
 }
 
@@ -65,32 +59,18 @@ fn a_valid_export_imports_with_its_turns_marked() {
     assert_eq!(lines.len(), 6);
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    let id = store
-        .import_conversation(&mut lines.join("\n").as_bytes())
-        .unwrap();
+    let id = store.import_conversation(&mut lines.join("\n").as_bytes()).unwrap();
     let detail = store.conversation_detail(id).unwrap();
     assert_eq!(detail.turns.len(), 2);
     for view in &detail.turns {
-        assert!(
-            view.turn.notes.iter().any(|n| n.starts_with(IMPORTED_NOTE)),
-            "{:?}",
-            view.turn.notes
-        );
+        assert!(view.turn.notes.iter().any(|n| n.starts_with(IMPORTED_NOTE)), "{:?}", view.turn.notes);
     }
     // Imported again from its own export: still one mark per turn.
     let mut again = Vec::new();
     store.export_conversation(id, &mut again).unwrap();
     let id2 = store.import_conversation(&mut again.as_slice()).unwrap();
     let twice = store.conversation_detail(id2).unwrap();
-    assert_eq!(
-        twice.turns[0]
-            .turn
-            .notes
-            .iter()
-            .filter(|n| n.starts_with(IMPORTED_NOTE))
-            .count(),
-        1
-    );
+    assert_eq!(twice.turns[0].turn.notes.iter().filter(|n| n.starts_with(IMPORTED_NOTE)).count(), 1);
 }
 
 #[test]

@@ -129,7 +129,7 @@ fn export_import_round_trip() {
         last_message_count: 3,
         last_tail: None,
         branch_of: None,
-            last_reply: None,
+        last_reply: None,
     };
     store.put_conversation(&conv).unwrap();
     let mut out = Vec::new();

@@ -6,8 +6,16 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 /// Every kind the detectors raise.
-pub const KINDS: [&str; 7] =
-    ["history_dropped", "engine_truncation", "context_overflow", "phantom_cache_reuse", "cache_miss", "amnesia_reply", "token_count_drift"];
+pub const KINDS: [&str; 8] = [
+    "history_dropped",
+    "engine_truncation",
+    "context_overflow",
+    "phantom_cache_reuse",
+    "cache_miss",
+    "amnesia_reply",
+    "token_count_drift",
+    "engine_changed",
+];
 /// Context of the engine and of llama-server: small, so that a conversation overflows in a few turns.
 pub const CTX: &str = "512";
 /// Block size of the engine's `prefix_cache_weak_hash` matching.
@@ -203,7 +211,8 @@ pub enum Transform {
 
 pub fn load_scenarios() -> Vec<Scenario> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios");
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == "json")).collect();
+    let mut paths: Vec<PathBuf> =
+        std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == "json")).collect();
     paths.sort();
     let scenarios: Vec<Scenario> = paths
         .iter()
@@ -211,7 +220,13 @@ pub fn load_scenarios() -> Vec<Scenario> {
         .collect();
     for s in &scenarios {
         assert!(!s.description.is_empty() && !s.steps.is_empty(), "{}: a description and steps are required", s.name);
-        for kind in s.expect.iter().chain(s.expect_cause.keys()).chain(s.expect_without_count.iter().flatten()).chain(s.expect_upstream_count.iter().flatten()) {
+        for kind in s
+            .expect
+            .iter()
+            .chain(s.expect_cause.keys())
+            .chain(s.expect_without_count.iter().flatten())
+            .chain(s.expect_upstream_count.iter().flatten())
+        {
             assert!(KINDS.contains(&kind.as_str()), "{}: unknown finding kind {kind:?}", s.name);
         }
     }

@@ -26,7 +26,9 @@ pub async fn collect(lab: &Lab, outcomes: &[Outcome]) -> Vec<Found> {
             let records = get_json(&format!("{admin}/api/findings")).await;
             for record in records.as_array().expect("findings list") {
                 let conversation = record["conversation"].as_u64();
-                let mine = |o: &Outcome| o.endpoint == at && conversation.is_some_and(|c| o.conversations.get(config).is_some_and(|cs| cs.contains(&c)));
+                let mine = |o: &Outcome| {
+                    o.endpoint == at && conversation.is_some_and(|c| o.conversations.get(config).is_some_and(|cs| cs.contains(&c)))
+                };
                 let scenario = outcomes.iter().position(mine);
                 found.push(Found { scenario, config: *config, endpoint: endpoint.label.clone(), record: record.clone() });
             }
@@ -62,19 +64,30 @@ pub fn score(config: Config, scenarios: &[&Scenario], outcomes: &[Outcome], foun
                 (false, true) => {
                     row[3] += 1;
                     for r in mine.iter().filter(|r| r["kind"] == kind) {
-                        problems.push(format!("false positive in {} ({at}): {kind}\n```json\n{}\n```", outcome.name, serde_json::to_string_pretty(r).unwrap()));
+                        problems.push(format!(
+                            "false positive in {} ({at}): {kind}\n```json\n{}\n```",
+                            outcome.name,
+                            serde_json::to_string_pretty(r).unwrap()
+                        ));
                     }
                 }
                 (true, false) => {
                     row[4] += 1;
-                    problems.push(format!("missed in {} ({at}): {kind} (found: {kinds:?}; conversations {:?})", outcome.name, outcome.conversations.get(&config)));
+                    problems.push(format!(
+                        "missed in {} ({at}): {kind} (found: {kinds:?}; conversations {:?})",
+                        outcome.name,
+                        outcome.conversations.get(&config)
+                    ));
                 }
                 (false, false) => {}
             }
         }
         for (kind, cause) in &scenario.expect_cause {
             for r in mine.iter().filter(|r| r["kind"] == kind.as_str() && r["evidence"]["cause"] != cause.as_str()) {
-                problems.push(format!("{} ({at}): {kind} names cause {} instead of {cause:?}\n```json\n{r}\n```", outcome.name, r["evidence"]["cause"]));
+                problems.push(format!(
+                    "{} ({at}): {kind} names cause {} instead of {cause:?}\n```json\n{r}\n```",
+                    outcome.name, r["evidence"]["cause"]
+                ));
             }
         }
     }
@@ -84,7 +97,11 @@ pub fn score(config: Config, scenarios: &[&Scenario], outcomes: &[Outcome], foun
             row[1] += 1;
             row[3] += 1;
         }
-        problems.push(format!("finding on no scenario's conversation ({}, {at}): {kind}\n```json\n{}\n```", f.endpoint, serde_json::to_string_pretty(&f.record).unwrap()));
+        problems.push(format!(
+            "finding on no scenario's conversation ({}, {at}): {kind}\n```json\n{}\n```",
+            f.endpoint,
+            serde_json::to_string_pretty(&f.record).unwrap()
+        ));
     }
     // Cross-talk: no conversation may hold turns of two scenarios.
     for (i, a) in outcomes.iter().enumerate() {
@@ -100,7 +117,11 @@ pub fn score(config: Config, scenarios: &[&Scenario], outcomes: &[Outcome], foun
 }
 
 pub fn ratio(num: usize, den: usize) -> String {
-    if den == 0 { "n/a".into() } else { format!("{:.2}", num as f64 / den as f64) }
+    if den == 0 {
+        "n/a".into()
+    } else {
+        format!("{:.2}", num as f64 / den as f64)
+    }
 }
 
 pub fn report(lab: &Lab, scenarios: &[&Scenario], outcomes: &[Outcome], found: &[Found], scores: &[Score], seconds: f64) -> String {
@@ -117,20 +138,32 @@ pub fn report(lab: &Lab, scenarios: &[&Scenario], outcomes: &[Outcome], found: &
         out += "| kind | scenarios | expected | found | TP | FP | FN | precision | recall |\n|---|---|---|---|---|---|---|---|---|\n";
         let mut total = [0usize; 5];
         for (kind, row) in &score.rows {
-            let names: Vec<&str> = scenarios.iter().zip(outcomes).filter(|(s, _)| s.expected(config).contains(*kind)).map(|(_, o)| o.name.as_str()).collect();
+            let names: Vec<&str> =
+                scenarios.iter().zip(outcomes).filter(|(s, _)| s.expected(config).contains(*kind)).map(|(_, o)| o.name.as_str()).collect();
             let [e, f, tp, fp, fnn] = *row;
-            out += &format!("| {kind} | {} | {e} | {f} | {tp} | {fp} | {fnn} | {} | {} |\n", names.join(", "), ratio(tp, tp + fp), ratio(tp, tp + fnn));
+            out += &format!(
+                "| {kind} | {} | {e} | {f} | {tp} | {fp} | {fnn} | {} | {} |\n",
+                names.join(", "),
+                ratio(tp, tp + fp),
+                ratio(tp, tp + fnn)
+            );
             total.iter_mut().zip(row).for_each(|(t, r)| *t += r);
         }
         let [e, f, tp, fp, fnn] = total;
-        out += &format!("| **all** | {} | {e} | {f} | {tp} | {fp} | {fnn} | {} | {} |\n", outcomes.len(), ratio(tp, tp + fp), ratio(tp, tp + fnn));
+        out += &format!(
+            "| **all** | {} | {e} | {f} | {tp} | {fp} | {fnn} | {} | {} |\n",
+            outcomes.len(),
+            ratio(tp, tp + fp),
+            ratio(tp, tp + fnn)
+        );
     }
     out += "\n## Per scenario (exact tokenizer)\n\n| scenario | target | conversations | expected | raised | refused | seconds |\n|---|---|---|---|---|---|---|\n";
     for (i, (scenario, o)) in scenarios.iter().zip(outcomes).enumerate() {
-        let raised: BTreeMap<String, usize> = found.iter().filter(|f| f.scenario == Some(i) && f.config == Config::Exact).fold(BTreeMap::new(), |mut m, f| {
-            *m.entry(f.record["kind"].as_str().unwrap_or("?").to_string()).or_default() += 1;
-            m
-        });
+        let raised: BTreeMap<String, usize> =
+            found.iter().filter(|f| f.scenario == Some(i) && f.config == Config::Exact).fold(BTreeMap::new(), |mut m, f| {
+                *m.entry(f.record["kind"].as_str().unwrap_or("?").to_string()).or_default() += 1;
+                m
+            });
         let raised: Vec<String> = raised.iter().map(|(k, n)| format!("{k} ×{n}")).collect();
         let expect: Vec<&str> = scenario.expect.iter().map(String::as_str).collect();
         out += &format!(
@@ -148,15 +181,29 @@ pub fn report(lab: &Lab, scenarios: &[&Scenario], outcomes: &[Outcome], found: &
     out += "\n## Evidence\n\n";
     for (scenario, o) in scenarios.iter().zip(outcomes) {
         let reply: String = o.last_reply.chars().take(100).collect();
-        out += &format!("- **{}**: {} Prompt tokens engine/local/cached per step: {}. Last reply: {reply:?}.\n", o.name, scenario.description, o.usage.join(", "));
+        out += &format!(
+            "- **{}**: {} Prompt tokens engine/local/cached per step: {}. Last reply: {reply:?}.\n",
+            o.name,
+            scenario.description,
+            o.usage.join(", ")
+        );
         for note in &o.notes {
             out += &format!("  - {note}\n");
         }
     }
     for f in found.iter().filter(|f| f.scenario.is_some()) {
         let name = &outcomes[f.scenario.unwrap()].name;
-        let how = format!("{}, {}", f.record["evidence"]["method"].as_str().unwrap_or("?"), f.record["evidence"]["confidence"].as_str().unwrap_or("?"));
-        out += &format!("- {name} ({}): `{}` {} ({how})\n", f.config.name(), f.record["kind"].as_str().unwrap_or("?"), f.record["summary"].as_str().unwrap_or(""));
+        let how = format!(
+            "{}, {}",
+            f.record["evidence"]["method"].as_str().unwrap_or("?"),
+            f.record["evidence"]["confidence"].as_str().unwrap_or("?")
+        );
+        out += &format!(
+            "- {name} ({}): `{}` {} ({how})\n",
+            f.config.name(),
+            f.record["kind"].as_str().unwrap_or("?"),
+            f.record["summary"].as_str().unwrap_or("")
+        );
     }
     out += "\n## Problems\n\n";
     let problems: Vec<&String> = scores.iter().flat_map(|s| &s.problems).collect();

@@ -58,12 +58,7 @@ impl ProxyBuilder {
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
         let child = cmd.spawn().expect("spawn ctxscope proxy");
-        let proxy = Proxy {
-            child,
-            addr: ([127, 0, 0, 1], port).into(),
-            admin: ([127, 0, 0, 1], admin_port).into(),
-            data: self.data,
-        };
+        let proxy = Proxy { child, addr: ([127, 0, 0, 1], port).into(), admin: ([127, 0, 0, 1], admin_port).into(), data: self.data };
         proxy.wait_healthy();
         proxy
     }
@@ -269,7 +264,8 @@ pub fn write_bare_tokenizer_json(model: &Path, out: &Path) {
         .iter()
         .map(|m| m.split_once(' ').map(|(a, b)| serde_json::json!([a, b])).expect("a merge is two pieces"))
         .collect();
-    let vocab: serde_json::Map<String, serde_json::Value> = tokens.iter().enumerate().map(|(i, t)| (t.clone(), serde_json::json!(i))).collect();
+    let vocab: serde_json::Map<String, serde_json::Value> =
+        tokens.iter().enumerate().map(|(i, t)| (t.clone(), serde_json::json!(i))).collect();
     // GGUF token type 3: control.
     let added: Vec<serde_json::Value> = tokens
         .iter()
@@ -369,6 +365,7 @@ pub fn cli_json(args: &[&str]) -> serde_json::Value {
     let out = cli(args);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "ctxscope {} failed ({}):\n{stderr}", args.join(" "), out.status);
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("ctxscope {}: stdout is not JSON ({e}):\n{}\n{stderr}", args.join(" "), String::from_utf8_lossy(&out.stdout)))
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("ctxscope {}: stdout is not JSON ({e}):\n{}\n{stderr}", args.join(" "), String::from_utf8_lossy(&out.stdout))
+    })
 }

@@ -45,9 +45,7 @@ impl Upstream {
                 let state = shared.clone();
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |req| handle(state.clone(), req));
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
                 });
             }
         });
@@ -62,19 +60,14 @@ impl Upstream {
 type Body = BoxBody<Bytes, std::io::Error>;
 
 fn full(bytes: impl Into<Bytes>) -> Body {
-    Full::new(bytes.into())
-        .map_err(|never| match never {})
-        .boxed()
+    Full::new(bytes.into()).map_err(|never| match never {}).boxed()
 }
 
 fn header<'a>(req: &'a http::HeaderMap, name: &str) -> Option<&'a str> {
     req.get(name).and_then(|v| v.to_str().ok())
 }
 
-async fn handle(
-    state: Arc<State>,
-    req: http::Request<Incoming>,
-) -> Result<http::Response<Body>, Infallible> {
+async fn handle(state: Arc<State>, req: http::Request<Incoming>) -> Result<http::Response<Body>, Infallible> {
     // The proxy's engine fingerprint probes are not traffic: like an upstream without
     // self-description endpoints, answer 404 and record nothing.
     if header(req.headers(), "user-agent") == Some("ctxscope-fingerprint") {
@@ -82,19 +75,12 @@ async fn handle(
     }
     state.requests.fetch_add(1, Ordering::SeqCst);
     let (parts, body) = req.into_parts();
-    let bytes = body
-        .collect()
-        .await
-        .map(|c| c.to_bytes())
-        .unwrap_or_default();
+    let bytes = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
     state.headers.lock().unwrap().push(parts.headers.clone());
     state.bodies.lock().unwrap().push(bytes.clone());
     let path = parts.uri.path().to_string();
     if parts.method == http::Method::GET && path == "/v1/models" {
-        return Ok(json_response(
-            200,
-            json!({"object": "list", "data": [{"id": "scripted", "object": "model"}]}),
-        ));
+        return Ok(json_response(200, json!({"object": "list", "data": [{"id": "scripted", "object": "model"}]})));
     }
     let script = header(&parts.headers, "x-script").unwrap_or("").to_string();
     if script == "status400" {
@@ -102,20 +88,10 @@ async fn handle(
         return Ok(raw_response(400, "application/json", body));
     }
     let Ok(request) = serde_json::from_slice::<Value>(&bytes) else {
-        return Ok(raw_response(
-            400,
-            "application/json",
-            r#"{"error":{"message":"invalid JSON body","code":400}}"#,
-        ));
+        return Ok(raw_response(400, "application/json", r#"{"error":{"message":"invalid JSON body","code":400}}"#));
     };
-    let chunks = header(&parts.headers, "x-script-chunks")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0usize);
-    let delay = Duration::from_millis(
-        header(&parts.headers, "x-script-delay-ms")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0),
-    );
+    let chunks = header(&parts.headers, "x-script-chunks").and_then(|v| v.parse().ok()).unwrap_or(0usize);
+    let delay = Duration::from_millis(header(&parts.headers, "x-script-delay-ms").and_then(|v| v.parse().ok()).unwrap_or(0));
     let anthropic = path.ends_with("/v1/messages");
     let reply = reply_text(&request, chunks);
     let prompt_tokens = (bytes.len() / 4) as u64;
@@ -132,11 +108,7 @@ async fn handle(
         };
         return Ok(json_response(200, body));
     }
-    let events = if anthropic {
-        anthropic_events(&reply, prompt_tokens)
-    } else {
-        openai_events(&request, &reply, prompt_tokens)
-    };
+    let events = if anthropic { anthropic_events(&reply, prompt_tokens) } else { openai_events(&request, &reply, prompt_tokens) };
     Ok(stream_response(state, events, delay, &script))
 }
 
@@ -145,11 +117,7 @@ fn reply_text(request: &Value, chunks: usize) -> String {
     if chunks > 0 {
         return (0..chunks).map(|i| format!("w{i} ")).collect();
     }
-    let last = request["messages"]
-        .as_array()
-        .and_then(|m| m.last())
-        .cloned()
-        .unwrap_or(Value::Null);
+    let last = request["messages"].as_array().and_then(|m| m.last()).cloned().unwrap_or(Value::Null);
     let text = match &last["content"] {
         Value::String(s) => s.clone(),
         Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect(),
@@ -163,10 +131,7 @@ fn openai_events(request: &Value, reply: &str, prompt_tokens: u64) -> Vec<String
         json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": request["model"],
                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
     };
-    let mut events = vec![base(
-        json!({"role": "assistant", "content": ""}),
-        Value::Null,
-    )];
+    let mut events = vec![base(json!({"role": "assistant", "content": ""}), Value::Null)];
     for word in reply.split_inclusive(' ') {
         events.push(base(json!({"content": word}), Value::Null));
     }
@@ -186,32 +151,21 @@ fn anthropic_events(reply: &str, prompt_tokens: u64) -> Vec<String> {
             "message_start",
             json!({"type": "message_start", "message": {"id": "msg_1", "role": "assistant", "content": [], "usage": {"input_tokens": prompt_tokens, "output_tokens": 1}}}),
         ),
-        (
-            "content_block_start",
-            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
-        ),
+        ("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
     ];
     for word in reply.split_inclusive(' ') {
-        events.push(("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": word}})));
+        events.push((
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": word}}),
+        ));
     }
-    events.push((
-        "content_block_stop",
-        json!({"type": "content_block_stop", "index": 0}),
-    ));
+    events.push(("content_block_stop", json!({"type": "content_block_stop", "index": 0})));
     events.push(("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 3}})));
     events.push(("message_stop", json!({"type": "message_stop"})));
-    events
-        .iter()
-        .map(|(name, data)| format!("event: {name}\ndata: {data}\n\n"))
-        .collect()
+    events.iter().map(|(name, data)| format!("event: {name}\ndata: {data}\n\n")).collect()
 }
 
-fn stream_response(
-    state: Arc<State>,
-    events: Vec<String>,
-    delay: Duration,
-    script: &str,
-) -> http::Response<Body> {
+fn stream_response(state: Arc<State>, events: Vec<String>, delay: Duration, script: &str) -> http::Response<Body> {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
     let script = script.to_string();
     tokio::spawn(async move {
@@ -237,22 +191,14 @@ fn stream_response(
     });
     let stream = tokio_stream_from(rx);
     let mut response = http::Response::new(StreamBody::new(stream).boxed());
-    response
-        .headers_mut()
-        .insert("content-type", "text/event-stream".parse().unwrap());
-    response
-        .headers_mut()
-        .insert("cache-control", "no-cache".parse().unwrap());
-    response
-        .headers_mut()
-        .insert("x-upstream-id", "scripted".parse().unwrap());
+    response.headers_mut().insert("content-type", "text/event-stream".parse().unwrap());
+    response.headers_mut().insert("cache-control", "no-cache".parse().unwrap());
+    response.headers_mut().insert("x-upstream-id", "scripted".parse().unwrap());
     response
 }
 
 /// An mpsc receiver as a `Stream` without pulling in tokio-stream.
-fn tokio_stream_from<T>(
-    mut rx: tokio::sync::mpsc::Receiver<T>,
-) -> impl futures_core::Stream<Item = T> {
+fn tokio_stream_from<T>(mut rx: tokio::sync::mpsc::Receiver<T>) -> impl futures_core::Stream<Item = T> {
     futures_util_stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
@@ -281,11 +227,7 @@ fn json_response(status: u16, value: Value) -> http::Response<Body> {
 fn raw_response(status: u16, content_type: &str, body: &str) -> http::Response<Body> {
     let mut response = http::Response::new(full(body.to_string()));
     *response.status_mut() = http::StatusCode::from_u16(status).unwrap();
-    response
-        .headers_mut()
-        .insert("content-type", content_type.parse().unwrap());
-    response
-        .headers_mut()
-        .insert("x-upstream-id", "scripted".parse().unwrap());
+    response.headers_mut().insert("content-type", content_type.parse().unwrap());
+    response.headers_mut().insert("x-upstream-id", "scripted".parse().unwrap());
     response
 }

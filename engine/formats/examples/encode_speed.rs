@@ -22,15 +22,10 @@ fn main() {
     } else {
         Tokenizer::from_gguf(&Gguf::open(&path).expect("GGUF opens")).expect("GGUF tokenizer")
     };
-    let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/tokenizer/smollm2.json");
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&fixture).expect("fixture")).expect("JSON");
-    let pieces: Vec<&str> = ["cases", "fuzz"]
-        .iter()
-        .flat_map(|k| json[*k].as_array().expect("list"))
-        .filter_map(|c| c["text"].as_str())
-        .collect();
+    let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokenizer/smollm2.json");
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&fixture).expect("fixture")).expect("JSON");
+    let pieces: Vec<&str> =
+        ["cases", "fuzz"].iter().flat_map(|k| json[*k].as_array().expect("list")).filter_map(|c| c["text"].as_str()).collect();
     let mut text = String::new();
     'fill: loop {
         for p in &pieces {

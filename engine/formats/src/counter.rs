@@ -8,9 +8,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value as Json;
 
 use crate::gguf::{Gguf, GgufError};
-use crate::template::{
-    ChatFormat, ChatFormatChoice, ChatFormatError, ChatTemplate, RenderOptions, TemplateError,
-};
+use crate::template::{ChatFormat, ChatFormatChoice, ChatFormatError, ChatTemplate, RenderOptions, TemplateError};
 use crate::tokenizer::{from_hf, Tokenizer, TokenizerError};
 
 #[derive(Debug, thiserror::Error)]
@@ -41,9 +39,7 @@ pub enum CounterError {
     },
     #[error(transparent)]
     Template(#[from] TemplateError),
-    #[error(
-        "{0} is neither a .gguf file, a tokenizer.json, nor a directory containing tokenizer.json"
-    )]
+    #[error("{0} is neither a .gguf file, a tokenizer.json, nor a directory containing tokenizer.json")]
     UnknownSource(PathBuf),
 }
 
@@ -77,10 +73,7 @@ impl TokenCounter {
     }
 
     /// [`TokenCounter::open`] with the chat format chosen (`--chat-format`).
-    pub fn open_with(
-        path: impl AsRef<Path>,
-        choice: ChatFormatChoice,
-    ) -> Result<Self, CounterError> {
+    pub fn open_with(path: impl AsRef<Path>, choice: ChatFormatChoice) -> Result<Self, CounterError> {
         let path = path.as_ref();
         if path.is_dir() {
             return Self::open_tokenizer_json(&path.join("tokenizer.json"), choice);
@@ -98,28 +91,13 @@ impl TokenCounter {
         jinja: Option<ChatTemplate>,
         tokenizer: &Tokenizer,
     ) -> Result<ChatFormat, CounterError> {
-        choice
-            .resolve(jinja, tokenizer)
-            .map_err(|source| CounterError::ChatFormat {
-                path: path.into(),
-                source,
-            })
+        choice.resolve(jinja, tokenizer).map_err(|source| CounterError::ChatFormat { path: path.into(), source })
     }
 
     fn open_gguf(path: &Path, choice: ChatFormatChoice) -> Result<Self, CounterError> {
-        let gguf = Gguf::open(path).map_err(|source| CounterError::Gguf {
-            path: path.into(),
-            source,
-        })?;
-        let tokenizer = Tokenizer::from_gguf(&gguf).map_err(|source| CounterError::Tokenizer {
-            path: path.into(),
-            source,
-        })?;
-        let template =
-            ChatTemplate::from_gguf(&gguf).map_err(|source| CounterError::TemplateLoad {
-                path: path.into(),
-                source,
-            })?;
+        let gguf = Gguf::open(path).map_err(|source| CounterError::Gguf { path: path.into(), source })?;
+        let tokenizer = Tokenizer::from_gguf(&gguf).map_err(|source| CounterError::Tokenizer { path: path.into(), source })?;
+        let template = ChatTemplate::from_gguf(&gguf).map_err(|source| CounterError::TemplateLoad { path: path.into(), source })?;
         let format = Self::resolve(path, choice, template, &tokenizer)?;
         Self::new(tokenizer, format)
     }
@@ -127,37 +105,22 @@ impl TokenCounter {
     /// `chat_template.jinja` beside tokenizer.json wins over tokenizer_config.json's
     /// `chat_template`, as in Hugging Face transformers.
     fn open_tokenizer_json(path: &Path, choice: ChatFormatChoice) -> Result<Self, CounterError> {
-        let tok_err = |source| CounterError::Tokenizer {
-            path: path.into(),
-            source,
-        };
+        let tok_err = |source| CounterError::Tokenizer { path: path.into(), source };
         if !path.is_file() {
             return Err(CounterError::UnknownSource(path.to_path_buf()));
         }
         let config_path = path.with_file_name("tokenizer_config.json");
-        let config = if config_path.is_file() {
-            Some(from_hf::read_json(&config_path).map_err(tok_err)?)
-        } else {
-            None
-        };
+        let config = if config_path.is_file() { Some(from_hf::read_json(&config_path).map_err(tok_err)?) } else { None };
         let tokenizer = Tokenizer::from_tokenizer_json(path, config.as_ref()).map_err(tok_err)?;
         let jinja_path = path.with_file_name("chat_template.jinja");
         let template = if jinja_path.is_file() {
-            let load = |source| CounterError::TemplateLoad {
-                path: jinja_path.clone(),
-                source,
-            };
-            let text = std::fs::read_to_string(&jinja_path)
-                .map_err(|e| load(TemplateError::BadConfig(format!("cannot read: {e}"))))?;
+            let load = |source| CounterError::TemplateLoad { path: jinja_path.clone(), source };
+            let text = std::fs::read_to_string(&jinja_path).map_err(|e| load(TemplateError::BadConfig(format!("cannot read: {e}"))))?;
             Some(ChatTemplate::new(text).map_err(load)?)
         } else {
             match &config {
-                Some(c) => ChatTemplate::from_tokenizer_config(c).map_err(|source| {
-                    CounterError::TemplateLoad {
-                        path: config_path.clone(),
-                        source,
-                    }
-                })?,
+                Some(c) => ChatTemplate::from_tokenizer_config(c)
+                    .map_err(|source| CounterError::TemplateLoad { path: config_path.clone(), source })?,
                 None => None,
             }
         };
@@ -169,11 +132,7 @@ impl TokenCounter {
     /// tokenizer's ids.
     pub fn new(tokenizer: Tokenizer, format: impl Into<ChatFormat>) -> Result<Self, CounterError> {
         let format = format.into();
-        let text = |id: Option<u32>| {
-            id.and_then(|i| tokenizer.token_text(i))
-                .unwrap_or_default()
-                .to_string()
-        };
+        let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or_default().to_string();
         let mut counter = TokenCounter {
             bos_text: text(tokenizer.bos()),
             eos_text: text(tokenizer.eos()),
@@ -210,29 +169,16 @@ impl TokenCounter {
     /// The generation prompt of this conversation where the format knows it exactly (built-in
     /// encoders); `None` for Jinja templates, see [`TokenCounter::generation_prompt_tokens`].
     pub fn generation_prompt(&self, messages: &[Json]) -> Result<Option<String>, CounterError> {
-        Ok(self
-            .format
-            .generation_prompt(messages, &self.options(true))?)
+        Ok(self.format.generation_prompt(messages, &self.options(true))?)
     }
 
     fn options(&self, add_generation_prompt: bool) -> RenderOptions<'_> {
-        RenderOptions {
-            add_generation_prompt,
-            bos_token: &self.bos_text,
-            eos_token: &self.eos_text,
-            tools: None,
-        }
+        RenderOptions { add_generation_prompt, bos_token: &self.bos_text, eos_token: &self.eos_text, tools: None }
     }
 
     /// Renders the conversation with the model's template.
-    pub fn render(
-        &self,
-        messages: &[Json],
-        add_generation_prompt: bool,
-    ) -> Result<String, CounterError> {
-        Ok(self
-            .format
-            .render(messages, &self.options(add_generation_prompt))?)
+    pub fn render(&self, messages: &[Json], add_generation_prompt: bool) -> Result<String, CounterError> {
+        Ok(self.format.render(messages, &self.options(add_generation_prompt))?)
     }
 
     /// Splits the render (without generation prompt) into one segment per message: segment i is
@@ -241,17 +187,11 @@ impl TokenCounter {
     pub fn segments(&self, messages: &[Json]) -> Result<Segments, CounterError> {
         let prepared = self.format.prepare(messages)?;
         let opts = self.options(false);
-        let full = self
-            .format
-            .render_prefix(&prepared, prepared.len(), &opts)?;
+        let full = self.format.render_prefix(&prepared, prepared.len(), &opts)?;
         let mut texts = Vec::with_capacity(prepared.len());
         let mut prev_len = 0;
         for i in 1..=prepared.len() {
-            let render = if i == prepared.len() {
-                Ok(full.clone())
-            } else {
-                self.format.render_prefix(&prepared, i, &opts)
-            };
+            let render = if i == prepared.len() { Ok(full.clone()) } else { self.format.render_prefix(&prepared, i, &opts) };
             match render {
                 Ok(r) if full.starts_with(r.as_str()) && r.len() >= prev_len => {
                     texts.push(r[prev_len..].to_string());
@@ -261,35 +201,21 @@ impl TokenCounter {
                     // Not a prefix chain: the rest goes to the last message.
                     texts.resize(prepared.len() - 1, String::new());
                     texts.push(full[prev_len..].to_string());
-                    return Ok(Segments {
-                        texts,
-                        prefix_consistent: false,
-                    });
+                    return Ok(Segments { texts, prefix_consistent: false });
                 }
             }
         }
-        Ok(Segments {
-            texts,
-            prefix_consistent: true,
-        })
+        Ok(Segments { texts, prefix_consistent: true })
     }
 
     /// Segment `i` alone: render(messages[..=i]) minus render(messages[..i]), for callers that cache
     /// segments and only need the new ones. `None` when the template's renders are not prefixes of
     /// each other (then only [`TokenCounter::count_prompt`] is exact).
     pub fn segment(&self, messages: &[Json], i: usize) -> Result<Option<String>, CounterError> {
-        let prepared = self
-            .format
-            .prepare(&messages[..=i.min(messages.len().saturating_sub(1))])?;
+        let prepared = self.format.prepare(&messages[..=i.min(messages.len().saturating_sub(1))])?;
         let opts = self.options(false);
-        let with = self
-            .format
-            .render_prefix(&prepared, prepared.len(), &opts)?;
-        let without = if i == 0 {
-            String::new()
-        } else {
-            self.format.render_prefix(&prepared, i, &opts)?
-        };
+        let with = self.format.render_prefix(&prepared, prepared.len(), &opts)?;
+        let without = if i == 0 { String::new() } else { self.format.render_prefix(&prepared, i, &opts)? };
         Ok(with.strip_prefix(without.as_str()).map(str::to_string))
     }
 
@@ -341,10 +267,7 @@ mod tests {
 
     #[test]
     fn open_rejects_unknown_sources() {
-        assert!(matches!(
-            TokenCounter::open("model.bin"),
-            Err(CounterError::UnknownSource(_))
-        ));
+        assert!(matches!(TokenCounter::open("model.bin"), Err(CounterError::UnknownSource(_))));
         let missing = TokenCounter::open("/nonexistent/model.gguf").unwrap_err();
         assert!(matches!(missing, CounterError::Gguf { .. }));
         assert!(missing.to_string().contains("/nonexistent/model.gguf"));

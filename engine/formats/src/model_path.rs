@@ -47,9 +47,7 @@ fn home_from(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> Result<PathBuf
     if let Some(cache) = get("XDG_CACHE_HOME") {
         return Ok(cache.join("ctxscope"));
     }
-    get("HOME")
-        .map(|h| h.join(".cache").join("ctxscope"))
-        .ok_or(NoHomeError)
+    get("HOME").map(|h| h.join(".cache").join("ctxscope")).ok_or(NoHomeError)
 }
 
 #[cfg(test)]
@@ -58,30 +56,17 @@ mod tests {
     use std::collections::HashMap;
 
     fn home(vars: &[(&str, &str)]) -> Result<PathBuf, NoHomeError> {
-        let map: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         home_from(|k| map.get(k).map(Into::into))
     }
 
     #[test]
     fn follows_the_precedence_rule() {
-        let all = [
-            ("CTXSCOPE_HOME", "/c"),
-            ("XDG_CACHE_HOME", "/x"),
-            ("HOME", "/h"),
-        ];
+        let all = [("CTXSCOPE_HOME", "/c"), ("XDG_CACHE_HOME", "/x"), ("HOME", "/h")];
         assert_eq!(home(&all).unwrap(), PathBuf::from("/c"));
         assert_eq!(home(&all[1..]).unwrap(), PathBuf::from("/x/ctxscope"));
-        assert_eq!(
-            home(&all[2..]).unwrap(),
-            PathBuf::from("/h/.cache/ctxscope")
-        );
-        assert_eq!(
-            home(&[("CTXSCOPE_HOME", ""), ("HOME", "/h")]).unwrap(),
-            PathBuf::from("/h/.cache/ctxscope")
-        );
+        assert_eq!(home(&all[2..]).unwrap(), PathBuf::from("/h/.cache/ctxscope"));
+        assert_eq!(home(&[("CTXSCOPE_HOME", ""), ("HOME", "/h")]).unwrap(), PathBuf::from("/h/.cache/ctxscope"));
         assert!(home(&[]).is_err());
     }
 }

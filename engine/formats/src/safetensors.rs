@@ -80,8 +80,12 @@ impl SafeTensors {
     pub fn add_file(&mut self, path: &Path) -> Result<(), SafetensorsError> {
         let bytes = std::fs::read(path).map_err(|source| SafetensorsError::Io { path: path.to_path_buf(), source })?;
         let bad = |detail: String| format_error(path, detail);
-        let len = bytes.get(..8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])) as usize).ok_or_else(|| bad("shorter than 8 bytes".into()))?;
-        let header_end = 8usize.checked_add(len).filter(|&e| e <= bytes.len()).ok_or_else(|| bad(format!("header of {len} bytes past the end")))?;
+        let len = bytes
+            .get(..8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])) as usize)
+            .ok_or_else(|| bad("shorter than 8 bytes".into()))?;
+        let header_end =
+            8usize.checked_add(len).filter(|&e| e <= bytes.len()).ok_or_else(|| bad(format!("header of {len} bytes past the end")))?;
         let header: Map<String, Value> = serde_json::from_slice(&bytes[8..header_end]).map_err(|e| bad(format!("header: {e}")))?;
         let file = self.files.len();
         for (name, info) in header {
@@ -129,7 +133,10 @@ impl SafeTensors {
             other => return Err(SafetensorsError::Dtype { name: name.into(), dtype: other.into() }),
         };
         if data.len() != elements * size {
-            return Err(SafetensorsError::Dtype { name: name.into(), dtype: format!("{} with {} bytes for {elements} elements", e.dtype, data.len()) });
+            return Err(SafetensorsError::Dtype {
+                name: name.into(),
+                dtype: format!("{} with {} bytes for {elements} elements", e.dtype, data.len()),
+            });
         }
         Ok(match e.dtype.as_str() {
             "F32" => data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),

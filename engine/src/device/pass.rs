@@ -7,7 +7,9 @@
 
 use ctxscope_kernels::blas::{Activations, Blas, Compute};
 use ctxscope_kernels::cudarc::driver::CudaSlice;
-use ctxscope_kernels::device::{AttentionShape, Device, DeviceError, GemvMode, Matrix, MatrixData, RopeShape, StepIo, StepShape, StreamOp, MAX_STEP_SPANS};
+use ctxscope_kernels::device::{
+    AttentionShape, Device, DeviceError, GemvMode, Matrix, MatrixData, RopeShape, StepIo, StepShape, StreamOp, MAX_STEP_SPANS,
+};
 
 use super::weights::DeviceWeights;
 use super::workspace::{Scratch, Workspace};
@@ -111,7 +113,9 @@ impl Pass<'_> {
             d.decode_step(&w.table, w.output(), &w.output_norm.slice(..), io, &shape, w.bf16())?;
             let logits = ws.logits.slice(..c.vocab);
             let (mut ids, mut positions) = ws.inputs.next_step();
-            return ws.picked.write(1, |token, logprob| d.argmax_advancing(&logits, 1, c.vocab, token, logprob, Some((&mut ids, &mut positions))));
+            return ws
+                .picked
+                .write(1, |token, logprob| d.argmax_advancing(&logits, 1, c.vocab, token, logprob, Some((&mut ids, &mut positions))));
         }
         let rope = RopeShape {
             n_layers: c.n_layers,
@@ -126,16 +130,48 @@ impl Pass<'_> {
         let fused_rope = n <= self.gemv_rows && rope.flags == 0 && !num.act_q8;
         let streamed = self.streamable(w, n);
         let bf16 = w.bf16();
-        let attn = AttentionShape { n_layers: c.n_layers, heads: c.n_heads, kv_heads: c.n_kv_heads, head_dim: c.head_dim, window: num.window };
+        let attn =
+            AttentionShape { n_layers: c.n_layers, heads: c.n_heads, kv_heads: c.n_kv_heads, head_dim: c.head_dim, window: num.window };
         for (i, layer) in w.layers.iter().enumerate() {
             let (positions, bases) = (ws.inputs.positions(n), ws.kv_base.slice(n));
             if streamed {
                 let norm = Some((&layer.attn_norm.slice(..), c.rms_eps));
-                d.gemv_stream_qkv_rope(&layer.wqkv, &ws.x.slice(..n * dim), &mut ws.qkv.slice_mut(..n * q_stride), n, bf16, norm, &positions, &bases, i, &rope, Some(&ws.rope_table))?;
+                d.gemv_stream_qkv_rope(
+                    &layer.wqkv,
+                    &ws.x.slice(..n * dim),
+                    &mut ws.qkv.slice_mut(..n * q_stride),
+                    n,
+                    bf16,
+                    norm,
+                    &positions,
+                    &bases,
+                    i,
+                    &rope,
+                    Some(&ws.rope_table),
+                )?;
             } else {
-                d.rmsnorm(&ws.x.slice(..n * dim), None, &layer.attn_norm.slice(..), &mut ws.h.slice_mut(..n * dim), n, dim, c.rms_eps, num.rmsnorm_bf16)?;
+                d.rmsnorm(
+                    &ws.x.slice(..n * dim),
+                    None,
+                    &layer.attn_norm.slice(..),
+                    &mut ws.h.slice_mut(..n * dim),
+                    n,
+                    dim,
+                    c.rms_eps,
+                    num.rmsnorm_bf16,
+                )?;
                 if fused_rope {
-                    d.gemv_qkv_rope(&layer.wqkv, &ws.h.slice(..n * dim), &mut ws.qkv.slice_mut(..n * q_stride), n, bf16, &positions, &bases, i, &rope)?;
+                    d.gemv_qkv_rope(
+                        &layer.wqkv,
+                        &ws.h.slice(..n * dim),
+                        &mut ws.qkv.slice_mut(..n * q_stride),
+                        n,
+                        bf16,
+                        &positions,
+                        &bases,
+                        i,
+                        &rope,
+                    )?;
                 } else {
                     self.matmul(&layer.wqkv, &ws.h, &mut ws.qkv, n, GemvMode::Store, &mut ws.scratch)?;
                     d.rope_kv(&mut ws.qkv.slice_mut(..n * q_stride), &positions, &bases, n, i, &rope)?;
@@ -144,7 +180,16 @@ impl Pass<'_> {
             if plan.decode > 0 {
                 let m = plan.decode;
                 if plan.cluster > 0 && num.splitk_chunk == 0 {
-                    d.attn_decode_cluster(&ws.qkv.slice(..m * q_stride), &ws.inputs.positions(m), &ws.kv_base.slice(m), i, &mut ws.att.slice_mut(..m * dim), m, plan.cluster, &attn)?;
+                    d.attn_decode_cluster(
+                        &ws.qkv.slice(..m * q_stride),
+                        &ws.inputs.positions(m),
+                        &ws.kv_base.slice(m),
+                        i,
+                        &mut ws.att.slice_mut(..m * dim),
+                        m,
+                        plan.cluster,
+                        &attn,
+                    )?;
                 } else {
                     d.attn_decode(
                         &ws.qkv.slice(..m * q_stride),
@@ -162,17 +207,42 @@ impl Pass<'_> {
             }
             for chunk in &plan.prefill {
                 let (r, k) = (chunk.row, chunk.n);
-                d.attn_prefill(&ws.qkv.slice(r * q_stride..(r + k) * q_stride), chunk.kv_base, i, &mut ws.att.slice_mut(r * dim..(r + k) * dim), k, chunk.start, &attn)?;
+                d.attn_prefill(
+                    &ws.qkv.slice(r * q_stride..(r + k) * q_stride),
+                    chunk.kv_base,
+                    i,
+                    &mut ws.att.slice_mut(r * dim..(r + k) * dim),
+                    k,
+                    chunk.start,
+                    &attn,
+                )?;
             }
             if streamed {
                 let (ffn, norm) = (layer.w_down.cols, Some((&layer.ffn_norm.slice(..), c.rms_eps)));
                 d.gemv_stream(&layer.wo, &ws.att.slice(..n * dim), &mut ws.x.slice_mut(..n * dim), n, GemvMode::Accumulate, bf16, None)?;
                 d.gemv_stream(&layer.w_gu, &ws.x.slice(..n * dim), &mut ws.act.slice_mut(..n * ffn), n, GemvMode::SwiGlu, bf16, norm)?;
-                d.gemv_stream(&layer.w_down, &ws.act.slice(..n * ffn), &mut ws.x.slice_mut(..n * dim), n, GemvMode::Accumulate, bf16, None)?;
+                d.gemv_stream(
+                    &layer.w_down,
+                    &ws.act.slice(..n * ffn),
+                    &mut ws.x.slice_mut(..n * dim),
+                    n,
+                    GemvMode::Accumulate,
+                    bf16,
+                    None,
+                )?;
                 continue;
             }
             self.residual(&layer.wo, &ws.att, &mut ws.x, n, &mut ws.scratch)?;
-            d.rmsnorm(&ws.x.slice(..n * dim), None, &layer.ffn_norm.slice(..), &mut ws.h.slice_mut(..n * dim), n, dim, c.rms_eps, num.rmsnorm_bf16)?;
+            d.rmsnorm(
+                &ws.x.slice(..n * dim),
+                None,
+                &layer.ffn_norm.slice(..),
+                &mut ws.h.slice_mut(..n * dim),
+                n,
+                dim,
+                c.rms_eps,
+                num.rmsnorm_bf16,
+            )?;
             self.matmul(&layer.w_gu, &ws.h, &mut ws.act, n, GemvMode::SwiGlu, &mut ws.scratch)?;
             self.residual(&layer.w_down, &ws.act, &mut ws.x, n, &mut ws.scratch)?;
         }
@@ -187,9 +257,26 @@ impl Pass<'_> {
             let norm = Some((&w.output_norm.slice(..), c.rms_eps));
             d.gemv_stream(w.output(), &ws.x.slice(..n * dim), &mut ws.logits.slice_mut(..s * c.vocab), s, GemvMode::Store, bf16, norm)?;
         } else {
-            d.rmsnorm(&ws.x.slice(..n * dim), Some(&last_rows), &w.output_norm.slice(..), &mut ws.normed.slice_mut(..s * dim), s, dim, c.rms_eps, num.rmsnorm_bf16)?;
+            d.rmsnorm(
+                &ws.x.slice(..n * dim),
+                Some(&last_rows),
+                &w.output_norm.slice(..),
+                &mut ws.normed.slice_mut(..s * dim),
+                s,
+                dim,
+                c.rms_eps,
+                num.rmsnorm_bf16,
+            )?;
             if streamed {
-                d.gemv_stream(w.output(), &ws.normed.slice(..s * dim), &mut ws.logits.slice_mut(..s * c.vocab), s, GemvMode::Store, bf16, None)?;
+                d.gemv_stream(
+                    w.output(),
+                    &ws.normed.slice(..s * dim),
+                    &mut ws.logits.slice_mut(..s * c.vocab),
+                    s,
+                    GemvMode::Store,
+                    bf16,
+                    None,
+                )?;
             } else {
                 self.matmul(w.output(), &ws.normed, &mut ws.logits, s, GemvMode::Store, &mut ws.scratch)?;
             }
@@ -237,7 +324,12 @@ impl Pass<'_> {
             && n <= self.gemv_rows
             && self.numerics.is_plain()
             && fits(w.output(), store, true)
-            && w.layers.iter().all(|l| fits(&l.wqkv, StreamOp::QkvRope, true) && fits(&l.wo, accumulate, false) && fits(&l.w_gu, StreamOp::Gemv(GemvMode::SwiGlu), true) && fits(&l.w_down, accumulate, false))
+            && w.layers.iter().all(|l| {
+                fits(&l.wqkv, StreamOp::QkvRope, true)
+                    && fits(&l.wo, accumulate, false)
+                    && fits(&l.w_gu, StreamOp::Gemv(GemvMode::SwiGlu), true)
+                    && fits(&l.w_down, accumulate, false)
+            })
     }
 
     /// A matmul whose product is added to the residual stream `x`: fused (accumulate) unless
@@ -260,7 +352,15 @@ impl Pass<'_> {
     }
 
     /// `out (mode)= W input` over `n` rows; act_q8 rounds the input rows first (on a copy).
-    fn matmul(&self, w: &Matrix, input: &CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize, mode: GemvMode, s: &mut Scratch) -> Result<(), DeviceError> {
+    fn matmul(
+        &self,
+        w: &Matrix,
+        input: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        n: usize,
+        mode: GemvMode,
+        s: &mut Scratch,
+    ) -> Result<(), DeviceError> {
         let Scratch { tmp, xb, gu, .. } = s;
         if !self.numerics.act_q8 {
             return self.product(w, input, out, n, mode, xb, gu);
@@ -281,7 +381,16 @@ impl Pass<'_> {
     /// The product itself: GEMV for up to `gemv_rows` rows, cuBLAS beyond (bf16 weights take bf16
     /// inputs there; the GEMV rounds its input to bf16 on load to match).
     #[allow(clippy::too_many_arguments)]
-    fn product(&self, w: &Matrix, src: &CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize, mode: GemvMode, xb: &mut CudaSlice<u16>, gu: &mut CudaSlice<f32>) -> Result<(), DeviceError> {
+    fn product(
+        &self,
+        w: &Matrix,
+        src: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        n: usize,
+        mode: GemvMode,
+        xb: &mut CudaSlice<u16>,
+        gu: &mut CudaSlice<f32>,
+    ) -> Result<(), DeviceError> {
         let d = self.device;
         let len = n * w.cols;
         let out_rows = mode.outputs(w.rows);

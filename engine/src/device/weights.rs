@@ -61,7 +61,16 @@ impl DeviceWeights {
             None => (None, None),
         };
         let ([embed, embed_b], [output_norm, output_norm_b]) = (matrix(&[&w.token_embd])?, norm(&w.output_norm)?);
-        let table = |layers: &[DeviceLayer]| device.layer_table(layers.iter().map(|l| StepLayer { wqkv: &l.wqkv, wo: &l.wo, w_gu: &l.w_gu, w_down: &l.w_down, attn_norm: &l.attn_norm, ffn_norm: &l.ffn_norm }));
+        let table = |layers: &[DeviceLayer]| {
+            device.layer_table(layers.iter().map(|l| StepLayer {
+                wqkv: &l.wqkv,
+                wo: &l.wo,
+                w_gu: &l.w_gu,
+                w_down: &l.w_down,
+                attn_norm: &l.attn_norm,
+                ffn_norm: &l.ffn_norm,
+            }))
+        };
         let (table_g, table_f) = (table(&golden)?, table(&fast)?);
         Ok((
             DeviceWeights { embed, layers: golden, output_norm, output, table: table_g },

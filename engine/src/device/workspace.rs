@@ -45,7 +45,13 @@ pub struct Workspace {
 }
 
 impl Workspace {
-    pub fn new(stream: &Arc<CudaStream>, c: &ModelConfig, max_rows: usize, max_seqs: usize, rope_table: CudaSlice<f64>) -> Result<Workspace, DeviceError> {
+    pub fn new(
+        stream: &Arc<CudaStream>,
+        c: &ModelConfig,
+        max_rows: usize,
+        max_seqs: usize,
+        rope_table: CudaSlice<f64>,
+    ) -> Result<Workspace, DeviceError> {
         let (r, s) = (max_rows, max_seqs);
         let kvd = c.kv_dim();
         let wide = c.dim.max(c.ffn_dim);
@@ -58,7 +64,12 @@ impl Workspace {
             qkv: f(r * (c.dim + 2 * kvd))?,
             att: f(r * c.dim)?,
             act: f(r * c.ffn_dim)?,
-            scratch: Scratch { tmp: f(r * wide)?, xb: stream.alloc_zeros::<u16>(r * wide)?, gu: f(r * 2 * c.ffn_dim)?, proj: f(r * c.dim)? },
+            scratch: Scratch {
+                tmp: f(r * wide)?,
+                xb: stream.alloc_zeros::<u16>(r * wide)?,
+                gu: f(r * 2 * c.ffn_dim)?,
+                proj: f(r * c.dim)?,
+            },
             inputs: PassInputs { buf: stream.alloc_zeros::<i32>(2 * r + s)?, rows: r, staged: vec![0; 2 * r + s] },
             kv_base: RowBases { buf: stream.alloc_zeros::<u64>(r)?, held: Vec::new() },
             normed: f(s * c.dim)?,
@@ -106,14 +117,22 @@ impl PassInputs {
     /// the part of the buffer they reach.
     pub fn upload(&mut self, stream: &Arc<CudaStream>, ids: &[i32], positions: &[i32], last: &[i32]) -> Result<(), DriverError> {
         let r = self.rows;
-        assert!(ids.len() == positions.len() && ids.len() <= r && 2 * r + last.len() <= self.staged.len(), "a pass larger than its workspace");
+        assert!(
+            ids.len() == positions.len() && ids.len() <= r && 2 * r + last.len() <= self.staged.len(),
+            "a pass larger than its workspace"
+        );
         upload_sections(stream, &mut self.staged, &mut self.buf, &[(0, ids), (r, positions), (2 * r, last)])
     }
 }
 
 /// Copies each (offset, values) section into `staged` at its offset, then uploads `staged` into `buf`
 /// in one copy, as far as the last non-empty section reaches.
-fn upload_sections<T: DeviceRepr + Copy>(stream: &Arc<CudaStream>, staged: &mut [T], buf: &mut CudaSlice<T>, sections: &[(usize, &[T])]) -> Result<(), DriverError> {
+fn upload_sections<T: DeviceRepr + Copy>(
+    stream: &Arc<CudaStream>,
+    staged: &mut [T],
+    buf: &mut CudaSlice<T>,
+    sections: &[(usize, &[T])],
+) -> Result<(), DriverError> {
     let mut end = 0;
     for &(at, values) in sections {
         staged[at..at + values.len()].copy_from_slice(values);

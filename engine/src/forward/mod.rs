@@ -12,8 +12,8 @@ use crate::kv::KvCache;
 use crate::model::{Matrix, Model};
 use crate::patch::{round, PatchSet, KV_FP8_SCALE};
 
-pub use matmul::matmul;
 pub(crate) use fast::f32_to_f16;
+pub use matmul::matmul;
 
 /// How weight matmuls are computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

@@ -70,15 +70,19 @@ pub fn rope_rows(x: &mut [f32], heads: usize, head_dim: usize, positions: &[usiz
     let inv: Vec<f64> = (0..half).map(|i| (base as f64).powf(-2.0 * i as f64 / head_dim as f64)).collect();
     for (row, pos) in x.chunks_mut(width).zip(positions) {
         let trig: Vec<(f32, f32)> = if bf16_tables {
-            inv.iter().map(|f| {
-                let theta = bf16(bf16(*pos as f32) * bf16(*f as f32));
-                (bf16(theta.cos()), bf16(theta.sin()))
-            }).collect()
+            inv.iter()
+                .map(|f| {
+                    let theta = bf16(bf16(*pos as f32) * bf16(*f as f32));
+                    (bf16(theta.cos()), bf16(theta.sin()))
+                })
+                .collect()
         } else {
-            inv.iter().map(|f| {
-                let theta = *pos as f64 * f;
-                (theta.cos() as f32, theta.sin() as f32)
-            }).collect()
+            inv.iter()
+                .map(|f| {
+                    let theta = *pos as f64 * f;
+                    (theta.cos() as f32, theta.sin() as f32)
+                })
+                .collect()
         };
         for head in row.chunks_mut(head_dim) {
             for (i, (cos, sin)) in trig.iter().enumerate() {

@@ -57,7 +57,9 @@ pub fn config_from_hf(c: &Value) -> Result<ModelConfig, ModelError> {
         return Err(ModelError::Checkpoint(format!("config.json asks for {rope_type} RoPE scaling, which this engine does not implement")));
     }
     let rope_theta = c.get("rope_theta").or_else(|| rope.and_then(|r| r.get("rope_theta"))).and_then(Value::as_f64).unwrap_or(10_000.0);
-    let u = |k: &str| c.get(k).and_then(Value::as_u64).map(|v| v as usize).ok_or_else(|| ModelError::Checkpoint(format!("config.json has no {k}")));
+    let u = |k: &str| {
+        c.get(k).and_then(Value::as_u64).map(|v| v as usize).ok_or_else(|| ModelError::Checkpoint(format!("config.json has no {k}")))
+    };
     let (dim, n_heads) = (u("hidden_size")?, u("num_attention_heads")?);
     let n_kv_heads = c.get("num_key_value_heads").and_then(Value::as_u64).map_or(n_heads, |v| v as usize);
     if n_heads == 0 || !dim.is_multiple_of(n_heads) || !n_heads.is_multiple_of(n_kv_heads.max(1)) {
@@ -104,7 +106,12 @@ fn weights(t: &SafeTensors, c: &ModelConfig) -> Result<Weights, ModelError> {
         Some(_) => Some(matrix(t, "lm_head.weight", c.vocab, c.dim)?),
         None => None,
     };
-    Ok(Weights { token_embd: matrix(t, "model.embed_tokens.weight", c.vocab, c.dim)?, layers, output_norm: vector(t, "model.norm.weight", c.dim)?, output })
+    Ok(Weights {
+        token_embd: matrix(t, "model.embed_tokens.weight", c.vocab, c.dim)?,
+        layers,
+        output_norm: vector(t, "model.norm.weight", c.dim)?,
+        output,
+    })
 }
 
 fn checked(t: &SafeTensors, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {

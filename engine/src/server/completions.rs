@@ -21,7 +21,13 @@ use crate::scheduler::GenerateRequest;
 use super::routes::PATCHES_HEADER;
 
 /// Handles one generation request; the response names the patch set applied in `x-ctxscope-patches`.
-pub async fn generate(state: Arc<State>, endpoint: Endpoint, body: &[u8], path: Path, patches: PatchSet) -> Result<http::Response<Body>, ApiError> {
+pub async fn generate(
+    state: Arc<State>,
+    endpoint: Endpoint,
+    body: &[u8],
+    path: Path,
+    patches: PatchSet,
+) -> Result<http::Response<Body>, ApiError> {
     let object = request::json_object(body)?;
     let patches = request::body_patches(&object)?.unwrap_or(patches);
     let mut response = run(state, endpoint, &object, path, &patches).await?;
@@ -54,7 +60,14 @@ async fn run(
     let in_flight = state.admit().map_err(|(in_flight, limit)| ApiError::Busy { in_flight, limit })?;
     let (tx, mut events) = mpsc::unbounded_channel();
     let logprobs = job.sampling.logprobs;
-    let submitted = GenerateRequest { prompt: job.prompt, max_tokens: job.max_tokens, sampling: job.sampling, path, patches: patches.clone(), events: tx };
+    let submitted = GenerateRequest {
+        prompt: job.prompt,
+        max_tokens: job.max_tokens,
+        sampling: job.sampling,
+        path,
+        patches: patches.clone(),
+        events: tx,
+    };
     state.engine.submit(submitted).map_err(|e| ApiError::Engine(e.to_string()))?;
     let meta = Meta::new(endpoint, &model.id, logprobs);
     let mut generation = Generation::new(job.stops, logprobs);

@@ -105,11 +105,7 @@ impl Generation {
                 let text = self.decoder.push(&piece);
                 if self.logprobs {
                     let start = self.decoded_chars;
-                    let top = sampled
-                        .top
-                        .iter()
-                        .map(|(id, lp)| (model.tokenizer.token_to_piece(*id).unwrap_or_default(), *lp))
-                        .collect();
+                    let top = sampled.top.iter().map(|(id, lp)| (model.tokenizer.token_to_piece(*id).unwrap_or_default(), *lp)).collect();
                     let end = start + text.chars().count();
                     self.pending.push(TokenLogprob { piece, logprob: sampled.logprob, top, text_offset: start, text_end: end });
                 }

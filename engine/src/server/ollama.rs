@@ -90,7 +90,10 @@ pub async fn chat(state: Arc<State>, body: &[u8], path: Path, patches: PatchSet)
     let translated = serde_json::to_vec(&Value::Object(openai)).map_err(|e| ApiError::Engine(e.to_string()))?;
     let response = completions::generate(state, Endpoint::Chat, &translated, path, patches).await?;
     let (mut parts, inner) = response.into_parts();
-    parts.headers.insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static(if stream { "application/x-ndjson" } else { "application/json" }));
+    parts.headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(if stream { "application/x-ndjson" } else { "application/json" }),
+    );
     parts.headers.remove(http::header::CACHE_CONTROL);
     if stream {
         let ndjson = Reframed::new(inner, Ndjson { model, started, finish: None, ended: false });
@@ -138,7 +141,8 @@ impl Translate for Ndjson {
             self.finish = Some(reason.to_string());
         }
         if let Some(delta) = chunk["choices"][0]["delta"]["content"].as_str().filter(|d| !d.is_empty()) {
-            let line = json!({"model": self.model, "created_at": created_at(), "message": {"role": "assistant", "content": delta}, "done": false});
+            let line =
+                json!({"model": self.model, "created_at": created_at(), "message": {"role": "assistant", "content": delta}, "done": false});
             out.push_back(Self::line(&line));
         }
         if chunk["usage"].is_object() {

@@ -104,7 +104,12 @@ pub fn completion(body: &Object, model: &Model, ctx: usize) -> Result<Job, ApiEr
                 }
                 tokens
             }
-            _ => return Err(ApiError::param("prompt", "`prompt` must be a string, a list of one string, or a list of token ids (one prompt per request)")),
+            _ => {
+                return Err(ApiError::param(
+                    "prompt",
+                    "`prompt` must be a string, a list of one string, or a list of token ids (one prompt per request)",
+                ))
+            }
         },
         Some(_) => return Err(ApiError::param("prompt", "`prompt` must be a string or a list of token ids")),
     };
@@ -192,7 +197,10 @@ pub fn render_chat(body: &Object, messages: &[Value], model: &Model) -> Result<S
     let eos = tok.eos().and_then(|id| tok.token_text(id)).unwrap_or("");
     let tools = body.get("tools").filter(|t| !t.is_null());
     let options = RenderOptions { add_generation_prompt: true, bos_token: bos, eos_token: eos, tools };
-    model.template.render(messages, &options).map_err(|e| ApiError::param("messages", format!("the model's chat template cannot render these messages: {e}")))
+    model
+        .template
+        .render(messages, &options)
+        .map_err(|e| ApiError::param("messages", format!("the model's chat template cannot render these messages: {e}")))
 }
 
 /// Prompt text to tokens: special tokens parsed, BOS only where the tokenizer asks for it.
@@ -217,7 +225,10 @@ fn check_message(i: usize, message: &Value) -> Result<(), ApiError> {
         Some(other) => return Err(ApiError::param("messages", format!("messages[{i}].role must be a string, got {other}"))),
     };
     if !ROLES.contains(&role) {
-        return Err(ApiError::param("messages", format!("messages[{i}] has an unknown role {role:?}; expected one of {}", ROLES.join(", "))));
+        return Err(ApiError::param(
+            "messages",
+            format!("messages[{i}] has an unknown role {role:?}; expected one of {}", ROLES.join(", ")),
+        ));
     }
     let has_tool_calls = m.get("tool_calls").is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty()));
     match m.get("content") {
@@ -236,7 +247,9 @@ fn check_message(i: usize, message: &Value) -> Result<(), ApiError> {
         }
         None | Some(Value::Null) if role == "assistant" && has_tool_calls => Ok(()),
         None | Some(Value::Null) => Err(ApiError::param("messages", format!("messages[{i}] ({role}) has no `content`"))),
-        Some(other) => Err(ApiError::param("messages", format!("messages[{i}].content must be a string or a list of text parts, got {other}"))),
+        Some(other) => {
+            Err(ApiError::param("messages", format!("messages[{i}].content must be a string or a list of text parts, got {other}")))
+        }
     }
 }
 

@@ -27,13 +27,7 @@ impl Meta {
             Endpoint::Chat => "chatcmpl",
             Endpoint::Completion => "cmpl",
         };
-        Meta {
-            id: format!("{prefix}-{:x}{n:06x}", now.as_millis()),
-            created: now.as_secs(),
-            model: model.to_string(),
-            endpoint,
-            logprobs,
-        }
+        Meta { id: format!("{prefix}-{:x}{n:06x}", now.as_millis()), created: now.as_secs(), model: model.to_string(), endpoint, logprobs }
     }
 
     fn object(&self, chunk: bool) -> &'static str {
@@ -67,7 +61,14 @@ impl Meta {
     }
 
     /// A stream chunk with one choice: `role` only in the first chat chunk; `finish` in the last.
-    pub fn chunk(&self, text: Option<&str>, role: bool, logprobs: &[TokenLogprob], finish: Option<FinishReason>, with_usage: bool) -> Value {
+    pub fn chunk(
+        &self,
+        text: Option<&str>,
+        role: bool,
+        logprobs: &[TokenLogprob],
+        finish: Option<FinishReason>,
+        with_usage: bool,
+    ) -> Value {
         let lp = if logprobs.is_empty() { Value::Null } else { self.logprobs_json(logprobs) };
         let finish = finish.map(FinishReason::as_str);
         let choice = match self.endpoint {

@@ -14,10 +14,7 @@ pub enum ResponseStoreError {
     #[error("the responses store failed: {0}")]
     Sled(#[from] sled::Error),
     #[error("stored response {id} is not valid JSON: {source}")]
-    Decode {
-        id: String,
-        source: serde_json::Error,
-    },
+    Decode { id: String, source: serde_json::Error },
 }
 
 /// Cheap to clone; all clones share one sled database.
@@ -29,44 +26,29 @@ pub struct ResponseStore {
 
 impl std::fmt::Debug for ResponseStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ResponseStore")
-            .field("path", &self.path)
-            .finish()
+        f.debug_struct("ResponseStore").field("path", &self.path).finish()
     }
 }
 
 impl ResponseStore {
     pub fn open(path: &Path) -> Result<ResponseStore, ResponseStoreError> {
-        let open =
-            || -> Result<sled::Tree, sled::Error> { sled::open(path)?.open_tree("responses") };
-        let tree = open().map_err(|source| ResponseStoreError::Open {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Ok(ResponseStore {
-            path: path.to_path_buf(),
-            tree,
-        })
+        let open = || -> Result<sled::Tree, sled::Error> { sled::open(path)?.open_tree("responses") };
+        let tree = open().map_err(|source| ResponseStoreError::Open { path: path.to_path_buf(), source })?;
+        Ok(ResponseStore { path: path.to_path_buf(), tree })
     }
 
     /// The messages a response chained to `id` stands on, if `id` was stored.
     pub fn get(&self, id: &str) -> Result<Option<Vec<Value>>, ResponseStoreError> {
         match self.tree.get(id.as_bytes())? {
-            Some(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|source| {
-                ResponseStoreError::Decode {
-                    id: id.to_string(),
-                    source,
-                }
-            }),
+            Some(bytes) => {
+                serde_json::from_slice(&bytes).map(Some).map_err(|source| ResponseStoreError::Decode { id: id.to_string(), source })
+            }
             None => Ok(None),
         }
     }
 
     pub fn put(&self, id: &str, messages: &[Value]) -> Result<(), ResponseStoreError> {
-        let bytes = serde_json::to_vec(messages).map_err(|source| ResponseStoreError::Decode {
-            id: id.to_string(),
-            source,
-        })?;
+        let bytes = serde_json::to_vec(messages).map_err(|source| ResponseStoreError::Decode { id: id.to_string(), source })?;
         self.tree.insert(id.as_bytes(), bytes)?;
         Ok(())
     }
@@ -86,13 +68,9 @@ mod tests {
 
     #[test]
     fn responses_survive_a_reopen() {
-        let dir =
-            std::env::temp_dir().join(format!("ctxscope-response-store-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("ctxscope-response-store-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let messages = vec![
-            json!({"role": "user", "content": "hi"}),
-            json!({"role": "assistant", "content": "hello"}),
-        ];
+        let messages = vec![json!({"role": "user", "content": "hi"}), json!({"role": "assistant", "content": "hello"})];
         {
             let store = ResponseStore::open(&dir).unwrap();
             store.put("resp_1", &messages).unwrap();

@@ -30,37 +30,19 @@ fn content_text(content: &Value) -> Result<String, ApiError> {
         Value::String(text) => Ok(text.clone()),
         Value::Array(parts) => parts
             .iter()
-            .map(|part| {
-                match (
-                    part.get("type").and_then(Value::as_str),
-                    part.get("text").and_then(Value::as_str),
-                ) {
-                    (Some("input_text" | "output_text" | "text"), Some(text)) => {
-                        Ok(text.to_string())
-                    }
-                    (kind, _) => Err(ApiError::param(
-                        "input",
-                        format!(
-                            "content part {kind:?} is not supported: this engine reads text only"
-                        ),
-                    )),
-                }
+            .map(|part| match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
+                (Some("input_text" | "output_text" | "text"), Some(text)) => Ok(text.to_string()),
+                (kind, _) => Err(ApiError::param("input", format!("content part {kind:?} is not supported: this engine reads text only"))),
             })
             .collect(),
-        _ => Err(ApiError::param(
-            "input",
-            "message content must be a string or a list of text parts",
-        )),
+        _ => Err(ApiError::param("input", "message content must be a string or a list of text parts")),
     }
 }
 
 /// `input` items as chat messages; a `function_call` joins the assistant message before it.
 fn items_to_messages(items: &[Value], messages: &mut Vec<Value>) -> Result<(), ApiError> {
     for (i, item) in items.iter().enumerate() {
-        match (
-            item.get("type").and_then(Value::as_str),
-            item.get("role").and_then(Value::as_str),
-        ) {
+        match (item.get("type").and_then(Value::as_str), item.get("role").and_then(Value::as_str)) {
             (Some("message") | None, Some(role)) => {
                 let content = content_text(item.get("content").unwrap_or(&Value::Null))?;
                 messages.push(json!({"role": role, "content": content}));
@@ -73,23 +55,15 @@ fn items_to_messages(items: &[Value], messages: &mut Vec<Value>) -> Result<(), A
                         Some(calls) => calls.push(call),
                         None => last["tool_calls"] = json!([call]),
                     },
-                    None => messages
-                        .push(json!({"role": "assistant", "content": "", "tool_calls": [call]})),
+                    None => messages.push(json!({"role": "assistant", "content": "", "tool_calls": [call]})),
                 }
             }
             (Some("function_call_output"), _) => {
                 let output = content_text(item.get("output").unwrap_or(&Value::Null))?;
-                messages.push(
-                    json!({"role": "tool", "tool_call_id": item.get("call_id"), "content": output}),
-                );
+                messages.push(json!({"role": "tool", "tool_call_id": item.get("call_id"), "content": output}));
             }
             (Some("reasoning"), _) => {}
-            (kind, _) => {
-                return Err(ApiError::param(
-                    "input",
-                    format!("input[{i}] of type {kind:?} is not supported by this engine"),
-                ))
-            }
+            (kind, _) => return Err(ApiError::param("input", format!("input[{i}] of type {kind:?} is not supported by this engine"))),
         }
     }
     Ok(())
@@ -103,19 +77,14 @@ fn drop_oldest(chat: &mut Map<String, Value>, first: usize) -> Option<Vec<Value>
     if first >= last_user {
         return None;
     }
-    let next_user = messages[first + 1..=last_user]
-        .iter()
-        .position(|m| m["role"] == "user");
+    let next_user = messages[first + 1..=last_user].iter().position(|m| m["role"] == "user");
     let end = next_user.map_or(last_user, |p| first + 1 + p);
     Some(messages.drain(first..end).collect())
 }
 
 /// The store to keep this response in (unless the request says `store: false`) and the messages its
 /// `previous_response_id` stands on.
-fn chain(
-    state: &State,
-    object: &Map<String, Value>,
-) -> Result<(Option<ResponseStore>, Vec<Value>), ApiError> {
+fn chain(state: &State, object: &Map<String, Value>) -> Result<(Option<ResponseStore>, Vec<Value>), ApiError> {
     let previous = object.get("previous_response_id").and_then(Value::as_str);
     let store = match (&state.responses, previous) {
         (Some(Ok(store)), _) => Some(store.clone()),
@@ -129,10 +98,9 @@ fn chain(
         (_, None) => None,
     };
     let context = match (&store, previous) {
-        (Some(store), Some(id)) => store
-            .get(id)
-            .map_err(|e| ApiError::Engine(e.to_string()))?
-            .ok_or_else(|| ApiError::ResponseNotFound(id.to_string()))?,
+        (Some(store), Some(id)) => {
+            store.get(id).map_err(|e| ApiError::Engine(e.to_string()))?.ok_or_else(|| ApiError::ResponseNotFound(id.to_string()))?
+        }
         _ => Vec::new(),
     };
     let keep = object.get("store").and_then(Value::as_bool) != Some(false);
@@ -148,12 +116,7 @@ type Translated = (Map<String, Value>, bool, Vec<Value>);
 fn to_chat(object: &Map<String, Value>, context: Vec<Value>) -> Result<Translated, ApiError> {
     match object.get("truncation").and_then(Value::as_str) {
         None | Some("disabled" | "auto") => {}
-        Some(other) => {
-            return Err(ApiError::param(
-                "truncation",
-                format!("truncation must be \"disabled\" or \"auto\", not {other:?}"),
-            ))
-        }
+        Some(other) => return Err(ApiError::param("truncation", format!("truncation must be \"disabled\" or \"auto\", not {other:?}"))),
     }
     let mut messages = Vec::new();
     if let Some(instructions) = object.get("instructions").filter(|v| !v.is_null()) {
@@ -164,17 +127,9 @@ fn to_chat(object: &Map<String, Value>, context: Vec<Value>) -> Result<Translate
     match object.get("input") {
         Some(Value::String(text)) => messages.push(json!({"role": "user", "content": text})),
         Some(Value::Array(items)) => items_to_messages(items, &mut messages)?,
-        _ => {
-            return Err(ApiError::param(
-                "input",
-                "input is required: a string or a list of items",
-            ))
-        }
+        _ => return Err(ApiError::param("input", "input is required: a string or a list of items")),
     }
-    let stream = object
-        .get("stream")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
+    let stream = object.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let carried = messages[instructions..].to_vec();
     let mut out = Map::new();
     out.insert("messages".into(), Value::Array(messages));
@@ -220,9 +175,7 @@ impl Meta {
     fn new(object: &Map<String, Value>, model: String) -> Meta {
         use std::sync::atomic::{AtomicU64, Ordering};
         static NEXT: AtomicU64 = AtomicU64::new(1);
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         Meta {
             id: format!("resp_{:x}{n:06x}", now.as_millis()),
@@ -236,24 +189,10 @@ impl Meta {
     }
 
     /// The response object; `text` and `usage` (chat's) once known.
-    fn object(
-        &self,
-        status: &str,
-        text: &str,
-        finish: Option<&str>,
-        usage: Option<&Value>,
-    ) -> Value {
+    fn object(&self, status: &str, text: &str, finish: Option<&str>, usage: Option<&Value>) -> Value {
         let incomplete = finish == Some("length");
-        let status = if status == "completed" && incomplete {
-            "incomplete"
-        } else {
-            status
-        };
-        let output = if status == "in_progress" {
-            json!([])
-        } else {
-            json!([self.message(text, "completed")])
-        };
+        let status = if status == "completed" && incomplete { "incomplete" } else { status };
+        let output = if status == "in_progress" { json!([]) } else { json!([self.message(text, "completed")]) };
         let usage = usage.map(|u| {
             let (input, output) = (u["prompt_tokens"].as_u64().unwrap_or(0), u["completion_tokens"].as_u64().unwrap_or(0));
             json!({"input_tokens": input, "input_tokens_details": {"cached_tokens": u.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64).unwrap_or(0)},
@@ -281,12 +220,7 @@ impl Meta {
 }
 
 /// Handles `POST /v1/responses`.
-pub async fn create(
-    state: Arc<State>,
-    body: &[u8],
-    path: Path,
-    patches: PatchSet,
-) -> Result<http::Response<Body>, ApiError> {
+pub async fn create(state: Arc<State>, body: &[u8], path: Path, patches: PatchSet) -> Result<http::Response<Body>, ApiError> {
     let object = request::json_object(body)?;
     let (store, context) = chain(&state, &object)?;
     let (mut chat, stream, carried) = to_chat(&object, context)?;
@@ -294,37 +228,22 @@ pub async fn create(
     let auto = object.get("truncation").and_then(Value::as_str) == Some("auto");
     let mut dropped = Vec::new();
     let response = loop {
-        let translated = serde_json::to_vec(&Value::Object(chat.clone()))
-            .map_err(|e| ApiError::Engine(e.to_string()))?;
-        match completions::generate(
-            state.clone(),
-            Endpoint::Chat,
-            &translated,
-            path,
-            patches.clone(),
-        )
-        .await
-        {
-            Err(error @ ApiError::ContextLength { .. }) if auto => {
-                match drop_oldest(&mut chat, first) {
-                    Some(gone) => {
-                        for message in gone {
-                            dropped.push(json!({"index": dropped.len(), "role": message["role"]}));
-                        }
+        let translated = serde_json::to_vec(&Value::Object(chat.clone())).map_err(|e| ApiError::Engine(e.to_string()))?;
+        match completions::generate(state.clone(), Endpoint::Chat, &translated, path, patches.clone()).await {
+            Err(error @ ApiError::ContextLength { .. }) if auto => match drop_oldest(&mut chat, first) {
+                Some(gone) => {
+                    for message in gone {
+                        dropped.push(json!({"index": dropped.len(), "role": message["role"]}));
                     }
-                    None => return Err(error),
                 }
-            }
+                None => return Err(error),
+            },
             other => break other?,
         }
     };
     let carried = chat["messages"].as_array().map_or(&[][..], Vec::as_slice)[first..].to_vec();
     let save = store.map(|store| Save { store, carried });
-    let model = object
-        .get("model")
-        .and_then(Value::as_str)
-        .unwrap_or(&state.engine.model.id)
-        .to_string();
+    let model = object.get("model").and_then(Value::as_str).unwrap_or(&state.engine.model.id).to_string();
     let mut meta = Meta::new(&object, model);
     meta.stored = save.is_some();
     meta.dropped = dropped;
@@ -333,31 +252,18 @@ pub async fn create(
         let events = EventBody { meta, text: String::new(), finish: None, started: false, ended: false, sequence: 0, save };
         return Ok(http::Response::from_parts(parts, Body::new(Reframed::new(inner, events))));
     }
-    let bytes = inner
-        .collect()
-        .await
-        .map(|c| c.to_bytes())
-        .unwrap_or_default();
-    let reply: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::Engine(format!("chat answer not JSON: {e}")))?;
+    let bytes = inner.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    let reply: Value = serde_json::from_slice(&bytes).map_err(|e| ApiError::Engine(format!("chat answer not JSON: {e}")))?;
     let choice = &reply["choices"][0];
     let text = choice["message"]["content"].as_str().unwrap_or("");
     if let Some(save) = save {
         save.put(&meta.id, text);
     }
-    let out = meta.object(
-        "completed",
-        text,
-        choice["finish_reason"].as_str(),
-        Some(&reply["usage"]),
-    );
+    let out = meta.object("completed", text, choice["finish_reason"].as_str(), Some(&reply["usage"]));
     let mut response = body::json(http::StatusCode::OK, &out);
     response
         .headers_mut()
-        .extend(parts.headers.into_iter().filter_map(|(k, v)| {
-            k.filter(|k| k != http::header::CONTENT_LENGTH)
-                .map(|k| (k, v))
-        }));
+        .extend(parts.headers.into_iter().filter_map(|(k, v)| k.filter(|k| k != http::header::CONTENT_LENGTH).map(|k| (k, v))));
     Ok(response)
 }
 
@@ -407,13 +313,13 @@ impl EventBody {
         self.event(out, "response.created", json!({"response": response}));
         self.event(out, "response.in_progress", json!({"response": response}));
         let item = json!({"type": "message", "id": self.meta.message_id, "status": "in_progress", "role": "assistant", "content": []});
+        self.event(out, "response.output_item.added", json!({"output_index": 0, "item": item}));
+        let part = json!({"type": "output_text", "text": "", "annotations": []});
         self.event(
             out,
-            "response.output_item.added",
-            json!({"output_index": 0, "item": item}),
+            "response.content_part.added",
+            json!({"item_id": self.meta.message_id, "output_index": 0, "content_index": 0, "part": part}),
         );
-        let part = json!({"type": "output_text", "text": "", "annotations": []});
-        self.event(out, "response.content_part.added", json!({"item_id": self.meta.message_id, "output_index": 0, "content_index": 0, "part": part}));
     }
 
     fn finish_with(&mut self, out: &mut VecDeque<Bytes>, usage: Option<&Value>) {
@@ -422,30 +328,12 @@ impl EventBody {
             save.put(&self.meta.id, &self.text);
         }
         let (id, text) = (self.meta.message_id.clone(), self.text.clone());
-        self.event(
-            out,
-            "response.output_text.done",
-            json!({"item_id": id, "output_index": 0, "content_index": 0, "text": text}),
-        );
+        self.event(out, "response.output_text.done", json!({"item_id": id, "output_index": 0, "content_index": 0, "text": text}));
         let part = json!({"type": "output_text", "text": text, "annotations": []});
-        self.event(
-            out,
-            "response.content_part.done",
-            json!({"item_id": id, "output_index": 0, "content_index": 0, "part": part}),
-        );
-        self.event(
-            out,
-            "response.output_item.done",
-            json!({"output_index": 0, "item": self.meta.message(&text, "completed")}),
-        );
-        let response = self
-            .meta
-            .object("completed", &text, self.finish.as_deref(), usage);
-        let kind = if response["status"] == "incomplete" {
-            "response.incomplete"
-        } else {
-            "response.completed"
-        };
+        self.event(out, "response.content_part.done", json!({"item_id": id, "output_index": 0, "content_index": 0, "part": part}));
+        self.event(out, "response.output_item.done", json!({"output_index": 0, "item": self.meta.message(&text, "completed")}));
+        let response = self.meta.object("completed", &text, self.finish.as_deref(), usage);
+        let kind = if response["status"] == "incomplete" { "response.incomplete" } else { "response.completed" };
         self.event(out, kind, json!({"response": response}));
     }
 }
@@ -518,115 +406,56 @@ mod tests {
         assert_eq!(chat["stream_options"]["include_usage"], true);
         let messages = chat["messages"].as_array().unwrap();
         assert_eq!(messages.len(), 4);
-        assert_eq!(
-            messages[0],
-            json!({"role": "system", "content": "Be brief."})
-        );
+        assert_eq!(messages[0], json!({"role": "system", "content": "Be brief."}));
         assert_eq!(messages[1], json!({"role": "user", "content": "weather?"}));
-        assert_eq!(
-            messages[2]["tool_calls"][0]["function"]["name"],
-            "get_weather"
-        );
-        assert_eq!(
-            messages[3],
-            json!({"role": "tool", "tool_call_id": "c1", "content": "sunny"})
-        );
+        assert_eq!(messages[2]["tool_calls"][0]["function"]["name"], "get_weather");
+        assert_eq!(messages[3], json!({"role": "tool", "tool_call_id": "c1", "content": "sunny"}));
         assert_eq!(chat["tools"][0]["function"]["name"], "get_weather");
     }
 
     #[test]
     fn unknown_truncation_and_other_parts_are_refused_clearly() {
-        let bad = to_chat(
-            &object(json!({"input": "hi", "truncation": "sometimes"})),
-            Vec::new(),
-        )
-        .unwrap_err();
+        let bad = to_chat(&object(json!({"input": "hi", "truncation": "sometimes"})), Vec::new()).unwrap_err();
         assert!(bad.to_string().contains("\"sometimes\""), "{bad}");
         for ok in ["disabled", "auto"] {
-            assert!(to_chat(
-                &object(json!({"input": "hi", "truncation": ok})),
-                Vec::new()
-            )
-            .is_ok());
+            assert!(to_chat(&object(json!({"input": "hi", "truncation": ok})), Vec::new()).is_ok());
         }
         assert!(to_chat(&object(json!({"model": "m"})), Vec::new()).is_err());
-        let image = to_chat(
-            &object(
-                json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}),
-            ),
-            Vec::new(),
-        );
+        let image =
+            to_chat(&object(json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]})), Vec::new());
         assert!(image.unwrap_err().to_string().contains("input_image"));
     }
 
     #[test]
     fn auto_truncation_drops_whole_turns_oldest_first_and_keeps_the_last_question() {
         let roles = |chat: &Map<String, Value>| {
-            chat["messages"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|m| m["role"].as_str().unwrap().to_string())
-                .collect::<Vec<_>>()
+            chat["messages"].as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap().to_string()).collect::<Vec<_>>()
         };
-        let input = json!([
-            "system",
-            "user",
-            "assistant",
-            "tool",
-            "user",
-            "assistant",
-            "user"
-        ]
-        .map(|r| json!({"role": r, "content": r})));
+        let input = json!(["system", "user", "assistant", "tool", "user", "assistant", "user"].map(|r| json!({"role": r, "content": r})));
         let mut chat = object(json!({"messages": input}));
         assert_eq!(drop_oldest(&mut chat, 1).unwrap().len(), 3);
         assert_eq!(roles(&chat), ["system", "user", "assistant", "user"]);
         assert_eq!(drop_oldest(&mut chat, 1).unwrap().len(), 2);
         assert_eq!(roles(&chat), ["system", "user"]);
-        assert!(
-            drop_oldest(&mut chat, 1).is_none(),
-            "the last user turn stays"
-        );
+        assert!(drop_oldest(&mut chat, 1).is_none(), "the last user turn stays");
     }
 
     #[test]
     fn a_chained_request_stands_on_its_context_after_its_own_instructions() {
-        let context = vec![
-            json!({"role": "user", "content": "a"}),
-            json!({"role": "assistant", "content": "A"}),
-        ];
-        let (chat, _, carried) = to_chat(
-            &object(json!({"instructions": "Be brief.", "input": "b"})),
-            context,
-        )
-        .unwrap();
-        let contents: Vec<&str> = chat["messages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| m["content"].as_str().unwrap())
-            .collect();
+        let context = vec![json!({"role": "user", "content": "a"}), json!({"role": "assistant", "content": "A"})];
+        let (chat, _, carried) = to_chat(&object(json!({"instructions": "Be brief.", "input": "b"})), context).unwrap();
+        let contents: Vec<&str> = chat["messages"].as_array().unwrap().iter().map(|m| m["content"].as_str().unwrap()).collect();
         assert_eq!(contents, ["Be brief.", "a", "A", "b"]);
         assert_eq!(carried.len(), 3);
         let missing = ApiError::ResponseNotFound("resp_x".into());
         assert_eq!(missing.status(), 404);
-        assert_eq!(
-            missing.body()["error"]["code"],
-            "previous_response_not_found"
-        );
-        assert_eq!(
-            missing.body()["error"]["message"],
-            "Previous response with id 'resp_x' not found."
-        );
+        assert_eq!(missing.body()["error"]["code"], "previous_response_not_found");
+        assert_eq!(missing.body()["error"]["message"], "Previous response with id 'resp_x' not found.");
     }
 
     #[test]
     fn the_response_object_reports_usage_and_length() {
-        let meta = Meta::new(
-            &object(json!({"instructions": "x", "max_output_tokens": 2})),
-            "m".into(),
-        );
+        let meta = Meta::new(&object(json!({"instructions": "x", "max_output_tokens": 2})), "m".into());
         let usage = json!({"prompt_tokens": 30, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 16}});
         let out = meta.object("completed", "Hi", Some("length"), Some(&usage));
         assert_eq!(out["status"], "incomplete");

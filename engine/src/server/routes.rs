@@ -26,16 +26,28 @@ pub const PATH_HEADER: &str = "x-ctxscope-path";
 /// The header that picks the patch set of one request (comma-separated `name` / `name=value`).
 pub const PATCHES_HEADER: &str = "x-ctxscope-patches";
 
-const ROUTES: [&str; 10] = ["/health", "/v1/models", "/props", "/v1/chat/completions", "/v1/completions", "/v1/responses", "/api/chat", "/tokenize", "/detokenize", "/apply-template"];
+const ROUTES: [&str; 10] = [
+    "/health",
+    "/v1/models",
+    "/props",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/api/chat",
+    "/tokenize",
+    "/detokenize",
+    "/apply-template",
+];
 
 /// The service function of every connection.
 pub async fn handle(state: Arc<State>, request: http::Request<Incoming>) -> Result<http::Response<Body>, Infallible> {
-    let path = match request.headers().get(PATH_HEADER) {
-        None => Ok(state.config.default_path),
-        Some(value) => value.to_str().ok().and_then(Path::parse).ok_or_else(|| {
-            ApiError::param("x-ctxscope-path", format!("header {PATH_HEADER} must be `golden` or `fast`, got {value:?}"))
-        }),
-    };
+    let path =
+        match request.headers().get(PATH_HEADER) {
+            None => Ok(state.config.default_path),
+            Some(value) => value.to_str().ok().and_then(Path::parse).ok_or_else(|| {
+                ApiError::param("x-ctxscope-path", format!("header {PATH_HEADER} must be `golden` or `fast`, got {value:?}"))
+            }),
+        };
     let patches = match request.headers().get(PATCHES_HEADER) {
         None => Ok(state.config.default_patches.clone()),
         Some(value) => match value.to_str() {
@@ -55,7 +67,12 @@ pub async fn handle(state: Arc<State>, request: http::Request<Incoming>) -> Resu
     Ok(response)
 }
 
-async fn route(state: Arc<State>, request: http::Request<Incoming>, path: Path, patches: PatchSet) -> Result<http::Response<Body>, ApiError> {
+async fn route(
+    state: Arc<State>,
+    request: http::Request<Incoming>,
+    path: Path,
+    patches: PatchSet,
+) -> Result<http::Response<Body>, ApiError> {
     let method = request.method().clone();
     let uri_path = request.uri().path().to_string();
     let ok = |value: serde_json::Value| body::json(StatusCode::OK, &value);

@@ -29,7 +29,14 @@ pub struct ServerConfig {
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig { default_path: Path::Golden, default_patches: PatchSet::default(), max_in_flight: 4096, max_body_bytes: 64 << 20, shutdown_grace: Duration::from_secs(5), responses_store: None }
+        ServerConfig {
+            default_path: Path::Golden,
+            default_patches: PatchSet::default(),
+            max_in_flight: 4096,
+            max_body_bytes: 64 << 20,
+            shutdown_grace: Duration::from_secs(5),
+            responses_store: None,
+        }
     }
 }
 

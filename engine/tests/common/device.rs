@@ -36,9 +36,15 @@ pub fn device_run(backend: &mut DeviceBackend, path: Path, patches: &PatchSet, p
     inputs
         .iter()
         .enumerate()
-        .map(|(i, tokens)| match backend.forward(path, patches, &mut [Step { tokens, kv: &mut kv, want: Want::Logits }]).unwrap_or_else(|e| panic!("device forward of input {i} ({} tokens): {e}", tokens.len())).remove(0) {
-            Output::Logits(l) => l,
-            other => panic!("asked for logits, got {other:?}"),
+        .map(|(i, tokens)| {
+            match backend
+                .forward(path, patches, &mut [Step { tokens, kv: &mut kv, want: Want::Logits }])
+                .unwrap_or_else(|e| panic!("device forward of input {i} ({} tokens): {e}", tokens.len()))
+                .remove(0)
+            {
+                Output::Logits(l) => l,
+                other => panic!("asked for logits, got {other:?}"),
+            }
         })
         .collect()
 }

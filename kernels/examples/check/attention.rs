@@ -39,7 +39,9 @@ impl Cache {
 fn attend_f64(q: &[f32], cache: &Cache, layer: usize, kvh: usize, lo: usize, pos: usize) -> Vec<f64> {
     let hd = q.len();
     let scale = 1.0 / (hd as f64).sqrt();
-    let scores: Vec<f64> = (lo..=pos).map(|j| q.iter().zip(cache.head(j, layer, 0, kvh, hd)).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum::<f64>() * scale).collect();
+    let scores: Vec<f64> = (lo..=pos)
+        .map(|j| q.iter().zip(cache.head(j, layer, 0, kvh, hd)).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum::<f64>() * scale)
+        .collect();
     let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
     let total: f64 = e.iter().sum();
@@ -135,7 +137,8 @@ pub(crate) fn check_decode(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res
         let width = shape.heads * hd;
         let group = shape.heads / shape.kv_heads;
         // One cache per row (a spare poisoned position after each row's own).
-        let caches: Vec<Cache> = positions.iter().map(|&p| Cache::random(rng, p as usize + 2, shape.n_layers, layer, kv_dim, p as usize + 1)).collect();
+        let caches: Vec<Cache> =
+            positions.iter().map(|&p| Cache::random(rng, p as usize + 2, shape.n_layers, layer, kv_dim, p as usize + 1)).collect();
         let dcaches = caches.iter().map(|c| st.clone_htod(&c.data)).collect::<Result<Vec<_>, _>>()?;
         let bases: Vec<u64> = dcaches.iter().map(|c| c.device_ptr(st).0).collect();
         let dbase = st.clone_htod(&bases)?;
@@ -170,7 +173,18 @@ pub(crate) fn check_decode(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res
                     let slots = n * s.heads * splits;
                     let (mut part_o, mut part_ml) = (nan_buf(st, slots * hd)?, nan_buf(st, slots * 2)?);
                     let mut out = nan_buf(st, n * width + TAIL)?;
-                    dev.attn_decode(&dq.as_view(), &dpos.as_view(), &dbase.as_view(), layer, (&mut part_o.as_view_mut(), &mut part_ml.as_view_mut()), &mut out.as_view_mut(), n, splits, chunk, &s)?;
+                    dev.attn_decode(
+                        &dq.as_view(),
+                        &dpos.as_view(),
+                        &dbase.as_view(),
+                        layer,
+                        (&mut part_o.as_view_mut(), &mut part_ml.as_view_mut()),
+                        &mut out.as_view_mut(),
+                        n,
+                        splits,
+                        chunk,
+                        &s,
+                    )?;
                     let got = read(st, &out)?;
                     let unwritten = read(st, &part_o)?.iter().chain(&read(st, &part_ml)?).filter(|v| v.is_nan()).count();
                     let (gate, other) = if chunk == 0 { (&exact_ref, &splitk_ref) } else { (&splitk_ref, &exact_ref) };

@@ -19,7 +19,10 @@ pub(crate) fn check_embed(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res 
         let mut out = nan_buf(s, n * dim + TAIL)?;
         dev.embed(&m, &dids.as_view(), &mut out.as_view_mut(), n)?;
         let got = read(s, &out)?;
-        let want: Vec<f32> = ids.iter().flat_map(|&i| table[i as usize * dim..(i as usize + 1) * dim].iter().map(|&v| if as_bf16 { bf16(v) } else { v })).collect();
+        let want: Vec<f32> = ids
+            .iter()
+            .flat_map(|&i| table[i as usize * dim..(i as usize + 1) * dim].iter().map(|&v| if as_bf16 { bf16(v) } else { v }))
+            .collect();
         let name = if as_bf16 { "embed_bf16 (exact)" } else { "embed_f32 (exact)" };
         rep.single(name, 0.0, exact(&got[..n * dim], &want).tail(&got[n * dim..]));
     }
@@ -88,11 +91,32 @@ pub(crate) fn check_elementwise(dev: &Device, rng: &mut Rng, rep: &mut Report) -
     let got_f: Vec<f32> = finite.iter().map(|&i| f32::from_bits(u32::from(got[i]) << 16)).collect();
     let want_f: Vec<f64> = finite.iter().map(|&i| f64::from(bf16(x[i]))).collect();
     let tail = got[n..].iter().filter(|&&b| b != 0xffff).count();
-    rep.single("to_bf16 (bits vs f32_to_bf16_bits)", 0.0, compare(&got_f, &want_f).flag(differ, "bit patterns differ").flag(tail, "written past the end"));
+    rep.single(
+        "to_bf16 (bits vs f32_to_bf16_bits)",
+        0.0,
+        compare(&got_f, &want_f).flag(differ, "bit patterns differ").flag(tail, "written past the end"),
+    );
 
     // In-place rounding: bf16, and FP8 e4m3 with a per-tensor scale.
     let specials = [
-        1.0625, 1.1, 1.1875, 0.0, -0.0, 2f32.powi(-9), 2f32.powi(-10), 3.0 * 2f32.powi(-10), 2f32.powi(-11), 232.0, 240.0, 448.0, 460.0, 464.0, 480.0, 1000.0, -1000.0, -0.3,
+        1.0625,
+        1.1,
+        1.1875,
+        0.0,
+        -0.0,
+        2f32.powi(-9),
+        2f32.powi(-10),
+        3.0 * 2f32.powi(-10),
+        2f32.powi(-11),
+        232.0,
+        240.0,
+        448.0,
+        460.0,
+        464.0,
+        480.0,
+        1000.0,
+        -1000.0,
+        -0.3,
     ];
     let mut x: Vec<f32> = specials.to_vec();
     while x.len() < 4099 {

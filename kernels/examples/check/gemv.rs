@@ -27,7 +27,8 @@ pub(crate) fn check_gemv(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res {
             let single = Matrix::upload(s, &w_all[..rows * cols], rows, cols, as_bf16)?;
             let fused = Matrix::upload(s, &w_all, 2 * rows, cols, as_bf16)?;
             let refs = [dots(&w_all, as_bf16, &x, false, cols, 8), dots(&w_all, as_bf16, &x, true, cols, 8)];
-            let mut row = Row::new(format!("gemv_{} {rows}x{cols} n 1,3,8 x 3 modes x round_x", if as_bf16 { "bf16" } else { "f32" }), F32_LIMIT);
+            let mut row =
+                Row::new(format!("gemv_{} {rows}x{cols} n 1,3,8 x 3 modes x round_x", if as_bf16 { "bf16" } else { "f32" }), F32_LIMIT);
             for n in [1usize, 3, 8] {
                 for mode in [GemvMode::Store, GemvMode::Accumulate, GemvMode::SwiGlu] {
                     for round_x in [false, true] {
@@ -89,7 +90,8 @@ pub(crate) fn time_gemv(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res {
     let mut row = Row::new("gemv_bf16 timed shapes, last run (n=1, round_x)", F32_LIMIT);
     // The SwiGLU matrix (64 MiB) is near the L2 size: two copies, alternated, so the L2 cannot serve it.
     for (rows, cols, mode, copies) in [(2 * 8192usize, 2048usize, GemvMode::SwiGlu, 2usize), (128_256, 2048, GemvMode::Store, 1)] {
-        let (mats, bits): (Vec<Matrix>, Vec<Vec<u16>>) = (0..copies).map(|_| random_bf16_matrix(s, rng, rows, cols)).collect::<Res<Vec<_>>>()?.into_iter().unzip();
+        let (mats, bits): (Vec<Matrix>, Vec<Vec<u16>>) =
+            (0..copies).map(|_| random_bf16_matrix(s, rng, rows, cols)).collect::<Res<Vec<_>>>()?.into_iter().unzip();
         let out_rows = mode.outputs(rows);
         let x = rng.vec(cols, 1.0);
         let dx = s.clone_htod(&x)?;

@@ -49,7 +49,11 @@ fn run() -> Res<bool> {
     let dev = Device::new(0)?;
     let ready = started.elapsed().as_secs_f64();
     let name = dev.ctx.name()?;
-    println!("{name}, {} SMs: Device::new(0) (context + NVRTC compile of {} modules) took {ready:.2} s", dev.multiprocessors, ctxscope_kernels::SOURCES.len());
+    println!(
+        "{name}, {} SMs: Device::new(0) (context + NVRTC compile of {} modules) took {ready:.2} s",
+        dev.multiprocessors,
+        ctxscope_kernels::SOURCES.len()
+    );
     let sections: [(&str, Section); 16] = [
         ("rmsnorm", norm::check_rmsnorm),
         ("embed", elementwise::check_embed),

@@ -46,7 +46,11 @@ pub(crate) fn check_rmsnorm(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Re
         let map: Vec<i32> = (0..n).map(|_| rng.below(src_rows) as i32).collect();
         let (dx, dw, dmap) = (s.clone_htod(&x)?, s.clone_htod(&w)?, s.clone_htod(&map)?);
         for bf16_stats in [false, true] {
-            let mut row = if bf16_stats { Row::new(format!("rmsnorm bf16 stats (emulation) dim {dim}"), 1e-6) } else { Row::new(format!("rmsnorm f32 stats dim {dim}"), F32_LIMIT) };
+            let mut row = if bf16_stats {
+                Row::new(format!("rmsnorm bf16 stats (emulation) dim {dim}"), 1e-6)
+            } else {
+                Row::new(format!("rmsnorm f32 stats dim {dim}"), F32_LIMIT)
+            };
             for with_map in [false, true] {
                 let mut out = nan_buf(s, n * dim + TAIL)?;
                 let map_view = dmap.as_view();

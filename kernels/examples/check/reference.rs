@@ -40,11 +40,7 @@ fn f16_round(x: f32) -> f32 {
     if a >= 65520.0 {
         return f32::INFINITY.copysign(x);
     }
-    let step = if a < 2f32.powi(-14) {
-        2f32.powi(-24)
-    } else {
-        2f32.powi(((a.to_bits() >> 23) & 0xff) as i32 - 127 - 10)
-    };
+    let step = if a < 2f32.powi(-14) { 2f32.powi(-24) } else { 2f32.powi(((a.to_bits() >> 23) & 0xff) as i32 - 127 - 10) };
     ((a / step).round_ties_even() * step).copysign(x)
 }
 

@@ -48,7 +48,13 @@ impl Cmp {
 
     pub(crate) fn merge(self, other: Cmp) -> Cmp {
         let why = [self.why, other.why].into_iter().filter(|w| !w.is_empty()).collect::<Vec<_>>().join(", ");
-        Cmp { elems: self.elems + other.elems, rel: self.rel.max(other.rel), max_abs: self.max_abs.max(other.max_abs), bad: self.bad + other.bad, why }
+        Cmp {
+            elems: self.elems + other.elems,
+            rel: self.rel.max(other.rel),
+            max_abs: self.max_abs.max(other.max_abs),
+            bad: self.bad + other.bad,
+            why,
+        }
     }
 }
 
@@ -142,12 +148,18 @@ impl Report {
     /// Prints the table; true when every row passed.
     pub(crate) fn print(&self) -> bool {
         println!();
-        println!("{:<44} {:>8} {:>8} {:>8} {:>6} {:>5} {:<4} note (first failure, else worst case)", "check", "elements", "rel err", "max abs", "limit", "bad", "");
+        println!(
+            "{:<44} {:>8} {:>8} {:>8} {:>6} {:>5} {:<4} note (first failure, else worst case)",
+            "check", "elements", "rel err", "max abs", "limit", "bad", ""
+        );
         for r in &self.rows {
             let note = if r.first_bad.is_empty() { r.worst.clone() } else { r.first_bad.clone() };
             let note: String = note.chars().take(64).collect();
             let verdict = if r.passed() { "ok" } else { "FAIL" };
-            println!("{:<44} {:>8} {:>8.1e} {:>8.1e} {:>6.0e} {:>5} {:<4} {note}", r.name, r.elems, r.rel, r.max_abs, r.limit, r.bad, verdict);
+            println!(
+                "{:<44} {:>8} {:>8.1e} {:>8.1e} {:>6.0e} {:>5} {:<4} {note}",
+                r.name, r.elems, r.rel, r.max_abs, r.limit, r.bad, verdict
+            );
         }
         let failed = self.rows.iter().filter(|r| !r.passed()).count();
         if failed == 0 {

@@ -23,7 +23,9 @@ fn rope_trig(pos: i32, inv: f64, bf16_tables: bool) -> (f32, f32) {
 /// Whether `got` is the FP8 rounding of an f32 computation whose exact value is `exact` within
 /// `tol` (either side of a rounding boundary: the kernel may contract the multiply-adds into FMAs).
 fn fp8_accepts(got: f32, exact: f64, tol: f64, scale: f32) -> bool {
-    got == fp8_scaled((exact - tol) as f32, scale) || got == fp8_scaled((exact + tol) as f32, scale) || got == fp8_scaled(exact as f32, scale)
+    got == fp8_scaled((exact - tol) as f32, scale)
+        || got == fp8_scaled((exact + tol) as f32, scale)
+        || got == fp8_scaled(exact as f32, scale)
 }
 
 struct RopeCase {
@@ -65,7 +67,8 @@ pub(crate) fn check_rope_kv(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Re
             let caches = (0..c.buffers).map(|_| s.clone_htod(&poison)).collect::<Result<Vec<_>, _>>()?;
             let bases: Vec<u64> = (0..n).map(|t| caches[buffer_of(t)].device_ptr(s).0).collect();
             let dbase = s.clone_htod(&bases)?;
-            let shape = RopeShape { n_layers: c.n_layers, heads: c.heads, kv_heads: c.kv_heads, head_dim: hd, base: c.base, flags, kv_scale };
+            let shape =
+                RopeShape { n_layers: c.n_layers, heads: c.heads, kv_heads: c.kv_heads, head_dim: hd, base: c.base, flags, kv_scale };
             dev.rope_kv(&mut dqkv.as_view_mut(), &dpos.as_view(), &dbase.as_view(), n, c.layer, &shape)?;
             let got_qkv = read(s, &dqkv)?;
             let got_caches = caches.iter().map(|b| read(s, b)).collect::<Res<Vec<_>>>()?;
@@ -109,7 +112,12 @@ pub(crate) fn check_rope_kv(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Re
             for (b, cache) in got_caches.iter().enumerate() {
                 let written: usize = (0..n)
                     .filter(|&t| buffer_of(t) == b)
-                    .map(|t| cache[off(positions[t] as usize, 0)..off(positions[t] as usize, 0) + 2 * kv_dim].iter().filter(|v| !v.is_nan()).count())
+                    .map(|t| {
+                        cache[off(positions[t] as usize, 0)..off(positions[t] as usize, 0) + 2 * kv_dim]
+                            .iter()
+                            .filter(|v| !v.is_nan())
+                            .count()
+                    })
                     .sum();
                 stray += cache.iter().filter(|v| !v.is_nan()).count() - written;
             }

@@ -47,7 +47,8 @@ pub(crate) fn check_argmax(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res
         let wrong = (0..rows).filter(|&r| got_tok[r] != want_tok[r] as i32).count();
         let want_lp: Vec<f64> = (0..rows).map(|r| log_softmax_at(&logits[r * vocab..(r + 1) * vocab], want_tok[r])).collect();
         let stray = got_tok[rows..].iter().filter(|&&t| t != -1).count();
-        let c = compare(&got_lp[..rows], &want_lp).tail(&got_lp[rows..]).flag(wrong, "wrong tokens").flag(stray, "tokens written past the end");
+        let c =
+            compare(&got_lp[..rows], &want_lp).tail(&got_lp[rows..]).flag(wrong, "wrong tokens").flag(stray, "tokens written past the end");
         rep.single(format!("argmax_logprob vocab {vocab} (ties: first)"), F32_LIMIT, c);
 
         // Advancing: the same picks, and each row's next inputs (the pick as the id, the position
@@ -60,9 +61,13 @@ pub(crate) fn check_argmax(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res
         let next = Some((&mut ids.as_view_mut(), &mut positions.as_view_mut()));
         dev.argmax_advancing(&dl.as_view(), rows, vocab, &mut tok.as_view_mut(), &mut lp.as_view_mut(), next)?;
         let (got_tok, got_lp, got_ids, got_pos) = (read(s, &tok)?, read(s, &lp)?, read(s, &ids)?, read(s, &positions)?);
-        let wrong = (0..rows).filter(|&r| got_tok[r] != want_tok[r] as i32 || got_ids[r] != got_tok[r] || got_pos[r] != start[r] + 1).count();
+        let wrong =
+            (0..rows).filter(|&r| got_tok[r] != want_tok[r] as i32 || got_ids[r] != got_tok[r] || got_pos[r] != start[r] + 1).count();
         let stray = (rows..rows + TAIL).filter(|&r| got_tok[r] != -1 || got_ids[r] != -1 || got_pos[r] != start[r]).count();
-        let c = compare(&got_lp[..rows], &want_lp).tail(&got_lp[rows..]).flag(wrong, "wrong tokens or next inputs").flag(stray, "written past the end");
+        let c = compare(&got_lp[..rows], &want_lp)
+            .tail(&got_lp[rows..])
+            .flag(wrong, "wrong tokens or next inputs")
+            .flag(stray, "written past the end");
         rep.single(format!("argmax_logprob vocab {vocab}, advancing the next step's inputs"), F32_LIMIT, c);
     }
     check_argmax_without_maximum(dev, rep)
@@ -118,7 +123,14 @@ fn kept_set(row: &[f32], t: f64, top_p: f64) -> (Vec<(usize, f64)>, f64) {
 
 /// One top_p_sample launch over the rows of `logits` (one row per entry of `temps`): tokens, logprobs
 /// and the count of outputs written past the end.
-fn top_p_launch(dev: &Device, logits: &[f32], vocab: usize, temps: &[f32], top_ps: &[f32], uniforms: &[f32]) -> Res<(Vec<i32>, Vec<f32>, usize)> {
+fn top_p_launch(
+    dev: &Device,
+    logits: &[f32],
+    vocab: usize,
+    temps: &[f32],
+    top_ps: &[f32],
+    uniforms: &[f32],
+) -> Res<(Vec<i32>, Vec<f32>, usize)> {
     let s = &dev.stream;
     let rows = temps.len();
     let (dl, dt, dp, du) = (s.clone_htod(logits)?, s.clone_htod(temps)?, s.clone_htod(top_ps)?, s.clone_htod(uniforms)?);
@@ -184,7 +196,9 @@ pub(crate) fn check_top_p(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res 
         }
         let mut row = Row::new(format!("top_p (b) t {t} top_p {top_p}: kept set of {}", kept.len()), 0.03);
         // The table's "rel err" column holds the largest |frequency - probability| here.
-        let c = Cmp { elems: rows, rel: worst_freq, ..Cmp::default() }.flag(outside, "draws outside the kept set").flag(stray, "written past the end");
+        let c = Cmp { elems: rows, rel: worst_freq, ..Cmp::default() }
+            .flag(outside, "draws outside the kept set")
+            .flag(stray, "written past the end");
         row.add(&format!("cut margin {margin:.3}, worst |freq - p| {worst_freq:.3}"), c);
         rep.rows.push(row);
         record_lp(&logits, vocab, &tokens, &lps);

@@ -17,7 +17,8 @@ const EPS: f32 = 1e-5;
 
 pub(crate) fn check_stream(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res {
     let s = &dev.stream;
-    let shapes = [(576usize, 576usize, true), (1536, 576, true), (1003, 584, true), (3072, 2048, true), (2048, 8192, true), (49152, 576, false)];
+    let shapes =
+        [(576usize, 576usize, true), (1536, 576, true), (1003, 584, true), (3072, 2048, true), (2048, 8192, true), (49152, 576, false)];
     for (rows, cols, with_f32) in shapes {
         // Gate rows then up rows (the SwiGLU layout); Store and Accumulate use the gate half.
         let w_all = rng.vec(2 * rows * cols, 1.0 / (cols as f32).sqrt());
@@ -35,7 +36,10 @@ pub(crate) fn check_stream(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res
             let single = Matrix::upload(s, &w_all[..rows * cols], rows, cols, as_bf16)?;
             let fused = Matrix::upload(s, &w_all, 2 * rows, cols, as_bf16)?;
             // refs[norm][round_x]
-            let refs = [[dots(&w_all, as_bf16, &x, false, cols, 8), dots(&w_all, as_bf16, &x, true, cols, 8)], [dots(&w_all, as_bf16, &h, false, cols, 8), dots(&w_all, as_bf16, &h, true, cols, 8)]];
+            let refs = [
+                [dots(&w_all, as_bf16, &x, false, cols, 8), dots(&w_all, as_bf16, &x, true, cols, 8)],
+                [dots(&w_all, as_bf16, &h, false, cols, 8), dots(&w_all, as_bf16, &h, true, cols, 8)],
+            ];
             let kind = if as_bf16 { "bf16" } else { "f32" };
             let mut row = Row::new(format!("gemv_stream_{kind} {rows}x{cols} n 1,3,8 x 3 modes x norm x round_x"), F32_LIMIT);
             let mut refused = Vec::new();
@@ -47,8 +51,13 @@ pub(crate) fn check_stream(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res
                         if dev.stream_plan(w, n, StreamOp::Gemv(mode), norm).is_none() {
                             // Too large for a block's shared memory: the wrapper must say so, not launch.
                             let mut y = nan_buf(s, n * rows + TAIL)?;
-                            let accepted = dev.gemv_stream(w, &dx.slice(0..n * cols), &mut y.as_view_mut(), n, mode, false, norm.then_some((&gv, EPS))).is_ok();
-                            row.add(&format!("n={n} {mode:?} norm={norm} refused"), compare(&[], &[]).flag(usize::from(accepted), "launched without a plan"));
+                            let accepted = dev
+                                .gemv_stream(w, &dx.slice(0..n * cols), &mut y.as_view_mut(), n, mode, false, norm.then_some((&gv, EPS)))
+                                .is_ok();
+                            row.add(
+                                &format!("n={n} {mode:?} norm={norm} refused"),
+                                compare(&[], &[]).flag(usize::from(accepted), "launched without a plan"),
+                            );
                             refused.push(format!("n={n} {mode:?} norm={norm}"));
                             continue;
                         }
@@ -60,13 +69,19 @@ pub(crate) fn check_stream(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res
                             dev.gemv_stream(w, &dx.slice(0..n * cols), &mut y.as_view_mut(), n, mode, round_x, norm.then_some((&gv, EPS)))?;
                             let got = read(s, &y)?;
                             let want = gemv_want(&refs[usize::from(norm)][usize::from(round_x)], &y0, rows, n, mode);
-                            row.add(&format!("n={n} {mode:?} norm={norm} round_x={round_x}"), compare(&got[..n * rows], &want).tail(&got[n * rows..]));
+                            row.add(
+                                &format!("n={n} {mode:?} norm={norm} round_x={round_x}"),
+                                compare(&got[..n * rows], &want).tail(&got[n * rows..]),
+                            );
                         }
                     }
                 }
             }
             if !refused.is_empty() {
-                rep.info.push(format!("gemv_stream_{kind} {rows}x{cols}: no plan (shared memory) for {}; refused as expected", refused.join(", ")));
+                rep.info.push(format!(
+                    "gemv_stream_{kind} {rows}x{cols}: no plan (shared memory) for {}; refused as expected",
+                    refused.join(", ")
+                ));
             }
             rep.rows.push(row);
         }
@@ -91,7 +106,10 @@ fn check_qkv_rope(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res {
         let off = |pos: usize, kind: usize| ((pos * n_layers + layer) * 2 + kind) * kv_dim;
         for as_bf16 in [true, false] {
             let w = Matrix::upload(s, &w_host, rows, cols, as_bf16)?;
-            let mut row = Row::new(format!("gemv_stream qkv+rope {} h{heads}/{kv_heads} vs rmsnorm+gemv_qkv_rope", if as_bf16 { "bf16" } else { "f32" }), F32_LIMIT);
+            let mut row = Row::new(
+                format!("gemv_stream qkv+rope {} h{heads}/{kv_heads} vs rmsnorm+gemv_qkv_rope", if as_bf16 { "bf16" } else { "f32" }),
+                F32_LIMIT,
+            );
             for n in [1usize, 3] {
                 for round_x in [false, true] {
                     // [stream, stream with the inverse-frequency table, reference] outputs: qkv rows and one cache per row.
@@ -102,23 +120,52 @@ fn check_qkv_rope(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res {
                         let bases = s.clone_htod(&caches.iter().map(|c| c.device_ptr(s).0).collect::<Vec<u64>>())?;
                         if streamed {
                             let gv = dg.as_view();
-                            dev.gemv_stream_qkv_rope(&w, &dx.slice(0..n * cols), &mut qkv.as_view_mut(), n, round_x, Some((&gv, EPS)), &positions.as_view(), &bases.as_view(), layer, &shape, table)?;
+                            dev.gemv_stream_qkv_rope(
+                                &w,
+                                &dx.slice(0..n * cols),
+                                &mut qkv.as_view_mut(),
+                                n,
+                                round_x,
+                                Some((&gv, EPS)),
+                                &positions.as_view(),
+                                &bases.as_view(),
+                                layer,
+                                &shape,
+                                table,
+                            )?;
                         } else {
                             let mut h = nan_buf(s, n * cols)?;
                             dev.rmsnorm(&dx.slice(0..n * cols), None, &dg.as_view(), &mut h.as_view_mut(), n, cols, EPS, false)?;
-                            dev.gemv_qkv_rope(&w, &h.as_view(), &mut qkv.as_view_mut(), n, round_x, &positions.as_view(), &bases.as_view(), layer, &shape)?;
+                            dev.gemv_qkv_rope(
+                                &w,
+                                &h.as_view(),
+                                &mut qkv.as_view_mut(),
+                                n,
+                                round_x,
+                                &positions.as_view(),
+                                &bases.as_view(),
+                                layer,
+                                &shape,
+                            )?;
                         }
                         outs.push((read(s, &qkv)?, caches.iter().map(|c| read(s, c)).collect::<Res<Vec<_>>>()?));
                     }
                     let ((got, got_caches), (tabled, tabled_caches), (want, want_caches)) = (&outs[0], &outs[1], &outs[2]);
                     // The table holds the values each launch would compute: the same outputs bit for bit.
-                    let differ = tabled.iter().zip(got).chain(tabled_caches.iter().flatten().zip(got_caches.iter().flatten())).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                    let differ = tabled
+                        .iter()
+                        .zip(got)
+                        .chain(tabled_caches.iter().flatten().zip(got_caches.iter().flatten()))
+                        .filter(|(a, b)| a.to_bits() != b.to_bits())
+                        .count();
                     let mut cmp = compare(&got[..n * rows], &to_f64(&want[..n * rows])).tail(&got[n * rows..]);
                     for (t, (gc, wc)) in got_caches.iter().zip(want_caches).enumerate() {
                         let pos = [5usize, 63, 17][t];
                         let span = off(pos, 0)..off(pos, 0) + 2 * kv_dim;
                         let stray = gc.iter().filter(|v| !v.is_nan()).count() - gc[span.clone()].iter().filter(|v| !v.is_nan()).count();
-                        cmp = cmp.merge(compare(&gc[span.clone()], &to_f64(&wc[span])).flag(stray, "cache values written outside the row's position"));
+                        cmp = cmp.merge(
+                            compare(&gc[span.clone()], &to_f64(&wc[span])).flag(stray, "cache values written outside the row's position"),
+                        );
                     }
                     row.add(&format!("n={n} round_x={round_x}"), cmp.flag(differ, "outputs with the inverse-frequency table differ"));
                 }

@@ -51,12 +51,40 @@ pub(crate) fn time_small(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res {
         for &splits in split_counts {
             let mut po = nan_buf(s, heads * splits * hd)?;
             let mut pml = nan_buf(s, heads * splits * 2)?;
-            let (med, min) = time_ms(dev, 50, || Ok(dev.attn_decode(&qkv.as_view(), &positions.as_view(), &bases.as_view(), 3, (&mut po.as_view_mut(), &mut pml.as_view_mut()), &mut out.as_view_mut(), 1, splits, 0, &shape)?))?;
+            let (med, min) = time_ms(dev, 50, || {
+                Ok(dev.attn_decode(
+                    &qkv.as_view(),
+                    &positions.as_view(),
+                    &bases.as_view(),
+                    3,
+                    (&mut po.as_view_mut(), &mut pml.as_view_mut()),
+                    &mut out.as_view_mut(),
+                    1,
+                    splits,
+                    0,
+                    &shape,
+                )?)
+            })?;
             lines.push(format!("attn_decode 1 row, {len} positions, {splits} splits: {:.1} us (min {:.1})", med * 1e3, min * 1e3));
         }
         for cluster in [8usize, 16].into_iter().filter(|&c| c <= dev.max_cluster) {
-            let (med, min) = time_ms(dev, 50, || Ok(dev.attn_decode_cluster(&qkv.as_view(), &positions.as_view(), &bases.as_view(), 3, &mut out.as_view_mut(), 1, cluster, &shape)?))?;
-            lines.push(format!("attn_decode_cluster 1 row, {len} positions, clusters of {cluster}: {:.1} us (min {:.1})", med * 1e3, min * 1e3));
+            let (med, min) = time_ms(dev, 50, || {
+                Ok(dev.attn_decode_cluster(
+                    &qkv.as_view(),
+                    &positions.as_view(),
+                    &bases.as_view(),
+                    3,
+                    &mut out.as_view_mut(),
+                    1,
+                    cluster,
+                    &shape,
+                )?)
+            })?;
+            lines.push(format!(
+                "attn_decode_cluster 1 row, {len} positions, clusters of {cluster}: {:.1} us (min {:.1})",
+                med * 1e3,
+                min * 1e3
+            ));
         }
     }
     let rope = RopeShape { n_layers: layers, heads, kv_heads, head_dim: hd, base: 500000.0, flags: 0, kv_scale: 1.0 };

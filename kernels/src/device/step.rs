@@ -128,7 +128,8 @@ impl Device {
         let asked = std::env::var("CTXSCOPE_CUDA_STEP_SLOTS").ok().and_then(|v| v.parse().ok()).unwrap_or(4);
         let slots = if asked >= 8 { 8 } else { 4 };
         let plan = StepPlan { slots, smem: slots * 2 * THREADS * 16 + staged };
-        let fits = plan.smem <= self.step_smem_limit && function.occupancy_max_active_blocks_per_multiprocessor(THREADS as u32, plan.smem, None).is_ok_and(|b| b >= 1);
+        let fits = plan.smem <= self.step_smem_limit
+            && function.occupancy_max_active_blocks_per_multiprocessor(THREADS as u32, plan.smem, None).is_ok_and(|b| b >= 1);
         fits.then_some(plan)
     }
 
@@ -136,11 +137,22 @@ impl Device {
     /// `layer_table`) into `io.logits` through the final norm `head_norm` and the output projection
     /// `head`, K/V stored at `io.positions[0]` of the cache at `io.kv_base[0]`; `round_x` rounds each
     /// product's input to bf16 (the fast path).
-    pub fn decode_step(&self, table: &CudaSlice<u64>, head: &Matrix, head_norm: &In, io: StepIo, shape: &StepShape, round_x: bool) -> Result<(), DeviceError> {
+    pub fn decode_step(
+        &self,
+        table: &CudaSlice<u64>,
+        head: &Matrix,
+        head_norm: &In,
+        io: StepIo,
+        shape: &StepShape,
+        round_x: bool,
+    ) -> Result<(), DeviceError> {
         let s = shape;
         let bf16 = matches!(head.data, MatrixData::Bf16(_));
         let Some(plan) = self.step_plan(s, bf16) else {
-            return Err(DeviceError::Shape { kernel: "decode_step", detail: format!("{s:?}: not a shape the step kernel takes, or its block does not fit an SM") });
+            return Err(DeviceError::Shape {
+                kernel: "decode_step",
+                detail: format!("{s:?}: not a shape the step kernel takes, or its block does not fit an SM"),
+            });
         };
         let StepIo { mut x, mut qkv, mut att, mut act, mut logits, mut part_o, mut part_ml, mut sync, positions, kv_base } = io;
         let group = s.heads / s.kv_heads;
@@ -163,10 +175,45 @@ impl Device {
         let ints = [s.n_layers as i32, s.dim as i32, s.ffn as i32, s.heads as i32, s.kv_heads as i32, s.head_dim as i32, s.vocab as i32];
         let scale = 1.0 / (s.head_dim as f32).sqrt();
         let more = [s.window as i32, s.spans as i32, i32::from(round_x), plan.slots as i32];
-        let cfg = LaunchConfig { grid_dim: (self.multiprocessors as u32, 1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: plan.smem as u32 };
+        let cfg = LaunchConfig {
+            grid_dim: (self.multiprocessors as u32, 1, 1),
+            block_dim: (THREADS as u32, 1, 1),
+            shared_mem_bytes: plan.smem as u32,
+        };
         macro_rules! step {
             ($kernel:literal, $w:expr) => {
-                launch!(self, $kernel, cfg, $w, table, head_norm, &mut x, &mut qkv, &mut att, &mut act, &mut logits, &mut part_o, &mut part_ml, &mut sync, &positions, &kv_base, &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &ints[5], &ints[6], &s.rope_base, &s.eps, &scale, &more[0], &more[1], &more[2], &more[3])
+                launch!(
+                    self,
+                    $kernel,
+                    cfg,
+                    $w,
+                    table,
+                    head_norm,
+                    &mut x,
+                    &mut qkv,
+                    &mut att,
+                    &mut act,
+                    &mut logits,
+                    &mut part_o,
+                    &mut part_ml,
+                    &mut sync,
+                    &positions,
+                    &kv_base,
+                    &ints[0],
+                    &ints[1],
+                    &ints[2],
+                    &ints[3],
+                    &ints[4],
+                    &ints[5],
+                    &ints[6],
+                    &s.rope_base,
+                    &s.eps,
+                    &scale,
+                    &more[0],
+                    &more[1],
+                    &more[2],
+                    &more[3]
+                )
             };
         }
         match &head.data {

@@ -63,13 +63,22 @@ impl StreamTuning {
         }
         let spread = var("CTXSCOPE_CUDA_STREAM_SPREAD", 1) != 0;
         let tuning = StreamTuning { blocks_per_sm: 4, lane_bytes: 128, qkv_lane_bytes: 128, spread, smem_limit, smem_per_sm };
-        Ok(tuning.with(var("CTXSCOPE_CUDA_STREAM_BLOCKS", 4), var("CTXSCOPE_CUDA_LANE_BYTES", 128), var("CTXSCOPE_CUDA_QKV_LANE_BYTES", 128)))
+        Ok(tuning.with(
+            var("CTXSCOPE_CUDA_STREAM_BLOCKS", 4),
+            var("CTXSCOPE_CUDA_LANE_BYTES", 128),
+            var("CTXSCOPE_CUDA_QKV_LANE_BYTES", 128),
+        ))
     }
 
     /// This tuning with `blocks_per_sm` (1 to 4) blocks per SM and `lane_bytes` in flight per lane
     /// (`qkv_lane_bytes` in the QKV projection), each brought to what the kernel supports.
     pub fn with(self, blocks_per_sm: usize, lane_bytes: usize, qkv_lane_bytes: usize) -> StreamTuning {
-        StreamTuning { blocks_per_sm: blocks_per_sm.clamp(1, 4), lane_bytes: supported_lane_bytes(lane_bytes), qkv_lane_bytes: supported_lane_bytes(qkv_lane_bytes), ..self }
+        StreamTuning {
+            blocks_per_sm: blocks_per_sm.clamp(1, 4),
+            lane_bytes: supported_lane_bytes(lane_bytes),
+            qkv_lane_bytes: supported_lane_bytes(qkv_lane_bytes),
+            ..self
+        }
     }
 }
 
@@ -140,7 +149,8 @@ impl Device {
         // Every block must be resident at once (each owns a share of the work): no more per SM than fit.
         let kernel = if matches!(w.data, MatrixData::Bf16(_)) { "gemv_stream_bf16" } else { "gemv_stream_f32" };
         let function = self.function(kernel);
-        let fit = |smem: usize| function.occupancy_max_active_blocks_per_multiprocessor(THREADS as u32, smem, None).ok().map(|f| f as usize);
+        let fit =
+            |smem: usize| function.occupancy_max_active_blocks_per_multiprocessor(THREADS as u32, smem, None).ok().map(|f| f as usize);
         let blocks = units.div_ceil(THREADS / 32).min(self.tuning.blocks_per_sm.min(fit(smem)?) * self.multiprocessors);
         let mut smem = smem;
         if self.tuning.spread && blocks > 0 {
@@ -161,7 +171,16 @@ impl Device {
     /// `y[t] (mode)= W x[t]` for `n` token rows, streaming W through shared memory; `norm` normalizes
     /// each x row first (as `rmsnorm`), `round_x` rounds the (normalized) input to bf16.
     #[allow(clippy::too_many_arguments)]
-    pub fn gemv_stream(&self, w: &Matrix, x: &In, y: &mut Out, n: usize, mode: GemvMode, round_x: bool, norm: Norm) -> Result<(), DeviceError> {
+    pub fn gemv_stream(
+        &self,
+        w: &Matrix,
+        x: &In,
+        y: &mut Out,
+        n: usize,
+        mode: GemvMode,
+        round_x: bool,
+        norm: Norm,
+    ) -> Result<(), DeviceError> {
         let ok = x.len() >= n * w.cols && y.len() >= n * mode.outputs(w.rows);
         check("gemv_stream", ok, || format!("{}x{} by {n} rows ({mode:?})", w.rows, w.cols))?;
         let rope = [0u64; 3];
@@ -174,9 +193,24 @@ impl Device {
     /// frequencies from `rope_table` for this shape (the same values; without it each launch computes
     /// them before its wait).
     #[allow(clippy::too_many_arguments)]
-    pub fn gemv_stream_qkv_rope(&self, w: &Matrix, x: &In, qkv: &mut Out, n: usize, round_x: bool, norm: Norm, positions: &In<i32>, kv_base: &In<u64>, layer: usize, shape: &RopeShape, inv_freq: Option<&CudaSlice<f64>>) -> Result<(), DeviceError> {
+    pub fn gemv_stream_qkv_rope(
+        &self,
+        w: &Matrix,
+        x: &In,
+        qkv: &mut Out,
+        n: usize,
+        round_x: bool,
+        norm: Norm,
+        positions: &In<i32>,
+        kv_base: &In<u64>,
+        layer: usize,
+        shape: &RopeShape,
+        inv_freq: Option<&CudaSlice<f64>>,
+    ) -> Result<(), DeviceError> {
         let ints = qkv_rope_args("gemv_stream_qkv_rope", w, x, qkv, n, positions, kv_base, layer, shape)?;
-        check("gemv_stream_qkv_rope", inv_freq.is_none_or(|t| t.len() >= shape.head_dim / 2), || format!("an inverse-frequency table shorter than {}", shape.head_dim / 2))?;
+        check("gemv_stream_qkv_rope", inv_freq.is_none_or(|t| t.len() >= shape.head_dim / 2), || {
+            format!("an inverse-frequency table shorter than {}", shape.head_dim / 2)
+        })?;
         let rope = [positions.bits(&self.stream), kv_base.bits(&self.stream), inv_freq.map_or(0, |t| t.bits(&self.stream))];
         self.stream_launch(w, x, qkv, n, StreamOp::QkvRope, round_x, norm, rope, ints, shape.base)
     }
@@ -185,10 +219,28 @@ impl Device {
     /// addresses; 0 where unused), `ints` and `base` its layer, layers, q and KV widths, head size and
     /// RoPE base.
     #[allow(clippy::too_many_arguments)]
-    fn stream_launch(&self, w: &Matrix, x: &In, y: &mut Out, n: usize, op: StreamOp, round_x: bool, norm: Norm, rope: [u64; 3], ints: [i32; 5], base: f32) -> Result<(), DeviceError> {
+    fn stream_launch(
+        &self,
+        w: &Matrix,
+        x: &In,
+        y: &mut Out,
+        n: usize,
+        op: StreamOp,
+        round_x: bool,
+        norm: Norm,
+        rope: [u64; 3],
+        ints: [i32; 5],
+        base: f32,
+    ) -> Result<(), DeviceError> {
         let mode = op.mode();
         let Some(plan) = self.stream_plan(w, n, op, norm.is_some()) else {
-            return Err(DeviceError::Shape { kernel: "gemv_stream", detail: format!("{}x{} by {n} rows (mode {mode}): not a streamable shape, or its ring and input rows exceed a block's shared memory", w.rows, w.cols) });
+            return Err(DeviceError::Shape {
+                kernel: "gemv_stream",
+                detail: format!(
+                    "{}x{} by {n} rows (mode {mode}): not a streamable shape, or its ring and input rows exceed a block's shared memory",
+                    w.rows, w.cols
+                ),
+            });
         };
         if let Some((g, _)) = norm {
             check("gemv_stream", g.len() == w.cols, || format!("norm weight of {} for {} columns", g.len(), w.cols))?;
@@ -198,11 +250,60 @@ impl Device {
             None => (0u64, 0.0),
         };
         let args = [plan.units as i32, w.cols as i32, n as i32, mode, i32::from(round_x), plan.lane_bytes as i32];
-        let cfg = LaunchConfig { grid_dim: (plan.blocks as u32, 1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: plan.smem as u32 };
+        let cfg =
+            LaunchConfig { grid_dim: (plan.blocks as u32, 1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: plan.smem as u32 };
         let (positions, kv_base, inv_freq) = (&rope[0], &rope[1], &rope[2]);
         match &w.data {
-            MatrixData::Bf16(m) => launch!(self, "gemv_stream_bf16", cfg, m, x, y, &norm_w, &eps, &args[0], &args[1], &args[2], &args[3], &args[4], &args[5], positions, kv_base, &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &base, inv_freq),
-            MatrixData::F32(m) => launch!(self, "gemv_stream_f32", cfg, m, x, y, &norm_w, &eps, &args[0], &args[1], &args[2], &args[3], &args[4], &args[5], positions, kv_base, &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &base, inv_freq),
+            MatrixData::Bf16(m) => launch!(
+                self,
+                "gemv_stream_bf16",
+                cfg,
+                m,
+                x,
+                y,
+                &norm_w,
+                &eps,
+                &args[0],
+                &args[1],
+                &args[2],
+                &args[3],
+                &args[4],
+                &args[5],
+                positions,
+                kv_base,
+                &ints[0],
+                &ints[1],
+                &ints[2],
+                &ints[3],
+                &ints[4],
+                &base,
+                inv_freq
+            ),
+            MatrixData::F32(m) => launch!(
+                self,
+                "gemv_stream_f32",
+                cfg,
+                m,
+                x,
+                y,
+                &norm_w,
+                &eps,
+                &args[0],
+                &args[1],
+                &args[2],
+                &args[3],
+                &args[4],
+                &args[5],
+                positions,
+                kv_base,
+                &ints[0],
+                &ints[1],
+                &ints[2],
+                &ints[3],
+                &ints[4],
+                &base,
+                inv_freq
+            ),
         }
     }
 }

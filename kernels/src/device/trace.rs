@@ -131,7 +131,13 @@ fn decode(host: &[u64], capacity: usize) -> (Vec<Record>, usize) {
     let records = (0..kept)
         .map(|i| (host[2 + 2 * i], host[3 + 2 * i]))
         .filter(|&(_, tag)| tag != 0)
-        .map(|(ns, tag)| Record { ns, kind: (tag >> 56) as u8, event: ((tag >> 48) & 0xff) as u8, blocks: ((tag >> 24) & 0xff_ffff) as u32, block: (tag & 0xff_ffff) as u32 })
+        .map(|(ns, tag)| Record {
+            ns,
+            kind: (tag >> 56) as u8,
+            event: ((tag >> 48) & 0xff) as u8,
+            blocks: ((tag >> 24) & 0xff_ffff) as u32,
+            block: (tag & 0xff_ffff) as u32,
+        })
         .collect();
     (records, reserved - kept)
 }
@@ -272,7 +278,9 @@ mod tests {
         let mut host = vec![0u64; 2 + 2 * 12];
         host[0] = 18;
         host[1] = 12;
-        for (slot, ns, t) in [(0, 100, tag(17, 0, 8, 3)), (3, 400, tag(17, 3, 8, 3)), (6, 150, tag(3, 0, 128, 0)), (10, 900, tag(3, 4, 128, 0))] {
+        for (slot, ns, t) in
+            [(0, 100, tag(17, 0, 8, 3)), (3, 400, tag(17, 3, 8, 3)), (6, 150, tag(3, 0, 128, 0)), (10, 900, tag(3, 4, 128, 0))]
+        {
             host[2 + 2 * slot] = ns;
             host[3 + 2 * slot] = t;
         }
@@ -292,11 +300,19 @@ mod tests {
         }
         let l = launches(&r);
         assert_eq!(l.iter().map(|l| l.kind).collect::<Vec<_>>(), vec![17, 18, 17]);
-        assert!(l.iter().all(|l| l.marks.len() == 2 && l.marks.values().all(|m| m[..4].iter().all(Option::is_some) && m[4..].iter().all(Option::is_none))));
+        assert!(l
+            .iter()
+            .all(|l| l.marks.len() == 2
+                && l.marks.values().all(|m| m[..4].iter().all(Option::is_some) && m[4..].iter().all(Option::is_none))));
         assert_eq!((l[0].last(), l[1].first(), l[2].last()), (100, 90, 300));
         let lines = summary(&l);
         // B started 10 ns before A's end: a negative gap; released 1 ns after it.
-        assert!(lines[0].starts_with("stream swiglu after stream accumulate ") && lines[0].contains("gap  -0.01") && lines[0].contains("release   0.00"), "{lines:?}");
+        assert!(
+            lines[0].starts_with("stream swiglu after stream accumulate ")
+                && lines[0].contains("gap  -0.01")
+                && lines[0].contains("release   0.00"),
+            "{lines:?}"
+        );
         assert!(lines[1].starts_with("stream accumulate after stream swiglu ") && lines[1].contains("x1 "), "{lines:?}");
         assert!(lines.last().unwrap().contains("3 launches traced, first start to last mark 0.3 us"), "{lines:?}");
         assert!(!lines[0].contains("ready"), "no milestones marked: none reported: {lines:?}");
@@ -313,6 +329,9 @@ mod tests {
             r.extend([rec(6000, 3, 5, 2, b), rec(7000, 3, 2, 2, b), rec(8000, 3, 3, 2, b)]);
         }
         let lines = summary(&launches(&r));
-        assert!(lines[0].starts_with("attn_cluster after stream qkv+rope") && lines[0].contains("ready  2.00  attended  2.50"), "{lines:?}");
+        assert!(
+            lines[0].starts_with("attn_cluster after stream qkv+rope") && lines[0].contains("ready  2.00  attended  2.50"),
+            "{lines:?}"
+        );
     }
 }

@@ -246,10 +246,8 @@ impl Summary {
         let ns = |d: Duration| d.as_nanos() as u64;
         let scheduled = runs.iter().map(|r| r.scheduled).sum();
         let ok = samples().filter(|s| s.ok).count();
-        let window: f64 = runs
-            .iter()
-            .filter_map(|r| r.samples.iter().map(|s| s.done).max().map(|end| end.duration_since(r.start).as_secs_f64()))
-            .sum();
+        let window: f64 =
+            runs.iter().filter_map(|r| r.samples.iter().map(|s| s.done).max().map(|end| end.duration_since(r.start).as_secs_f64())).sum();
         let lags: Vec<u64> = samples().filter_map(|s| s.sent.map(|t| ns(t.saturating_duration_since(s.scheduled)))).collect();
         let ok_samples = || samples().filter(|s| s.ok);
         let chunks: Vec<u64> = ok_samples().flat_map(|s| s.chunk_delays_ns.iter().copied()).collect();
@@ -261,7 +259,9 @@ impl Summary {
             late: lags.iter().filter(|&&lag| lag > ns(LATE)).count(),
             lag: Percentiles::of(&lags),
             exhausted: runs.iter().map(|r| r.exhausted).sum(),
-            ttfb: Percentiles::of(&ok_samples().filter_map(|s| s.first_chunk.map(|t| ns(t.saturating_duration_since(s.scheduled)))).collect::<Vec<_>>()),
+            ttfb: Percentiles::of(
+                &ok_samples().filter_map(|s| s.first_chunk.map(|t| ns(t.saturating_duration_since(s.scheduled)))).collect::<Vec<_>>(),
+            ),
             chunk: Percentiles::of(&chunks),
             span: Percentiles::of(
                 &ok_samples().filter_map(|s| Some(ns(s.last_chunk?.saturating_duration_since(s.first_chunk?)))).collect::<Vec<_>>(),

@@ -22,13 +22,7 @@ impl Percentiles {
             let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
             sorted[rank - 1] as f64 / 1000.0
         };
-        Percentiles {
-            p50: at(0.50),
-            p90: at(0.90),
-            p99: at(0.99),
-            p999: at(0.999),
-            max: sorted[sorted.len() - 1] as f64 / 1000.0,
-        }
+        Percentiles { p50: at(0.50), p90: at(0.90), p99: at(0.99), p999: at(0.999), max: sorted[sorted.len() - 1] as f64 / 1000.0 }
     }
 
     /// The five columns `p50 | p90 | p99 | p99.9 | max` in µs.

@@ -80,8 +80,8 @@ impl Upstream {
 /// Deterministic text of about `len` characters, different for each seed (conversation messages).
 pub fn text(seed: u64, len: usize) -> String {
     const WORDS: [&str; 16] = [
-        "context", "window", "token", "prompt", "cache", "engine", "reply", "history", "model", "stream", "turn",
-        "system", "user", "answer", "question", "detail",
+        "context", "window", "token", "prompt", "cache", "engine", "reply", "history", "model", "stream", "turn", "system", "user",
+        "answer", "question", "detail",
     ];
     let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
     let mut out = format!("#{seed}");

@@ -94,7 +94,9 @@ impl WebhookConfig {
     }
 
     fn target(&self) -> Result<Uri, WebhookError> {
-        for (name, value) in [("max_in_flight", self.max_in_flight), ("queue", self.queue), ("max_per_minute", self.max_per_minute as usize)] {
+        for (name, value) in
+            [("max_in_flight", self.max_in_flight), ("queue", self.queue), ("max_per_minute", self.max_per_minute as usize)]
+        {
             if value == 0 {
                 return Err(WebhookError::Zero(name));
             }

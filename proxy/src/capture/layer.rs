@@ -164,7 +164,12 @@ fn is_stream(headers: &http::HeaderMap) -> bool {
 
 /// Reads the whole response through the tee (which hands the exchange to capture), waits up to `wait`
 /// for the findings it raised, and answers the same bytes with `x-ctxscope-findings` when there are any.
-async fn with_findings(mut parts: http::response::Parts, body: ProxyBody, mut guard: ExchangeGuard, wait: std::time::Duration) -> Response<ProxyBody> {
+async fn with_findings(
+    mut parts: http::response::Parts,
+    body: ProxyBody,
+    mut guard: ExchangeGuard,
+    wait: std::time::Duration,
+) -> Response<ProxyBody> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     if let Some(ex) = guard.get() {
         ex.findings_reply = Some(tx);
@@ -190,9 +195,8 @@ async fn with_findings(mut parts: http::response::Parts, body: ProxyBody, mut gu
 
 fn oversized(request: &Request<ProxyBody>, max: u64) -> Option<String> {
     let length = request.headers().get(header::CONTENT_LENGTH)?.to_str().ok()?.parse::<u64>().ok()?;
-    (max > 0 && length > max).then(|| {
-        format!("ctxscope: request body of {length} bytes exceeds the proxy's limit of {max} bytes (--max-request-bytes)")
-    })
+    (max > 0 && length > max)
+        .then(|| format!("ctxscope: request body of {length} bytes exceeds the proxy's limit of {max} bytes (--max-request-bytes)"))
 }
 
 fn conversation_name(headers: &http::HeaderMap, session: Option<&http::HeaderName>) -> Option<String> {

@@ -5,19 +5,19 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ctxscope_store::{
-    chain_next, message_hash, to_hex, ConversationRecord, Endpoint, FindingRecord, Hash, IdSpace, PrefixEntry, ResponsesInfo, RetentionPolicy, Store,
-    StoreError, Timing, TurnRecord, ZERO_HASH,
+    chain_next, message_hash, to_hex, ConversationRecord, Endpoint, FindingRecord, Hash, IdSpace, PrefixEntry, ResponsesInfo,
+    RetentionPolicy, Store, StoreError, Timing, TurnRecord, ZERO_HASH,
 };
 
 use super::exchange::{Exchange, Outcome};
-use crate::alert::AlertSink;
-use crate::detect::{DetectConfig, Detectors, Draft, Observation};
 use super::hashes::MessageHashes;
 use super::queue::Sink;
 use super::responses::{self, Chained};
 use super::thread::{self, Decision};
 use super::tokens::{Counted, TokenCache};
 use super::upstream_count::{Prompt, UpstreamCounter};
+use crate::alert::AlertSink;
+use crate::detect::{DetectConfig, Detectors, Draft, Observation};
 use crate::metrics::{self as m, DropReason};
 use crate::parse::{self, ParseError, ParsedResponse};
 
@@ -89,7 +89,20 @@ impl Pipeline {
     pub fn new(store: Store, upstream: String, tokens: Option<TokenCache>, retention: RetentionPolicy) -> Pipeline {
         let detectors = Detectors::new(DetectConfig::default());
         let warnings = Throttle { last: None, suppressed: 0 };
-        Pipeline { store, upstream, tokens, upstream_counter: None, retention, warnings, hashes: MessageHashes::default(), detectors, sinks: Vec::new(), fingerprints: None, health: None, checkpointed: Instant::now() }
+        Pipeline {
+            store,
+            upstream,
+            tokens,
+            upstream_counter: None,
+            retention,
+            warnings,
+            hashes: MessageHashes::default(),
+            detectors,
+            sinks: Vec::new(),
+            fingerprints: None,
+            health: None,
+            checkpointed: Instant::now(),
+        }
     }
 
     /// Counts prompts through the upstream (used when no local tokenizer is configured).

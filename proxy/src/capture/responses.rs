@@ -2,10 +2,7 @@
 //! expanded from the store (the parent turn's messages, less its own `instructions`, and its reply),
 //! and threading such a turn to its parent exactly. A parent the proxy never saw is marked, not guessed.
 
-use ctxscope_store::{
-    from_hex, to_hex, BaseRef, BranchRef, Hash, Relation, ResponsesInfo, Store, StoreError,
-    TurnRecord,
-};
+use ctxscope_store::{from_hex, to_hex, BaseRef, BranchRef, Hash, Relation, ResponsesInfo, Store, StoreError, TurnRecord};
 use serde_json::Value;
 
 use super::thread::Decision;
@@ -18,10 +15,7 @@ pub struct Chained {
 }
 
 /// The turn that produced `response_id` and the messages a response chained to it stands on.
-pub fn parent_context(
-    store: &Store,
-    response_id: &str,
-) -> Result<Option<(TurnRecord, Vec<Value>)>, StoreError> {
+pub fn parent_context(store: &Store, response_id: &str) -> Result<Option<(TurnRecord, Vec<Value>)>, StoreError> {
     let Some(turn) = store.turn_by_response_id(response_id)? else {
         return Ok(None);
     };
@@ -29,26 +23,15 @@ pub fn parent_context(
     let skip = usize::from(turn.responses.as_ref().is_some_and(|r| r.instructions));
     let mut context = Vec::with_capacity(hashes.len() + 1);
     for hex in hashes.iter().skip(skip).chain(turn.reply.iter()) {
-        let message = from_hex(hex)
-            .map(|hash| store.message(&hash))
-            .transpose()?
-            .flatten();
-        context.push(
-            message.ok_or_else(|| {
-                StoreError::NotFound(format!("message {hex} of turn {}", turn.id))
-            })?,
-        );
+        let message = from_hex(hex).map(|hash| store.message(&hash)).transpose()?.flatten();
+        context.push(message.ok_or_else(|| StoreError::NotFound(format!("message {hex} of turn {}", turn.id)))?);
     }
     Ok(Some((turn, context)))
 }
 
 /// Puts the chain named by `previous_response_id` ahead of the request's own input (after its
 /// instructions); `None` for requests of other APIs.
-pub fn expand(
-    store: &Store,
-    request: &mut ParsedRequest,
-    notes: &mut Vec<String>,
-) -> Result<Option<Chained>, StoreError> {
+pub fn expand(store: &Store, request: &mut ParsedRequest, notes: &mut Vec<String>) -> Result<Option<Chained>, StoreError> {
     let Some(sent) = &request.responses else {
         return Ok(None);
     };
@@ -70,10 +53,7 @@ pub fn expand(
             info.parent_turn = Some(parent.id);
             info.chain_messages = context.len() as u32;
             request.messages.splice(at..at, context);
-            Ok(Some(Chained {
-                info,
-                parent: Some(parent),
-            }))
+            Ok(Some(Chained { info, parent: Some(parent) }))
         }
         None => {
             info.parent_unknown = true;
@@ -88,59 +68,27 @@ pub fn expand(
 /// retry), and otherwise branches from the parent (a fork of an earlier response).
 pub fn decide(store: &Store, parent: &TurnRecord, chain: &[Hash]) -> Result<Decision, StoreError> {
     let k = parent.message_count as usize;
-    let carries_parent =
-        chain.len() > k && parent.tail.as_deref() == Some(to_hex(&chain[k]).as_str());
-    let base = carries_parent.then_some(BaseRef {
-        turn: parent.id,
-        len: k as u32 + 1,
-    });
+    let carries_parent = chain.len() > k && parent.tail.as_deref() == Some(to_hex(&chain[k]).as_str());
+    let base = carries_parent.then_some(BaseRef { turn: parent.id, len: k as u32 + 1 });
     let head = chain.last().map(to_hex).unwrap_or_default();
     match store.conversation(parent.conversation)? {
-        Some(c) if c.last_turn == parent.id => Ok(Decision {
-            conversation: Some(c),
-            relation: Relation::Extend {
-                parent_turn: parent.id,
-            },
-            base,
-            branch_of: None,
-        }),
+        Some(c) if c.last_turn == parent.id => {
+            Ok(Decision { conversation: Some(c), relation: Relation::Extend { parent_turn: parent.id }, base, branch_of: None })
+        }
         Some(c) if c.last_head == head => {
             let relation = Relation::Regenerate { turn: c.last_turn };
-            Ok(Decision {
-                conversation: Some(c),
-                relation,
-                base,
-                branch_of: None,
-            })
+            Ok(Decision { conversation: Some(c), relation, base, branch_of: None })
         }
         _ => {
             let shared_messages = base.map_or(0, |b| b.len);
-            let branch = BranchRef {
-                conversation: parent.conversation,
-                turn: parent.id,
-                shared_messages,
-            };
-            let relation = Relation::Branch {
-                conversation: parent.conversation,
-                turn: parent.id,
-                shared_messages,
-            };
-            Ok(Decision {
-                conversation: None,
-                relation,
-                base,
-                branch_of: Some(branch),
-            })
+            let branch = BranchRef { conversation: parent.conversation, turn: parent.id, shared_messages };
+            let relation = Relation::Branch { conversation: parent.conversation, turn: parent.id, shared_messages };
+            Ok(Decision { conversation: None, relation, base, branch_of: Some(branch) })
         }
     }
 }
 
 /// A request whose parent is unknown starts a conversation of its own.
 pub fn unknown_parent() -> Decision {
-    Decision {
-        conversation: None,
-        relation: Relation::New,
-        base: None,
-        branch_of: None,
-    }
+    Decision { conversation: None, relation: Relation::New, base: None, branch_of: None }
 }

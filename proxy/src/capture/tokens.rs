@@ -60,7 +60,11 @@ impl TokenCache {
             ids.extend(self.counter.tokenizer().encode(prompt, true));
             let n = ids.len() as u32;
             let segment_ends = vec![ids.len()];
-            return Some(Counted { local: LocalTokens { prompt: n as u64, new_messages: vec![n], tokenizer: self.name.clone() }, ids, segment_ends });
+            return Some(Counted {
+                local: LocalTokens { prompt: n as u64, new_messages: vec![n], tokenizer: self.name.clone() },
+                ids,
+                segment_ends,
+            });
         }
         if self.cached_tokens > MAX_CACHED_TOKENS {
             self.segments.clear();
@@ -108,7 +112,11 @@ impl TokenCache {
         if self.counter.bos_tokens() > 0 && ids.first().copied() != bos {
             ids.splice(0..0, bos);
         }
-        Some(Counted { local: LocalTokens { prompt: ids.len() as u64, new_messages: Vec::new(), tokenizer: self.name.clone() }, ids, segment_ends: Vec::new() })
+        Some(Counted {
+            local: LocalTokens { prompt: ids.len() as u64, new_messages: Vec::new(), tokenizer: self.name.clone() },
+            ids,
+            segment_ends: Vec::new(),
+        })
     }
 }
 
@@ -133,7 +141,13 @@ mod tests {
 
     fn chain(messages: &[Value]) -> Vec<Hash> {
         let mut h = ZERO_HASH;
-        messages.iter().map(|m| { h = chain_next(&h, &message_hash(m).0); h }).collect()
+        messages
+            .iter()
+            .map(|m| {
+                h = chain_next(&h, &message_hash(m).0);
+                h
+            })
+            .collect()
     }
 
     #[test]

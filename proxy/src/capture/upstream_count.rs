@@ -70,11 +70,7 @@ pub enum CountError {
     #[error("upstream count call {path} failed: {detail}")]
     Transport { path: &'static str, detail: String },
     #[error("upstream answered {path} with HTTP {status}: {body}")]
-    Status {
-        path: &'static str,
-        status: u16,
-        body: String,
-    },
+    Status { path: &'static str, status: u16, body: String },
     #[error("upstream answer to {path} is not the expected shape: {detail}")]
     Shape { path: &'static str, detail: String },
     #[error("the upstream offers no endpoint that counts this prompt: {0}")]
@@ -128,11 +124,7 @@ pub struct CountSettings {
 
 impl Default for CountSettings {
     fn default() -> CountSettings {
-        CountSettings {
-            timeout: Duration::from_secs(5),
-            cache_entries: 4096,
-            cache_tokens: 8 << 20,
-        }
+        CountSettings { timeout: Duration::from_secs(5), cache_entries: 4096, cache_tokens: 8 << 20 }
     }
 }
 
@@ -165,9 +157,7 @@ impl UpstreamCounter {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(settings.timeout));
         connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build(connector);
+        let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector);
         UpstreamCounter {
             upstream,
             settings,
@@ -191,21 +181,15 @@ impl UpstreamCounter {
 
     /// Counts one prompt; a failure is counted in `ctxscope_upstream_count_failures_total{reason}`
     /// and leaves the turn uncounted.
-    pub fn count(
-        &mut self,
-        prompt: &Prompt<'_>,
-        authorization: Option<&HeaderValue>,
-    ) -> Option<UpstreamCount> {
+    pub fn count(&mut self, prompt: &Prompt<'_>, authorization: Option<&HeaderValue>) -> Option<UpstreamCount> {
         let started = Instant::now();
         match self.try_count(prompt, authorization) {
             Ok(count) => {
-                metrics::histogram!(m::UPSTREAM_COUNT_SECONDS)
-                    .record(started.elapsed().as_secs_f64());
+                metrics::histogram!(m::UPSTREAM_COUNT_SECONDS).record(started.elapsed().as_secs_f64());
                 Some(count)
             }
             Err(error) => {
-                metrics::counter!(m::UPSTREAM_COUNT_FAILURES_TOTAL, "reason" => error.reason())
-                    .increment(1);
+                metrics::counter!(m::UPSTREAM_COUNT_FAILURES_TOTAL, "reason" => error.reason()).increment(1);
                 tracing::debug!(%error, "upstream token count failed; turn left uncounted");
                 None
             }
@@ -213,11 +197,7 @@ impl UpstreamCounter {
     }
 
     /// Counts one prompt (cached answers first), probing the upstream when it is not known yet.
-    pub fn try_count(
-        &mut self,
-        prompt: &Prompt<'_>,
-        authorization: Option<&HeaderValue>,
-    ) -> Result<UpstreamCount, CountError> {
+    pub fn try_count(&mut self, prompt: &Prompt<'_>, authorization: Option<&HeaderValue>) -> Result<UpstreamCount, CountError> {
         // Every chat-shaped endpoint (Anthropic messages, Ollama's chat, Responses input items) is
         // parsed into OpenAI-style messages, which the engines' chat templates take as they are.
         if let Some(cached) = self.flavour.and_then(|f| self.cache.get(&prompt.key(f))) {
@@ -245,9 +225,7 @@ impl UpstreamCounter {
             Err(error) => {
                 if error.upstream_down() || self.flavour.is_none() {
                     self.flavour = None;
-                    let backoff = BACKOFF_FIRST
-                        .saturating_mul(1 << self.failures.min(16))
-                        .min(BACKOFF_MAX);
+                    let backoff = BACKOFF_FIRST.saturating_mul(1 << self.failures.min(16)).min(BACKOFF_MAX);
                     self.failures += 1;
                     self.retry_at = Some(Instant::now() + backoff);
                 }
@@ -257,50 +235,28 @@ impl UpstreamCounter {
     }
 
     /// Finds which engine answers: `owned_by` in `GET /v1/models`, else whichever endpoint works.
-    fn probe(
-        &mut self,
-        authorization: Option<&HeaderValue>,
-        deadline: Instant,
-    ) -> Result<Flavour, CountError> {
+    fn probe(&mut self, authorization: Option<&HeaderValue>, deadline: Instant) -> Result<Flavour, CountError> {
         let models = self.call(Method::GET, "/v1/models", None, authorization, deadline)?;
-        let first = models
-            .get("data")
-            .and_then(Value::as_array)
-            .and_then(|d| d.first());
-        self.served_model = first
-            .and_then(|m| m.get("id"))
-            .and_then(Value::as_str)
-            .map(str::to_string);
-        let owner = first
-            .and_then(|m| m.get("owned_by"))
-            .and_then(Value::as_str)
-            .unwrap_or("");
+        let first = models.get("data").and_then(Value::as_array).and_then(|d| d.first());
+        self.served_model = first.and_then(|m| m.get("id")).and_then(Value::as_str).map(str::to_string);
+        let owner = first.and_then(|m| m.get("owned_by")).and_then(Value::as_str).unwrap_or("");
         let flavour = match Flavour::from_owner(owner) {
             Some(f) => f,
             None => {
                 let probe = json!({"messages": [{"role": "user", "content": "hi"}]});
-                let template = self.call(
-                    Method::POST,
-                    "/apply-template",
-                    Some(&probe),
-                    authorization,
-                    deadline,
-                );
+                let template = self.call(Method::POST, "/apply-template", Some(&probe), authorization, deadline);
                 if template.is_ok_and(|v| v.get("prompt").is_some_and(Value::is_string)) {
                     Flavour::LlamaCpp
                 } else {
                     let body = json!({"model": self.served_model, "messages": probe["messages"], "add_generation_prompt": true});
-                    let tokenized = self.call(
-                        Method::POST,
-                        "/tokenize",
-                        Some(&body),
-                        authorization,
-                        deadline,
-                    );
+                    let tokenized = self.call(Method::POST, "/tokenize", Some(&body), authorization, deadline);
                     if tokenized.is_ok_and(|v| v.get("count").is_some()) {
                         Flavour::Vllm
                     } else {
-                        return Err(CountError::Unsupported(format!("{} (owned_by {owner:?}) has neither /apply-template nor a chat /tokenize", self.upstream.display)));
+                        return Err(CountError::Unsupported(format!(
+                            "{} (owned_by {owner:?}) has neither /apply-template nor a chat /tokenize",
+                            self.upstream.display
+                        )));
                     }
                 }
             }
@@ -317,10 +273,7 @@ impl UpstreamCounter {
         authorization: Option<&HeaderValue>,
         deadline: Instant,
     ) -> Result<UpstreamCount, CountError> {
-        let model = prompt
-            .model
-            .map(str::to_string)
-            .or_else(|| self.served_model.clone());
+        let model = prompt.model.map(str::to_string).or_else(|| self.served_model.clone());
         let chat = prompt.endpoint != Endpoint::Completions;
         let answer = match (flavour, chat) {
             (Flavour::LlamaCpp | Flavour::Ctxscope, true) => {
@@ -328,23 +281,13 @@ impl UpstreamCounter {
                 if let Some(tools) = prompt.tools() {
                     body["tools"] = tools;
                 }
-                let rendered = self.call(
-                    Method::POST,
-                    "/apply-template",
-                    Some(&body),
-                    authorization,
-                    deadline,
-                )?;
-                let text = rendered
-                    .get("prompt")
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| shape("/apply-template", "no `prompt` string"))?;
+                let rendered = self.call(Method::POST, "/apply-template", Some(&body), authorization, deadline)?;
+                let text = rendered.get("prompt").and_then(Value::as_str).ok_or_else(|| shape("/apply-template", "no `prompt` string"))?;
                 let body = json!({"content": text, "add_special": true, "parse_special": true});
                 self.post("/tokenize", &body, authorization, deadline)?
             }
             (Flavour::LlamaCpp | Flavour::Ctxscope, _) => {
-                let body =
-                    json!({"content": prompt.text()?, "add_special": true, "parse_special": true});
+                let body = json!({"content": prompt.text()?, "add_special": true, "parse_special": true});
                 self.post("/tokenize", &body, authorization, deadline)?
             }
             (Flavour::Vllm, true) => {
@@ -359,23 +302,11 @@ impl UpstreamCounter {
                 self.post("/tokenize", &body, authorization, deadline)?
             }
             (Flavour::Sglang, true) => {
-                return Err(CountError::Unsupported(
-                    "SGLang's /v1/tokenize takes text only; chat prompts need --tokenizer".into(),
-                ))
+                return Err(CountError::Unsupported("SGLang's /v1/tokenize takes text only; chat prompts need --tokenizer".into()))
             }
             (Flavour::Sglang, _) => {
-                let body =
-                    json!({"model": model, "prompt": prompt.text()?, "add_special_tokens": true});
-                (
-                    "/v1/tokenize",
-                    self.call(
-                        Method::POST,
-                        "/v1/tokenize",
-                        Some(&body),
-                        authorization,
-                        deadline,
-                    )?,
-                )
+                let body = json!({"model": model, "prompt": prompt.text()?, "add_special_tokens": true});
+                ("/v1/tokenize", self.call(Method::POST, "/v1/tokenize", Some(&body), authorization, deadline)?)
             }
         };
         let (path, answer) = answer;
@@ -394,11 +325,7 @@ impl UpstreamCounter {
             (None, Some(ids)) => ids.len() as u64,
             (None, None) => return Err(shape(path, "neither `count` nor `tokens`")),
         };
-        let local = LocalTokens {
-            prompt: count,
-            new_messages: Vec::new(),
-            tokenizer: flavour.method().to_string(),
-        };
+        let local = LocalTokens { prompt: count, new_messages: Vec::new(), tokenizer: flavour.method().to_string() };
         Ok(UpstreamCount { local, ids })
     }
 
@@ -424,22 +351,10 @@ impl UpstreamCounter {
     ) -> Result<Value, CountError> {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(CountError::Timeout {
-                path,
-                after: self.settings.timeout,
-            });
+            return Err(CountError::Timeout { path, after: self.settings.timeout });
         }
-        let uri = self
-            .upstream
-            .uri_for(path)
-            .map_err(|e| CountError::Transport {
-                path,
-                detail: e.to_string(),
-            })?;
-        let mut request = http::Request::builder()
-            .method(method)
-            .uri(uri)
-            .header(header::ACCEPT, "application/json");
+        let uri = self.upstream.uri_for(path).map_err(|e| CountError::Transport { path, detail: e.to_string() })?;
+        let mut request = http::Request::builder().method(method).uri(uri).header(header::ACCEPT, "application/json");
         // The upstream URL's own credentials win over the client's key, as on forwarded requests.
         if let Some(auth) = self.upstream.credentials.as_ref().or(authorization) {
             request = request.header(header::AUTHORIZATION, auth.clone());
@@ -451,56 +366,30 @@ impl UpstreamCounter {
             }
             None => Bytes::new(),
         };
-        let request = request
-            .body(Full::new(bytes))
-            .map_err(|e| CountError::Transport {
-                path,
-                detail: e.to_string(),
-            })?;
+        let request = request.body(Full::new(bytes)).map_err(|e| CountError::Transport { path, detail: e.to_string() })?;
         if self.runtime.is_none() {
-            let built = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build();
-            self.runtime = Some(built.map_err(|e| CountError::Transport {
-                path,
-                detail: format!("cannot start a runtime: {e}"),
-            })?);
+            let built = tokio::runtime::Builder::new_current_thread().enable_all().build();
+            self.runtime = Some(built.map_err(|e| CountError::Transport { path, detail: format!("cannot start a runtime: {e}") })?);
         }
         self.calls += 1;
         let client = self.client.clone();
         let runtime = self.runtime.as_ref().expect("made above");
         let exchange = async move {
-            let response = client
-                .request(request)
-                .await
-                .map_err(|e| CountError::Transport {
-                    path,
-                    detail: e.to_string(),
-                })?;
+            let response = client.request(request).await.map_err(|e| CountError::Transport { path, detail: e.to_string() })?;
             let status = response.status().as_u16();
             let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
                 .collect()
                 .await
-                .map_err(|e| CountError::Transport {
-                    path,
-                    detail: format!("reading the answer: {e}"),
-                })?
+                .map_err(|e| CountError::Transport { path, detail: format!("reading the answer: {e}") })?
                 .to_bytes();
             Ok::<_, CountError>((status, body))
         };
         let (status, body) = runtime
             .block_on(async { tokio::time::timeout(left, exchange).await })
-            .map_err(|_| CountError::Timeout {
-                path,
-                after: self.settings.timeout,
-            })??;
+            .map_err(|_| CountError::Timeout { path, after: self.settings.timeout })??;
         if !(200..300).contains(&status) {
             let text: String = String::from_utf8_lossy(&body).chars().take(200).collect();
-            return Err(CountError::Status {
-                path,
-                status,
-                body: text,
-            });
+            return Err(CountError::Status { path, status, body: text });
         }
         serde_json::from_slice(&body).map_err(|e| shape(path, &format!("not JSON: {e}")))
     }
@@ -511,9 +400,7 @@ impl UpstreamCounter {
             self.order.push_back(key);
             self.cached_tokens += tokens;
         }
-        while self.order.len() > self.settings.cache_entries
-            || self.cached_tokens > self.settings.cache_tokens
-        {
+        while self.order.len() > self.settings.cache_entries || self.cached_tokens > self.settings.cache_tokens {
             let Some(old) = self.order.pop_front() else {
                 break;
             };
@@ -525,10 +412,7 @@ impl UpstreamCounter {
 }
 
 fn shape(path: &'static str, detail: &str) -> CountError {
-    CountError::Shape {
-        path,
-        detail: detail.to_string(),
-    }
+    CountError::Shape { path, detail: detail.to_string() }
 }
 
 /// What the counter needs of one captured request.
@@ -548,16 +432,14 @@ pub struct Prompt<'a> {
 impl Prompt<'_> {
     /// The cache key: the messages' chain hash with everything else the count depends on.
     fn key(&self, flavour: Flavour) -> Hash {
-        let context = json!({"method": flavour.method(), "endpoint": self.endpoint.as_str(), "model": self.model, "tools": self.tools_hash});
+        let context =
+            json!({"method": flavour.method(), "endpoint": self.endpoint.as_str(), "model": self.model, "tools": self.tools_hash});
         chain_next(&self.head, &message_hash(&context).0)
     }
 
     fn tools(&self) -> Option<Value> {
         self.tools_hash?;
-        serde_json::from_slice::<Value>(self.body)
-            .ok()
-            .and_then(|v| v.get("tools").cloned())
-            .filter(|t| !t.is_null())
+        serde_json::from_slice::<Value>(self.body).ok().and_then(|v| v.get("tools").cloned()).filter(|t| !t.is_null())
     }
 
     /// A completions prompt's text.
@@ -566,9 +448,7 @@ impl Prompt<'_> {
             .first()
             .and_then(|m| m.get("content"))
             .and_then(Value::as_str)
-            .ok_or_else(|| {
-                CountError::Unsupported("a completions prompt that is not one string".into())
-            })
+            .ok_or_else(|| CountError::Unsupported("a completions prompt that is not one string".into()))
     }
 }
 
@@ -599,10 +479,7 @@ mod tests {
         let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (seen2, fail2) = (seen.clone(), fail.clone());
         let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener).unwrap();
                 loop {
@@ -611,83 +488,48 @@ mod tests {
                     };
                     let (seen, fail) = (seen2.clone(), fail2.clone());
                     tokio::spawn(async move {
-                        let service = hyper::service::service_fn(
-                            move |request: http::Request<hyper::body::Incoming>| {
-                                let (seen, fail) = (seen.clone(), fail.clone());
-                                async move {
-                                    let path = request.uri().path().to_string();
-                                    let auth = request
-                                        .headers()
-                                        .get(header::AUTHORIZATION)
-                                        .map(|v| v.to_str().unwrap().to_string());
-                                    seen.lock().unwrap().push((path.clone(), auth));
-                                    let body: Value = serde_json::from_slice(
-                                        &request.into_body().collect().await.unwrap().to_bytes(),
-                                    )
-                                    .unwrap_or(Value::Null);
-                                    tokio::time::sleep(delay).await;
-                                    let (status, answer) = if fail
-                                        .load(std::sync::atomic::Ordering::SeqCst)
-                                    {
-                                        (500, json!({"error": "down"}))
-                                    } else {
-                                        match path.as_str() {
-                                            "/v1/models" => (
-                                                200,
-                                                json!({"data": [{"id": "m", "owned_by": owner}]}),
-                                            ),
-                                            "/apply-template" => {
-                                                let text: String = body["messages"]
-                                                    .as_array()
-                                                    .unwrap()
-                                                    .iter()
-                                                    .map(|m| {
-                                                        format!(
-                                                            "<{}>{}",
-                                                            m["role"].as_str().unwrap(),
-                                                            m["content"].as_str().unwrap()
-                                                        )
-                                                    })
-                                                    .collect();
-                                                (
-                                                    200,
-                                                    json!({"prompt": format!("{text}<assistant>")}),
-                                                )
-                                            }
-                                            "/tokenize" => {
-                                                let ids: Vec<u32> = body["content"]
-                                                    .as_str()
-                                                    .unwrap_or("")
-                                                    .bytes()
-                                                    .map(u32::from)
-                                                    .collect();
-                                                (200, json!({"tokens": ids}))
-                                            }
-                                            _ => (404, json!({"error": "no route"})),
+                        let service = hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
+                            let (seen, fail) = (seen.clone(), fail.clone());
+                            async move {
+                                let path = request.uri().path().to_string();
+                                let auth = request.headers().get(header::AUTHORIZATION).map(|v| v.to_str().unwrap().to_string());
+                                seen.lock().unwrap().push((path.clone(), auth));
+                                let body: Value =
+                                    serde_json::from_slice(&request.into_body().collect().await.unwrap().to_bytes()).unwrap_or(Value::Null);
+                                tokio::time::sleep(delay).await;
+                                let (status, answer) = if fail.load(std::sync::atomic::Ordering::SeqCst) {
+                                    (500, json!({"error": "down"}))
+                                } else {
+                                    match path.as_str() {
+                                        "/v1/models" => (200, json!({"data": [{"id": "m", "owned_by": owner}]})),
+                                        "/apply-template" => {
+                                            let text: String = body["messages"]
+                                                .as_array()
+                                                .unwrap()
+                                                .iter()
+                                                .map(|m| format!("<{}>{}", m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+                                                .collect();
+                                            (200, json!({"prompt": format!("{text}<assistant>")}))
                                         }
-                                    };
-                                    let response = http::Response::builder()
-                                        .status(status)
-                                        .body(Full::new(Bytes::from(answer.to_string())))
-                                        .unwrap();
-                                    Ok::<_, Infallible>(response)
-                                }
-                            },
-                        );
+                                        "/tokenize" => {
+                                            let ids: Vec<u32> = body["content"].as_str().unwrap_or("").bytes().map(u32::from).collect();
+                                            (200, json!({"tokens": ids}))
+                                        }
+                                        _ => (404, json!({"error": "no route"})),
+                                    }
+                                };
+                                let response =
+                                    http::Response::builder().status(status).body(Full::new(Bytes::from(answer.to_string()))).unwrap();
+                                Ok::<_, Infallible>(response)
+                            }
+                        });
                         let io = hyper_util::rt::TokioIo::new(stream);
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(io, service)
-                            .await;
+                        let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
                     });
                 }
             });
         });
-        Double {
-            url,
-            seen,
-            fail,
-            _thread: thread,
-        }
+        Double { url, seen, fail, _thread: thread }
     }
 
     fn messages(turns: usize) -> Vec<Value> {
@@ -703,69 +545,40 @@ mod tests {
         for m in messages {
             head = chain_next(&head, &message_hash(m).0);
         }
-        Prompt {
-            endpoint: Endpoint::ChatCompletions,
-            model: Some("m"),
-            messages,
-            head,
-            tools_hash: None,
-            body,
-        }
+        Prompt { endpoint: Endpoint::ChatCompletions, model: Some("m"), messages, head, tools_hash: None, body }
     }
 
     fn paths(seen: &Seen) -> Vec<String> {
-        seen.lock()
-            .unwrap()
-            .iter()
-            .map(|(p, _)| p.clone())
-            .collect()
+        seen.lock().unwrap().iter().map(|(p, _)| p.clone()).collect()
     }
 
     #[test]
     fn counts_with_the_engines_template_and_tokenizer_and_names_the_method() {
         let up = double("llamacpp", Duration::ZERO);
-        let mut counter =
-            UpstreamCounter::new(Upstream::parse(&up.url).unwrap(), CountSettings::default());
+        let mut counter = UpstreamCounter::new(Upstream::parse(&up.url).unwrap(), CountSettings::default());
         let list = messages(1);
         let auth = HeaderValue::from_static("Bearer sk-secret");
-        let count = counter
-            .try_count(&prompt(&list, b"{}"), Some(&auth))
-            .unwrap();
+        let count = counter.try_count(&prompt(&list, b"{}"), Some(&auth)).unwrap();
         let text = "<system>be terse<user>question 0<assistant>";
         assert_eq!(count.local.prompt, text.len() as u64);
-        assert_eq!(
-            count.ids.as_deref().unwrap(),
-            text.bytes().map(u32::from).collect::<Vec<_>>().as_slice()
-        );
+        assert_eq!(count.ids.as_deref().unwrap(), text.bytes().map(u32::from).collect::<Vec<_>>().as_slice());
         assert_eq!(count.local.tokenizer, "upstream:llama.cpp");
         assert_eq!(counter.flavour(), Some(Flavour::LlamaCpp));
-        assert_eq!(
-            paths(&up.seen),
-            ["/v1/models", "/apply-template", "/tokenize"]
-        );
+        assert_eq!(paths(&up.seen), ["/v1/models", "/apply-template", "/tokenize"]);
         // The client's key went with every call.
-        assert!(up
-            .seen
-            .lock()
-            .unwrap()
-            .iter()
-            .all(|(_, a)| a.as_deref() == Some("Bearer sk-secret")));
+        assert!(up.seen.lock().unwrap().iter().all(|(_, a)| a.as_deref() == Some("Bearer sk-secret")));
     }
 
     #[test]
     fn an_identical_prompt_is_answered_from_the_cache_and_a_new_one_costs_two_calls() {
         let up = double("ctxscope", Duration::ZERO);
-        let mut counter =
-            UpstreamCounter::new(Upstream::parse(&up.url).unwrap(), CountSettings::default());
+        let mut counter = UpstreamCounter::new(Upstream::parse(&up.url).unwrap(), CountSettings::default());
         let first = messages(1);
         let a = counter.try_count(&prompt(&first, b"{}"), None).unwrap();
         let calls = counter.calls;
         let again = counter.try_count(&prompt(&first, b"{}"), None).unwrap();
         assert_eq!(a, again);
-        assert_eq!(
-            counter.calls, calls,
-            "an identical prompt was counted again"
-        );
+        assert_eq!(counter.calls, calls, "an identical prompt was counted again");
         let longer = messages(2);
         let b = counter.try_count(&prompt(&longer, b"{}"), None).unwrap();
         assert!(b.local.prompt > a.local.prompt);
@@ -776,73 +589,39 @@ mod tests {
     #[test]
     fn a_failing_upstream_leaves_the_prompt_uncounted_backs_off_and_is_probed_again() {
         let up = double("llamacpp", Duration::ZERO);
-        let mut counter =
-            UpstreamCounter::new(Upstream::parse(&up.url).unwrap(), CountSettings::default());
+        let mut counter = UpstreamCounter::new(Upstream::parse(&up.url).unwrap(), CountSettings::default());
         let list = messages(1);
         counter.try_count(&prompt(&list, b"{}"), None).unwrap();
         up.fail.store(true, std::sync::atomic::Ordering::SeqCst);
         let other = messages(2);
         let error = counter.try_count(&prompt(&other, b"{}"), None).unwrap_err();
-        assert!(
-            matches!(error, CountError::Status { status: 500, .. }),
-            "{error}"
-        );
+        assert!(matches!(error, CountError::Status { status: 500, .. }), "{error}");
         assert_eq!(counter.flavour(), None, "a 5xx forgets the engine");
         // Within the backoff nothing is sent.
         let calls = counter.calls;
-        assert!(matches!(
-            counter.try_count(&prompt(&other, b"{}"), None),
-            Err(CountError::BackingOff(_))
-        ));
+        assert!(matches!(counter.try_count(&prompt(&other, b"{}"), None), Err(CountError::BackingOff(_))));
         assert_eq!(counter.calls, calls);
         // After it, the upstream is probed again and counts resume.
         up.fail.store(false, std::sync::atomic::Ordering::SeqCst);
         counter.retry_at = Some(Instant::now());
         let count = counter.try_count(&prompt(&other, b"{}"), None).unwrap();
         assert_eq!(count.local.tokenizer, "upstream:llama.cpp");
-        assert_eq!(
-            paths(&up.seen)
-                .iter()
-                .filter(|p| *p == "/v1/models")
-                .count(),
-            2
-        );
+        assert_eq!(paths(&up.seen).iter().filter(|p| *p == "/v1/models").count(), 2);
     }
 
     #[test]
     fn a_slow_upstream_times_out_within_the_deadline() {
         let up = double("llamacpp", Duration::from_secs(3));
-        let settings = CountSettings {
-            timeout: Duration::from_millis(300),
-            ..CountSettings::default()
-        };
+        let settings = CountSettings { timeout: Duration::from_millis(300), ..CountSettings::default() };
         let mut counter = UpstreamCounter::new(Upstream::parse(&up.url).unwrap(), settings);
         let started = Instant::now();
-        let error = counter
-            .try_count(&prompt(&messages(1), b"{}"), None)
-            .unwrap_err();
-        assert!(
-            matches!(
-                error,
-                CountError::Timeout {
-                    path: "/v1/models",
-                    ..
-                }
-            ),
-            "{error}"
-        );
-        assert!(
-            started.elapsed() < Duration::from_secs(2),
-            "took {:?}",
-            started.elapsed()
-        );
+        let error = counter.try_count(&prompt(&messages(1), b"{}"), None).unwrap_err();
+        assert!(matches!(error, CountError::Timeout { path: "/v1/models", .. }), "{error}");
+        assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
     }
 
     /// A captured chat exchange as the tee would hand it over.
-    fn exchange(
-        messages: &[Value],
-        authorization: Option<&str>,
-    ) -> crate::capture::exchange::Exchange {
+    fn exchange(messages: &[Value], authorization: Option<&str>) -> crate::capture::exchange::Exchange {
         use crate::capture::exchange::{Captured, Exchange};
         let captured = |value: Value| {
             let mut c = Captured::default();
@@ -850,15 +629,8 @@ mod tests {
             c.complete = true;
             c
         };
-        let request = Arc::new(Mutex::new(captured(
-            json!({"model": "m", "messages": messages}),
-        )));
-        let mut ex = Exchange::new(
-            Endpoint::ChatCompletions,
-            "POST",
-            "/v1/chat/completions",
-            request,
-        );
+        let request = Arc::new(Mutex::new(captured(json!({"model": "m", "messages": messages}))));
+        let mut ex = Exchange::new(Endpoint::ChatCompletions, "POST", "/v1/chat/completions", request);
         ex.status = Some(200);
         ex.response_content_type = Some("application/json".into());
         let reply = json!({"choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 7, "completion_tokens": 1}});
@@ -872,29 +644,15 @@ mod tests {
         use crate::capture::pipeline::Pipeline;
         let up = double("llamacpp", Duration::ZERO);
         let dir = tempfile::tempdir().unwrap();
-        let store =
-            ctxscope_store::Store::open(dir.path(), &ctxscope_store::StoreOptions::default())
-                .unwrap();
-        let counter =
-            UpstreamCounter::new(Upstream::parse(&up.url).unwrap(), CountSettings::default());
-        let mut pipeline = Pipeline::new(store, up.url.clone(), None, Default::default())
-            .with_upstream_counter(counter);
+        let store = ctxscope_store::Store::open(dir.path(), &ctxscope_store::StoreOptions::default()).unwrap();
+        let counter = UpstreamCounter::new(Upstream::parse(&up.url).unwrap(), CountSettings::default());
+        let mut pipeline = Pipeline::new(store, up.url.clone(), None, Default::default()).with_upstream_counter(counter);
         let list = messages(1);
-        let turn = pipeline
-            .capture(&exchange(&list, Some("Bearer k1")))
-            .unwrap();
+        let turn = pipeline.capture(&exchange(&list, Some("Bearer k1"))).unwrap();
         let counted = turn.local_tokens.expect("counted by the upstream");
         assert_eq!(counted.tokenizer, "upstream:llama.cpp");
-        assert_eq!(
-            counted.prompt,
-            "<system>be terse<user>question 0<assistant>".len() as u64
-        );
-        assert!(up
-            .seen
-            .lock()
-            .unwrap()
-            .iter()
-            .all(|(_, a)| a.as_deref() == Some("Bearer k1")));
+        assert_eq!(counted.prompt, "<system>be terse<user>question 0<assistant>".len() as u64);
+        assert!(up.seen.lock().unwrap().iter().all(|(_, a)| a.as_deref() == Some("Bearer k1")));
         // The engine fails: the turn is still captured, uncounted.
         up.fail.store(true, std::sync::atomic::Ordering::SeqCst);
         let turn = pipeline.capture(&exchange(&messages(2), None)).unwrap();
@@ -910,27 +668,16 @@ mod tests {
         let mut config = ProxyConfig::new(Upstream::parse("http://127.0.0.1:1").unwrap());
         assert_eq!(config.count_with, CountWith::Auto);
         config.count_with = CountWith::Local;
-        assert!(matches!(
-            config.validate(),
-            Err(ConfigError::CountWithoutTokenizer)
-        ));
+        assert!(matches!(config.validate(), Err(ConfigError::CountWithoutTokenizer)));
     }
 
     #[test]
     fn chat_shaped_endpoints_are_counted_as_chats_and_an_unknown_engine_is_found_by_its_endpoints() {
         let up = double("someone-else", Duration::ZERO);
-        let mut counter =
-            UpstreamCounter::new(Upstream::parse(&up.url).unwrap(), CountSettings::default());
+        let mut counter = UpstreamCounter::new(Upstream::parse(&up.url).unwrap(), CountSettings::default());
         let list = messages(1);
         // Unknown owner: found by its /apply-template (the double has one).
-        assert_eq!(
-            counter
-                .try_count(&prompt(&list, b"{}"), None)
-                .unwrap()
-                .local
-                .tokenizer,
-            "upstream:llama.cpp"
-        );
+        assert_eq!(counter.try_count(&prompt(&list, b"{}"), None).unwrap().local.tokenizer, "upstream:llama.cpp");
         // Anthropic's messages are parsed into chat messages: rendered by the engine's template too.
         let list = messages(2);
         let mut anthropic = prompt(&list, b"{\"a\":1}");

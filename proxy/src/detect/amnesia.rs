@@ -17,41 +17,23 @@ use denial::Method;
 pub(crate) fn amnesia(cx: &Context<'_>) -> Option<Draft> {
     let turn = cx.obs.turn;
     let role = |m: &Value| m.get("role").and_then(Value::as_str).map(str::to_string);
-    let earlier_replies = cx
-        .obs
-        .messages
-        .iter()
-        .filter(|m| role(m).as_deref() == Some("assistant"))
-        .count();
+    let earlier_replies = cx.obs.messages.iter().filter(|m| role(m).as_deref() == Some("assistant")).count();
     if earlier_replies == 0 || turn.reply_text.is_empty() {
         return None;
     }
     let found = denial::recognise(&turn.reply_text, &cx.config.amnesia_phrases)?;
     let reply = normalise(&turn.reply_text);
     let sentence = normalise(&found.sentence);
-    let at = reply
-        .find(sentence.as_str())
-        .map(|byte| reply[..byte].chars().count())
-        .unwrap_or(0);
-    let replies = format!(
-        "{earlier_replies} earlier repl{}",
-        if earlier_replies == 1 { "y" } else { "ies" }
-    );
+    let at = reply.find(sentence.as_str()).map(|byte| reply[..byte].chars().count()).unwrap_or(0);
+    let replies = format!("{earlier_replies} earlier repl{}", if earlier_replies == 1 { "y" } else { "ies" });
     let summary = match found.method {
-        Method::Phrase => format!(
-            "reply says \"{}\" in a conversation with {replies}",
-            found.rule
-        ),
-        Method::Structure => format!(
-            "reply denies earlier context (\"{}\") in a conversation with {replies}",
-            super::history::excerpt(&found.sentence, 0)
-        ),
+        Method::Phrase => format!("reply says \"{}\" in a conversation with {replies}", found.rule),
+        Method::Structure => {
+            format!("reply denies earlier context (\"{}\") in a conversation with {replies}", super::history::excerpt(&found.sentence, 0))
+        }
     };
-    let cues: serde_json::Map<String, Value> = found
-        .cues
-        .iter()
-        .map(|(role, words)| (role.to_string(), Value::from(words.as_str())))
-        .collect();
+    let cues: serde_json::Map<String, Value> =
+        found.cues.iter().map(|(role, words)| (role.to_string(), Value::from(words.as_str()))).collect();
     let level = if found.confidence >= 0.85 {
         "high"
     } else if found.confidence >= 0.7 {

@@ -43,7 +43,15 @@ impl RecentPrompts {
     /// The prefix `ids` shares with each entry, in one pass (the detectors then pick from it with
     /// `longest` under their own time windows).
     pub fn shared(&self, ids: &[u32]) -> Vec<Shared> {
-        self.entries.iter().map(|e| Shared { tokens: common_prefix(&e.ids, ids), conversation: e.conversation, turn: e.turn, time_unix_ms: e.time_unix_ms }).collect()
+        self.entries
+            .iter()
+            .map(|e| Shared {
+                tokens: common_prefix(&e.ids, ids),
+                conversation: e.conversation,
+                turn: e.turn,
+                time_unix_ms: e.time_unix_ms,
+            })
+            .collect()
     }
 }
 
@@ -53,7 +61,6 @@ pub fn longest(shared: &[Shared], since_unix_ms: Option<u64>) -> Option<Shared> 
 }
 
 impl RecentPrompts {
-
     /// Adds an entry; entries it extends are dropped (it shares at least as much with anything they do).
     pub fn push(&mut self, entry: Recent) {
         let before = self.entries.len();

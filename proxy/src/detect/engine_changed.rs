@@ -31,23 +31,12 @@ pub(crate) fn finding(cx: &Context<'_>) -> Option<Draft> {
     }
     let names: Vec<&str> = changes.iter().map(|c| c.field.as_str()).collect();
     let shown = names.iter().take(4).copied().collect::<Vec<_>>().join(", ");
-    let more = if names.len() > 4 {
-        format!(" and {} more", names.len() - 4)
-    } else {
-        String::new()
-    };
-    let listed: Vec<Value> = changes
-        .iter()
-        .take(LISTED)
-        .map(|c| json!({"field": c.field, "old": c.old, "new": c.new}))
-        .collect();
+    let more = if names.len() > 4 { format!(" and {} more", names.len() - 4) } else { String::new() };
+    let listed: Vec<Value> = changes.iter().take(LISTED).map(|c| json!({"field": c.field, "old": c.old, "new": c.new})).collect();
     Some(Draft {
         kind: FindingKind::EngineChanged,
         severity: Severity::Warning,
-        summary: format!(
-            "the {} engine changed since turn {}: {shown}{more}",
-            new.engine, previous.index
-        ),
+        summary: format!("the {} engine changed since turn {}: {shown}{more}", new.engine, previous.index),
         evidence: json!({
             "previous_turn": previous.id,
             "old_fingerprint": old_hash,

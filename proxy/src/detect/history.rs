@@ -2,8 +2,8 @@
 //! extension, a retry of the last exchange, a prefix-breaking edit (a timestamp, an id, whitespace,
 //! key order, an inserted message) or dropped history (turns removed, rewritten or summarized).
 
-use serde::Serialize;
 use ctxscope_store::ToolsDigest;
+use serde::Serialize;
 use serde_json::Value;
 
 /// One message as the comparison sees it: its hash and its canonical form.
@@ -250,7 +250,10 @@ mod tests {
     use serde_json::json;
 
     fn conv(messages: &[Value]) -> Vec<(String, Value)> {
-        messages.iter().map(|m| (ctxscope_store::to_hex(&ctxscope_store::message_hash(m).0), ctxscope_store::canonical_message(m))).collect()
+        messages
+            .iter()
+            .map(|m| (ctxscope_store::to_hex(&ctxscope_store::message_hash(m).0), ctxscope_store::canonical_message(m)))
+            .collect()
     }
 
     fn run(previous: &[Value], request: &[Value]) -> History {
@@ -270,7 +273,9 @@ mod tests {
     fn head_dropping_and_summaries_are_dropped_history() {
         let previous = [m("system", "S"), m("user", "u1"), m("assistant", "a1"), m("user", "u2"), m("assistant", "a2")];
         // Head dropped, latest reply kept, new question.
-        let History::Dropped(d) = run(&previous, &[m("system", "S"), m("user", "u2"), m("assistant", "a2"), m("user", "u3")]) else { panic!() };
+        let History::Dropped(d) = run(&previous, &[m("system", "S"), m("user", "u2"), m("assistant", "a2"), m("user", "u3")]) else {
+            panic!()
+        };
         assert_eq!(d.removed_messages, vec![1, 2]);
         assert_eq!((d.first_differing_message, d.user_turns_lost, d.kept_latest_reply), (1, 1, true));
         // Summarized into one message.
@@ -278,7 +283,8 @@ mod tests {
         let History::Dropped(d) = run(&previous, &summary) else { panic!() };
         assert_eq!((d.removed_messages, d.rewritten_messages), (vec![1, 2, 3], vec![]));
         // Rewritten in place (same length): the replaced message is counted as rewritten.
-        let rewritten = [m("system", "S"), m("user", "Summary: u1."), m("assistant", "a1"), m("user", "u2"), m("assistant", "a2"), m("user", "u3")];
+        let rewritten =
+            [m("system", "S"), m("user", "Summary: u1."), m("assistant", "a1"), m("user", "u2"), m("assistant", "a2"), m("user", "u3")];
         let History::Dropped(d) = run(&previous, &rewritten) else { panic!() };
         assert_eq!(d.rewritten_messages, vec![1]);
     }
@@ -292,7 +298,8 @@ mod tests {
         let request = [m("system", "You are helpful.  Now: 2026-11-29 13:40:15."), m("user", "u1"), m("assistant", "a1"), m("user", "u2")];
         assert!(matches!(run(&previous, &request), History::PrefixBreak(Break { change: Change::Whitespace, .. })));
         let previous = [m("system", "request id 9f1c2a7e-55d1-4f0a-b8c3-1d2e3f4a5b6c"), m("user", "u1"), m("assistant", "a1")];
-        let request = [m("system", "request id 0a9b8c7d-1111-4222-8333-444455556666"), m("user", "u1"), m("assistant", "a1"), m("user", "u2")];
+        let request =
+            [m("system", "request id 0a9b8c7d-1111-4222-8333-444455556666"), m("user", "u1"), m("assistant", "a1"), m("user", "u2")];
         assert!(matches!(run(&previous, &request), History::PrefixBreak(Break { change: Change::VolatileId, .. })));
     }
 
@@ -300,7 +307,15 @@ mod tests {
     fn retries_and_insertions() {
         let previous = [m("system", "S"), m("user", "u1"), m("assistant", "a1"), m("user", "u2"), m("assistant", "a2")];
         assert_eq!(run(&previous, &[m("system", "S"), m("user", "u1"), m("assistant", "a1"), m("user", "u2 edited")]), History::Retry);
-        let inserted = [m("system", "S"), m("user", "reminder"), m("user", "u1"), m("assistant", "a1"), m("user", "u2"), m("assistant", "a2"), m("user", "u3")];
+        let inserted = [
+            m("system", "S"),
+            m("user", "reminder"),
+            m("user", "u1"),
+            m("assistant", "a1"),
+            m("user", "u2"),
+            m("assistant", "a2"),
+            m("user", "u3"),
+        ];
         assert!(matches!(run(&previous, &inserted), History::PrefixBreak(Break { change: Change::Inserted, message: 1, .. })));
     }
 

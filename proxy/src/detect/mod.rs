@@ -4,13 +4,13 @@
 //! whether the upstream reports cache hits at all. Each finding names its cause so that it is raised
 //! once, not on every later turn that inherits it.
 
+mod amnesia;
 pub mod cache;
 pub mod config;
 pub mod drift;
-pub mod history;
-mod amnesia;
 mod dropped;
 mod engine_changed;
+pub mod history;
 mod rate;
 mod responses;
 mod reuse;
@@ -21,8 +21,8 @@ use std::sync::Arc;
 use ctxscope_store::{FindingKind, Hash, Relation, Severity, Store, StoreError, TurnRecord};
 use serde_json::Value;
 
-pub use config::DetectConfig;
 use cache::{Recent, RecentPrompts};
+pub use config::DetectConfig;
 use drift::Drift;
 use history::History;
 use rate::{Rates, Sample};
@@ -248,7 +248,12 @@ impl Detectors {
         if let Some(ids) = obs.prompt_ids {
             let mut held: Vec<u32> = ids.to_vec();
             held.extend(obs.reply_ids.iter().flatten());
-            self.recent.push(Recent { ids: Arc::from(held), time_unix_ms: turn.time_unix_ms, conversation: turn.conversation, turn: turn.id });
+            self.recent.push(Recent {
+                ids: Arc::from(held),
+                time_unix_ms: turn.time_unix_ms,
+                conversation: turn.conversation,
+                turn: turn.id,
+            });
         }
     }
 }

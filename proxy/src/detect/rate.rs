@@ -28,7 +28,8 @@ fn message_text_bytes(message: &Value) -> u64 {
                 .iter()
                 .map(|c| {
                     let f = c.get("function");
-                    let field = |name: &str| f.and_then(|f| f.get(name)).map_or(0, |v| v.as_str().map_or_else(|| v.to_string().len(), str::len));
+                    let field =
+                        |name: &str| f.and_then(|f| f.get(name)).map_or(0, |v| v.as_str().map_or_else(|| v.to_string().len(), str::len));
                     (field("name") + field("arguments")) as u64
                 })
                 .sum()
@@ -149,7 +150,6 @@ fn quantile(values: &VecDeque<f64>, quantile: f64) -> f64 {
 }
 
 impl Rates {
-
     /// The conversation's earlier whole-looking turns on its current chain of extensions, oldest
     /// first, as (turn id, sample).
     pub fn anchors(&self, conversation: u64) -> Vec<(u64, Sample)> {
@@ -175,7 +175,11 @@ impl Rates {
     /// The rate to judge a whole prompt with (a conversation's first turn): the least whole-prompt
     /// rate this upstream has shown on large prompts.
     pub fn whole_rate(&self) -> Option<Rate> {
-        (self.wholes.len() >= MIN_WHOLE_SAMPLES).then(|| Rate { tokens_per_byte: quantile(&self.wholes, 0.0), source: RateSource::Upstream, samples: self.wholes.len() })
+        (self.wholes.len() >= MIN_WHOLE_SAMPLES).then(|| Rate {
+            tokens_per_byte: quantile(&self.wholes, 0.0),
+            source: RateSource::Upstream,
+            samples: self.wholes.len(),
+        })
     }
 
     /// Records a turn. `whole`: no truncation was found on it, so it may feed the rates and serve as

@@ -14,67 +14,36 @@ use super::{Context, Draft};
 pub(crate) fn ignored_chain(cx: &Context<'_>) -> Option<Draft> {
     let turn = cx.obs.turn;
     let info = turn.responses.as_ref()?;
-    if let Some(dropped) = info
-        .dropped_items
-        .as_ref()
-        .and_then(Value::as_array)
-        .filter(|d| !d.is_empty())
-    {
-        let summary = format!(
-            "engine dropped the {} oldest input message(s) to fit (truncation: \"auto\")",
-            dropped.len()
-        );
+    if let Some(dropped) = info.dropped_items.as_ref().and_then(Value::as_array).filter(|d| !d.is_empty()) {
+        let summary = format!("engine dropped the {} oldest input message(s) to fit (truncation: \"auto\")", dropped.len());
         let evidence = json!({
             "method": "response_reported", "confidence": "high", "truncation": info.truncation,
             "dropped_items": dropped, "engine_prompt_tokens": turn.usage.as_ref().and_then(|u| u.prompt_tokens),
             "chain_messages": info.chain_messages, "input_messages": info.input_messages,
         });
         let cause = format!("engine_truncation/{}", turn.conversation);
-        return Some(Draft {
-            kind: FindingKind::EngineTruncation,
-            severity: Severity::Warning,
-            summary,
-            evidence,
-            cause,
-        });
+        return Some(Draft { kind: FindingKind::EngineTruncation, severity: Severity::Warning, summary, evidence, cause });
     }
     let parent_id = info.parent_turn?;
     let engine = turn.usage.as_ref()?.prompt_tokens?;
     let parent = parent(cx, parent_id)?;
     let parent_usage = parent.usage.as_ref()?;
-    let (parent_in, parent_out) = (
-        parent_usage.prompt_tokens?,
-        parent_usage.completion_tokens.unwrap_or(0),
-    );
+    let (parent_in, parent_out) = (parent_usage.prompt_tokens?, parent_usage.completion_tokens.unwrap_or(0));
     // The chain holds all of the parent's input and output (only its instructions are not carried
     // over), then at least one new item.
     let expected = parent_in + parent_out;
     if engine >= expected {
         return None;
     }
-    let same_instructions = match (
-        info.instructions,
-        parent.responses.as_ref().is_some_and(|r| r.instructions),
-    ) {
+    let same_instructions = match (info.instructions, parent.responses.as_ref().is_some_and(|r| r.instructions)) {
         (false, false) => true,
-        (true, true) => {
-            cx.obs.hashes.first().map(ctxscope_store::to_hex).as_ref()
-                == parent_first_message(cx, &parent).as_ref()
-        }
+        (true, true) => cx.obs.hashes.first().map(ctxscope_store::to_hex).as_ref() == parent_first_message(cx, &parent).as_ref(),
         _ => false,
     };
     let auto = info.truncation.as_deref() == Some("auto");
     let missing = expected - engine;
-    let dropped = if auto {
-        dropped_items(cx, missing)
-    } else {
-        Value::Null
-    };
-    let what = if auto {
-        "dropped the oldest items of the chain (truncation: \"auto\")"
-    } else {
-        "ignored previous_response_id"
-    };
+    let dropped = if auto { dropped_items(cx, missing) } else { Value::Null };
+    let what = if auto { "dropped the oldest items of the chain (truncation: \"auto\")" } else { "ignored previous_response_id" };
     let summary = format!(
         "engine reported {engine} input tokens on a chain whose previous response alone had {parent_in} input and {parent_out} output tokens: it {what}"
     );
@@ -88,11 +57,7 @@ pub(crate) fn ignored_chain(cx: &Context<'_>) -> Option<Draft> {
         "truncation": info.truncation, "dropped_items": dropped,
         "same_instructions": same_instructions,
     });
-    let severity = if same_instructions && !auto {
-        Severity::Critical
-    } else {
-        Severity::Warning
-    };
+    let severity = if same_instructions && !auto { Severity::Critical } else { Severity::Warning };
     Some(Draft {
         kind: FindingKind::EngineTruncation,
         severity,
@@ -116,27 +81,14 @@ fn parent_first_message(cx: &Context<'_>, parent: &TurnRecord) -> Option<String>
 /// With per-message token counts: the oldest messages after the instructions whose tokens add up to
 /// what is missing, by position and role. Without them, nothing is guessed.
 fn dropped_items(cx: &Context<'_>, missing: u64) -> Value {
-    let Some(ends) = cx
-        .obs
-        .segment_ends
-        .filter(|e| e.len() == cx.obs.messages.len())
-    else {
+    let Some(ends) = cx.obs.segment_ends.filter(|e| e.len() == cx.obs.messages.len()) else {
         return Value::Null;
     };
-    let first = usize::from(
-        cx.obs
-            .turn
-            .responses
-            .as_ref()
-            .is_some_and(|r| r.instructions),
-    );
+    let first = usize::from(cx.obs.turn.responses.as_ref().is_some_and(|r| r.instructions));
     let start = if first == 0 { 0 } else { ends[0] };
     let mut items = Vec::new();
     for (i, end) in ends.iter().enumerate().skip(first) {
-        let role = cx.obs.messages[i]
-            .get("role")
-            .and_then(Value::as_str)
-            .unwrap_or("");
+        let role = cx.obs.messages[i].get("role").and_then(Value::as_str).unwrap_or("");
         items.push(json!({"index": i, "role": role}));
         if (end - start) as u64 >= missing {
             break;

@@ -62,7 +62,8 @@ fn phantom(cx: &Context<'_>, shared: Option<&[Shared]>, cached: u64) -> Option<D
     };
     // A request that extends the previous turn may reuse all of it, as the engine counted it.
     let previous = cx.previous().filter(|_| matches!(turn.relation, Relation::Extend { .. }));
-    let previous_whole = previous.and_then(|p| p.usage.as_ref()).map_or(0, |u| u.prompt_tokens.unwrap_or(0) + u.completion_tokens.unwrap_or(0));
+    let previous_whole =
+        previous.and_then(|p| p.usage.as_ref()).map_or(0, |u| u.prompt_tokens.unwrap_or(0) + u.completion_tokens.unwrap_or(0));
     let bound = (local_bound + extra).max(previous_whole);
     let allowance = cx.config.cache_block_tokens;
     if cached <= bound + allowance {
@@ -163,7 +164,6 @@ fn text_bytes(message: &Value) -> usize {
         _ => message.to_string().len(),
     }
 }
-
 
 fn draft(summary: String, evidence: Value, cause: String) -> Draft {
     Draft { kind: FindingKind::CacheMiss, severity: Severity::Warning, summary, evidence, cause }

@@ -63,15 +63,25 @@ fn without_count(cx: &Context<'_>, engine: u64, rates: &Rates) -> Option<Draft> 
         // A first turn: only the whole-prompt rate of this upstream's other conversations can speak for it.
         let rate = rates.whole_rate()?;
         let predicted = rate.tokens_per_byte * bytes as f64;
-        if (engine as f64) >= predicted * config.rate_first_turn_fraction || predicted - (engine as f64) < config.rate_first_turn_min_tokens as f64 {
+        if (engine as f64) >= predicted * config.rate_first_turn_fraction
+            || predicted - (engine as f64) < config.rate_first_turn_min_tokens as f64
+        {
             return None;
         }
-        let summary = format!("engine reported {engine} prompt tokens for {bytes} bytes of text, about {} at this upstream's rate", predicted.round());
-        return Some(rate_draft(cx, summary, "low", json!({
-            "method": "byte_rate", "rate_source": rate.source.name(), "tokens_per_byte": rate.tokens_per_byte, "rate_samples": rate.samples,
-            "engine_prompt_tokens": engine, "text_bytes": bytes, "predicted_prompt_tokens": predicted.round() as u64,
-            "messages": turn.message_count,
-        })));
+        let summary = format!(
+            "engine reported {engine} prompt tokens for {bytes} bytes of text, about {} at this upstream's rate",
+            predicted.round()
+        );
+        return Some(rate_draft(
+            cx,
+            summary,
+            "low",
+            json!({
+                "method": "byte_rate", "rate_source": rate.source.name(), "tokens_per_byte": rate.tokens_per_byte, "rate_samples": rate.samples,
+                "engine_prompt_tokens": engine, "text_bytes": bytes, "predicted_prompt_tokens": predicted.round() as u64,
+                "messages": turn.message_count,
+            }),
+        ));
     };
     let before = previous.usage.as_ref()?.prompt_tokens?;
     let grew = turn.request_bytes.saturating_sub(previous.request_bytes);
@@ -102,7 +112,10 @@ fn without_count(cx: &Context<'_>, engine: u64, rates: &Rates) -> Option<Draft> 
         .iter()
         .filter_map(|(id, a)| shortfall(a).map(|(e, g)| (*id, *a, e, g)))
         .max_by(|x, y| (x.2 - x.3).total_cmp(&(y.2 - y.3)))?;
-    if expected < config.rate_min_tokens as f64 || actual >= expected * config.rate_growth_fraction || expected - actual < config.rate_min_tokens as f64 {
+    if expected < config.rate_min_tokens as f64
+        || actual >= expected * config.rate_growth_fraction
+        || expected - actual < config.rate_min_tokens as f64
+    {
         return None;
     }
     let predicted = anchor.tokens as f64 + expected;
@@ -114,13 +127,18 @@ fn without_count(cx: &Context<'_>, engine: u64, rates: &Rates) -> Option<Draft> 
         rate.source.name()
     );
     let confidence = if rate.source == RateSource::Conversation { "medium" } else { "low" };
-    Some(rate_draft(cx, summary, confidence, json!({
-        "method": "byte_rate", "rate_source": rate.source.name(), "tokens_per_byte": rate.tokens_per_byte, "rate_samples": rate.samples,
-        "engine_prompt_tokens": engine, "anchor_turn": anchor_id, "anchor_engine_prompt_tokens": anchor.tokens,
-        "previous_turn": previous.id, "previous_engine_prompt_tokens": before,
-        "text_bytes": bytes, "text_bytes_added": text_grew, "predicted_prompt_tokens": predicted.round() as u64,
-        "missing_tokens": (predicted - engine as f64).round() as u64, "messages": turn.message_count,
-    })))
+    Some(rate_draft(
+        cx,
+        summary,
+        confidence,
+        json!({
+            "method": "byte_rate", "rate_source": rate.source.name(), "tokens_per_byte": rate.tokens_per_byte, "rate_samples": rate.samples,
+            "engine_prompt_tokens": engine, "anchor_turn": anchor_id, "anchor_engine_prompt_tokens": anchor.tokens,
+            "previous_turn": previous.id, "previous_engine_prompt_tokens": before,
+            "text_bytes": bytes, "text_bytes_added": text_grew, "predicted_prompt_tokens": predicted.round() as u64,
+            "missing_tokens": (predicted - engine as f64).round() as u64, "messages": turn.message_count,
+        }),
+    ))
 }
 
 /// An estimate from the byte rate: a warning, never critical (the proxy has no count of its own).
@@ -163,7 +181,11 @@ pub(crate) fn overflow(cx: &Context<'_>) -> Option<Draft> {
     Some(Draft {
         kind: FindingKind::ContextOverflow,
         severity: Severity::Warning,
-        summary: format!("engine refused the prompt for its length (HTTP {}): {}", turn.status, message.chars().take(200).collect::<String>()),
+        summary: format!(
+            "engine refused the prompt for its length (HTTP {}): {}",
+            turn.status,
+            message.chars().take(200).collect::<String>()
+        ),
         evidence: json!({
             "status": turn.status,
             "message": message,

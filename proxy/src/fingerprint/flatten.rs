@@ -40,17 +40,7 @@ pub const MAX_FIELDS: usize = 400;
 /// `<redacted>`, never as the value.
 fn secret(key: &str) -> bool {
     let key = key.to_ascii_lowercase();
-    [
-        "api_key",
-        "apikey",
-        "secret",
-        "password",
-        "access_token",
-        "hf_token",
-        "admin_key",
-    ]
-    .iter()
-    .any(|s| key.ends_with(s))
+    ["api_key", "apikey", "secret", "password", "access_token", "hf_token", "admin_key"].iter().any(|s| key.ends_with(s))
 }
 
 /// Adds `value`'s scalars under `prefix` to `fields`.
@@ -84,10 +74,7 @@ fn walk(path: &str, value: &Value, fields: &mut BTreeMap<String, Value>, depth: 
         Value::String(text) if text.len() > LONG_TEXT => {
             let (hash, _) = ctxscope_store::message_hash(value);
             let hex = ctxscope_store::to_hex(&hash);
-            fields.insert(
-                path.to_string(),
-                Value::from(format!("sha256:{} ({} bytes)", &hex[..16], text.len())),
-            );
+            fields.insert(path.to_string(), Value::from(format!("sha256:{} ({} bytes)", &hex[..16], text.len())));
         }
         Value::Object(_) | Value::Array(_) => {
             fields.insert(path.to_string(), Value::from("(nested too deep)"));
@@ -109,25 +96,15 @@ mod tests {
         let template = "x".repeat(500);
         let answer = json!({"default_generation_settings": {"n_ctx": 1024}, "created": 5, "chat_template": template, "data": [{"id": "m"}], "api_key": "sk-live-1", "eos_token": "<e>"});
         flatten("props", &answer, &mut fields);
-        assert_eq!(
-            fields["props.default_generation_settings.n_ctx"],
-            json!(1024)
-        );
+        assert_eq!(fields["props.default_generation_settings.n_ctx"], json!(1024));
         assert_eq!(fields["props.data.0.id"], json!("m"));
         assert!(!fields.contains_key("props.created"));
         assert_eq!(fields["props.api_key"], json!("<redacted>"));
         assert_eq!(fields["props.eos_token"], json!("<e>"));
         let digest = fields["props.chat_template"].as_str().unwrap();
-        assert!(
-            digest.starts_with("sha256:") && digest.ends_with("(500 bytes)"),
-            "{digest}"
-        );
+        assert!(digest.starts_with("sha256:") && digest.ends_with("(500 bytes)"), "{digest}");
         let mut again = BTreeMap::new();
-        flatten(
-            "props",
-            &json!({"chat_template": "y".repeat(500)}),
-            &mut again,
-        );
+        flatten("props", &json!({"chat_template": "y".repeat(500)}), &mut again);
         assert_ne!(again["props.chat_template"], fields["props.chat_template"]);
     }
 }

@@ -27,10 +27,7 @@ pub struct FingerprintSettings {
 
 impl Default for FingerprintSettings {
     fn default() -> Self {
-        FingerprintSettings {
-            every: Duration::from_secs(60),
-            timeout: Duration::from_secs(3),
-        }
+        FingerprintSettings { every: Duration::from_secs(60), timeout: Duration::from_secs(3) }
     }
 }
 
@@ -57,30 +54,15 @@ impl Fingerprints {
 pub fn spawn(upstream: Upstream, store: Store, settings: FingerprintSettings) -> Fingerprints {
     let (tx, current) = watch::channel(None);
     let recheck = Arc::new(Notify::new());
-    let handle = Fingerprints {
-        current,
-        recheck: recheck.clone(),
-    };
-    tokio::spawn(run(
-        Prober::new(upstream, settings.timeout),
-        store,
-        settings,
-        tx,
-        recheck,
-    ));
+    let handle = Fingerprints { current, recheck: recheck.clone() };
+    tokio::spawn(run(Prober::new(upstream, settings.timeout), store, settings, tx, recheck));
     handle
 }
 
 /// The shortest wait between probes, however often a re-check is asked for.
 const MIN_GAP: Duration = Duration::from_millis(500);
 
-async fn run(
-    prober: Prober,
-    store: Store,
-    settings: FingerprintSettings,
-    tx: watch::Sender<Option<HashHex>>,
-    recheck: Arc<Notify>,
-) {
+async fn run(prober: Prober, store: Store, settings: FingerprintSettings, tx: watch::Sender<Option<HashHex>>, recheck: Arc<Notify>) {
     // After a failure the next probe comes sooner (1 s doubling up to `every`), so that a restarted
     // upstream is described again within seconds of coming back.
     let mut retry = Duration::from_secs(1);

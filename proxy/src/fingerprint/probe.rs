@@ -27,29 +27,13 @@ const OLLAMA_MODELS: usize = 4;
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
     #[error("{method} {path}: no answer within {after:?}")]
-    Timeout {
-        method: Method,
-        path: &'static str,
-        after: Duration,
-    },
+    Timeout { method: Method, path: &'static str, after: Duration },
     #[error("{method} {path}: {detail}")]
-    Transport {
-        method: Method,
-        path: &'static str,
-        detail: String,
-    },
+    Transport { method: Method, path: &'static str, detail: String },
     #[error("{method} {path}: HTTP {status}")]
-    Status {
-        method: Method,
-        path: &'static str,
-        status: u16,
-    },
+    Status { method: Method, path: &'static str, status: u16 },
     #[error("{method} {path}: the answer is not JSON ({detail})")]
-    Shape {
-        method: Method,
-        path: &'static str,
-        detail: String,
-    },
+    Shape { method: Method, path: &'static str, detail: String },
     #[error("the upstream answered none of the self-description endpoints (last: {0})")]
     Nothing(Box<ProbeError>),
 }
@@ -66,28 +50,12 @@ impl Prober {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(timeout));
         let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector);
-        Prober {
-            client,
-            upstream,
-            timeout,
-        }
+        Prober { client, upstream, timeout }
     }
 
-    async fn call(
-        &self,
-        method: Method,
-        path: &'static str,
-        body: Option<Value>,
-    ) -> Result<Value, ProbeError> {
-        let transport = |detail: String| ProbeError::Transport {
-            method: method.clone(),
-            path,
-            detail,
-        };
-        let uri = self
-            .upstream
-            .uri_for(path)
-            .map_err(|e| transport(e.to_string()))?;
+    async fn call(&self, method: Method, path: &'static str, body: Option<Value>) -> Result<Value, ProbeError> {
+        let transport = |detail: String| ProbeError::Transport { method: method.clone(), path, detail };
+        let uri = self.upstream.uri_for(path).map_err(|e| transport(e.to_string()))?;
         let mut builder = Request::builder()
             .method(method.clone())
             .uri(uri)
@@ -103,65 +71,28 @@ impl Prober {
             }
             None => Bytes::new(),
         };
-        let request = builder
-            .body(Full::new(bytes))
-            .map_err(|e| transport(e.to_string()))?;
+        let request = builder.body(Full::new(bytes)).map_err(|e| transport(e.to_string()))?;
         let exchange = async {
-            let response = self
-                .client
-                .request(request)
-                .await
-                .map_err(|e| transport(crate::forward::describe_error(&e)))?;
+            let response = self.client.request(request).await.map_err(|e| transport(crate::forward::describe_error(&e)))?;
             let status = response.status().as_u16();
             if !(200..300).contains(&status) {
-                return Err(ProbeError::Status {
-                    method: method.clone(),
-                    path,
-                    status,
-                });
+                return Err(ProbeError::Status { method: method.clone(), path, status });
             }
-            let body = Limited::new(response.into_body(), MAX_ANSWER)
-                .collect()
-                .await
-                .map_err(|e| transport(e.to_string()))?;
-            serde_json::from_slice(&body.to_bytes()).map_err(|e| ProbeError::Shape {
-                method: method.clone(),
-                path,
-                detail: e.to_string(),
-            })
+            let body = Limited::new(response.into_body(), MAX_ANSWER).collect().await.map_err(|e| transport(e.to_string()))?;
+            serde_json::from_slice(&body.to_bytes()).map_err(|e| ProbeError::Shape { method: method.clone(), path, detail: e.to_string() })
         };
         match tokio::time::timeout(self.timeout, exchange).await {
             Ok(result) => result,
-            Err(_) => Err(ProbeError::Timeout {
-                method,
-                path,
-                after: self.timeout,
-            }),
+            Err(_) => Err(ProbeError::Timeout { method, path, after: self.timeout }),
         }
     }
 
     /// Asks, and folds every answer into one fingerprint; fails only when nothing answered.
     pub async fn probe(&self) -> Result<Fingerprint, ProbeError> {
-        let mut print = Fingerprint {
-            engine: "unknown".into(),
-            ..Fingerprint::default()
-        };
+        let mut print = Fingerprint { engine: "unknown".into(), ..Fingerprint::default() };
         let mut last = None;
-        let models = self
-            .keep(
-                &mut print,
-                &mut last,
-                "models",
-                Method::GET,
-                "/v1/models",
-                None,
-            )
-            .await;
-        let owner = models
-            .as_ref()
-            .and_then(|m| m.pointer("/data/0/owned_by"))
-            .and_then(Value::as_str)
-            .unwrap_or("");
+        let models = self.keep(&mut print, &mut last, "models", Method::GET, "/v1/models", None).await;
+        let owner = models.as_ref().and_then(|m| m.pointer("/data/0/owned_by")).and_then(Value::as_str).unwrap_or("");
         let engine = match owner {
             "llamacpp" => "llama.cpp",
             "ctxscope" => "ctxscope",
@@ -178,13 +109,11 @@ impl Prober {
         };
         print.engine = engine.to_string();
         if print.sources.is_empty() {
-            return Err(ProbeError::Nothing(Box::new(last.unwrap_or(
-                ProbeError::Status {
-                    method: Method::GET,
-                    path: "/v1/models",
-                    status: 0,
-                },
-            ))));
+            return Err(ProbeError::Nothing(Box::new(last.unwrap_or(ProbeError::Status {
+                method: Method::GET,
+                path: "/v1/models",
+                status: 0,
+            }))));
         }
         Ok(print)
     }
@@ -193,45 +122,16 @@ impl Prober {
     async fn describe(&self, engine: &str, print: &mut Fingerprint, last: &mut Option<ProbeError>) {
         match engine {
             "llama.cpp" | "ctxscope" => {
-                self.keep(print, last, "props", Method::GET, "/props", None)
-                    .await;
+                self.keep(print, last, "props", Method::GET, "/props", None).await;
             }
             "vllm" => {
-                self.keep(print, last, "version", Method::GET, "/version", None)
-                    .await;
+                self.keep(print, last, "version", Method::GET, "/version", None).await;
             }
             "sglang" => {
-                if self
-                    .keep(
-                        print,
-                        last,
-                        "server_info",
-                        Method::GET,
-                        "/server_info",
-                        None,
-                    )
-                    .await
-                    .is_none()
-                {
-                    self.keep(
-                        print,
-                        last,
-                        "server_info",
-                        Method::GET,
-                        "/get_server_info",
-                        None,
-                    )
-                    .await;
+                if self.keep(print, last, "server_info", Method::GET, "/server_info", None).await.is_none() {
+                    self.keep(print, last, "server_info", Method::GET, "/get_server_info", None).await;
                 }
-                self.keep(
-                    print,
-                    last,
-                    "model_info",
-                    Method::GET,
-                    "/get_model_info",
-                    None,
-                )
-                .await;
+                self.keep(print, last, "model_info", Method::GET, "/get_model_info", None).await;
             }
             "ollama" => self.ollama(print, last).await,
             _ => {}
@@ -239,69 +139,28 @@ impl Prober {
     }
 
     /// No `owned_by` to go by: try each engine's self-description in turn.
-    async fn identify(
-        &self,
-        print: &mut Fingerprint,
-        last: &mut Option<ProbeError>,
-    ) -> &'static str {
-        if let Some(props) = self
-            .keep(print, last, "props", Method::GET, "/props", None)
-            .await
-        {
-            return if props.get("engine").and_then(Value::as_str) == Some("ctxscope") {
-                "ctxscope"
-            } else {
-                "llama.cpp"
-            };
+    async fn identify(&self, print: &mut Fingerprint, last: &mut Option<ProbeError>) -> &'static str {
+        if let Some(props) = self.keep(print, last, "props", Method::GET, "/props", None).await {
+            return if props.get("engine").and_then(Value::as_str) == Some("ctxscope") { "ctxscope" } else { "llama.cpp" };
         }
-        if self
-            .keep(
-                print,
-                last,
-                "api_version",
-                Method::GET,
-                "/api/version",
-                None,
-            )
-            .await
-            .is_some()
-        {
+        if self.keep(print, last, "api_version", Method::GET, "/api/version", None).await.is_some() {
             self.ollama(print, last).await;
             return "ollama";
         }
         for path in ["/server_info", "/get_server_info"] {
-            if self
-                .keep(print, last, "server_info", Method::GET, path, None)
-                .await
-                .is_some()
-            {
-                self.keep(
-                    print,
-                    last,
-                    "model_info",
-                    Method::GET,
-                    "/get_model_info",
-                    None,
-                )
-                .await;
+            if self.keep(print, last, "server_info", Method::GET, path, None).await.is_some() {
+                self.keep(print, last, "model_info", Method::GET, "/get_model_info", None).await;
                 return "sglang";
             }
         }
-        if self
-            .keep(print, last, "version", Method::GET, "/version", None)
-            .await
-            .is_some()
-        {
+        if self.keep(print, last, "version", Method::GET, "/version", None).await.is_some() {
             return "vllm";
         }
         "unknown"
     }
 
     async fn ollama(&self, print: &mut Fingerprint, last: &mut Option<ProbeError>) {
-        let Some(ps) = self
-            .keep(print, last, "ps", Method::GET, "/api/ps", None)
-            .await
-        else {
+        let Some(ps) = self.keep(print, last, "ps", Method::GET, "/api/ps", None).await else {
             return;
         };
         let names: Vec<String> = ps
@@ -309,19 +168,11 @@ impl Prober {
             .and_then(Value::as_array)
             .into_iter()
             .flatten()
-            .filter_map(|m| {
-                m.get("name")
-                    .or_else(|| m.get("model"))
-                    .and_then(Value::as_str)
-                    .map(str::to_string)
-            })
+            .filter_map(|m| m.get("name").or_else(|| m.get("model")).and_then(Value::as_str).map(str::to_string))
             .take(OLLAMA_MODELS)
             .collect();
         for name in names {
-            if let Ok(show) = self
-                .call(Method::POST, "/api/show", Some(json!({"model": name})))
-                .await
-            {
+            if let Ok(show) = self.call(Method::POST, "/api/show", Some(json!({"model": name}))).await {
                 flatten(&format!("show.{name}"), &show, &mut print.fields);
                 print.sources.push(format!("POST /api/show {name}"));
             }

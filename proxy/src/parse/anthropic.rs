@@ -30,7 +30,11 @@ pub fn complete(value: &Value) -> ParsedResponse {
 }
 
 fn text_of(blocks: &[Value]) -> String {
-    blocks.iter().filter(|b| b.get("type").and_then(Value::as_str) == Some("text")).filter_map(|b| b.get("text").and_then(Value::as_str)).collect()
+    blocks
+        .iter()
+        .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
+        .filter_map(|b| b.get("text").and_then(Value::as_str))
+        .collect()
 }
 
 pub fn stream(events: &[Event]) -> ParsedResponse {
@@ -111,7 +115,11 @@ mod tests {
 
     #[test]
     fn system_becomes_first_message() {
-        let r = request(Endpoint::AnthropicMessages, br#"{"model":"c","system":"be nice","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#).unwrap();
+        let r = request(
+            Endpoint::AnthropicMessages,
+            br#"{"model":"c","system":"be nice","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#,
+        )
+        .unwrap();
         assert_eq!(r.messages[0], json!({"role": "system", "content": "be nice"}));
         assert_eq!(r.params["max_tokens"], 5);
     }

@@ -56,14 +56,25 @@ pub enum ParseError {
 }
 
 /// Responses API fields copied into the turn record besides [`PARAMS`].
-const RESPONSES_PARAMS: [&str; 8] = [
-    "max_output_tokens", "truncation", "store", "previous_response_id", "conversation", "tool_choice", "parallel_tool_calls", "reasoning",
-];
+const RESPONSES_PARAMS: [&str; 8] =
+    ["max_output_tokens", "truncation", "store", "previous_response_id", "conversation", "tool_choice", "parallel_tool_calls", "reasoning"];
 
 /// Sampling parameters copied into the turn record, whatever the API.
 const PARAMS: [&str; 14] = [
-    "temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens", "seed", "stop",
-    "presence_penalty", "frequency_penalty", "repeat_penalty", "n", "stream_options", "options",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "repeat_penalty",
+    "n",
+    "stream_options",
+    "options",
 ];
 
 pub fn request(endpoint: Endpoint, body: &[u8]) -> Result<ParsedRequest, ParseError> {
@@ -140,9 +151,8 @@ fn tools_digest(tools: &Value) -> ToolsDigest {
 fn error_response(body: &[u8]) -> ParsedResponse {
     let text = String::from_utf8_lossy(body);
     let object = serde_json::from_slice::<Value>(body).ok().and_then(|mut v| v.get_mut("error").map(Value::take));
-    let message = object.as_ref().and_then(|error| {
-        error.get("message").and_then(Value::as_str).or_else(|| error.as_str()).map(str::to_string)
-    });
+    let message =
+        object.as_ref().and_then(|error| error.get("message").and_then(Value::as_str).or_else(|| error.as_str()).map(str::to_string));
     let message = message.unwrap_or_else(|| text.chars().take(2000).collect());
     ParsedResponse { error: Some(message), error_object: object, events: 1, ..Default::default() }
 }

@@ -26,33 +26,20 @@ pub const OPAQUE_ROLE: &str = "responses_item";
 
 /// Takes `instructions` and `input` out of the request object: instructions first (as a system
 /// message), then the input items mapped to messages.
-pub fn request_messages(
-    object: &mut Map<String, Value>,
-) -> Result<(Vec<Value>, ResponsesRequest), ParseError> {
-    let input = object
-        .remove("input")
-        .filter(|v| !v.is_null())
-        .ok_or(ParseError::Missing("input"))?;
+pub fn request_messages(object: &mut Map<String, Value>) -> Result<(Vec<Value>, ResponsesRequest), ParseError> {
+    let input = object.remove("input").filter(|v| !v.is_null()).ok_or(ParseError::Missing("input"))?;
     let input = match input {
         Value::String(text) => vec![json!({"role": "user", "content": text})],
         Value::Array(items) => items_to_messages(&items),
         _ => return Err(ParseError::Missing("input")),
     };
     let mut messages = Vec::with_capacity(input.len() + 1);
-    let instructions = object
-        .remove("instructions")
-        .filter(|v| !v.is_null() && v.as_str() != Some(""));
+    let instructions = object.remove("instructions").filter(|v| !v.is_null() && v.as_str() != Some(""));
     let info = ResponsesRequest {
-        previous_response_id: object
-            .get("previous_response_id")
-            .and_then(Value::as_str)
-            .map(str::to_string),
+        previous_response_id: object.get("previous_response_id").and_then(Value::as_str).map(str::to_string),
         instructions: instructions.is_some(),
         input_messages: input.len() as u32,
-        truncation: object
-            .get("truncation")
-            .and_then(Value::as_str)
-            .map(str::to_string),
+        truncation: object.get("truncation").and_then(Value::as_str).map(str::to_string),
         store: object.get("store").and_then(Value::as_bool),
         conversation: object.get("conversation").filter(|v| !v.is_null()).cloned(),
     };
@@ -101,22 +88,13 @@ pub fn items_to_messages(items: &[Value]) -> Vec<Value> {
         match (kind, role) {
             (Some("message") | None, Some("assistant")) => {
                 assistant.open = true;
-                assistant
-                    .text
-                    .push_str(&text_of(item.get("content").unwrap_or(&Value::Null)));
+                assistant.text.push_str(&text_of(item.get("content").unwrap_or(&Value::Null)));
             }
             (Some("function_call"), _) => {
                 assistant.open = true;
-                let call_id = item
-                    .get("call_id")
-                    .or_else(|| item.get("id"))
-                    .cloned()
-                    .unwrap_or(Value::Null);
+                let call_id = item.get("call_id").or_else(|| item.get("id")).cloned().unwrap_or(Value::Null);
                 let name = item.get("name").cloned().unwrap_or(Value::Null);
-                let arguments = item
-                    .get("arguments")
-                    .cloned()
-                    .unwrap_or(Value::String(String::new()));
+                let arguments = item.get("arguments").cloned().unwrap_or(Value::String(String::new()));
                 assistant.calls.push(json!({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}));
             }
             (Some("reasoning"), _) => {
@@ -130,10 +108,7 @@ pub fn items_to_messages(items: &[Value]) -> Vec<Value> {
             (Some("function_call_output"), _) => {
                 assistant.flush(&mut out);
                 let call_id = item.get("call_id").cloned().unwrap_or(Value::Null);
-                let output = item
-                    .get("output")
-                    .map(content)
-                    .unwrap_or(Value::String(String::new()));
+                let output = item.get("output").map(content).unwrap_or(Value::String(String::new()));
                 out.push(json!({"role": "tool", "tool_call_id": call_id, "content": output}));
             }
             _ => {
@@ -203,12 +178,7 @@ fn content(value: &Value) -> Value {
     let Value::Array(parts) = value else {
         return value.clone();
     };
-    let is_text = |p: &Value| {
-        matches!(
-            p.get("type").and_then(Value::as_str),
-            Some("input_text" | "output_text" | "text")
-        )
-    };
+    let is_text = |p: &Value| matches!(p.get("type").and_then(Value::as_str), Some("input_text" | "output_text" | "text"));
     if parts.iter().all(is_text) {
         return Value::String(text_of(value));
     }
@@ -226,10 +196,7 @@ fn content(value: &Value) -> Value {
 fn text_of(content: &Value) -> String {
     match content {
         Value::String(s) => s.clone(),
-        Value::Array(parts) => parts
-            .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .collect(),
+        Value::Array(parts) => parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect(),
         _ => String::new(),
     }
 }
@@ -245,16 +212,9 @@ fn without_status(item: &Value) -> Value {
 
 /// A whole response object (a non-streamed body, or the `response` of `response.completed`).
 pub fn complete(value: &Value) -> ParsedResponse {
-    let mut parsed = ParsedResponse {
-        events: 1,
-        ..Default::default()
-    };
+    let mut parsed = ParsedResponse { events: 1, ..Default::default() };
     absorb_response(value, &mut parsed);
-    let output = value
-        .get("output")
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
+    let output = value.get("output").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
     reply_from_items(output, &mut parsed);
     parsed
 }
@@ -267,9 +227,7 @@ fn absorb_response(value: &Value, parsed: &mut ParsedResponse) {
     if let Some(usage) = value.get("usage").filter(|u| u.is_object()) {
         parsed.usage = Some(usage_of(usage));
     }
-    let dropped = value
-        .pointer("/ctxscope/dropped_items")
-        .filter(|d| d.as_array().is_some_and(|a| !a.is_empty()));
+    let dropped = value.pointer("/ctxscope/dropped_items").filter(|d| d.as_array().is_some_and(|a| !a.is_empty()));
     if let Some(dropped) = dropped {
         parsed.dropped_items = Some(dropped.clone());
     }
@@ -279,10 +237,7 @@ fn absorb_response(value: &Value, parsed: &mut ParsedResponse) {
     let status = value.get("status").and_then(Value::as_str);
     parsed.finish_reason = match status {
         Some("completed") => Some("stop".into()),
-        Some("incomplete") => match value
-            .pointer("/incomplete_details/reason")
-            .and_then(Value::as_str)
-        {
+        Some("incomplete") => match value.pointer("/incomplete_details/reason").and_then(Value::as_str) {
             Some("max_output_tokens") => Some("length".into()),
             Some(reason) => Some(reason.to_string()),
             None => Some("incomplete".into()),
@@ -297,25 +252,15 @@ fn absorb_response(value: &Value, parsed: &mut ParsedResponse) {
 /// with `tool_calls`, as chat's does.
 fn reply_from_items(output: &[Value], parsed: &mut ParsedResponse) {
     let mut messages = items_to_messages(output);
-    let mut reply = match messages
-        .iter()
-        .position(|m| m.get("role").and_then(Value::as_str) == Some("assistant"))
-    {
+    let mut reply = match messages.iter().position(|m| m.get("role").and_then(Value::as_str) == Some("assistant")) {
         Some(i) => messages.remove(i),
         None => json!({"role": "assistant", "content": ""}),
     };
     if !messages.is_empty() {
-        parsed.notes.push(format!(
-            "{} output item(s) beside the assistant message kept in `output_items`",
-            messages.len()
-        ));
+        parsed.notes.push(format!("{} output item(s) beside the assistant message kept in `output_items`", messages.len()));
         reply["output_items"] = Value::Array(messages);
     }
-    parsed.reply_text = reply
-        .get("content")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string();
+    parsed.reply_text = reply.get("content").and_then(Value::as_str).unwrap_or_default().to_string();
     if reply.get("tool_calls").is_some() && parsed.finish_reason.as_deref() == Some("stop") {
         parsed.finish_reason = Some("tool_calls".into());
     }
@@ -336,19 +281,12 @@ pub fn usage_of(usage: &Value) -> Usage {
 /// A streamed response: the final `response.completed` (or `.incomplete`, `.failed`) object when it
 /// came; otherwise the items gathered from `response.output_item.*` and the text and argument deltas.
 pub fn stream(events: &[Event]) -> ParsedResponse {
-    let mut parsed = ParsedResponse {
-        events: events.len() as u32,
-        ..Default::default()
-    };
+    let mut parsed = ParsedResponse { events: events.len() as u32, ..Default::default() };
     let mut items: Vec<Value> = Vec::new();
     let mut last: Option<&Value> = None;
     for event in events {
         let Some(data) = &event.data else { continue };
-        let kind = data
-            .get("type")
-            .and_then(Value::as_str)
-            .or(event.name.as_deref())
-            .unwrap_or_default();
+        let kind = data.get("type").and_then(Value::as_str).or(event.name.as_deref()).unwrap_or_default();
         let index = locate(&items, data, kind == "response.output_item.added");
         match kind {
             "response.created" | "response.in_progress" => {
@@ -356,9 +294,7 @@ pub fn stream(events: &[Event]) -> ParsedResponse {
                     absorb_response(response, &mut parsed);
                 }
             }
-            "response.completed" | "response.incomplete" | "response.failed" => {
-                last = data.get("response")
-            }
+            "response.completed" | "response.incomplete" | "response.failed" => last = data.get("response"),
             "response.output_item.added" | "response.output_item.done" => {
                 if let (Some(i), Some(item)) = (index, data.get("item")) {
                     *slot(&mut items, i) = item.clone();
@@ -372,19 +308,12 @@ pub fn stream(events: &[Event]) -> ParsedResponse {
             "response.function_call_arguments.delta" => {
                 if let (Some(i), Some(delta)) = (index, data.get("delta").and_then(Value::as_str)) {
                     let item = slot(&mut items, i);
-                    let current = item
-                        .get("arguments")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_string();
+                    let current = item.get("arguments").and_then(Value::as_str).unwrap_or_default().to_string();
                     item["arguments"] = Value::String(current + delta);
                 }
             }
             "error" => {
-                let message = data
-                    .get("message")
-                    .or_else(|| data.pointer("/error/message"))
-                    .and_then(Value::as_str);
+                let message = data.get("message").or_else(|| data.pointer("/error/message")).and_then(Value::as_str);
                 parsed.error = Some(message.map_or_else(|| data.to_string(), str::to_string));
             }
             _ => {}
@@ -394,16 +323,11 @@ pub fn stream(events: &[Event]) -> ParsedResponse {
     match last {
         Some(response) => {
             absorb_response(response, &mut parsed);
-            let output = response
-                .get("output")
-                .and_then(Value::as_array)
-                .filter(|o| !o.is_empty());
+            let output = response.get("output").and_then(Value::as_array).filter(|o| !o.is_empty());
             reply_from_items(output.map_or(items.as_slice(), Vec::as_slice), &mut parsed);
         }
         None => {
-            parsed
-                .notes
-                .push("stream ended without response.completed".into());
+            parsed.notes.push("stream ended without response.completed".into());
             parsed.finish_reason = None;
             reply_from_items(&items, &mut parsed);
         }
@@ -417,15 +341,8 @@ fn locate(items: &[Value], data: &Value, adding: bool) -> Option<usize> {
     if let Some(i) = data.get("output_index").and_then(Value::as_u64) {
         return Some(i as usize);
     }
-    let id = data
-        .get("item_id")
-        .or_else(|| data.pointer("/item/id"))
-        .and_then(Value::as_str);
-    if let Some(i) = id.and_then(|id| {
-        items
-            .iter()
-            .position(|item| item.get("id").and_then(Value::as_str) == Some(id))
-    }) {
+    let id = data.get("item_id").or_else(|| data.pointer("/item/id")).and_then(Value::as_str);
+    if let Some(i) = id.and_then(|id| items.iter().position(|item| item.get("id").and_then(Value::as_str) == Some(id))) {
         return Some(i);
     }
     if adding || items.is_empty() {
@@ -453,20 +370,11 @@ fn append_text(item: &mut Value, delta: &str) {
     let Some(parts) = item.get_mut("content").and_then(Value::as_array_mut) else {
         return;
     };
-    if parts
-        .last()
-        .and_then(|p| p.get("type"))
-        .and_then(Value::as_str)
-        != Some("output_text")
-    {
+    if parts.last().and_then(|p| p.get("type")).and_then(Value::as_str) != Some("output_text") {
         parts.push(json!({"type": "output_text", "text": ""}));
     }
     if let Some(part) = parts.last_mut() {
-        let current = part
-            .get("text")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
+        let current = part.get("text").and_then(Value::as_str).unwrap_or_default().to_string();
         part["text"] = Value::String(current + delta);
     }
 }
@@ -478,30 +386,18 @@ mod tests {
     use ctxscope_store::Endpoint;
 
     fn sse(events: &[Value]) -> String {
-        events
-            .iter()
-            .map(|e| format!("event: {}\ndata: {}\n\n", e["type"].as_str().unwrap(), e))
-            .collect()
+        events.iter().map(|e| format!("event: {}\ndata: {}\n\n", e["type"].as_str().unwrap(), e)).collect()
     }
 
     #[test]
     fn string_input_with_instructions_and_fields() {
         let body = br#"{"model":"m","instructions":"be brief","input":"hi","previous_response_id":"resp_1","truncation":"auto","store":false,"max_output_tokens":9,"tools":[{"type":"function","name":"ls","parameters":{}}]}"#;
         let r = request(Endpoint::Responses, body).unwrap();
-        assert_eq!(
-            r.messages,
-            vec![
-                json!({"role": "system", "content": "be brief"}),
-                json!({"role": "user", "content": "hi"})
-            ]
-        );
+        assert_eq!(r.messages, vec![json!({"role": "system", "content": "be brief"}), json!({"role": "user", "content": "hi"})]);
         let info = r.responses.unwrap();
         assert_eq!(info.previous_response_id.as_deref(), Some("resp_1"));
         assert!(info.instructions);
-        assert_eq!(
-            (info.input_messages, info.truncation.as_deref(), info.store),
-            (1, Some("auto"), Some(false))
-        );
+        assert_eq!((info.input_messages, info.truncation.as_deref(), info.store), (1, Some("auto"), Some(false)));
         assert_eq!(r.params["max_output_tokens"], 9);
         assert_eq!(r.tools.unwrap().names, vec!["ls"]);
     }
@@ -524,14 +420,8 @@ mod tests {
             messages[1]["tool_calls"][0],
             json!({"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}})
         );
-        assert_eq!(
-            messages[1]["reasoning_items"][0],
-            json!({"type": "reasoning", "id": "rs_1", "summary": []})
-        );
-        assert_eq!(
-            messages[2],
-            json!({"role": "tool", "tool_call_id": "call_1", "content": "sunny"})
-        );
+        assert_eq!(messages[1]["reasoning_items"][0], json!({"type": "reasoning", "id": "rs_1", "summary": []}));
+        assert_eq!(messages[2], json!({"role": "tool", "tool_call_id": "call_1", "content": "sunny"}));
         assert_eq!(messages[3]["role"], OPAQUE_ROLE);
         // Back to items, and again to messages: the same messages (so the same hashes).
         assert_eq!(items_to_messages(&messages_to_items(&messages)), messages);
@@ -544,29 +434,15 @@ mod tests {
             "output": [{"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "ls", "arguments": "{}", "status": "completed"}],
             "usage": {"input_tokens": 40, "input_tokens_details": {"cached_tokens": 32}, "output_tokens": 6, "total_tokens": 46}
         });
-        let p = response(
-            Endpoint::Responses,
-            Some("application/json"),
-            200,
-            body.to_string().as_bytes(),
-            false,
-        );
+        let p = response(Endpoint::Responses, Some("application/json"), 200, body.to_string().as_bytes(), false);
         assert_eq!(p.response_id.as_deref(), Some("resp_9"));
         assert_eq!(p.finish_reason.as_deref(), Some("tool_calls"));
         let u = p.usage.unwrap();
-        assert_eq!(
-            (u.prompt_tokens, u.cached_tokens, u.completion_tokens),
-            (Some(40), Some(32), Some(6))
-        );
+        assert_eq!((u.prompt_tokens, u.cached_tokens, u.completion_tokens), (Some(40), Some(32), Some(6)));
         assert_eq!(p.reply_message.unwrap()["tool_calls"][0]["id"], "call_1");
         assert_eq!(p.dropped_items, None);
-        let told = complete(
-            &json!({"status": "completed", "output": [], "ctxscope": {"dropped_items": [{"index": 0, "role": "user"}]}}),
-        );
-        assert_eq!(
-            told.dropped_items,
-            Some(json!([{"index": 0, "role": "user"}]))
-        );
+        let told = complete(&json!({"status": "completed", "output": [], "ctxscope": {"dropped_items": [{"index": 0, "role": "user"}]}}));
+        assert_eq!(told.dropped_items, Some(json!([{"index": 0, "role": "user"}])));
     }
 
     #[test]
@@ -574,10 +450,7 @@ mod tests {
         let output = json!([{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed", "content": [{"type": "output_text", "text": "Hello", "annotations": []}]}]);
         let p = complete(&json!({"id": "r", "status": "completed", "output": output}));
         let resent = items_to_messages(output.as_array().unwrap());
-        assert_eq!(
-            ctxscope_store::message_hash(&p.reply_message.unwrap()).0,
-            ctxscope_store::message_hash(&resent[0]).0
-        );
+        assert_eq!(ctxscope_store::message_hash(&p.reply_message.unwrap()).0, ctxscope_store::message_hash(&resent[0]).0);
     }
 
     fn streamed_events() -> Vec<Value> {
@@ -602,22 +475,13 @@ mod tests {
         for chunk in bytes.chunks(7) {
             joined.extend_from_slice(chunk);
         }
-        let p = response(
-            Endpoint::Responses,
-            Some("text/event-stream"),
-            200,
-            &joined,
-            true,
-        );
+        let p = response(Endpoint::Responses, Some("text/event-stream"), 200, &joined, true);
         assert_eq!(p.reply_text, "Hello");
         assert_eq!(p.events, 8);
         assert_eq!(p.response_id.as_deref(), Some("resp_s"));
         assert_eq!(p.finish_reason.as_deref(), Some("tool_calls"));
         assert_eq!(p.usage.unwrap().prompt_tokens, Some(12));
-        assert_eq!(
-            p.reply_message.unwrap()["tool_calls"][0]["function"]["arguments"],
-            "{\"p\":1}"
-        );
+        assert_eq!(p.reply_message.unwrap()["tool_calls"][0]["function"]["arguments"], "{\"p\":1}");
         assert!(p.notes.is_empty(), "{:?}", p.notes);
     }
 
@@ -629,13 +493,7 @@ mod tests {
             json!({"type": "response.output_text.delta", "item_id": "msg_a", "delta": "A"}),
             json!({"type": "response.output_text.delta", "item_id": "msg_a", "delta": "w"}),
         ];
-        let p = response(
-            Endpoint::Responses,
-            Some("text/event-stream"),
-            200,
-            sse(&events).as_bytes(),
-            true,
-        );
+        let p = response(Endpoint::Responses, Some("text/event-stream"), 200, sse(&events).as_bytes(), true);
         assert_eq!(p.reply_text, "Aw");
         assert_eq!(p.response_id.as_deref(), Some("resp_l"));
     }
@@ -646,50 +504,20 @@ mod tests {
         let body = sse(&events[..4]);
         // Cut mid-event too: the half event is dropped, not misread.
         let cut = format!("{body}event: response.output_text.delta\ndata: {{\"type\":\"resp");
-        let p = response(
-            Endpoint::Responses,
-            Some("text/event-stream"),
-            200,
-            cut.as_bytes(),
-            true,
-        );
+        let p = response(Endpoint::Responses, Some("text/event-stream"), 200, cut.as_bytes(), true);
         assert_eq!(p.reply_text, "Hello");
         assert_eq!(p.finish_reason, None);
-        assert!(p
-            .notes
-            .iter()
-            .any(|n| n.contains("without response.completed")));
+        assert!(p.notes.iter().any(|n| n.contains("without response.completed")));
     }
 
     #[test]
     fn malformed_bodies_fail_open() {
-        assert!(matches!(
-            request(Endpoint::Responses, b"{\"input\":"),
-            Err(ParseError::NotJson(_))
-        ));
-        assert_eq!(
-            request(Endpoint::Responses, br#"{"model":"m"}"#),
-            Err(ParseError::Missing("input"))
-        );
-        assert_eq!(
-            request(Endpoint::Responses, br#"{"input":7}"#),
-            Err(ParseError::Missing("input"))
-        );
-        let p = response(
-            Endpoint::Responses,
-            Some("application/json"),
-            200,
-            b"{not json",
-            false,
-        );
+        assert!(matches!(request(Endpoint::Responses, b"{\"input\":"), Err(ParseError::NotJson(_))));
+        assert_eq!(request(Endpoint::Responses, br#"{"model":"m"}"#), Err(ParseError::Missing("input")));
+        assert_eq!(request(Endpoint::Responses, br#"{"input":7}"#), Err(ParseError::Missing("input")));
+        let p = response(Endpoint::Responses, Some("application/json"), 200, b"{not json", false);
         assert!(p.notes[0].contains("not JSON"));
-        let p = response(
-            Endpoint::Responses,
-            Some("text/event-stream"),
-            200,
-            b"data: {\"type\":7}\n\ndata: nonsense\n\n",
-            true,
-        );
+        let p = response(Endpoint::Responses, Some("text/event-stream"), 200, b"data: {\"type\":7}\n\ndata: nonsense\n\n", true);
         assert!(p.reply_message.is_some() && p.reply_text.is_empty());
         let p = response(Endpoint::Responses, Some("application/json"), 404, br#"{"error":{"message":"Previous response with id 'x' not found.","type":"invalid_request_error","param":"previous_response_id","code":"previous_response_not_found"}}"#, false);
         assert!(p.error.unwrap().contains("not found"));

@@ -95,7 +95,9 @@ mod tests {
 
     #[test]
     fn llama_cpp_timings_fill_what_usage_lacks() {
-        let u = usage(json!({"usage": {"prompt_tokens": 120, "completion_tokens": 8}, "timings": {"prompt_n": 20, "cache_n": 100, "predicted_n": 8}}));
+        let u = usage(
+            json!({"usage": {"prompt_tokens": 120, "completion_tokens": 8}, "timings": {"prompt_n": 20, "cache_n": 100, "predicted_n": 8}}),
+        );
         assert_eq!((u.prompt_tokens, u.cached_tokens), (Some(120), Some(100)));
         let t = usage(json!({"timings": {"prompt_n": 20, "cache_n": 100, "predicted_n": 8}}));
         assert_eq!((t.prompt_tokens, t.cached_tokens, t.completion_tokens), (Some(120), Some(100), Some(8)));
@@ -109,7 +111,9 @@ mod tests {
 
     #[test]
     fn anthropic_prompt_includes_cache_reads_and_writes() {
-        let u = usage(json!({"usage": {"input_tokens": 10, "cache_read_input_tokens": 500, "cache_creation_input_tokens": 30, "output_tokens": 7}}));
+        let u = usage(
+            json!({"usage": {"input_tokens": 10, "cache_read_input_tokens": 500, "cache_creation_input_tokens": 30, "output_tokens": 7}}),
+        );
         assert_eq!((u.prompt_tokens, u.cached_tokens, u.completion_tokens), (Some(540), Some(500), Some(7)));
     }
 

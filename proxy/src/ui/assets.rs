@@ -17,12 +17,7 @@ pub fn file(name: &str) -> Response<ProxyBody> {
     match name {
         "app.js" => respond(APP, "text/javascript; charset=utf-8"),
         "style.css" => respond(STYLE, "text/css; charset=utf-8"),
-        _ => json_error(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            &format!("no UI file {name:?}"),
-            None,
-        ),
+        _ => json_error(StatusCode::NOT_FOUND, "not_found", &format!("no UI file {name:?}"), None),
     }
 }
 
@@ -31,6 +26,9 @@ fn respond(body: &'static str, content_type: &'static str) -> Response<ProxyBody
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    headers.insert("content-security-policy", HeaderValue::from_static("default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; frame-src 'self'"));
+    headers.insert(
+        "content-security-policy",
+        HeaderValue::from_static("default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; frame-src 'self'"),
+    );
     response
 }

@@ -27,9 +27,7 @@ pub enum BindError {
 /// Checks the admin address against the token before anything binds.
 pub fn check_bind(addr: SocketAddr, token: Option<&str>) -> Result<(), BindError> {
     if let Some(token) = token {
-        let printable = token
-            .bytes()
-            .all(|b| b.is_ascii_graphic() && b != b';' && b != b',');
+        let printable = token.bytes().all(|b| b.is_ascii_graphic() && b != b';' && b != b',');
         if token.len() < 16 || !printable {
             return Err(BindError::WeakToken);
         }
@@ -55,24 +53,15 @@ pub fn allowed(token: Option<&str>, headers: &HeaderMap) -> bool {
 }
 
 fn cookie(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .find_map(|pair| {
-            let (name, value) = pair.trim().split_once('=')?;
-            (name == COOKIE).then(|| value.to_string())
-        })
+    headers.get_all(header::COOKIE).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(';')).find_map(|pair| {
+        let (name, value) = pair.trim().split_once('=')?;
+        (name == COOKIE).then(|| value.to_string())
+    })
 }
 
 /// Compares in time independent of where the strings differ.
 fn same(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
+    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// A refused request: the UI's pages go to the login form, everything else is a JSON 401.
@@ -80,10 +69,13 @@ pub fn refuse(path: &str) -> Response<ProxyBody> {
     if path == "/ui" || path == "/ui/" || path == "/ui/index.html" {
         return redirect("/ui/login");
     }
-    let mut response = json_error(StatusCode::UNAUTHORIZED, "unauthorized", "this admin port needs its token: send `Authorization: Bearer TOKEN` or log in at /ui/login", None);
-    response
-        .headers_mut()
-        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    let mut response = json_error(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        "this admin port needs its token: send `Authorization: Bearer TOKEN` or log in at /ui/login",
+        None,
+    );
+    response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     response
 }
 
@@ -93,17 +85,10 @@ pub async fn login(state: &Arc<AdminState>, request: Request<Incoming>) -> Respo
     if request.method() != http::Method::POST {
         return form(StatusCode::OK, "");
     }
-    let Ok(body) = Limited::new(request.into_body(), 4096)
-        .collect()
-        .await
-        .map(|c| c.to_bytes())
-    else {
+    let Ok(body) = Limited::new(request.into_body(), 4096).collect().await.map(|c| c.to_bytes()) else {
         return form(StatusCode::PAYLOAD_TOO_LARGE, "The form was too large.");
     };
-    let sent = super::query::pairs(&String::from_utf8_lossy(&body))
-        .into_iter()
-        .find(|(k, _)| k == "token")
-        .map(|(_, v)| v);
+    let sent = super::query::pairs(&String::from_utf8_lossy(&body)).into_iter().find(|(k, _)| k == "token").map(|(_, v)| v);
     match (&state.token, sent) {
         (Some(token), Some(sent)) if same(&sent, token) => {
             let mut response = redirect("/ui/");
@@ -114,19 +99,14 @@ pub async fn login(state: &Arc<AdminState>, request: Request<Incoming>) -> Respo
             response
         }
         (None, _) => redirect("/ui/"),
-        _ => form(
-            StatusCode::UNAUTHORIZED,
-            "That token is not this admin port's.",
-        ),
+        _ => form(StatusCode::UNAUTHORIZED, "That token is not this admin port's."),
     }
 }
 
 fn redirect(to: &'static str) -> Response<ProxyBody> {
     let mut response = Response::new(full(""));
     *response.status_mut() = StatusCode::SEE_OTHER;
-    response
-        .headers_mut()
-        .insert(header::LOCATION, HeaderValue::from_static(to));
+    response.headers_mut().insert(header::LOCATION, HeaderValue::from_static(to));
     response
 }
 
@@ -140,10 +120,7 @@ fn form(status: StatusCode, message: &str) -> Response<ProxyBody> {
     );
     let mut response = Response::new(full(page));
     *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/html; charset=utf-8"),
-    );
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
     response
 }
 
@@ -156,28 +133,16 @@ mod tests {
         let local: SocketAddr = "127.0.0.1:9090".parse().unwrap();
         let public: SocketAddr = "0.0.0.0:9090".parse().unwrap();
         assert!(check_bind(local, None).is_ok());
-        assert!(matches!(
-            check_bind(public, None),
-            Err(BindError::ExposedWithoutToken(_))
-        ));
-        assert!(matches!(
-            check_bind(public, Some("short")),
-            Err(BindError::WeakToken)
-        ));
+        assert!(matches!(check_bind(public, None), Err(BindError::ExposedWithoutToken(_))));
+        assert!(matches!(check_bind(public, Some("short")), Err(BindError::WeakToken)));
         assert!(check_bind(public, Some("0123456789abcdef")).is_ok());
         let mut headers = HeaderMap::new();
         assert!(allowed(None, &headers));
         assert!(!allowed(Some("0123456789abcdef"), &headers));
-        headers.insert(
-            header::COOKIE,
-            HeaderValue::from_static("a=b; ctxscope_admin=0123456789abcdef"),
-        );
+        headers.insert(header::COOKIE, HeaderValue::from_static("a=b; ctxscope_admin=0123456789abcdef"));
         assert!(allowed(Some("0123456789abcdef"), &headers));
         headers.clear();
-        headers.insert(
-            header::AUTHORIZATION,
-            HeaderValue::from_static("Bearer 0123456789abcdeX"),
-        );
+        headers.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer 0123456789abcdeX"));
         assert!(!allowed(Some("0123456789abcdef"), &headers));
     }
 }

@@ -30,9 +30,7 @@ pub fn previous_turn(turn: &TurnRecord) -> Option<u64> {
 
 /// The diff document for turn `id` (see docs/ui.md).
 pub fn turn_diff(store: &Store, id: u64) -> Result<Value, StoreError> {
-    let turn = store
-        .turn(id)?
-        .ok_or_else(|| StoreError::NotFound(format!("turn {id}")))?;
+    let turn = store.turn(id)?.ok_or_else(|| StoreError::NotFound(format!("turn {id}")))?;
     let request = store.turn_messages(&turn)?;
     let previous_record = match previous_turn(&turn) {
         Some(p) => store.turn(p)?,
@@ -46,43 +44,19 @@ pub fn turn_diff(store: &Store, id: u64) -> Result<Value, StoreError> {
     let mut values = HashMap::new();
     for hash in before.iter().chain(&request) {
         if !values.contains_key(hash) {
-            let value = from_hex(hash)
-                .map(|h| store.message(&h))
-                .transpose()?
-                .flatten()
-                .unwrap_or(Value::Null);
+            let value = from_hex(hash).map(|h| store.message(&h)).transpose()?.flatten().unwrap_or(Value::Null);
             values.insert(hash.clone(), value);
         }
     }
-    let view = |list: &[String]| -> Vec<(String, Value)> {
-        list.iter()
-            .map(|h| (h.clone(), values[h].clone()))
-            .collect()
-    };
+    let view = |list: &[String]| -> Vec<(String, Value)> { list.iter().map(|h| (h.clone(), values[h].clone())).collect() };
     let (old, new) = (view(&before), view(&request));
-    let verdict = if previous_record.is_some() {
-        Some(history::compare(&messages(&old), &messages(&new)))
-    } else {
-        None
-    };
-    let tools = history::compare_tools(
-        previous_record.as_ref().and_then(|p| p.tools.as_ref()),
-        turn.tools.as_ref(),
-    );
-    Ok(document(
-        &turn,
-        previous_record.as_ref(),
-        &old,
-        &new,
-        verdict,
-        tools,
-    ))
+    let verdict = if previous_record.is_some() { Some(history::compare(&messages(&old), &messages(&new))) } else { None };
+    let tools = history::compare_tools(previous_record.as_ref().and_then(|p| p.tools.as_ref()), turn.tools.as_ref());
+    Ok(document(&turn, previous_record.as_ref(), &old, &new, verdict, tools))
 }
 
 fn messages(v: &[(String, Value)]) -> Vec<Message<'_>> {
-    v.iter()
-        .map(|(hash, value)| Message { hash, value })
-        .collect()
+    v.iter().map(|(hash, value)| Message { hash, value }).collect()
 }
 
 fn document(
@@ -99,12 +73,9 @@ fn document(
         None => ("first_turn", Value::Null, Vec::new(), None),
         Some(History::Extends) => ("extends", Value::Null, Vec::new(), None),
         Some(History::Retry) => ("retry", Value::Null, Vec::new(), None),
-        Some(History::PrefixBreak(b)) => (
-            "prefix_break",
-            json!(b),
-            Vec::new(),
-            (b.change != history::Change::Inserted).then_some(b.message),
-        ),
+        Some(History::PrefixBreak(b)) => {
+            ("prefix_break", json!(b), Vec::new(), (b.change != history::Change::Inserted).then_some(b.message))
+        }
         Some(History::Dropped(d)) => ("dropped", json!(d), d.rewritten_messages.clone(), None),
     };
     let old_status = |i: usize, hash: &str| -> &'static str {
@@ -137,30 +108,15 @@ fn document(
         json!({"index": i, "hash": hash, "role": value.get("role").and_then(Value::as_str).unwrap_or(""), "status": status,
                "chars": chars, "text": text.chars().take(MAX_TEXT).collect::<String>(), "truncated": chars > MAX_TEXT})
     };
-    let before: Vec<Value> = old
-        .iter()
-        .enumerate()
-        .map(|(i, m)| entry(i, m, old_status(i, &m.0)))
-        .collect();
-    let after: Vec<Value> = new
-        .iter()
-        .enumerate()
-        .map(|(j, m)| entry(j, m, new_status(j, &m.0)))
-        .collect();
+    let before: Vec<Value> = old.iter().enumerate().map(|(i, m)| entry(i, m, old_status(i, &m.0))).collect();
+    let after: Vec<Value> = new.iter().enumerate().map(|(j, m)| entry(j, m, new_status(j, &m.0))).collect();
     // Character diffs: the edited message, every rewritten one, and for dropped history the first
     // differing position when both sides hold new content there.
-    let mut pairs: Vec<usize> = edited
-        .into_iter()
-        .chain(rewritten.iter().copied())
-        .collect();
+    let mut pairs: Vec<usize> = edited.into_iter().chain(rewritten.iter().copied()).collect();
     if let Some(History::Dropped(d)) = &verdict {
         let i = d.first_differing_message;
-        let fresh = new
-            .get(i)
-            .is_some_and(|(h, _)| !in_old.contains(h.as_str()))
-            && old
-                .get(i)
-                .is_some_and(|(h, _)| !in_new.contains(h.as_str()));
+        let fresh =
+            new.get(i).is_some_and(|(h, _)| !in_old.contains(h.as_str())) && old.get(i).is_some_and(|(h, _)| !in_new.contains(h.as_str()));
         if fresh && !pairs.contains(&i) {
             pairs.insert(0, i);
         }
@@ -183,13 +139,7 @@ pub fn char_diff(a: &str, b: &str) -> Value {
     let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
     let prefix = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
     let max_suffix = a.len().min(b.len()) - prefix;
-    let suffix = a
-        .iter()
-        .rev()
-        .zip(b.iter().rev())
-        .take(max_suffix)
-        .take_while(|(x, y)| x == y)
-        .count();
+    let suffix = a.iter().rev().zip(b.iter().rev()).take(max_suffix).take_while(|(x, y)| x == y).count();
     let (mid_a, mid_b) = (&a[prefix..a.len() - suffix], &b[prefix..b.len() - suffix]);
     let mut ops = Vec::new();
     let lead_from = prefix.saturating_sub(CONTEXT);
@@ -220,11 +170,7 @@ fn lcs_runs(a: &[char], b: &[char]) -> Vec<(&'static str, Vec<char>)> {
     let at = |i: usize, j: usize| i * (m + 1) + j;
     for i in (0..n).rev() {
         for j in (0..m).rev() {
-            table[at(i, j)] = if a[i] == b[j] {
-                table[at(i + 1, j + 1)] + 1
-            } else {
-                table[at(i + 1, j)].max(table[at(i, j + 1)])
-            };
+            table[at(i, j)] = if a[i] == b[j] { table[at(i + 1, j + 1)] + 1 } else { table[at(i + 1, j)].max(table[at(i, j + 1)]) };
         }
     }
     let mut runs: Vec<(&'static str, Vec<char>)> = Vec::new();
@@ -271,28 +217,13 @@ mod tests {
         assert_eq!(d["at_char"], 20);
         // Both texts come back from the ops: equal and deleted runs give the old, equal and inserted the new.
         let side = |skip: &str| -> String {
-            d["ops"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|o| o["op"] != skip)
-                .map(|o| o["text"].as_str().unwrap())
-                .collect()
+            d["ops"].as_array().unwrap().iter().filter(|o| o["op"] != skip).map(|o| o["text"].as_str().unwrap()).collect()
         };
-        assert_eq!(
-            (side("ins"), side("del")),
-            (
-                "Now: 2026-11-29 13:40:15.".to_string(),
-                "Now: 2026-11-29 13:41:02.".to_string()
-            )
-        );
+        assert_eq!((side("ins"), side("del")), ("Now: 2026-11-29 13:40:15.".to_string(), "Now: 2026-11-29 13:41:02.".to_string()));
         assert_eq!(render(&d), "Now: 2026-11-29 13:4[del:0:]1[del:5][ins::02].");
         assert_eq!(render(&char_diff("a b", "a  b")), "a [ins: ]b");
         let long = "x".repeat(500);
         let d = char_diff(&format!("{long}A{long}"), &format!("{long}B{long}"));
-        assert_eq!(
-            (d["skipped_before"].as_u64(), d["skipped_after"].as_u64()),
-            (Some(340), Some(340))
-        );
+        assert_eq!((d["skipped_before"].as_u64(), d["skipped_after"].as_u64()), (Some(340), Some(340)));
     }
 }

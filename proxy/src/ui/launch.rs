@@ -175,7 +175,16 @@ pub fn start(state: &Arc<AdminState>, body: &[u8]) -> Response<ProxyBody> {
         }
         plan.id = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO).as_millis() as u64;
         let kind = if bisect.is_some() { "bisect" } else { "replay" };
-        runs.push_back(RunView { id: plan.id, conversation: request.conversation, kind, done: 0, total: 0, state: "running", error: None, summary: None });
+        runs.push_back(RunView {
+            id: plan.id,
+            conversation: request.conversation,
+            kind,
+            done: 0,
+            total: 0,
+            state: "running",
+            error: None,
+            summary: None,
+        });
         while runs.len() > KEPT_RUNS {
             runs.pop_front();
         }

@@ -32,10 +32,7 @@ pub struct Live {
 
 impl Live {
     pub fn new(stop: watch::Receiver<bool>) -> Live {
-        Live {
-            open: Arc::new(AtomicUsize::new(0)),
-            stop,
-        }
+        Live { open: Arc::new(AtomicUsize::new(0)), stop }
     }
 }
 
@@ -43,12 +40,7 @@ impl Live {
 /// `finding`: the newest the page has; absent: from now).
 pub async fn stream(state: &Arc<AdminState>, query: &str) -> Response<ProxyBody> {
     let Some(store) = state.store.clone() else {
-        return json_error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "capture_unavailable",
-            &format!("capture store: {}", state.capture),
-            None,
-        );
+        return json_error(StatusCode::SERVICE_UNAVAILABLE, "capture_unavailable", &format!("capture store: {}", state.capture), None);
     };
     let mut since = (None, None);
     for (key, value) in super::query::pairs(query) {
@@ -75,31 +67,21 @@ pub async fn stream(state: &Arc<AdminState>, query: &str) -> Response<ProxyBody>
         let _guard = guard;
         let store2 = store.clone();
         let start = tokio::task::spawn_blocking(move || {
-            Ok::<_, ctxscope_store::StoreError>((
-                store2.latest_turn_id()?,
-                store2.latest_finding_id()?,
-            ))
+            Ok::<_, ctxscope_store::StoreError>((store2.latest_turn_id()?, store2.latest_finding_id()?))
         })
         .await;
         let (mut turn, mut finding) = match start {
             Ok(Ok((t, f))) => (since.0.or(t).unwrap_or(0), since.1.or(f).unwrap_or(0)),
             _ => return,
         };
-        if tx
-            .send(Bytes::from_static(b"retry: 2000\n\n"))
-            .await
-            .is_err()
-        {
+        if tx.send(Bytes::from_static(b"retry: 2000\n\n")).await.is_err() {
             return;
         }
         let deadline = tokio::time::Instant::now() + MAX_STREAM;
         while tokio::time::Instant::now() < deadline && !*stop.borrow() {
             let s = store.clone();
             let polled = tokio::task::spawn_blocking(move || {
-                Ok::<_, ctxscope_store::StoreError>((
-                    s.turns_after(turn, BATCH)?,
-                    s.findings_after(finding, BATCH)?,
-                ))
+                Ok::<_, ctxscope_store::StoreError>((s.turns_after(turn, BATCH)?, s.findings_after(finding, BATCH)?))
             })
             .await;
             let Ok(Ok((turns, findings))) = polled else {
@@ -114,10 +96,7 @@ pub async fn stream(state: &Arc<AdminState>, query: &str) -> Response<ProxyBody>
             }
             for f in &findings {
                 finding = finding.max(f.id);
-                out.push_str(&format!(
-                    "event: finding\ndata: {}\n\n",
-                    serde_json::to_string(f).unwrap_or_default()
-                ));
+                out.push_str(&format!("event: finding\ndata: {}\n\n", serde_json::to_string(f).unwrap_or_default()));
             }
             if out.is_empty() {
                 out.push_str(": idle\n\n");
@@ -133,10 +112,7 @@ pub async fn stream(state: &Arc<AdminState>, query: &str) -> Response<ProxyBody>
     });
     let mut response = Response::new(Channel(rx).boxed_unsync());
     let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
 }
@@ -157,12 +133,7 @@ impl Body for Channel {
     type Data = Bytes;
     type Error = hyper::Error;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        self.0
-            .poll_recv(cx)
-            .map(|chunk| chunk.map(|bytes| Ok(Frame::data(bytes))))
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        self.0.poll_recv(cx).map(|chunk| chunk.map(|bytes| Ok(Frame::data(bytes))))
     }
 }

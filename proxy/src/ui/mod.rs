@@ -19,10 +19,7 @@ use crate::admin::AdminState;
 use crate::body::{json_error, ProxyBody};
 
 /// Answers UI routes and refused requests; hands every other request back to the admin router.
-pub async fn intercept(
-    state: &Arc<AdminState>,
-    request: Request<Incoming>,
-) -> Result<Response<ProxyBody>, Request<Incoming>> {
+pub async fn intercept(state: &Arc<AdminState>, request: Request<Incoming>) -> Result<Response<ProxyBody>, Request<Incoming>> {
     let path = request.uri().path().to_string();
     if path == "/ui/login" {
         return Ok(auth::login(state, request).await);
@@ -53,18 +50,9 @@ async fn read_limited(request: Request<Incoming>, limit: usize) -> Result<bytes:
     }
 }
 
-async fn route(
-    state: &Arc<AdminState>,
-    request: &Request<Incoming>,
-    path: &str,
-) -> Response<ProxyBody> {
+async fn route(state: &Arc<AdminState>, request: &Request<Incoming>, path: &str) -> Response<ProxyBody> {
     if request.method() != Method::GET {
-        return json_error(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
-            "the UI answers GET only",
-            None,
-        );
+        return json_error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "the UI answers GET only", None);
     }
     let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).skip(1).collect();
     let query = request.uri().query().unwrap_or("").to_string();
@@ -80,11 +68,6 @@ async fn route(
             crate::admin::json_response(StatusCode::OK, body.to_string())
         }
         ["replays", id, "report"] => api::replay_report(state, id).await,
-        _ => json_error(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            &format!("no UI route {path}"),
-            None,
-        ),
+        _ => json_error(StatusCode::NOT_FOUND, "not_found", &format!("no UI route {path}"), None),
     }
 }

@@ -21,9 +21,7 @@ pub fn decode(text: &str) -> String {
         match bytes[i] {
             b'+' => out.push(b' '),
             b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3])
-                    .ok()
-                    .and_then(|h| u8::from_str_radix(h, 16).ok());
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
                 match hex {
                     Some(b) => {
                         out.push(b);
@@ -49,11 +47,7 @@ mod tests {
         assert_eq!(decode("100%"), "100%");
         assert_eq!(
             pairs("q=a%20b&kind=cache_miss&x"),
-            vec![
-                ("q".into(), "a b".into()),
-                ("kind".into(), "cache_miss".into()),
-                ("x".into(), String::new())
-            ]
+            vec![("q".into(), "a b".into()), ("kind".into(), "cache_miss".into()), ("x".into(), String::new())]
         );
     }
 }

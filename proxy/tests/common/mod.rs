@@ -41,4 +41,3 @@ pub fn assistant(text: &str) -> Value {
 pub fn system() -> Value {
     json!({"role": "system", "content": "You are a helpful assistant."})
 }
-

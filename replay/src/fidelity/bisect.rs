@@ -9,13 +9,7 @@ use crate::model::{BisectReport, TargetSpec};
 /// Share of golden's recall that `candidate` lost over the same conversations (0 when golden recalls
 /// nothing).
 pub fn recall_lost(golden: &FidelityReport, candidate: &FidelityReport, target: &str) -> f64 {
-    let total = |r: &FidelityReport, name: &str| {
-        r.cells
-            .iter()
-            .filter(|c| c.target == name)
-            .map(|c| c.recall)
-            .sum::<f64>()
-    };
+    let total = |r: &FidelityReport, name: &str| r.cells.iter().filter(|c| c.target == name).map(|c| c.recall).sum::<f64>();
     let golden_total = total(golden, &golden.targets[0]);
     if golden_total <= 0.0 {
         return 0.0;
@@ -34,29 +28,13 @@ struct SweepOracle<'a> {
 impl Oracle for SweepOracle<'_> {
     async fn score(&mut self, subset: &[String]) -> Result<Option<f64>, BisectError> {
         let candidate = TargetSpec::engine(subset.to_vec(), None, None);
-        match sweep(
-            &self.golden_spec,
-            std::slice::from_ref(&candidate),
-            self.engine_url,
-            self.options,
-            &|_| {},
-        )
-        .await
-        {
+        match sweep(&self.golden_spec, std::slice::from_ref(&candidate), self.engine_url, self.options, &|_| {}).await {
             Ok(report) => {
                 let mine = || report.cells.iter().filter(|c| c.target == candidate.name);
-                let failed = mine()
-                    .flat_map(|c| &c.answers)
-                    .find(|a| a.answer.starts_with("error: "));
-                if let (Some(first), true) = (
-                    failed,
-                    mine().all(|c| c.answers.iter().all(|a| a.answer.starts_with("error: "))),
-                ) {
+                let failed = mine().flat_map(|c| &c.answers).find(|a| a.answer.starts_with("error: "));
+                if let (Some(first), true) = (failed, mine().all(|c| c.answers.iter().all(|a| a.answer.starts_with("error: ")))) {
                     let error = first.answer.trim_start_matches("error: ").to_string();
-                    return Err(BisectError::CandidateFailed {
-                        target: candidate.name.clone(),
-                        error,
-                    });
+                    return Err(BisectError::CandidateFailed { target: candidate.name.clone(), error });
                 }
                 Ok(Some(recall_lost(&self.golden, &report, &candidate.name)))
             }
@@ -78,29 +56,14 @@ pub async fn bisect(
     threshold: f64,
 ) -> Result<(FidelityReport, BisectReport), SweepError> {
     let golden_report = sweep(golden, &[], engine_url, options, &|_| {}).await?;
-    let oracle = SweepOracle {
-        golden: golden_report.clone(),
-        golden_spec: golden.clone(),
-        engine_url,
-        options,
-        error: None,
-    };
-    let (found, steps, runs, oracle) = search(oracle, threshold, &patches)
-        .await
-        .map_err(|e| SweepError::Bisect(e.to_string()))?;
+    let oracle = SweepOracle { golden: golden_report.clone(), golden_spec: golden.clone(), engine_url, options, error: None };
+    let (found, steps, runs, oracle) = search(oracle, threshold, &patches).await.map_err(|e| SweepError::Bisect(e.to_string()))?;
     if let Some(error) = oracle.error {
         return Err(error);
     }
     let culprit = found.unwrap_or_default();
-    let report = BisectReport {
-        naive_replays: patches.len(),
-        patches,
-        metric: "fidelity".into(),
-        threshold,
-        culprit,
-        steps,
-        replays_run: runs,
-    };
+    let report =
+        BisectReport { naive_replays: patches.len(), patches, metric: "fidelity".into(), threshold, culprit, steps, replays_run: runs };
     Ok((golden_report, report))
 }
 
@@ -135,20 +98,8 @@ mod tests {
     #[test]
     fn recall_lost_is_the_share_of_golden_recall_missing() {
         let golden = report("golden", &[0.4, 0.4]);
-        assert!(
-            (recall_lost(&golden, &report("engine:x", &[0.2, 0.2]), "engine:x") - 0.5).abs() < 1e-9
-        );
-        assert_eq!(
-            recall_lost(&golden, &report("engine:x", &[0.6, 0.4]), "engine:x"),
-            0.0
-        );
-        assert_eq!(
-            recall_lost(
-                &report("golden", &[0.0]),
-                &report("engine:x", &[0.0]),
-                "engine:x"
-            ),
-            0.0
-        );
+        assert!((recall_lost(&golden, &report("engine:x", &[0.2, 0.2]), "engine:x") - 0.5).abs() < 1e-9);
+        assert_eq!(recall_lost(&golden, &report("engine:x", &[0.6, 0.4]), "engine:x"), 0.0);
+        assert_eq!(recall_lost(&report("golden", &[0.0]), &report("engine:x", &[0.0]), "engine:x"), 0.0);
     }
 }

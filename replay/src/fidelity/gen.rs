@@ -65,55 +65,13 @@ impl Rng {
     }
 }
 
-const FIRST: [&str; 12] = [
-    "Marguerite",
-    "Thaddeus",
-    "Ingrid",
-    "Oswaldo",
-    "Priya",
-    "Lucian",
-    "Beatrix",
-    "Kenji",
-    "Rosalind",
-    "Emeka",
-    "Svetlana",
-    "Dorian",
-];
-const SURNAME: [&str; 8] = [
-    "Okafor",
-    "Lindqvist",
-    "Moreau",
-    "Takahashi",
-    "Castellano",
-    "Whitcombe",
-    "Novak",
-    "Adeyemi",
-];
-const ITEMS: [&str; 12] = [
-    "apples",
-    "rice",
-    "soap",
-    "candles",
-    "lentils",
-    "batteries",
-    "yogurt",
-    "pepper",
-    "sponges",
-    "oats",
-    "honey",
-    "tea",
-];
-const SQUARES: [&str; 9] = [
-    "top-left",
-    "top-middle",
-    "top-right",
-    "middle-left",
-    "center",
-    "middle-right",
-    "bottom-left",
-    "bottom-middle",
-    "bottom-right",
-];
+const FIRST: [&str; 12] =
+    ["Marguerite", "Thaddeus", "Ingrid", "Oswaldo", "Priya", "Lucian", "Beatrix", "Kenji", "Rosalind", "Emeka", "Svetlana", "Dorian"];
+const SURNAME: [&str; 8] = ["Okafor", "Lindqvist", "Moreau", "Takahashi", "Castellano", "Whitcombe", "Novak", "Adeyemi"];
+const ITEMS: [&str; 12] =
+    ["apples", "rice", "soap", "candles", "lentils", "batteries", "yogurt", "pepper", "sponges", "oats", "honey", "tea"];
+const SQUARES: [&str; 9] =
+    ["top-left", "top-middle", "top-right", "middle-left", "center", "middle-right", "bottom-left", "bottom-middle", "bottom-right"];
 const TOPICS: [&str; 8] = [
     "gardening",
     "the weekend hike",
@@ -147,26 +105,17 @@ const REPLIES: [&str; 6] = [
 /// Builds one conversation (all randomness from `seed`).
 pub fn conversation(seed: u64, length: usize, turns: u32, depth: f64) -> SweepConversation {
     let turns = turns.max(1);
-    let mut rng = Rng::new(
-        seed ^ (length as u64).rotate_left(17) ^ u64::from(turns).rotate_left(33) ^ depth.to_bits(),
-    );
+    let mut rng = Rng::new(seed ^ (length as u64).rotate_left(17) ^ u64::from(turns).rotate_left(33) ^ depth.to_bits());
     let planted = ((depth.clamp(0.0, 1.0) * f64::from(turns - 1)).round()) as u32;
     let per_turn = (length * CHARS_PER_TOKEN / turns as usize).max(80);
 
     // Facts and their statements, by turn.
     let name = format!("{} {}", rng.pick(&FIRST), rng.pick(&SURNAME));
     let number = format!("{}", 1000 + rng.below(9000));
-    let code = format!(
-        "{}{}-{}",
-        (b'A' + rng.below(26) as u8) as char,
-        (b'A' + rng.below(26) as u8) as char,
-        100 + rng.below(900)
-    );
+    let code = format!("{}{}-{}", (b'A' + rng.below(26) as u8) as char, (b'A' + rng.below(26) as u8) as char, 100 + rng.below(900));
     let mut statements: Vec<Vec<String>> = vec![Vec::new(); turns as usize];
     let at = |t: u32| t.min(turns - 1) as usize;
-    statements[at(planted)].push(format!(
-        "Please remember this: my new manager is called {name}."
-    ));
+    statements[at(planted)].push(format!("Please remember this: my new manager is called {name}."));
     statements[at(planted)].push(format!("Also, my locker number at the gym is {number}."));
     statements[at(planted)].push(format!("And the door code for the storage room is {code}."));
 
@@ -203,27 +152,15 @@ pub fn conversation(seed: u64, length: usize, turns: u32, depth: f64) -> SweepCo
     let mut replies_moves: Vec<Vec<String>> = vec![Vec::new(); turns as usize];
     for (i, (t, mark, square)) in moves.iter().enumerate() {
         if *mark == 'X' {
-            let opening = if i == 0 {
-                "Let us play tic-tac-toe: I am X and you are O. "
-            } else {
-                ""
-            };
-            statements[at(*t)].push(format!(
-                "{opening}Tic-tac-toe: I put X in the {} square.",
-                SQUARES[*square]
-            ));
+            let opening = if i == 0 { "Let us play tic-tac-toe: I am X and you are O. " } else { "" };
+            statements[at(*t)].push(format!("{opening}Tic-tac-toe: I put X in the {} square.", SQUARES[*square]));
         } else {
-            replies_moves[at(*t)].push(format!(
-                "Tic-tac-toe: I put O in the {} square.",
-                SQUARES[*square]
-            ));
+            replies_moves[at(*t)].push(format!("Tic-tac-toe: I put O in the {} square.", SQUARES[*square]));
         }
     }
     let asked = moves[rng.below(moves.len())];
 
-    let mut messages = vec![
-        json!({"role": "system", "content": "You are a helpful assistant. Keep track of what the user tells you."}),
-    ];
+    let mut messages = vec![json!({"role": "system", "content": "You are a helpful assistant. Keep track of what the user tells you."})];
     for t in 0..turns as usize {
         let topic = rng.pick(&TOPICS);
         let mut user = statements[t].join(" ");
@@ -260,8 +197,7 @@ pub fn conversation(seed: u64, length: usize, turns: u32, depth: f64) -> SweepCo
         },
         Probe {
             fact: "code".into(),
-            question: "What is the door code for the storage room? Answer with the code only."
-                .into(),
+            question: "What is the door code for the storage room? Answer with the code only.".into(),
             expected: vec![code],
             absent: Vec::new(),
             planted_turn: planted,
@@ -275,23 +211,13 @@ pub fn conversation(seed: u64, length: usize, turns: u32, depth: f64) -> SweepCo
         },
         Probe {
             fact: "game".into(),
-            question: format!(
-                "In our tic-tac-toe game, which mark is in the {} square? Answer X or O only.",
-                SQUARES[asked.2]
-            ),
+            question: format!("In our tic-tac-toe game, which mark is in the {} square? Answer X or O only.", SQUARES[asked.2]),
             expected: vec![asked.1.to_string()],
             absent: vec![if asked.1 == 'X' { "O" } else { "X" }.to_string()],
             planted_turn: planted,
         },
     ];
-    SweepConversation {
-        length,
-        turns,
-        depth,
-        seed,
-        messages,
-        probes,
-    }
+    SweepConversation { length, turns, depth, seed, messages, probes }
 }
 
 /// Filler of about `budget` characters for one user message and its reply: small talk, a tool
@@ -350,29 +276,13 @@ mod tests {
         let a = conversation(7, 1024, 4, 0.0);
         assert_eq!(a, conversation(7, 1024, 4, 0.0));
         assert_ne!(a.messages, conversation(8, 1024, 4, 0.0).messages);
-        let chars: usize = a
-            .messages
-            .iter()
-            .map(|m| m["content"].as_str().unwrap().len())
-            .sum();
-        assert!(
-            (1024 * CHARS_PER_TOKEN * 8 / 10..1024 * CHARS_PER_TOKEN * 13 / 10).contains(&chars),
-            "{chars}"
-        );
+        let chars: usize = a.messages.iter().map(|m| m["content"].as_str().unwrap().len()).sum();
+        assert!((1024 * CHARS_PER_TOKEN * 8 / 10..1024 * CHARS_PER_TOKEN * 13 / 10).contains(&chars), "{chars}");
         assert_eq!(a.messages.len(), 1 + 2 * 4);
-        let text: String = a
-            .messages
-            .iter()
-            .map(|m| m["content"].as_str().unwrap())
-            .collect::<Vec<_>>()
-            .join("\n");
+        let text: String = a.messages.iter().map(|m| m["content"].as_str().unwrap()).collect::<Vec<_>>().join("\n");
         for probe in &a.probes {
             for word in &probe.expected {
-                assert!(
-                    text.contains(word.as_str()),
-                    "{} not stated: {word}",
-                    probe.fact
-                );
+                assert!(text.contains(word.as_str()), "{} not stated: {word}", probe.fact);
             }
         }
         let late = conversation(7, 1024, 4, 1.0);

@@ -10,11 +10,7 @@ use crate::report::escape;
 /// The table: one row per length x turns x depth, one column per target.
 pub fn table(report: &FidelityReport) -> String {
     let mut out = String::new();
-    let _ = write!(
-        out,
-        "{:>7}  {:>5}  {:>5}  {:>7}",
-        "LENGTH", "TURNS", "DEPTH", "TOKENS"
-    );
+    let _ = write!(out, "{:>7}  {:>5}  {:>5}  {:>7}", "LENGTH", "TURNS", "DEPTH", "TOKENS");
     for t in &report.targets {
         let _ = write!(out, "  {:>22}", clip(t, 22));
     }
@@ -22,15 +18,8 @@ pub fn table(report: &FidelityReport) -> String {
     for &length in &report.lengths {
         for &turns in &report.turns {
             for &depth in &report.depths {
-                let row: Vec<&Cell> = report
-                    .cells
-                    .iter()
-                    .filter(|c| c.length == length && c.turns == turns && c.depth == depth)
-                    .collect();
-                let tokens = row
-                    .first()
-                    .and_then(|c| c.prompt_tokens)
-                    .map_or("-".to_string(), |t| t.to_string());
+                let row: Vec<&Cell> = report.cells.iter().filter(|c| c.length == length && c.turns == turns && c.depth == depth).collect();
+                let tokens = row.first().and_then(|c| c.prompt_tokens).map_or("-".to_string(), |t| t.to_string());
                 let _ = write!(out, "{length:>7}  {turns:>5}  {depth:>5.2}  {tokens:>7}");
                 for t in &report.targets {
                     let text = match row.iter().find(|c| &c.target == t) {
@@ -46,21 +35,10 @@ pub fn table(report: &FidelityReport) -> String {
     }
     let _ = writeln!(out, "\nmean recall by length (golden first):");
     for t in &report.targets {
-        let means: Vec<String> = report
-            .lengths
-            .iter()
-            .map(|&l| format!("{l}: {:.2}", mean(report, t, l)))
-            .collect();
+        let means: Vec<String> = report.lengths.iter().map(|&l| format!("{l}: {:.2}", mean(report, t, l))).collect();
         let _ = writeln!(out, "  {:<24} {}", clip(t, 24), means.join("  "));
     }
-    let _ = writeln!(
-        out,
-        "{} conversations, {} probes each, seed {}, {:.1} s",
-        report.conversations.len(),
-        5,
-        report.seed,
-        report.wall_s
-    );
+    let _ = writeln!(out, "{} conversations, {} probes each, seed {}, {:.1} s", report.conversations.len(), 5, report.seed, report.wall_s);
     out
 }
 
@@ -71,12 +49,7 @@ pub fn json(report: &FidelityReport) -> String {
 
 /// Mean recall of `target` over every conversation of `length`.
 pub fn mean(report: &FidelityReport, target: &str, length: usize) -> f64 {
-    let cells: Vec<f64> = report
-        .cells
-        .iter()
-        .filter(|c| c.target == target && c.length == length)
-        .map(|c| c.recall)
-        .collect();
+    let cells: Vec<f64> = report.cells.iter().filter(|c| c.target == target && c.length == length).map(|c| c.recall).collect();
     cells.iter().sum::<f64>() / cells.len().max(1) as f64
 }
 
@@ -125,47 +98,19 @@ pub fn html(report: &FidelityReport) -> String {
         );
     }
     for (i, l) in report.lengths.iter().enumerate() {
-        let _ = write!(
-            svg,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="11">{l}</text>"#,
-            x(i),
-            H - BOTTOM + 16.0
-        );
+        let _ = write!(svg, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="11">{l}</text>"#, x(i), H - BOTTOM + 16.0);
     }
-    let _ = write!(
-        svg,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="12">length (tokens)</text>"#,
-        LEFT + pw / 2.0,
-        H - 6.0
-    );
+    let _ =
+        write!(svg, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="12">length (tokens)</text>"#, LEFT + pw / 2.0, H - 6.0);
     for (k, t) in report.targets.iter().enumerate() {
-        let colour = if k == 0 {
-            "#000000"
-        } else {
-            crate::report::colour(k - 1)
-        };
-        let points: Vec<String> = report
-            .lengths
-            .iter()
-            .enumerate()
-            .map(|(i, &l)| format!("{:.1},{:.1}", x(i), y(mean(report, t, l))))
-            .collect();
-        let dash = if k == 0 {
-            r#" stroke-dasharray="6 3""#
-        } else {
-            ""
-        };
-        let _ = write!(
-            svg,
-            r#"<polyline fill="none" stroke="{colour}" stroke-width="2"{dash} points="{}"/>"#,
-            points.join(" ")
-        );
+        let colour = if k == 0 { "#000000" } else { crate::report::colour(k - 1) };
+        let points: Vec<String> =
+            report.lengths.iter().enumerate().map(|(i, &l)| format!("{:.1},{:.1}", x(i), y(mean(report, t, l)))).collect();
+        let dash = if k == 0 { r#" stroke-dasharray="6 3""# } else { "" };
+        let _ = write!(svg, r#"<polyline fill="none" stroke="{colour}" stroke-width="2"{dash} points="{}"/>"#, points.join(" "));
         for p in &points {
             let (px, py) = p.split_once(',').unwrap_or(("0", "0"));
-            let _ = write!(
-                svg,
-                r#"<circle cx="{px}" cy="{py}" r="3" fill="{colour}"/>"#
-            );
+            let _ = write!(svg, r#"<circle cx="{px}" cy="{py}" r="3" fill="{colour}"/>"#);
         }
         let ly = TOP + 14.0 + k as f64 * 18.0;
         let _ = write!(

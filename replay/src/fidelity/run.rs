@@ -125,17 +125,13 @@ pub async fn sweep(
         }
         all.push(t.clone());
     }
-    let clients = all
-        .iter()
-        .map(|t| TargetClient::new(t, engine_url, options.timeout))
-        .collect::<Result<Vec<_>, _>>()?;
+    let clients = all.iter().map(|t| TargetClient::new(t, engine_url, options.timeout)).collect::<Result<Vec<_>, _>>()?;
     let mut cells: Vec<Cell> = Vec::new();
     for conv in &convs {
         let mut golden_recall = 0.0;
         for (i, (target, client)) in all.iter().zip(&clients).enumerate() {
             let answers = ask(client, conv, options).await;
-            let recall =
-                answers.iter().filter(|a| a.passed).count() as f64 / answers.len().max(1) as f64;
+            let recall = answers.iter().filter(|a| a.passed).count() as f64 / answers.len().max(1) as f64;
             if i == 0 {
                 golden_recall = recall;
             }
@@ -165,11 +161,7 @@ pub async fn sweep(
     })
 }
 
-async fn ask(
-    client: &TargetClient,
-    conv: &SweepConversation,
-    options: &SweepOptions,
-) -> Vec<ProbeAnswer> {
+async fn ask(client: &TargetClient, conv: &SweepConversation, options: &SweepOptions) -> Vec<ProbeAnswer> {
     let params = Map::new();
     let mut answers = Vec::new();
     for probe in &conv.probes {
@@ -190,12 +182,9 @@ async fn ask(
                 answer: reply.text,
                 prompt_tokens: reply.prompt_tokens,
             },
-            Outcome::Failed { error, .. } => ProbeAnswer {
-                fact: probe.fact.clone(),
-                passed: false,
-                answer: format!("error: {error}"),
-                prompt_tokens: None,
-            },
+            Outcome::Failed { error, .. } => {
+                ProbeAnswer { fact: probe.fact.clone(), passed: false, answer: format!("error: {error}"), prompt_tokens: None }
+            }
         };
         answers.push(answer);
     }

@@ -64,18 +64,9 @@ pub(crate) fn chart(report: &ReplayReport) -> String {
     let step = turns.len().div_ceil(20).max(1);
     for (i, &t) in turns.iter().enumerate() {
         let xx = x(t);
-        let _ = write!(
-            s,
-            r##"<line x1="{xx:.1}" y1="{:.1}" x2="{xx:.1}" y2="{:.1}" stroke="#999"/>"##,
-            TOP + PLOT_H,
-            TOP + PLOT_H + 4.0
-        );
+        let _ = write!(s, r##"<line x1="{xx:.1}" y1="{:.1}" x2="{xx:.1}" y2="{:.1}" stroke="#999"/>"##, TOP + PLOT_H, TOP + PLOT_H + 4.0);
         if i % step == 0 {
-            let _ = write!(
-                s,
-                r#"<text x="{xx:.1}" y="{:.1}" text-anchor="middle" font-size="11">{t}</text>"#,
-                TOP + PLOT_H + 16.0
-            );
+            let _ = write!(s, r#"<text x="{xx:.1}" y="{:.1}" text-anchor="middle" font-size="11">{t}</text>"#, TOP + PLOT_H + 16.0);
         }
     }
     let _ = write!(

@@ -98,8 +98,7 @@ fn alternatives(who: &str, pos: usize, step: &TokenStep) -> String {
     if step.top.is_empty() {
         return String::new();
     }
-    let alts: Vec<String> =
-        step.top.iter().take(5).map(|(tok, lp)| format!("<code>{}</code> {lp:.3}", visible(tok))).collect();
+    let alts: Vec<String> = step.top.iter().take(5).map(|(tok, lp)| format!("<code>{}</code> {lp:.3}", visible(tok))).collect();
     format!(r#"<p class="alts">{}'s top at {pos}: {}</p>"#, escape(who), alts.join(" · "))
 }
 

@@ -174,11 +174,7 @@ fn turns_table(s: &mut String, report: &ReplayReport) {
                                     "ne"
                                 };
                                 let cell = escape(&view::diff_cell(d));
-                                let cell = if d.exact {
-                                    cell
-                                } else {
-                                    format!(r##"<a href="#{}">{cell}</a>"##, anchor(i, turn))
-                                };
+                                let cell = if d.exact { cell } else { format!(r##"<a href="#{}">{cell}</a>"##, anchor(i, turn)) };
                                 let _ = write!(
                                     s,
                                     r#"<td class="{class}">{cell}</td><td class="num">{}</td><td class="num">{}</td>"#,
@@ -266,9 +262,7 @@ fn probes(s: &mut String, report: &ReplayReport) {
         return;
     }
     let order = view::target_order(report);
-    s.push_str(
-        "<h2>Probes</h2>\n<table class=\"probes\"><thead><tr><th>after turn</th><th>question</th><th>expected</th>",
-    );
+    s.push_str("<h2>Probes</h2>\n<table class=\"probes\"><thead><tr><th>after turn</th><th>question</th><th>expected</th>");
     for name in &order {
         let _ = write!(s, "<th>{}{}</th>", swatch(report, name), escape(name));
     }

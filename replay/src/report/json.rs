@@ -6,8 +6,8 @@ use crate::model::ReplayReport;
 /// The report as pretty JSON, newline-terminated.
 pub fn json(report: &ReplayReport) -> String {
     // Serializing plain structs with string keys cannot fail; the fallback keeps this infallible anyway.
-    let mut out = serde_json::to_string_pretty(report)
-        .unwrap_or_else(|e| format!("{{\"error\": {}}}", serde_json::Value::String(e.to_string())));
+    let mut out =
+        serde_json::to_string_pretty(report).unwrap_or_else(|e| format!("{{\"error\": {}}}", serde_json::Value::String(e.to_string())));
     out.push('\n');
     out
 }

@@ -12,8 +12,8 @@ mod view;
 #[cfg(test)]
 mod tests;
 
-pub use chart::CHART_ID;
 pub(crate) use chart::colour;
+pub use chart::CHART_ID;
 pub use context::CONTEXT_TOKENS;
 pub use entry::{entry, summary};
 pub use html::{escape, html};

@@ -130,8 +130,7 @@ impl Group {
     }
 
     fn column_line(&self) -> String {
-        let titles: Vec<String> =
-            self.columns.iter().zip(&self.widths).map(|(c, w)| align(&clip(c.title, *w), *w, c.align)).collect();
+        let titles: Vec<String> = self.columns.iter().zip(&self.widths).map(|(c, w)| align(&clip(c.title, *w), *w, c.align)).collect();
         pad_right(&titles.join(COL_SEP), self.width())
     }
 
@@ -248,8 +247,7 @@ fn probes(report: &ReplayReport) -> Vec<String> {
     let fixed = 5 + 2 + 16 + 2 + widths.iter().map(|w| w + 2).sum::<usize>();
     let question_w = WIDTH.saturating_sub(fixed).clamp(16, 48);
     let line = |after: String, question: String, expected: String, cells: Vec<String>| -> String {
-        let mut s =
-            format!("{}  {}  {}", pad_left(&after, 5), pad_right(&question, question_w), pad_right(&expected, 16));
+        let mut s = format!("{}  {}  {}", pad_left(&after, 5), pad_right(&question, question_w), pad_right(&expected, 16));
         for (cell, w) in cells.iter().zip(&widths) {
             s.push_str("  ");
             s.push_str(&pad_right(cell, *w));
@@ -299,12 +297,8 @@ fn bisect(report: &ReplayReport) -> Vec<String> {
     let Some(b) = &report.bisect else {
         return Vec::new();
     };
-    let mut lines = vec![format!(
-        "bisect over {} (metric {}, threshold {})",
-        clip(&view::patch_set(&b.patches), 72),
-        b.metric,
-        b.threshold
-    )];
+    let mut lines =
+        vec![format!("bisect over {} (metric {}, threshold {})", clip(&view::patch_set(&b.patches), 72), b.metric, b.threshold)];
     let set_w = b.steps.iter().map(|s| view::patch_set(&s.patches).chars().count()).max().unwrap_or(0).min(60);
     let num_w = b.steps.len().to_string().len();
     for (i, s) in b.steps.iter().enumerate() {

@@ -9,11 +9,7 @@ fn reply(tokens: &[&str]) -> Reply {
         text: tokens.concat(),
         tokens: tokens
             .iter()
-            .map(|t| TokenStep {
-                token: t.to_string(),
-                logprob: -0.1,
-                top: vec![(t.to_string(), -0.1), (" Lyon".into(), -0.12)],
-            })
+            .map(|t| TokenStep { token: t.to_string(), logprob: -0.1, top: vec![(t.to_string(), -0.1), (" Lyon".into(), -0.12)] })
             .collect(),
         prompt_tokens: Some(1200),
         cached_tokens: Some(1024),
@@ -42,38 +38,20 @@ fn same() -> Divergence {
 }
 
 fn diverged(at: usize, margin: Option<f64>, near_tie: bool, agreement: f64) -> Divergence {
-    Divergence {
-        exact: false,
-        first_diff: Some(at),
-        margin_at_diff: margin,
-        near_tie,
-        agreement,
-        kl_topk: Some(0.0123),
-        ..same()
-    }
+    Divergence { exact: false, first_diff: Some(at), margin_at_diff: margin, near_tie, agreement, kl_topk: Some(0.0123), ..same() }
 }
 
 fn turn(turn: u32, target: &str, outcome: Outcome, vs_golden: Option<Divergence>) -> TurnResult {
-    let vs_captured = Some(TextMatch {
-        exact: !matches!(&vs_golden, Some(d) if !d.exact),
-        common_prefix_chars: 40,
-        captured_chars: 52,
-    });
+    let vs_captured = Some(TextMatch { exact: !matches!(&vs_golden, Some(d) if !d.exact), common_prefix_chars: 40, captured_chars: 52 });
     TurnResult { turn, target: target.into(), outcome, vs_golden, vs_captured, probes: Vec::new() }
 }
 
 fn probe(after_turn: u32, question: &str, expected: &str, answer: Outcome, passed: bool) -> ProbeResult {
-    ProbeResult {
-        probe: ProbeSpec { after_turn, question: question.into(), expected: expected.into() },
-        outcome: answer,
-        passed,
-    }
+    ProbeResult { probe: ProbeSpec { after_turn, question: question.into(), expected: expected.into() }, outcome: answer, passed }
 }
 
-const GOLDEN_1: &[&str] =
-    &["The", " answer", " is", " <script>", "alert(1)", "</script>", " and", " Paris", " is", " nice", "."];
-const FAST_1: &[&str] =
-    &["The", " answer", " is", " <script>", "alert(1)", "</script>", " and", " Lyon", " is", " nice", "."];
+const GOLDEN_1: &[&str] = &["The", " answer", " is", " <script>", "alert(1)", "</script>", " and", " Paris", " is", " nice", "."];
+const FAST_1: &[&str] = &["The", " answer", " is", " <script>", "alert(1)", "</script>", " and", " Lyon", " is", " nice", "."];
 
 pub(super) fn sample() -> ReplayReport {
     let ok = |t: &[&str]| Outcome::Ok(reply(t));
@@ -87,12 +65,7 @@ pub(super) fn sample() -> ReplayReport {
         turn(1, "remote", ok(GOLDEN_1), Some(same())),
         turn(2, "golden", ok(&["We", " met", " in", " June", "."]), None),
         turn(2, "fast", ok(&["We", " met", " in", " May", "."]), Some(diverged(3, Some(1.4), false, 0.8))),
-        turn(
-            2,
-            "remote",
-            Outcome::Failed { error: "timeout after 30 s\nwhile reading body".into(), status: Some(504) },
-            None,
-        ),
+        turn(2, "remote", Outcome::Failed { error: "timeout after 30 s\nwhile reading body".into(), status: Some(504) }, None),
         turn(3, "golden", ok(&["Bye", " now", "."]), None),
         turn(3, "fast", ok(&["Bye", " now", "."]), Some(same())),
         turn(
@@ -109,21 +82,11 @@ pub(super) fn sample() -> ReplayReport {
     let city_q = "Which city did we pick?";
     results[9].probes.push(probe(3, city_q, "Paris", Outcome::Ok(text_only("Paris")), true));
     results[10].probes.push(probe(3, city_q, "Paris", Outcome::Ok(text_only("paris!")), true));
-    results[11].probes.push(probe(
-        3,
-        city_q,
-        "Paris",
-        Outcome::Failed { error: "connection refused".into(), status: None },
-        false,
-    ));
+    results[11].probes.push(probe(3, city_q, "Paris", Outcome::Failed { error: "connection refused".into(), status: None }, false));
 
     let engine = |name: &str, patches: &[&str], spec: &str| TargetSpec {
         name: name.into(),
-        kind: TargetKind::Engine {
-            patches: patches.iter().map(|p| p.to_string()).collect(),
-            path: Some("fast".into()),
-            url: None,
-        },
+        kind: TargetKind::Engine { patches: patches.iter().map(|p| p.to_string()).collect(), path: Some("fast".into()), url: None },
         model: None,
         headers: Vec::new(),
         spec: spec.into(),
@@ -200,10 +163,7 @@ fn table_shows_each_turn_and_target() {
     let city = t.lines().find(|l| l.contains("Which city")).expect("probe row");
     assert!(city.contains("ERR"), "{city}");
     // The turn rows: 0..3, the failed cell spans remote's group.
-    assert_eq!(
-        t.lines().filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()) && l.contains('│')).count(),
-        4
-    );
+    assert_eq!(t.lines().filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()) && l.contains('│')).count(), 4);
     assert_eq!(t.lines().filter(|l| l.starts_with("turn")).count(), 1, "three targets fit one band");
     for line in t.lines() {
         assert!(line.chars().count() <= WIDTH, "line over {WIDTH} columns: {line}");

@@ -125,8 +125,7 @@ pub(crate) fn summaries(report: &ReplayReport) -> Vec<TargetSummary<'_>> {
                 turns: rows.len(),
                 failed: rows.iter().filter(|r| matches!(r.outcome, Outcome::Failed { .. })).count(),
                 exact: rows.iter().filter(|r| r.vs_golden.as_ref().is_some_and(|d| d.exact)).count(),
-                mean_agreement: (!agreements.is_empty())
-                    .then(|| agreements.iter().sum::<f64>() / agreements.len() as f64),
+                mean_agreement: (!agreements.is_empty()).then(|| agreements.iter().sum::<f64>() / agreements.len() as f64),
                 probes_passed: probes.iter().filter(|p| p.passed).count(),
                 probes: probes.len(),
             }
@@ -156,14 +155,7 @@ pub(crate) fn probe_rows(report: &ReplayReport) -> Vec<ProbeRow<'_>> {
             spec,
             results: order
                 .iter()
-                .map(|name| {
-                    report
-                        .results
-                        .iter()
-                        .filter(|r| r.target == *name)
-                        .flat_map(|r| &r.probes)
-                        .find(|p| &p.probe == spec)
-                })
+                .map(|name| report.results.iter().filter(|r| r.target == *name).flat_map(|r| &r.probes).find(|p| &p.probe == spec))
                 .collect(),
         })
         .collect()

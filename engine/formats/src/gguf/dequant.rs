@@ -8,7 +8,9 @@ use super::GgmlType;
 pub enum DequantError {
     #[error("tensor {tensor} is not in the model file")]
     Missing { tensor: String },
-    #[error("tensor {tensor}: element type {ggml_type} cannot be dequantized (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)")]
+    #[error(
+        "tensor {tensor}: element type {ggml_type} cannot be dequantized (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)"
+    )]
     Unsupported { tensor: String, ggml_type: GgmlType },
     #[error("tensor {tensor}: {elements} elements of {ggml_type} need {expected} bytes, have {actual}")]
     Size { tensor: String, ggml_type: GgmlType, elements: u64, expected: u64, actual: u64 },

@@ -26,20 +26,11 @@ pub enum GgufError {
     #[error("unsupported GGUF version {0} (this reader knows versions 2 and 3; a byte-swapped version means a big-endian file)")]
     UnsupportedVersion(u32),
     #[error("unknown GGUF value type {type_id} while reading {what} at byte {offset}")]
-    UnknownValueType {
-        type_id: u32,
-        what: String,
-        offset: u64,
-    },
+    UnknownValueType { type_id: u32, what: String, offset: u64 },
     #[error("invalid UTF-8 in {what} at byte {offset}")]
     InvalidUtf8 { what: String, offset: u64 },
     #[error("{what} at byte {offset} claims length {len}, more than the {remaining} bytes left in the file")]
-    LengthTooLarge {
-        what: String,
-        offset: u64,
-        len: u64,
-        remaining: u64,
-    },
+    LengthTooLarge { what: String, offset: u64, len: u64, remaining: u64 },
     #[error("invalid bool byte {byte} in {what} at byte {offset}")]
     InvalidBool { what: String, offset: u64, byte: u8 },
     #[error("metadata key '{0}' appears twice")]
@@ -51,32 +42,15 @@ pub enum GgufError {
     #[error("tensor '{name}' has {n_dims} dimensions; GGUF allows at most 4")]
     TooManyDims { name: String, n_dims: u32 },
     #[error("tensor '{name}' data offset {offset} is not a multiple of the alignment {alignment}")]
-    MisalignedTensor {
-        name: String,
-        offset: u64,
-        alignment: u64,
-    },
+    MisalignedTensor { name: String, offset: u64, alignment: u64 },
     #[error("tensor '{name}' data ({size} bytes at offset {offset}) extends past the end of the file ({file_len} bytes)")]
-    TensorOutOfBounds {
-        name: String,
-        offset: u64,
-        size: u64,
-        file_len: u64,
-    },
+    TensorOutOfBounds { name: String, offset: u64, size: u64, file_len: u64 },
     #[error("metadata key '{0}' is missing")]
     MissingKey(String),
     #[error("metadata key '{key}' holds {found}, expected {expected}")]
-    WrongType {
-        key: String,
-        expected: &'static str,
-        found: &'static str,
-    },
+    WrongType { key: String, expected: &'static str, found: &'static str },
     #[error("metadata key '{key}' value {value} does not fit in {target}")]
-    OutOfRange {
-        key: String,
-        value: i128,
-        target: &'static str,
-    },
+    OutOfRange { key: String, value: i128, target: &'static str },
 }
 
 pub type Result<T, E = GgufError> = std::result::Result<T, E>;

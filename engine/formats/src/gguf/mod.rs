@@ -47,10 +47,7 @@ impl Gguf {
     /// Opens a GGUF file and reads its header, metadata and tensor infos (not the tensor data).
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let io_err = |source| GgufError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
+        let io_err = |source| GgufError::Io { path: path.to_path_buf(), source };
         let file = File::open(path).map_err(io_err)?;
         let len = file.metadata().map_err(io_err)?.len();
         Self::read_from(BufReader::with_capacity(1 << 16, file), len)
@@ -62,8 +59,7 @@ impl Gguf {
         let mut r = Reader::new(reader, source_len);
 
         let mut magic = [0u8; 4];
-        r.read_exact(&mut magic)
-            .map_err(|e| e.context(|| "magic".into()))?;
+        r.read_exact(&mut magic).map_err(|e| e.context(|| "magic".into()))?;
         if magic != MAGIC {
             return Err(GgufError::BadMagic { found: magic });
         }
@@ -71,23 +67,12 @@ impl Gguf {
         if version != 2 && version != 3 {
             return Err(GgufError::UnsupportedVersion(version));
         }
-        let tensor_count = r
-            .read_u64()
-            .map_err(|e| e.context(|| "tensor count".into()))?;
-        let kv_count = r
-            .read_u64()
-            .map_err(|e| e.context(|| "metadata count".into()))?;
+        let tensor_count = r.read_u64().map_err(|e| e.context(|| "tensor count".into()))?;
+        let kv_count = r.read_u64().map_err(|e| e.context(|| "metadata count".into()))?;
 
         let (metadata, index) = read_metadata(&mut r, kv_count)?;
-        let mut gguf = Gguf {
-            version,
-            metadata,
-            index,
-            tensors: Vec::new(),
-            alignment: DEFAULT_ALIGNMENT,
-            data_offset: 0,
-            file_len: source_len,
-        };
+        let mut gguf =
+            Gguf { version, metadata, index, tensors: Vec::new(), alignment: DEFAULT_ALIGNMENT, data_offset: 0, file_len: source_len };
         gguf.alignment = match gguf.get_u64_opt("general.alignment")? {
             Some(a) if a == 0 || !a.is_power_of_two() => return Err(GgufError::BadAlignment(a)),
             Some(a) => a,
@@ -122,7 +107,13 @@ impl Gguf {
         let end = start.saturating_add(size);
         if end > file.len() as u64 {
             let actual = (file.len() as u64).saturating_sub(start);
-            return Err(DequantError::Size { tensor: info.name.clone(), ggml_type: info.ggml_type, elements: info.element_count().unwrap_or(0), expected: size, actual });
+            return Err(DequantError::Size {
+                tensor: info.name.clone(),
+                ggml_type: info.ggml_type,
+                elements: info.element_count().unwrap_or(0),
+                expected: size,
+                actual,
+            });
         }
         Ok(&file[start as usize..end as usize])
     }
@@ -160,16 +151,11 @@ impl Gguf {
     }
 
     fn require(&self, key: &str) -> Result<&GgufValue> {
-        self.get(key)
-            .ok_or_else(|| GgufError::MissingKey(key.to_string()))
+        self.get(key).ok_or_else(|| GgufError::MissingKey(key.to_string()))
     }
 
     fn wrong(key: &str, expected: &'static str, found: &GgufValue) -> GgufError {
-        GgufError::WrongType {
-            key: key.to_string(),
-            expected,
-            found: found.type_name(),
-        }
+        GgufError::WrongType { key: key.to_string(), expected, found: found.type_name() }
     }
 
     /// A string value.
@@ -188,11 +174,7 @@ impl Gguf {
     fn get_int<T: TryFrom<i128>>(&self, key: &str, target: &'static str) -> Result<T> {
         let v = self.require(key)?;
         let i = v.as_integer().ok_or_else(|| Self::wrong(key, target, v))?;
-        T::try_from(i).map_err(|_| GgufError::OutOfRange {
-            key: key.to_string(),
-            value: i,
-            target,
-        })
+        T::try_from(i).map_err(|_| GgufError::OutOfRange { key: key.to_string(), value: i, target })
     }
 
     /// An integer value of any integer type that fits in u32.
@@ -271,9 +253,7 @@ impl Gguf {
     pub fn get_i64_array(&self, key: &str) -> Result<Vec<i64>> {
         let v = self.require(key)?;
         match v {
-            GgufValue::Array(a) => a
-                .to_i64_vec()
-                .ok_or_else(|| Self::wrong(key, "array of integers", v)),
+            GgufValue::Array(a) => a.to_i64_vec().ok_or_else(|| Self::wrong(key, "array of integers", v)),
             _ => Err(Self::wrong(key, "array of integers", v)),
         }
     }
@@ -291,17 +271,10 @@ impl Gguf {
     fn check_tensors(&self) -> Result<()> {
         for t in &self.tensors {
             if t.offset % self.alignment != 0 {
-                return Err(GgufError::MisalignedTensor {
-                    name: t.name.clone(),
-                    offset: t.offset,
-                    alignment: self.alignment,
-                });
+                return Err(GgufError::MisalignedTensor { name: t.name.clone(), offset: t.offset, alignment: self.alignment });
             }
             if let Some(size) = t.byte_size() {
-                let end = self
-                    .data_offset
-                    .checked_add(t.offset)
-                    .and_then(|s| s.checked_add(size));
+                let end = self.data_offset.checked_add(t.offset).and_then(|s| s.checked_add(size));
                 if end.is_none_or(|end| end > self.file_len) {
                     return Err(GgufError::TensorOutOfBounds {
                         name: t.name.clone(),
@@ -322,15 +295,9 @@ fn read_metadata<R: Read>(r: &mut Reader<R>, kv_count: u64) -> Result<Metadata> 
     let mut metadata = Vec::new();
     let mut index = HashMap::new();
     for i in 0..kv_count {
-        let key = r
-            .read_string()
-            .map_err(|e| e.context(|| format!("key of metadata entry {i}")))?;
-        let ty = r
-            .read_type_id()
-            .map_err(|e| e.context(|| format!("value type of key '{key}'")))?;
-        let value = r
-            .read_value(ty)
-            .map_err(|e| e.context(|| format!("value of key '{key}'")))?;
+        let key = r.read_string().map_err(|e| e.context(|| format!("key of metadata entry {i}")))?;
+        let ty = r.read_type_id().map_err(|e| e.context(|| format!("value type of key '{key}'")))?;
+        let value = r.read_value(ty).map_err(|e| e.context(|| format!("value of key '{key}'")))?;
         if index.insert(key.clone(), metadata.len()).is_some() {
             return Err(GgufError::DuplicateKey(key));
         }
@@ -343,37 +310,21 @@ fn read_tensor_infos<R: Read>(r: &mut Reader<R>, tensor_count: u64) -> Result<Ve
     let mut tensors = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for i in 0..tensor_count {
-        let name = r
-            .read_string()
-            .map_err(|e| e.context(|| format!("name of tensor info {i}")))?;
-        let n_dims = r
-            .read_u32()
-            .map_err(|e| e.context(|| format!("dimension count of tensor '{name}'")))?;
+        let name = r.read_string().map_err(|e| e.context(|| format!("name of tensor info {i}")))?;
+        let n_dims = r.read_u32().map_err(|e| e.context(|| format!("dimension count of tensor '{name}'")))?;
         if n_dims > MAX_DIMS {
             return Err(GgufError::TooManyDims { name, n_dims });
         }
         let mut dims = Vec::with_capacity(n_dims as usize);
         for d in 0..n_dims {
-            dims.push(
-                r.read_u64()
-                    .map_err(|e| e.context(|| format!("dimension {d} of tensor '{name}'")))?,
-            );
+            dims.push(r.read_u64().map_err(|e| e.context(|| format!("dimension {d} of tensor '{name}'")))?);
         }
-        let ggml_type = r
-            .read_u32()
-            .map_err(|e| e.context(|| format!("type of tensor '{name}'")))?;
-        let offset = r
-            .read_u64()
-            .map_err(|e| e.context(|| format!("data offset of tensor '{name}'")))?;
+        let ggml_type = r.read_u32().map_err(|e| e.context(|| format!("type of tensor '{name}'")))?;
+        let offset = r.read_u64().map_err(|e| e.context(|| format!("data offset of tensor '{name}'")))?;
         if !seen.insert(name.clone()) {
             return Err(GgufError::DuplicateTensor(name));
         }
-        tensors.push(TensorInfo {
-            name,
-            dims,
-            ggml_type: GgmlType(ggml_type),
-            offset,
-        });
+        tensors.push(TensorInfo { name, dims, ggml_type: GgmlType(ggml_type), offset });
     }
     Ok(tensors)
 }

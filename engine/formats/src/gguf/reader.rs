@@ -31,11 +31,7 @@ pub(crate) struct LowError {
 
 impl LowError {
     fn new(kind: LowKind, offset: u64) -> Self {
-        LowError {
-            kind,
-            offset,
-            path: String::new(),
-        }
+        LowError { kind, offset, path: String::new() }
     }
 
     fn in_element(mut self, index: u64) -> Self {
@@ -49,23 +45,10 @@ impl LowError {
         let offset = self.offset;
         match self.kind {
             LowKind::Eof => GgufError::Truncated { what, offset },
-            LowKind::Io(source) => GgufError::Read {
-                what,
-                offset,
-                source,
-            },
+            LowKind::Io(source) => GgufError::Read { what, offset, source },
             LowKind::Utf8 => GgufError::InvalidUtf8 { what, offset },
-            LowKind::TooLong { len, remaining } => GgufError::LengthTooLarge {
-                what,
-                offset,
-                len,
-                remaining,
-            },
-            LowKind::UnknownType(type_id) => GgufError::UnknownValueType {
-                type_id,
-                what,
-                offset,
-            },
+            LowKind::TooLong { len, remaining } => GgufError::LengthTooLarge { what, offset, len, remaining },
+            LowKind::UnknownType(type_id) => GgufError::UnknownValueType { type_id, what, offset },
             LowKind::BadBool(byte) => GgufError::InvalidBool { what, offset, byte },
         }
     }
@@ -110,9 +93,7 @@ impl<R: Read> Reader<R> {
                 self.pos += buf.len() as u64;
                 Ok(())
             }
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                Err(LowError::new(LowKind::Eof, start))
-            }
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(LowError::new(LowKind::Eof, start)),
             Err(e) => Err(LowError::new(LowKind::Io(e), start)),
         }
     }
@@ -143,23 +124,9 @@ impl<R: Read> Reader<R> {
         let remaining = self.remaining();
         let needed = count.saturating_mul(min_size);
         if needed > remaining {
-            return Err(LowError::new(
-                LowKind::TooLong {
-                    len: count,
-                    remaining,
-                },
-                at,
-            ));
+            return Err(LowError::new(LowKind::TooLong { len: count, remaining }, at));
         }
-        usize::try_from(count).map_err(|_| {
-            LowError::new(
-                LowKind::TooLong {
-                    len: count,
-                    remaining,
-                },
-                at,
-            )
-        })
+        usize::try_from(count).map_err(|_| LowError::new(LowKind::TooLong { len: count, remaining }, at))
     }
 
     /// A GGUF string: u64 byte length, then UTF-8 bytes (no terminator).
@@ -213,11 +180,7 @@ impl<R: Read> Reader<R> {
         };
         let n = self.check_len(count, min_size, count_at)?;
 
-        fn many<T, R: Read>(
-            r: &mut Reader<R>,
-            n: usize,
-            mut one: impl FnMut(&mut Reader<R>) -> LowResult<T>,
-        ) -> LowResult<Vec<T>> {
+        fn many<T, R: Read>(r: &mut Reader<R>, n: usize, mut one: impl FnMut(&mut Reader<R>) -> LowResult<T>) -> LowResult<Vec<T>> {
             let mut out = Vec::with_capacity(n);
             for i in 0..n {
                 out.push(one(r).map_err(|e| e.in_element(i as u64))?);

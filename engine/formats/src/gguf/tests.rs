@@ -96,11 +96,7 @@ fn sample(version: u32, alignment: Option<u32>) -> Vec<u8> {
         w.string("héllo ✓");
     });
     w.kv("a.strs", t::ARRAY, |w| {
-        w.u32(t::STRING)
-            .u64(3)
-            .string("x")
-            .string("")
-            .string("<|im_start|>");
+        w.u32(t::STRING).u64(3).string("x").string("").string("<|im_start|>");
     });
     w.kv("a.ints", t::ARRAY, |w| {
         w.u32(t::I32).u64(3);
@@ -109,10 +105,7 @@ fn sample(version: u32, alignment: Option<u32>) -> Vec<u8> {
         }
     });
     w.kv("a.floats", t::ARRAY, |w| {
-        w.u32(t::F32)
-            .u64(2)
-            .bytes(&0.5f32.to_le_bytes())
-            .bytes(&(-1.0f32).to_le_bytes());
+        w.u32(t::F32).u64(2).bytes(&0.5f32.to_le_bytes()).bytes(&(-1.0f32).to_le_bytes());
     });
     w.kv("a.nested", t::ARRAY, |w| {
         w.u32(t::ARRAY).u64(2);
@@ -127,12 +120,7 @@ fn sample(version: u32, alignment: Option<u32>) -> Vec<u8> {
     let align = alignment.unwrap_or(32) as u64;
     // Tensor 0: 4x2 F32 = 32 bytes at 0; tensor 1: 64 elements Q4_1 = 2 blocks = 40 bytes, aligned.
     w.tensor("tok_embd.weight", &[4, 2], 0, 0);
-    w.tensor(
-        "blk.0.attn_q.weight",
-        &[64],
-        3,
-        32u64.div_ceil(align) * align,
-    );
+    w.tensor("blk.0.attn_q.weight", &[64], 3, 32u64.div_ceil(align) * align);
     w.pad_to(align as usize);
     let data_len = 32u64.div_ceil(align) * align + 40;
     w.bytes(&vec![0u8; data_len as usize]);
@@ -156,19 +144,10 @@ fn reads_every_value_type_and_tensor_info() {
     assert_eq!(g.get_f64("a.f64").unwrap(), -2.25);
     assert!(g.get_bool("a.bool").unwrap());
     assert_eq!(g.get_str("a.str").unwrap(), "héllo ✓");
-    assert_eq!(
-        g.get_str_array("a.strs").unwrap(),
-        ["x", "", "<|im_start|>"]
-    );
+    assert_eq!(g.get_str_array("a.strs").unwrap(), ["x", "", "<|im_start|>"]);
     assert_eq!(g.get_i64_array("a.ints").unwrap(), vec![1, -2, 3]);
     assert_eq!(g.get_f32_array("a.floats").unwrap(), vec![0.5, -1.0]);
-    assert_eq!(
-        g.get_array("a.nested").unwrap(),
-        &GgufArray::Array(vec![
-            GgufArray::U8(vec![1, 2]),
-            GgufArray::String(vec!["in".into()])
-        ])
-    );
+    assert_eq!(g.get_array("a.nested").unwrap(), &GgufArray::Array(vec![GgufArray::U8(vec![1, 2]), GgufArray::String(vec!["in".into()])]));
     let keys: Vec<&str> = g.metadata().map(|(k, _)| k).collect();
     assert_eq!(keys.first(), Some(&"a.u8"));
     assert_eq!(keys.len(), 16);
@@ -177,10 +156,7 @@ fn reads_every_value_type_and_tensor_info() {
     assert_eq!(g.data_offset() % 32, 0);
     assert_eq!(g.tensors().len(), 2);
     let t0 = &g.tensors()[0];
-    assert_eq!(
-        (t0.name.as_str(), t0.dims.as_slice(), t0.offset),
-        ("tok_embd.weight", &[4u64, 2][..], 0)
-    );
+    assert_eq!((t0.name.as_str(), t0.dims.as_slice(), t0.offset), ("tok_embd.weight", &[4u64, 2][..], 0));
     assert_eq!(t0.ggml_type.name(), Some("F32"));
     assert_eq!(t0.byte_size(), Some(32));
     let t1 = g.tensor("blk.0.attn_q.weight").unwrap();
@@ -204,29 +180,10 @@ fn reads_version_2_and_custom_alignment() {
 fn typed_getters_report_missing_and_wrong_types() {
     let g = parse(&sample(3, None)).unwrap();
     assert!(matches!(g.get_str("nope"), Err(GgufError::MissingKey(k)) if k == "nope"));
-    assert!(matches!(
-        g.get_str("a.u32"),
-        Err(GgufError::WrongType {
-            expected: "string",
-            found: "u32",
-            ..
-        })
-    ));
-    assert!(matches!(
-        g.get_u32("a.i32"),
-        Err(GgufError::OutOfRange { value: -7, .. })
-    ));
-    assert!(matches!(
-        g.get_u32("a.u64"),
-        Err(GgufError::OutOfRange { .. })
-    ));
-    assert!(matches!(
-        g.get_str_array("a.ints"),
-        Err(GgufError::WrongType {
-            found: "array of i32",
-            ..
-        })
-    ));
+    assert!(matches!(g.get_str("a.u32"), Err(GgufError::WrongType { expected: "string", found: "u32", .. })));
+    assert!(matches!(g.get_u32("a.i32"), Err(GgufError::OutOfRange { value: -7, .. })));
+    assert!(matches!(g.get_u32("a.u64"), Err(GgufError::OutOfRange { .. })));
+    assert!(matches!(g.get_str_array("a.ints"), Err(GgufError::WrongType { found: "array of i32", .. })));
     assert_eq!(g.get_u32_opt("nope").unwrap(), None);
     assert_eq!(g.get_str_opt("a.str").unwrap(), Some("héllo ✓"));
 }
@@ -264,10 +221,7 @@ fn every_truncation_is_a_typed_error_naming_what_was_read() {
 fn data_section_must_fit_in_the_file() {
     let buf = sample(3, None);
     let err = parse(&buf[..buf.len() - 1]).unwrap_err();
-    assert!(
-        matches!(&err, GgufError::TensorOutOfBounds { name, .. } if name == "blk.0.attn_q.weight"),
-        "{err:?}"
-    );
+    assert!(matches!(&err, GgufError::TensorOutOfBounds { name, .. } if name == "blk.0.attn_q.weight"), "{err:?}");
 }
 
 #[test]
@@ -278,85 +232,49 @@ fn rejects_bad_magic_version_and_value_type() {
 
     let mut w = Writer::default();
     w.header(1, 0, 0);
-    assert!(matches!(
-        parse(&w.buf),
-        Err(GgufError::UnsupportedVersion(1))
-    ));
+    assert!(matches!(parse(&w.buf), Err(GgufError::UnsupportedVersion(1))));
 
     let mut w = Writer::default();
     w.header(3, 0, 1).string("weird").u32(99).u32(0);
     match parse(&w.buf) {
-        Err(GgufError::UnknownValueType {
-            type_id: 99, what, ..
-        }) => assert!(what.contains("weird")),
+        Err(GgufError::UnknownValueType { type_id: 99, what, .. }) => assert!(what.contains("weird")),
         other => panic!("expected unknown value type, got {other:?}"),
     }
 
     let mut w = Writer::default();
     w.header(3, 0, 1).string("arr").u32(t::ARRAY).u32(42).u64(1);
-    assert!(matches!(
-        parse(&w.buf),
-        Err(GgufError::UnknownValueType { type_id: 42, .. })
-    ));
+    assert!(matches!(parse(&w.buf), Err(GgufError::UnknownValueType { type_id: 42, .. })));
 }
 
 #[test]
 fn rejects_absurd_lengths_duplicates_and_bad_alignment() {
     let mut w = Writer::default();
     w.header(3, 0, 1).string("s").u32(t::STRING).u64(u64::MAX);
-    assert!(matches!(
-        parse(&w.buf),
-        Err(GgufError::LengthTooLarge { .. })
-    ));
+    assert!(matches!(parse(&w.buf), Err(GgufError::LengthTooLarge { .. })));
 
     let mut w = Writer::default();
-    w.header(3, 0, 1)
-        .string("a")
-        .u32(t::ARRAY)
-        .u32(t::U64)
-        .u64(1 << 60);
-    assert!(matches!(
-        parse(&w.buf),
-        Err(GgufError::LengthTooLarge { .. })
-    ));
+    w.header(3, 0, 1).string("a").u32(t::ARRAY).u32(t::U64).u64(1 << 60);
+    assert!(matches!(parse(&w.buf), Err(GgufError::LengthTooLarge { .. })));
 
     let mut w = Writer::default();
-    w.header(3, 0, 2)
-        .string("k")
-        .u32(t::U8)
-        .bytes(&[1])
-        .string("k")
-        .u32(t::U8)
-        .bytes(&[2]);
+    w.header(3, 0, 2).string("k").u32(t::U8).bytes(&[1]).string("k").u32(t::U8).bytes(&[2]);
     assert!(matches!(parse(&w.buf), Err(GgufError::DuplicateKey(k)) if k == "k"));
 
     let mut w = Writer::default();
-    w.header(3, 0, 1)
-        .string("general.alignment")
-        .u32(t::U32)
-        .u32(48);
+    w.header(3, 0, 1).string("general.alignment").u32(t::U32).u32(48);
     assert!(matches!(parse(&w.buf), Err(GgufError::BadAlignment(48))));
 
     let mut w = Writer::default();
     w.header(3, 0, 1).string("b").u32(t::BOOL).bytes(&[7]);
-    assert!(matches!(
-        parse(&w.buf),
-        Err(GgufError::InvalidBool { byte: 7, .. })
-    ));
+    assert!(matches!(parse(&w.buf), Err(GgufError::InvalidBool { byte: 7, .. })));
 
     let mut w = Writer::default();
     w.header(3, 1, 0).tensor("t", &[1, 1, 1, 1, 1], 0, 0);
-    assert!(matches!(
-        parse(&w.buf),
-        Err(GgufError::TooManyDims { n_dims: 5, .. })
-    ));
+    assert!(matches!(parse(&w.buf), Err(GgufError::TooManyDims { n_dims: 5, .. })));
 
     let mut w = Writer::default();
     w.header(3, 1, 0).tensor("t", &[1], 0, 4);
-    assert!(matches!(
-        parse(&w.buf),
-        Err(GgufError::MisalignedTensor { offset: 4, .. })
-    ));
+    assert!(matches!(parse(&w.buf), Err(GgufError::MisalignedTensor { offset: 4, .. })));
 }
 
 #[test]

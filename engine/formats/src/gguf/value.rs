@@ -228,9 +228,7 @@ pub struct TensorInfo {
 impl TensorInfo {
     /// Number of elements (product of the dimensions), or None on overflow.
     pub fn element_count(&self) -> Option<u64> {
-        self.dims
-            .iter()
-            .try_fold(1u64, |acc, d| acc.checked_mul(*d))
+        self.dims.iter().try_fold(1u64, |acc, d| acc.checked_mul(*d))
     }
 
     /// Bytes of tensor data, when the type's layout is known.

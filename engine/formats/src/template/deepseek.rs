@@ -93,8 +93,7 @@ Otherwise, output directly after </think> with tool calls or final response.
 You MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.
 "#;
 
-const RESPONSE_FORMAT: &str =
-    "## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n";
+const RESPONSE_FORMAT: &str = "## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n";
 
 /// V4 task tokens (`task` on a message: DeepSeek's internal quick-instruction tasks).
 const V4_TASKS: [(&str, &str); 6] = [
@@ -113,11 +112,7 @@ pub enum DeepSeekError {
     #[error("message {index} is not valid: {reason}")]
     InvalidMessage { index: usize, reason: String },
     #[error("message {index} has role {role:?}, which {version} does not encode")]
-    UnknownRole {
-        index: usize,
-        role: String,
-        version: &'static str,
-    },
+    UnknownRole { index: usize, role: String, version: &'static str },
     #[error("message {index}: a developer message needs non-empty content")]
     EmptyDeveloper { index: usize },
     #[error("message {index}: a tool result without a preceding assistant tool call to answer")]
@@ -180,36 +175,19 @@ impl DeepSeekFormat {
     }
 
     /// Renders OpenAI-shaped messages (and request-level `tools`, a JSON array).
-    pub fn render(
-        &self,
-        messages: &[Json],
-        tools: Option<&Json>,
-        add_generation_prompt: bool,
-    ) -> Result<String, DeepSeekError> {
+    pub fn render(&self, messages: &[Json], tools: Option<&Json>, add_generation_prompt: bool) -> Result<String, DeepSeekError> {
         let split = self.render_split(messages, tools)?;
-        Ok(if add_generation_prompt {
-            split.body + &split.generation_prompt
-        } else {
-            split.body
-        })
+        Ok(if add_generation_prompt { split.body + &split.generation_prompt } else { split.body })
     }
 
     /// The render without the generation prompt, and the generation prompt.
-    pub fn render_split(
-        &self,
-        messages: &[Json],
-        tools: Option<&Json>,
-    ) -> Result<Split, DeepSeekError> {
+    pub fn render_split(&self, messages: &[Json], tools: Option<&Json>) -> Result<Split, DeepSeekError> {
         let prepared = prepare(messages)?;
         self.render_prepared(&prepared, tools)
     }
 
     /// Renders messages already normalised by [`prepare`].
-    pub(crate) fn render_prepared(
-        &self,
-        messages: &[Json],
-        tools: Option<&Json>,
-    ) -> Result<Split, DeepSeekError> {
+    pub(crate) fn render_prepared(&self, messages: &[Json], tools: Option<&Json>) -> Result<Split, DeepSeekError> {
         let mut full: Vec<Json> = Vec::with_capacity(messages.len() + 1);
         if let Some(tools) = tools.filter(|t| truthy(t)) {
             let mut system = Map::new();
@@ -234,10 +212,7 @@ impl DeepSeekFormat {
                 body.push_str(&opener);
             }
         }
-        Ok(Split {
-            body,
-            generation_prompt,
-        })
+        Ok(Split { body, generation_prompt })
     }
 }
 
@@ -248,17 +223,11 @@ pub(crate) fn prepare(messages: &[Json]) -> Result<Vec<Json>, DeepSeekError> {
         .iter()
         .enumerate()
         .map(|(index, m)| {
-            let invalid = |reason: &str| DeepSeekError::InvalidMessage {
-                index,
-                reason: reason.into(),
-            };
+            let invalid = |reason: &str| DeepSeekError::InvalidMessage { index, reason: reason.into() };
             let Json::Object(fields) = m else {
                 return Err(invalid("not a JSON object"));
             };
-            let role = fields
-                .get("role")
-                .and_then(Json::as_str)
-                .ok_or_else(|| invalid("no string \"role\""))?;
+            let role = fields.get("role").and_then(Json::as_str).ok_or_else(|| invalid("no string \"role\""))?;
             let mut out = fields.clone();
             let content = match fields.get("content") {
                 None | Some(Json::Null) => Json::from(""),
@@ -298,9 +267,7 @@ fn field<'a>(m: &'a Json, key: &str) -> Option<&'a Json> {
 }
 
 fn last_user_index(messages: &[Json]) -> Option<usize> {
-    messages
-        .iter()
-        .rposition(|m| matches!(role(m), "user" | "developer"))
+    messages.iter().rposition(|m| matches!(role(m), "user" | "developer"))
 }
 
 /// Index > the last user's (Python compares with -1 when there is none).
@@ -316,10 +283,7 @@ fn at_or_after(index: usize, last_user: Option<usize>) -> bool {
 fn tools_and_format(m: &Json, tools_template: &str) -> String {
     let mut out = String::new();
     if let Some(Json::Array(tools)) = field(m, "tools") {
-        let schemas: Vec<String> = tools
-            .iter()
-            .map(|t| py_json(&PyJson::from(t.get("function").unwrap_or(&Json::Null))))
-            .collect();
+        let schemas: Vec<String> = tools.iter().map(|t| py_json(&PyJson::from(t.get("function").unwrap_or(&Json::Null)))).collect();
         out.push_str("\n\n");
         out.push_str(&tools_template.replace("{TOOLS}", &schemas.join("\n")));
     }
@@ -332,22 +296,14 @@ fn tools_and_format(m: &Json, tools_template: &str) -> String {
 }
 
 /// The DSML block of an assistant's tool calls ("" without calls), `block` naming its element.
-fn tool_calls_dsml(
-    m: &Json,
-    index: usize,
-    block: &str,
-    lenient: bool,
-) -> Result<String, DeepSeekError> {
+fn tool_calls_dsml(m: &Json, index: usize, block: &str, lenient: bool) -> Result<String, DeepSeekError> {
     let Some(Json::Array(calls)) = field(m, "tool_calls") else {
         return Ok(String::new());
     };
     let mut invokes = Vec::with_capacity(calls.len());
     for call in calls {
         let function = call.get("function").unwrap_or(&Json::Null);
-        let name = function
-            .get("name")
-            .map(python_str)
-            .unwrap_or_else(|| "None".into());
+        let name = function.get("name").map(python_str).unwrap_or_else(|| "None".into());
         let args = arguments(function.get("arguments"), index, lenient)?;
         let params: Vec<String> = args
             .iter()
@@ -356,29 +312,17 @@ fn tool_calls_dsml(
                     PyJson::Str(s) => ("true", s.clone()),
                     other => ("false", py_json(other)),
                 };
-                format!(
-                    "<{DSML}parameter name=\"{k}\" string=\"{is_str}\">{value}</{DSML}parameter>"
-                )
+                format!("<{DSML}parameter name=\"{k}\" string=\"{is_str}\">{value}</{DSML}parameter>")
             })
             .collect();
-        invokes.push(format!(
-            "<{DSML}invoke name=\"{name}\">\n{}\n</{DSML}invoke>",
-            params.join("\n")
-        ));
+        invokes.push(format!("<{DSML}invoke name=\"{name}\">\n{}\n</{DSML}invoke>", params.join("\n")));
     }
-    Ok(format!(
-        "\n\n<{DSML}{block}>\n{}\n</{DSML}{block}>",
-        invokes.join("\n")
-    ))
+    Ok(format!("\n\n<{DSML}{block}>\n{}\n</{DSML}{block}>", invokes.join("\n")))
 }
 
 /// `json.loads(arguments).items()`, in the string's key order. `lenient` (V4) falls back to
 /// `{"arguments": <the raw value>}` where `json.loads` fails, as the V4 script does.
-fn arguments(
-    raw: Option<&Json>,
-    index: usize,
-    lenient: bool,
-) -> Result<Vec<(String, PyJson)>, DeepSeekError> {
+fn arguments(raw: Option<&Json>, index: usize, lenient: bool) -> Result<Vec<(String, PyJson)>, DeepSeekError> {
     let bad = |reason: String| DeepSeekError::BadArguments { index, reason };
     let parsed = match raw {
         Some(Json::String(s)) => serde_json::from_str::<PyJson>(s).map_err(|e| e.to_string()),
@@ -388,10 +332,7 @@ fn arguments(
     match parsed {
         Ok(PyJson::Dict(items)) => Ok(items),
         Ok(other) => Err(bad(format!("{} is not an object", py_json(&other)))),
-        Err(_) if lenient && raw.is_some() => Ok(vec![(
-            "arguments".into(),
-            PyJson::from(raw.unwrap_or(&Json::Null)),
-        )]),
+        Err(_) if lenient && raw.is_some() => Ok(vec![("arguments".into(), PyJson::from(raw.unwrap_or(&Json::Null)))]),
         Err(reason) => Err(bad(reason)),
     }
 }
@@ -411,10 +352,7 @@ mod v32 {
 
     use super::*;
 
-    pub(super) fn encode(
-        mut full: Vec<Json>,
-        thinking: bool,
-    ) -> Result<Vec<(String, String)>, DeepSeekError> {
+    pub(super) fn encode(mut full: Vec<Json>, thinking: bool) -> Result<Vec<(String, String)>, DeepSeekError> {
         if thinking {
             let count = full.len();
             full = drop_thinking(full);
@@ -422,9 +360,7 @@ mod v32 {
                 return Err(DeepSeekError::DroppedDeveloper);
             }
         }
-        (0..full.len())
-            .map(|i| render_message(i, &full, thinking))
-            .collect()
+        (0..full.len()).map(|i| render_message(i, &full, thinking)).collect()
     }
 
     fn drop_thinking(messages: Vec<Json>) -> Vec<Json> {
@@ -452,36 +388,23 @@ mod v32 {
         }
     }
 
-    fn render_message(
-        index: usize,
-        messages: &[Json],
-        thinking: bool,
-    ) -> Result<(String, String), DeepSeekError> {
+    fn render_message(index: usize, messages: &[Json], thinking: bool) -> Result<(String, String), DeepSeekError> {
         let m = &messages[index];
         let last_user = last_user_index(messages);
         let content = text(m, "content");
         match role(m) {
-            "system" => Ok((
-                format!("{content}{}", tools_and_format(m, V32_TOOLS)),
-                String::new(),
-            )),
+            "system" => Ok((format!("{content}{}", tools_and_format(m, V32_TOOLS)), String::new())),
             "developer" => {
                 if content.is_empty() {
                     return Err(DeepSeekError::EmptyDeveloper { index });
                 }
-                let body = format!(
-                    "{USER}{}\n\n# The user's message is: {content}",
-                    tools_and_format(m, V32_TOOLS)
-                );
+                let body = format!("{USER}{}\n\n# The user's message is: {content}", tools_and_format(m, V32_TOOLS));
                 let open = last_user == Some(index) && thinking;
                 Ok((body, format!("{ASSISTANT}{}", think(open))))
             }
             "user" => {
                 let open = last_user == Some(index) && thinking;
-                Ok((
-                    format!("{USER}{content}"),
-                    format!("{ASSISTANT}{}", think(open)),
-                ))
+                Ok((format!("{USER}{content}"), format!("{ASSISTANT}{}", think(open))))
             }
             "tool" => {
                 let assistant = messages[..index]
@@ -523,11 +446,7 @@ mod v32 {
                 body.push_str(EOS);
                 Ok((body, String::new()))
             }
-            other => Err(DeepSeekError::UnknownRole {
-                index,
-                role: other.into(),
-                version: DeepSeekVersion::V32.label(),
-            }),
+            other => Err(DeepSeekError::UnknownRole { index, role: other.into(), version: DeepSeekVersion::V32.label() }),
         }
     }
 }
@@ -538,18 +457,13 @@ mod v4 {
 
     use super::*;
 
-    pub(super) fn encode(
-        full: Vec<Json>,
-        thinking: bool,
-    ) -> Result<Vec<(String, String)>, DeepSeekError> {
+    pub(super) fn encode(full: Vec<Json>, thinking: bool) -> Result<Vec<(String, String)>, DeepSeekError> {
         let mut full = sort_tool_results(merge_tool_messages(full));
         let drop = !full.iter().any(|m| field(m, "tools").is_some());
         if thinking && drop {
             full = drop_thinking(full);
         }
-        (0..full.len())
-            .map(|i| render_message(i, &full, thinking, drop))
-            .collect()
+        (0..full.len()).map(|i| render_message(i, &full, thinking, drop)).collect()
     }
 
     fn block(kind: &str, extra: impl IntoIterator<Item = (&'static str, Json)>) -> Json {
@@ -573,14 +487,8 @@ mod v4 {
                     let result = block(
                         "tool_result",
                         [
-                            (
-                                "tool_use_id",
-                                m.get("tool_call_id").cloned().unwrap_or(Json::from("")),
-                            ),
-                            (
-                                "content",
-                                m.get("content").cloned().unwrap_or(Json::from("")),
-                            ),
+                            ("tool_use_id", m.get("tool_call_id").cloned().unwrap_or(Json::from(""))),
+                            ("content", m.get("content").cloned().unwrap_or(Json::from(""))),
                         ],
                     );
                     if is_open_user(merged.last()) {
@@ -595,9 +503,7 @@ mod v4 {
                 "user" => {
                     let content = m.get("content").cloned().unwrap_or(Json::from(""));
                     let text_block = block("text", [("text", content.clone())]);
-                    let last_has_task = merged
-                        .last()
-                        .is_some_and(|l| !l.get("task").unwrap_or(&Json::Null).is_null());
+                    let last_has_task = merged.last().is_some_and(|l| !l.get("task").unwrap_or(&Json::Null).is_null());
                     if is_open_user(merged.last()) && !last_has_task {
                         push_block(merged.last_mut(), text_block);
                     } else {
@@ -653,18 +559,13 @@ mod v4 {
                     let Some(Json::Array(blocks)) = m.get_mut("content_blocks") else {
                         continue;
                     };
-                    let is_result =
-                        |b: &Json| b.get("type").and_then(Json::as_str) == Some("tool_result");
-                    let mut results: Vec<Json> =
-                        blocks.iter().filter(|b| is_result(b)).cloned().collect();
+                    let is_result = |b: &Json| b.get("type").and_then(Json::as_str) == Some("tool_result");
+                    let mut results: Vec<Json> = blocks.iter().filter(|b| is_result(b)).cloned().collect();
                     if results.len() < 2 || order.is_empty() {
                         continue;
                     }
                     let rank = |b: &Json| {
-                        let id = b
-                            .get("tool_use_id")
-                            .and_then(Json::as_str)
-                            .unwrap_or_default();
+                        let id = b.get("tool_use_id").and_then(Json::as_str).unwrap_or_default();
                         order.iter().find(|(k, _)| k == id).map_or(0, |(_, i)| *i)
                     };
                     results.sort_by_key(rank);
@@ -688,10 +589,7 @@ mod v4 {
         let mut out = Vec::with_capacity(messages.len());
         for (idx, mut m) in messages.into_iter().enumerate() {
             let r = role(&m);
-            let keep = matches!(
-                r,
-                "user" | "system" | "tool" | "latest_reminder" | "direct_search_results"
-            );
+            let keep = matches!(r, "user" | "system" | "tool" | "latest_reminder" | "direct_search_results");
             if keep || at_or_after(idx, last_user) {
                 out.push(m);
             } else if r == "assistant" {
@@ -708,12 +606,7 @@ mod v4 {
         m.get("task").is_some_and(|t| !t.is_null())
     }
 
-    fn render_message(
-        index: usize,
-        messages: &[Json],
-        thinking: bool,
-        drop: bool,
-    ) -> Result<(String, String), DeepSeekError> {
+    fn render_message(index: usize, messages: &[Json], thinking: bool, drop: bool) -> Result<(String, String), DeepSeekError> {
         let m = &messages[index];
         let last_user = last_user_index(messages);
         let content = text(m, "content");
@@ -758,13 +651,7 @@ mod v4 {
                     body.push_str(EOS);
                 }
             }
-            other => {
-                return Err(DeepSeekError::UnknownRole {
-                    index,
-                    role: other.into(),
-                    version: DeepSeekVersion::V4.label(),
-                })
-            }
+            other => return Err(DeepSeekError::UnknownRole { index, role: other.into(), version: DeepSeekVersion::V4.label() }),
         }
         let next_role = messages.get(index + 1).map(role);
         if next_role.is_some_and(|r| r != "assistant" && r != "latest_reminder") {
@@ -777,10 +664,7 @@ mod v4 {
                 .iter()
                 .find(|(name, _)| *name == task)
                 .map(|(_, t)| *t)
-                .ok_or(DeepSeekError::UnknownTask {
-                    index,
-                    task: task.clone(),
-                })?;
+                .ok_or(DeepSeekError::UnknownTask { index, task: task.clone() })?;
             if task == "action" {
                 opener.push_str(ASSISTANT);
                 opener.push_str(if thinking { THINK_START } else { THINK_END });
@@ -972,10 +856,7 @@ mod tests {
     use serde_json::json;
 
     fn chat() -> DeepSeekFormat {
-        DeepSeekFormat {
-            version: DeepSeekVersion::V4,
-            thinking: false,
-        }
+        DeepSeekFormat { version: DeepSeekVersion::V4, thinking: false }
     }
 
     #[test]
@@ -1001,13 +882,8 @@ mod tests {
 
     #[test]
     fn arguments_keep_their_key_order_and_repeated_keys_keep_the_first_slot() {
-        let v: PyJson =
-            serde_json::from_str(r#"{"b": 1, "a": {"y": 2.0, "x": [true, null]}, "b": "z"}"#)
-                .unwrap();
-        assert_eq!(
-            py_json(&v),
-            r#"{"b": "z", "a": {"y": 2.0, "x": [true, null]}}"#
-        );
+        let v: PyJson = serde_json::from_str(r#"{"b": 1, "a": {"y": 2.0, "x": [true, null]}, "b": "z"}"#).unwrap();
+        assert_eq!(py_json(&v), r#"{"b": "z", "a": {"y": 2.0, "x": [true, null]}}"#);
     }
 
     #[test]
@@ -1016,54 +892,28 @@ mod tests {
         let split = chat().render_split(&msgs, None).unwrap();
         assert_eq!(split.body, "<｜begin▁of▁sentence｜><｜User｜>hi");
         assert_eq!(split.generation_prompt, "<｜Assistant｜></think>");
-        let v32 = DeepSeekFormat {
-            version: DeepSeekVersion::V32,
-            thinking: true,
-        };
-        assert_eq!(
-            v32.render_split(&msgs, None).unwrap().generation_prompt,
-            "<｜Assistant｜><think>"
-        );
-        let done = [
-            msgs[0].clone(),
-            json!({"role": "assistant", "content": "yo"}),
-        ];
-        assert_eq!(
-            chat().render_split(&done, None).unwrap().generation_prompt,
-            ""
-        );
+        let v32 = DeepSeekFormat { version: DeepSeekVersion::V32, thinking: true };
+        assert_eq!(v32.render_split(&msgs, None).unwrap().generation_prompt, "<｜Assistant｜><think>");
+        let done = [msgs[0].clone(), json!({"role": "assistant", "content": "yo"})];
+        assert_eq!(chat().render_split(&done, None).unwrap().generation_prompt, "");
     }
 
     #[test]
     fn refuses_what_the_scripts_refuse() {
-        let orphan = [
-            json!({"role": "user", "content": "x"}),
-            json!({"role": "tool", "content": "r"}),
-        ];
-        let v32 = DeepSeekFormat {
-            version: DeepSeekVersion::V32,
-            thinking: false,
-        };
-        assert_eq!(
-            v32.render(&orphan, None, true),
-            Err(DeepSeekError::OrphanToolResult { index: 1 })
-        );
+        let orphan = [json!({"role": "user", "content": "x"}), json!({"role": "tool", "content": "r"})];
+        let v32 = DeepSeekFormat { version: DeepSeekVersion::V32, thinking: false };
+        assert_eq!(v32.render(&orphan, None, true), Err(DeepSeekError::OrphanToolResult { index: 1 }));
         let bad = [json!({"role": "narrator", "content": "x"})];
-        assert!(matches!(
-            chat().render(&bad, None, true),
-            Err(DeepSeekError::UnknownRole { .. })
-        ));
+        assert!(matches!(chat().render(&bad, None, true), Err(DeepSeekError::UnknownRole { .. })));
         let args = [
             json!({"role": "user", "content": "x"}),
             json!({"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "not json"}}]}),
         ];
-        assert!(matches!(
-            v32.render(&args, None, true),
-            Err(DeepSeekError::BadArguments { index: 1, .. })
-        ));
+        assert!(matches!(v32.render(&args, None, true), Err(DeepSeekError::BadArguments { index: 1, .. })));
         // V4 falls back to one "arguments" parameter holding the raw text.
-        assert!(chat().render(&args, None, true).unwrap().contains(
-            "<｜DSML｜parameter name=\"arguments\" string=\"true\">not json</｜DSML｜parameter>"
-        ));
+        assert!(chat()
+            .render(&args, None, true)
+            .unwrap()
+            .contains("<｜DSML｜parameter name=\"arguments\" string=\"true\">not json</｜DSML｜parameter>"));
     }
 }

@@ -19,15 +19,8 @@ use super::{prepare_messages, ChatTemplate, RenderOptions, TemplateError};
 use crate::tokenizer::Tokenizer;
 
 /// Every `--chat-format` name.
-pub const CHAT_FORMAT_NAMES: [&str; 7] = [
-    "auto",
-    "jinja",
-    "chatml",
-    "deepseek-v3.2",
-    "deepseek-v3.2-thinking",
-    "deepseek-v4",
-    "deepseek-v4-thinking",
-];
+pub const CHAT_FORMAT_NAMES: [&str; 7] =
+    ["auto", "jinja", "chatml", "deepseek-v3.2", "deepseek-v3.2-thinking", "deepseek-v4", "deepseek-v4-thinking"];
 
 /// How a model's conversations become prompt text.
 // One per loaded model: the size of the Jinja variant does not matter.
@@ -76,12 +69,7 @@ impl FromStr for ChatFormatChoice {
     type Err = UnknownChatFormat;
 
     fn from_str(name: &str) -> Result<Self, UnknownChatFormat> {
-        let deepseek = |version, thinking| {
-            Ok(ChatFormatChoice::DeepSeek(DeepSeekFormat {
-                version,
-                thinking,
-            }))
-        };
+        let deepseek = |version, thinking| Ok(ChatFormatChoice::DeepSeek(DeepSeekFormat { version, thinking }));
         match name {
             "auto" => Ok(ChatFormatChoice::Auto),
             "jinja" => Ok(ChatFormatChoice::Jinja),
@@ -97,15 +85,9 @@ impl FromStr for ChatFormatChoice {
 
 impl ChatFormatChoice {
     /// The format to use, given the model's Jinja template (if it has one) and its tokenizer.
-    pub fn resolve(
-        self,
-        jinja: Option<ChatTemplate>,
-        tokenizer: &Tokenizer,
-    ) -> Result<ChatFormat, ChatFormatError> {
+    pub fn resolve(self, jinja: Option<ChatTemplate>, tokenizer: &Tokenizer) -> Result<ChatFormat, ChatFormatError> {
         Ok(match (self, jinja) {
-            (ChatFormatChoice::Auto, Some(t)) | (ChatFormatChoice::Jinja, Some(t)) => {
-                ChatFormat::Jinja(t)
-            }
+            (ChatFormatChoice::Auto, Some(t)) | (ChatFormatChoice::Jinja, Some(t)) => ChatFormat::Jinja(t),
             (ChatFormatChoice::Jinja, None) => return Err(ChatFormatError::NoJinjaTemplate),
             (ChatFormatChoice::Auto, None) => match detect_builtin(tokenizer) {
                 Some(f) => ChatFormat::DeepSeek(f),
@@ -120,15 +102,9 @@ impl ChatFormatChoice {
 /// The built-in format a template-less tokenizer's vocabulary identifies (see the module docs).
 pub fn detect_builtin(tokenizer: &Tokenizer) -> Option<DeepSeekFormat> {
     let has = |t: &str| tokenizer.token_id(t).is_some();
-    let deepseek = ["<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"]
-        .iter()
-        .all(|t| has(t));
+    let deepseek = ["<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"].iter().all(|t| has(t));
     deepseek.then(|| DeepSeekFormat {
-        version: if has("<｜latest_reminder｜>") {
-            DeepSeekVersion::V4
-        } else {
-            DeepSeekVersion::V32
-        },
+        version: if has("<｜latest_reminder｜>") { DeepSeekVersion::V4 } else { DeepSeekVersion::V32 },
         thinking: false,
     })
 }
@@ -172,11 +148,7 @@ impl ChatFormat {
     }
 
     /// Renders OpenAI-shaped messages.
-    pub fn render(
-        &self,
-        messages: &[Json],
-        opts: &RenderOptions<'_>,
-    ) -> Result<String, TemplateError> {
+    pub fn render(&self, messages: &[Json], opts: &RenderOptions<'_>) -> Result<String, TemplateError> {
         let prepared = self.prepare(messages)?;
         self.render_prefix(&prepared, prepared.len(), opts)
     }
@@ -184,16 +156,10 @@ impl ChatFormat {
     /// The generation prompt of this very conversation, where the format knows it exactly (the
     /// built-in encoders: it depends on the last message, e.g. after DeepSeek V3.2 tool results);
     /// `None` for Jinja templates, whose generation prompt is taken as constant.
-    pub fn generation_prompt(
-        &self,
-        messages: &[Json],
-        opts: &RenderOptions<'_>,
-    ) -> Result<Option<String>, TemplateError> {
+    pub fn generation_prompt(&self, messages: &[Json], opts: &RenderOptions<'_>) -> Result<Option<String>, TemplateError> {
         match self {
             ChatFormat::Jinja(_) => Ok(None),
-            ChatFormat::DeepSeek(f) => Ok(Some(
-                f.render_split(messages, opts.tools)?.generation_prompt,
-            )),
+            ChatFormat::DeepSeek(f) => Ok(Some(f.render_split(messages, opts.tools)?.generation_prompt)),
         }
     }
 
@@ -205,26 +171,17 @@ impl ChatFormat {
     }
 
     /// Renders the first `n` prepared messages.
-    pub(crate) fn render_prefix(
-        &self,
-        prepared: &Prepared,
-        n: usize,
-        opts: &RenderOptions<'_>,
-    ) -> Result<String, TemplateError> {
+    pub(crate) fn render_prefix(&self, prepared: &Prepared, n: usize, opts: &RenderOptions<'_>) -> Result<String, TemplateError> {
         match (self, prepared) {
             (ChatFormat::Jinja(t), Prepared::Jinja(m)) => t.render_prepared(&m[..n], opts),
             (ChatFormat::DeepSeek(f), Prepared::Json(m)) => {
                 let split = f.render_prepared(&m[..n], opts.tools)?;
-                Ok(if opts.add_generation_prompt {
-                    split.body + &split.generation_prompt
-                } else {
-                    split.body
-                })
+                Ok(if opts.add_generation_prompt { split.body + &split.generation_prompt } else { split.body })
             }
             // Prepared by another format: prepare again (not reached from this crate).
-            (_, Prepared::Jinja(_)) | (_, Prepared::Json(_)) => Err(TemplateError::BadConfig(
-                "messages prepared for another chat format".into(),
-            )),
+            (_, Prepared::Jinja(_)) | (_, Prepared::Json(_)) => {
+                Err(TemplateError::BadConfig("messages prepared for another chat format".into()))
+            }
         }
     }
 }
@@ -244,9 +201,6 @@ mod tests {
         let err = "deepseek-v5".parse::<ChatFormatChoice>().unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("\"deepseek-v5\""), "{msg}");
-        assert!(
-            msg.contains("deepseek-v3.2, deepseek-v3.2-thinking, deepseek-v4"),
-            "{msg}"
-        );
+        assert!(msg.contains("deepseek-v3.2, deepseek-v3.2-thinking, deepseek-v4"), "{msg}");
     }
 }

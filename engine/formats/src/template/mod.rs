@@ -10,10 +10,7 @@ mod format;
 mod pyfns;
 
 pub use deepseek::{DeepSeekError, DeepSeekFormat, DeepSeekVersion};
-pub use format::{
-    detect_builtin, ChatFormat, ChatFormatChoice, ChatFormatError, UnknownChatFormat,
-    CHAT_FORMAT_NAMES,
-};
+pub use format::{detect_builtin, ChatFormat, ChatFormatChoice, ChatFormatError, UnknownChatFormat, CHAT_FORMAT_NAMES};
 
 use minijinja::value::Serde;
 use minijinja::{context, Environment, Value};
@@ -79,9 +76,7 @@ impl ChatTemplate {
 
     /// The template stored in GGUF metadata (`tokenizer.chat_template`), if any.
     pub fn from_gguf(gguf: &Gguf) -> Result<Option<Self>, TemplateError> {
-        gguf.get_str_opt("tokenizer.chat_template")?
-            .map(Self::new)
-            .transpose()
+        gguf.get_str_opt("tokenizer.chat_template")?.map(Self::new).transpose()
     }
 
     /// The template of a parsed `tokenizer_config.json`, if any: `chat_template` as a string, or as
@@ -91,47 +86,30 @@ impl ChatTemplate {
             None | Some(Json::Null) => Ok(None),
             Some(Json::String(s)) => Self::new(s.clone()).map(Some),
             Some(Json::Array(list)) => {
-                let named = |n: &str| {
-                    list.iter()
-                        .find(|t| t.get("name").and_then(Json::as_str) == Some(n))
-                };
+                let named = |n: &str| list.iter().find(|t| t.get("name").and_then(Json::as_str) == Some(n));
                 let chosen = named("default").or_else(|| list.first());
-                let source = chosen
-                    .and_then(|t| t.get("template"))
-                    .and_then(Json::as_str);
+                let source = chosen.and_then(|t| t.get("template")).and_then(Json::as_str);
                 match source {
                     Some(s) => Self::new(s.to_string()).map(Some),
-                    None => Err(TemplateError::BadConfig(
-                        "a list without a {name, template} entry".into(),
-                    )),
+                    None => Err(TemplateError::BadConfig("a list without a {name, template} entry".into())),
                 }
             }
-            Some(other) => Err(TemplateError::BadConfig(format!(
-                "expected a string or a list, found {other}"
-            ))),
+            Some(other) => Err(TemplateError::BadConfig(format!("expected a string or a list, found {other}"))),
         }
     }
 
     fn build(source: String, fallback: bool) -> Result<Self, TemplateError> {
         let mut env = Environment::new();
         // Hugging Face renders with trim_blocks and lstrip_blocks; llama.cpp's minja does the same.
-        let syntax = minijinja::syntax::SyntaxConfig::builder()
-            .trim_blocks(true)
-            .lstrip_blocks(true)
-            .build()
-            .map_err(TemplateError::Syntax)?;
+        let syntax =
+            minijinja::syntax::SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).build().map_err(TemplateError::Syntax)?;
         env.set_syntax(syntax);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", pyfns::raise_exception);
         env.add_function("strftime_now", pyfns::strftime_now);
         env.add_filter("tojson", pyfns::tojson);
-        env.add_template_owned(NAME, source.clone())
-            .map_err(TemplateError::Syntax)?;
-        Ok(ChatTemplate {
-            env,
-            source,
-            fallback,
-        })
+        env.add_template_owned(NAME, source.clone()).map_err(TemplateError::Syntax)?;
+        Ok(ChatTemplate { env, source, fallback })
     }
 
     /// The Jinja source.
@@ -145,26 +123,15 @@ impl ChatTemplate {
     }
 
     /// Renders OpenAI-shaped messages (`role`, `content` as a string or a list of parts).
-    pub fn render(
-        &self,
-        messages: &[Json],
-        opts: &RenderOptions<'_>,
-    ) -> Result<String, TemplateError> {
+    pub fn render(&self, messages: &[Json], opts: &RenderOptions<'_>) -> Result<String, TemplateError> {
         let prepared = prepare_messages(messages)?;
         self.render_prepared(&prepared, opts)
     }
 
     /// Renders messages already converted by [`prepare_messages`] (cheap to slice and re-render).
-    pub(crate) fn render_prepared(
-        &self,
-        messages: &[Value],
-        opts: &RenderOptions<'_>,
-    ) -> Result<String, TemplateError> {
+    pub(crate) fn render_prepared(&self, messages: &[Value], opts: &RenderOptions<'_>) -> Result<String, TemplateError> {
         let template = self.env.get_template(NAME).map_err(TemplateError::Render)?;
-        let tools = opts
-            .tools
-            .map(|t| Value::from(Serde(t)))
-            .unwrap_or(Value::from(()));
+        let tools = opts.tools.map(|t| Value::from(Serde(t))).unwrap_or(Value::from(()));
         let ctx = context! {
             messages => Value::from(messages.to_vec()),
             add_generation_prompt => opts.add_generation_prompt,
@@ -185,32 +152,22 @@ pub(crate) fn prepare_messages(messages: &[Json]) -> Result<Vec<Value>, Template
         .enumerate()
         .map(|(index, m)| {
             let Json::Object(fields) = m else {
-                return Err(TemplateError::InvalidMessage {
-                    index,
-                    reason: "not a JSON object".into(),
-                });
+                return Err(TemplateError::InvalidMessage { index, reason: "not a JSON object".into() });
             };
             if !fields.get("role").is_some_and(Json::is_string) {
-                return Err(TemplateError::InvalidMessage {
-                    index,
-                    reason: "no string \"role\"".into(),
-                });
+                return Err(TemplateError::InvalidMessage { index, reason: "no string \"role\"".into() });
             }
             let content = match fields.get("content") {
                 None | Some(Json::Null) => Json::String(String::new()),
                 Some(Json::String(s)) => Json::String(s.clone()),
                 Some(Json::Array(parts)) => Json::String(join_text_parts(parts)),
                 Some(other) => {
-                    let reason =
-                        format!("content must be a string or a list of parts, found {other}");
+                    let reason = format!("content must be a string or a list of parts, found {other}");
                     return Err(TemplateError::InvalidMessage { index, reason });
                 }
             };
-            let mut out: serde_json::Map<String, Json> = fields
-                .iter()
-                .filter(|(k, _)| *k != "content")
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
+            let mut out: serde_json::Map<String, Json> =
+                fields.iter().filter(|(k, _)| *k != "content").map(|(k, v)| (k.clone(), v.clone())).collect();
             out.insert("content".into(), content);
             Ok(Value::from(Serde(Json::Object(out))))
         })
@@ -220,9 +177,7 @@ pub(crate) fn prepare_messages(messages: &[Json]) -> Result<Vec<Value>, Template
 fn join_text_parts(parts: &[Json]) -> String {
     let texts = parts.iter().filter_map(|p| match p {
         Json::String(s) => Some(s.as_str()),
-        Json::Object(o) if o.get("type").and_then(Json::as_str) == Some("text") => {
-            o.get("text").and_then(Json::as_str)
-        }
+        Json::Object(o) if o.get("type").and_then(Json::as_str) == Some("text") => o.get("text").and_then(Json::as_str),
         _ => None,
     });
     texts.collect::<Vec<_>>().join("\n")

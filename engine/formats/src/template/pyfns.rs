@@ -25,12 +25,7 @@ pub(crate) fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
     Ok(Value::from_safe_string(out))
 }
 
-fn write_json(
-    v: &Value,
-    indent: Option<usize>,
-    depth: usize,
-    out: &mut String,
-) -> Result<(), Error> {
+fn write_json(v: &Value, indent: Option<usize>, depth: usize, out: &mut String) -> Result<(), Error> {
     let newline = |out: &mut String, depth: usize| {
         if let Some(n) = indent {
             out.push('\n');
@@ -45,8 +40,7 @@ fn write_json(
             if let Some(i) = v.as_i64().filter(|_| v.is_integer()) {
                 let _ = write!(out, "{i}");
             } else {
-                let f = f64::try_from(v.clone())
-                    .map_err(|_| Error::new(ErrorKind::InvalidOperation, "number"))?;
+                let f = f64::try_from(v.clone()).map_err(|_| Error::new(ErrorKind::InvalidOperation, "number"))?;
                 write_float(f, out);
             }
         }
@@ -127,37 +121,14 @@ pub(super) fn write_str(s: &str, out: &mut String) {
 /// `strftime_now(format)`: the current UTC time formatted with the common strftime codes
 /// (%Y %y %m %d %e %b %B %a %A %H %M %S %j %%). Unknown codes are kept as written.
 pub(crate) fn strftime_now(format: String) -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     strftime(&format, secs)
 }
 
 fn strftime(format: &str, secs: u64) -> String {
-    const MONTHS: [&str; 12] = [
-        "January",
-        "February",
-        "March",
-        "April",
-        "May",
-        "June",
-        "July",
-        "August",
-        "September",
-        "October",
-        "November",
-        "December",
-    ];
-    const DAYS: [&str; 7] = [
-        "Thursday",
-        "Friday",
-        "Saturday",
-        "Sunday",
-        "Monday",
-        "Tuesday",
-        "Wednesday",
-    ];
+    const MONTHS: [&str; 12] =
+        ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+    const DAYS: [&str; 7] = ["Thursday", "Friday", "Saturday", "Sunday", "Monday", "Tuesday", "Wednesday"];
     let days = secs / 86_400;
     let tod = secs % 86_400;
     let (year, month, day) = crate::civil::civil_from_days(days as i64);
@@ -205,32 +176,18 @@ mod tests {
         // 2024-02-29 13:05:09 UTC, a Thursday.
         let t = 1_709_211_909;
         assert_eq!(strftime("%d %b %Y", t), "29 Feb 2024");
-        assert_eq!(
-            strftime("%A %B %e %H:%M:%S %j %y %%", t),
-            "Thursday February 29 13:05:09 060 24 %"
-        );
+        assert_eq!(strftime("%A %B %e %H:%M:%S %j %y %%", t), "Thursday February 29 13:05:09 060 24 %");
         assert_eq!(strftime("%d %b %Y", 0), "01 Jan 1970");
     }
 
     #[test]
     fn json_matches_python_dumps() {
-        let v = Value::from(minijinja::value::Serde(
-            serde_json::json!({"b": [1, 2.5, 3.0], "a": "x\"y\n\u{1}é<>", "c": null, "d": true}),
-        ));
+        let v = Value::from(minijinja::value::Serde(serde_json::json!({"b": [1, 2.5, 3.0], "a": "x\"y\n\u{1}é<>", "c": null, "d": true})));
         let mut out = String::new();
         write_json(&v, None, 0, &mut out).unwrap();
-        assert_eq!(
-            out,
-            r#"{"a": "x\"y\n\u0001é<>", "b": [1, 2.5, 3.0], "c": null, "d": true}"#
-        );
+        assert_eq!(out, r#"{"a": "x\"y\n\u0001é<>", "b": [1, 2.5, 3.0], "c": null, "d": true}"#);
         let mut out = String::new();
-        write_json(
-            &Value::from(minijinja::value::Serde(serde_json::json!({"k": [1]}))),
-            Some(2),
-            0,
-            &mut out,
-        )
-        .unwrap();
+        write_json(&Value::from(minijinja::value::Serde(serde_json::json!({"k": [1]}))), Some(2), 0, &mut out).unwrap();
         assert_eq!(out, "{\n  \"k\": [\n    1\n  ]\n}");
     }
 }

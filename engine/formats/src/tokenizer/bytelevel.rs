@@ -32,10 +32,7 @@ fn tables() -> &'static Tables {
         for (b, c) in byte_to_char.iter().enumerate() {
             char_to_byte[*c as usize] = u8::try_from(b).ok();
         }
-        Tables {
-            byte_to_char,
-            char_to_byte,
-        }
+        Tables { byte_to_char, char_to_byte }
     })
 }
 

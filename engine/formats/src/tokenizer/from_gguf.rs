@@ -25,19 +25,12 @@ impl Tokenizer {
         let model = gguf.get_str("tokenizer.ggml.model")?;
         let tokens = gguf.get_str_array("tokenizer.ggml.tokens")?.to_vec();
         let kinds: Vec<TokenKind> = if gguf.contains("tokenizer.ggml.token_type") {
-            gguf.get_i64_array("tokenizer.ggml.token_type")?
-                .into_iter()
-                .map(TokenKind::from_gguf)
-                .collect()
+            gguf.get_i64_array("tokenizer.ggml.token_type")?.into_iter().map(TokenKind::from_gguf).collect()
         } else {
             vec![TokenKind::Normal; tokens.len()]
         };
         if tokens.len() != kinds.len() {
-            return Err(TokenizerError::Invalid(format!(
-                "{} tokens but {} token types",
-                tokens.len(),
-                kinds.len()
-            )));
+            return Err(TokenizerError::Invalid(format!("{} tokens but {} token types", tokens.len(), kinds.len())));
         }
         let merges = if gguf.contains("tokenizer.ggml.merges") {
             Some(
@@ -46,9 +39,7 @@ impl Tokenizer {
                     .map(|m| {
                         m.split_once(' ')
                             .map(|(l, r)| (l.to_string(), r.to_string()))
-                            .ok_or_else(|| {
-                                TokenizerError::Invalid(format!("merge {m:?} has no space"))
-                            })
+                            .ok_or_else(|| TokenizerError::Invalid(format!("merge {m:?} has no space")))
                     })
                     .collect::<Result<Vec<_>, _>>()?,
             )
@@ -60,13 +51,8 @@ impl Tokenizer {
         let (doc, style, default_bos, default_eos, default_add_bos) = match model {
             "gpt2" => {
                 let pre_name = gguf.get_str_opt("tokenizer.ggml.pre")?.unwrap_or("default");
-                let pre = preset(pre_name)
-                    .ok_or_else(|| TokenizerError::UnsupportedPreTokenizer(pre_name.to_string()))?;
-                let merges = merges.ok_or_else(|| {
-                    TokenizerError::Invalid(
-                        "a gpt2 vocabulary without tokenizer.ggml.merges".into(),
-                    )
-                })?;
+                let pre = preset(pre_name).ok_or_else(|| TokenizerError::UnsupportedPreTokenizer(pre_name.to_string()))?;
+                let merges = merges.ok_or_else(|| TokenizerError::Invalid("a gpt2 vocabulary without tokenizer.ggml.merges".into()))?;
                 let doc = json!({
                     "version": "1.0",
                     "truncation": null,
@@ -81,9 +67,7 @@ impl Tokenizer {
                 (doc, PieceStyle::ByteLevel, None, None, pre.add_bos)
             }
             "llama" => {
-                let add_space = gguf
-                    .get_bool_opt("tokenizer.ggml.add_space_prefix")?
-                    .unwrap_or(true);
+                let add_space = gguf.get_bool_opt("tokenizer.ggml.add_space_prefix")?.unwrap_or(true);
                 let merges = match merges {
                     Some(m) => m,
                     None => {
@@ -93,21 +77,14 @@ impl Tokenizer {
                             vec![0.0; tokens.len()]
                         };
                         if scores.len() != tokens.len() {
-                            return Err(TokenizerError::Invalid(format!(
-                                "{} tokens but {} scores",
-                                tokens.len(),
-                                scores.len()
-                            )));
+                            return Err(TokenizerError::Invalid(format!("{} tokens but {} scores", tokens.len(), scores.len())));
                         }
                         merges_from_scores(&tokens, &scores, &vocab)
                     }
                 };
-                let unk = gguf
-                    .get_u32_opt("tokenizer.ggml.unknown_token_id")?
-                    .unwrap_or(0);
+                let unk = gguf.get_u32_opt("tokenizer.ggml.unknown_token_id")?.unwrap_or(0);
                 let unk_text = tokens.get(unk as usize).cloned();
-                let replace =
-                    json!({"type": "Replace", "pattern": {"String": " "}, "content": SPACE});
+                let replace = json!({"type": "Replace", "pattern": {"String": " "}, "content": SPACE});
                 let normalizer = if add_space {
                     json!({"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": SPACE}, replace]})
                 } else {
@@ -132,9 +109,7 @@ impl Tokenizer {
                     "decoder": {"type": "Sequence", "decoders": decoders},
                     "model": bpe_model(&tokens, &vocab, &merges, false, unk_text),
                 });
-                let style = PieceStyle::SentencePiece {
-                    strip_first_space: add_space,
-                };
+                let style = PieceStyle::SentencePiece { strip_first_space: add_space };
                 (doc, style, Some(1), Some(2), true)
             }
             other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
@@ -145,20 +120,8 @@ impl Tokenizer {
         };
         let bos = id("tokenizer.ggml.bos_token_id", default_bos)?;
         let eos = id("tokenizer.ggml.eos_token_id", default_eos)?;
-        let add_bos = gguf
-            .get_bool_opt("tokenizer.ggml.add_bos_token")?
-            .unwrap_or(default_add_bos);
-        Tokenizer::from_document(
-            doc,
-            Meta {
-                tokens,
-                kinds,
-                style,
-                bos,
-                eos,
-                add_bos,
-            },
-        )
+        let add_bos = gguf.get_bool_opt("tokenizer.ggml.add_bos_token")?.unwrap_or(default_add_bos);
+        Tokenizer::from_document(doc, Meta { tokens, kinds, style, bos, eos, add_bos })
     }
 }
 
@@ -211,11 +174,7 @@ fn bpe_model(
     let mut seen = HashSet::with_capacity(merges.len());
     let merges: Vec<Value> = merges
         .iter()
-        .filter(|(l, r)| {
-            vocab.contains_key(l.as_str())
-                && vocab.contains_key(r.as_str())
-                && vocab.contains_key(format!("{l}{r}").as_str())
-        })
+        .filter(|(l, r)| vocab.contains_key(l.as_str()) && vocab.contains_key(r.as_str()) && vocab.contains_key(format!("{l}{r}").as_str()))
         .filter(|(l, r)| seen.insert((l.as_str(), r.as_str())))
         .map(|(l, r)| json!([l, r]))
         .collect();
@@ -237,11 +196,7 @@ fn bpe_model(
 /// Merges a SentencePiece vocabulary implies, as transformers' `generate_merges` derives them:
 /// every split of every token into two tokens, ranked by the whole token's score (best first),
 /// then the lengths of the left and right parts (longest first), ties kept in vocabulary order.
-fn merges_from_scores(
-    tokens: &[String],
-    scores: &[f32],
-    vocab: &HashMap<&str, u32>,
-) -> Vec<(String, String)> {
+fn merges_from_scores(tokens: &[String], scores: &[f32], vocab: &HashMap<&str, u32>) -> Vec<(String, String)> {
     let mut merges: Vec<(&str, &str, f32, usize, usize)> = Vec::new();
     let mut done = HashSet::with_capacity(tokens.len());
     for (token, &score) in tokens.iter().zip(scores) {
@@ -256,15 +211,8 @@ fn merges_from_scores(
             }
         }
         local.sort_by_key(|&(_, _, li, ri)| (li, ri));
-        merges.extend(
-            local
-                .into_iter()
-                .map(|(l, r, _, _)| (l, r, score, l.chars().count(), r.chars().count())),
-        );
+        merges.extend(local.into_iter().map(|(l, r, _, _)| (l, r, score, l.chars().count(), r.chars().count())));
     }
     merges.sort_by(|a, b| b.2.total_cmp(&a.2).then(b.3.cmp(&a.3)).then(b.4.cmp(&a.4)));
-    merges
-        .into_iter()
-        .map(|(l, r, ..)| (l.to_string(), r.to_string()))
-        .collect()
+    merges.into_iter().map(|(l, r, ..)| (l.to_string(), r.to_string())).collect()
 }

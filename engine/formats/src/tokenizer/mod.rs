@@ -71,10 +71,7 @@ impl TokenKind {
 
     /// Written as its literal text by `token_to_piece`, not decoded.
     fn is_literal(self) -> bool {
-        matches!(
-            self,
-            TokenKind::Control | TokenKind::UserDefined | TokenKind::Unknown
-        )
+        matches!(self, TokenKind::Control | TokenKind::UserDefined | TokenKind::Unknown)
     }
 }
 
@@ -132,22 +129,14 @@ impl std::fmt::Debug for Tokenizer {
 impl Tokenizer {
     /// Builds from a `tokenizer.json` document and what the source says beyond it.
     pub(crate) fn from_document(doc: Value, meta: Meta) -> Result<Self, TokenizerError> {
-        let special: tokenizers::Tokenizer =
-            serde_json::from_value(doc).map_err(|e| TokenizerError::Load(e.to_string()))?;
+        let special: tokenizers::Tokenizer = serde_json::from_value(doc).map_err(|e| TokenizerError::Load(e.to_string()))?;
         if meta.tokens.len() != meta.kinds.len() {
-            return Err(TokenizerError::Invalid(format!(
-                "{} tokens but {} token types",
-                meta.tokens.len(),
-                meta.kinds.len()
-            )));
+            return Err(TokenizerError::Invalid(format!("{} tokens but {} token types", meta.tokens.len(), meta.kinds.len())));
         }
-        let n = u32::try_from(meta.tokens.len())
-            .map_err(|_| TokenizerError::Invalid("vocabulary larger than u32".into()))?;
+        let n = u32::try_from(meta.tokens.len()).map_err(|_| TokenizerError::Invalid("vocabulary larger than u32".into()))?;
         for (name, id) in [("BOS", meta.bos), ("EOS", meta.eos)] {
             if let Some(id) = id.filter(|id| *id >= n) {
-                return Err(TokenizerError::Invalid(format!(
-                    "{name} id {id} is outside the vocabulary of {n}"
-                )));
+                return Err(TokenizerError::Invalid(format!("{name} id {id} is outside the vocabulary of {n}")));
             }
         }
         let mut plain = special.clone();
@@ -173,14 +162,8 @@ impl Tokenizer {
 
     /// `encode`, with the underlying tokenizer's error when it fails.
     pub fn try_encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
-        let tokenizer = if parse_special {
-            &self.special
-        } else {
-            &self.plain
-        };
-        let encoding = tokenizer
-            .encode_fast(text, false)
-            .map_err(|e| TokenizerError::Encode(e.to_string()))?;
+        let tokenizer = if parse_special { &self.special } else { &self.plain };
+        let encoding = tokenizer.encode_fast(text, false).map_err(|e| TokenizerError::Encode(e.to_string()))?;
         Ok(encoding.get_ids().to_vec())
     }
 
@@ -216,14 +199,8 @@ impl Tokenizer {
         let mut bytes = Vec::new();
         for (i, &id) in ids.iter().enumerate() {
             if let Some(piece) = self.token_to_piece(id) {
-                let strip = i == 0
-                    && matches!(
-                        self.style,
-                        PieceStyle::SentencePiece {
-                            strip_first_space: true
-                        }
-                    )
-                    && piece.first() == Some(&b' ');
+                let strip =
+                    i == 0 && matches!(self.style, PieceStyle::SentencePiece { strip_first_space: true }) && piece.first() == Some(&b' ');
                 bytes.extend_from_slice(&piece[usize::from(strip)..]);
             }
         }
@@ -269,9 +246,7 @@ impl Tokenizer {
 /// The byte of a SentencePiece byte token `<0xNN>`.
 fn byte_token(text: &str) -> Option<u8> {
     let hex = text.strip_prefix("<0x")?.strip_suffix('>')?;
-    (hex.len() == 2)
-        .then(|| u8::from_str_radix(hex, 16).ok())
-        .flatten()
+    (hex.len() == 2).then(|| u8::from_str_radix(hex, 16).ok()).flatten()
 }
 
 #[cfg(test)]

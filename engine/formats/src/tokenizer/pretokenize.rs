@@ -22,28 +22,13 @@ pub(crate) struct Preset {
 
 /// The preset for a `tokenizer.ggml.pre` value, following llama.cpp's `llama_vocab::impl::load`.
 pub(crate) fn preset(name: &str) -> Option<Preset> {
-    let p = |regexes, ignore_merges, add_bos| {
-        Some(Preset {
-            regexes,
-            ignore_merges,
-            add_bos,
-        })
-    };
+    let p = |regexes, ignore_merges, add_bos| Some(Preset { regexes, ignore_merges, add_bos });
     match name {
-        "default" => p(
-            &[r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", "[0-9][0-9][0-9]"],
-            false,
-            false,
-        ),
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
-        | "lfm2" => p(&[LLAMA3], true, true),
+        "default" => p(&[r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", "[0-9][0-9][0-9]"], false, false),
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2" => p(&[LLAMA3], true, true),
         "dbrx" | "smaug-bpe" => p(&[LLAMA3], false, false),
-        "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "trillion" | "granite-docling" => {
-            p(&[GPT2], false, false)
-        }
-        "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone" | "minerva-7b" => {
-            p(&[r"\p{N}", GPT2], false, false)
-        }
+        "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "trillion" | "granite-docling" => p(&[GPT2], false, false),
+        "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone" | "minerva-7b" => p(&[r"\p{N}", GPT2], false, false),
         "qwen2" | "stablelm2" | "deepseek-r1-qwen" | "hunyuan" => p(&[QWEN2], false, false),
         _ => None,
     }
@@ -53,12 +38,8 @@ pub(crate) fn preset(name: &str) -> Option<Preset> {
 /// the previous one left (matches and the gaps between them both become fragments, and a regex
 /// sees only its fragment: `Split` with `Isolated`), then byte-level encoding without its own regex.
 pub(crate) fn byte_level_pre_tokenizer(regexes: &[&str]) -> Value {
-    let mut steps: Vec<Value> = regexes
-        .iter()
-        .map(|re| {
-            json!({"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": false})
-        })
-        .collect();
+    let mut steps: Vec<Value> =
+        regexes.iter().map(|re| json!({"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": false})).collect();
     steps.push(json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}));
     json!({"type": "Sequence", "pretokenizers": steps})
 }
@@ -71,34 +52,21 @@ mod tests {
 
     fn words(names: &str, text: &str) -> Vec<String> {
         let p = preset(names).unwrap();
-        let pre: tokenizers::PreTokenizerWrapper =
-            serde_json::from_value(byte_level_pre_tokenizer(p.regexes)).unwrap();
+        let pre: tokenizers::PreTokenizerWrapper = serde_json::from_value(byte_level_pre_tokenizer(p.regexes)).unwrap();
         let mut s = PreTokenizedString::from(text);
         pre.pre_tokenize(&mut s).unwrap();
-        s.get_splits(OffsetReferential::Original, OffsetType::Byte)
-            .into_iter()
-            .map(|(_, (a, b), _)| text[a..b].to_string())
-            .collect()
+        s.get_splits(OffsetReferential::Original, OffsetType::Byte).into_iter().map(|(_, (a, b), _)| text[a..b].to_string()).collect()
     }
 
     #[test]
     fn smollm_splits_digits_then_gpt2() {
-        assert_eq!(
-            words("smollm", "abc 12345"),
-            ["abc", " ", "1", "2", "3", "4", "5"]
-        );
-        assert_eq!(
-            words("smollm", "I'm  here\n\nnow "),
-            ["I", "'m", " ", " here", "\n", "\n", "now", " "]
-        );
+        assert_eq!(words("smollm", "abc 12345"), ["abc", " ", "1", "2", "3", "4", "5"]);
+        assert_eq!(words("smollm", "I'm  here\n\nnow "), ["I", "'m", " ", " here", "\n", "\n", "now", " "]);
     }
 
     #[test]
     fn gpt2_keeps_space_before_word_and_groups_numbers() {
-        assert_eq!(
-            words("gpt-2", "hi  there 2024!"),
-            ["hi", " ", " there", " 2024", "!"]
-        );
+        assert_eq!(words("gpt-2", "hi  there 2024!"), ["hi", " ", " there", " 2024", "!"]);
     }
 
     #[test]
@@ -110,10 +78,7 @@ mod tests {
     fn every_preset_compiles() {
         for name in ["default", "llama3", "dbrx", "gpt-2", "smollm", "qwen2"] {
             let p = preset(name).unwrap();
-            serde_json::from_value::<tokenizers::PreTokenizerWrapper>(byte_level_pre_tokenizer(
-                p.regexes,
-            ))
-            .unwrap();
+            serde_json::from_value::<tokenizers::PreTokenizerWrapper>(byte_level_pre_tokenizer(p.regexes)).unwrap();
         }
         assert!(preset("no-such-pre").is_none());
     }

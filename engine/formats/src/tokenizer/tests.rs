@@ -9,12 +9,8 @@ use super::*;
 /// A byte-level BPE over the letters of "hello world" plus a few merges and specials.
 fn tiny() -> Tokenizer {
     let mut vocab = serde_json::Map::new();
-    let base = [
-        "h", "e", "l", "o", "Ġ", "w", "r", "d", "<", ">", "|", "!", "1", "2", "Ċ", "s",
-    ];
-    let merged = [
-        "he", "ll", "llo", "hello", "Ġw", "or", "Ġwor", "Ġworld", "ld",
-    ];
+    let base = ["h", "e", "l", "o", "Ġ", "w", "r", "d", "<", ">", "|", "!", "1", "2", "Ċ", "s"];
+    let merged = ["he", "ll", "llo", "hello", "Ġw", "or", "Ġwor", "Ġworld", "ld"];
     for (i, t) in base.iter().chain(merged.iter()).enumerate() {
         vocab.insert(t.to_string(), json!(i));
     }
@@ -36,8 +32,7 @@ fn tiny() -> Tokenizer {
             "h e", "l l", "ll o", "he llo", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld"
         ]}
     });
-    let config =
-        json!({"bos_token": "<|s|>", "eos_token": {"content": "<|s|>"}, "add_bos_token": true});
+    let config = json!({"bos_token": "<|s|>", "eos_token": {"content": "<|s|>"}, "add_bos_token": true});
     Tokenizer::from_hf_value(&json, Some(&config)).unwrap()
 }
 
@@ -59,17 +54,11 @@ fn control_tokens_need_parse_special_user_defined_do_not() {
     let t = tiny();
     let s = t.token_id("<|s|>").unwrap();
     let tool = t.token_id("<tool>").unwrap();
-    assert_eq!(
-        t.encode("<|s|>hello", true),
-        [vec![s], ids(&t, &["hello"])].concat()
-    );
+    assert_eq!(t.encode("<|s|>hello", true), [vec![s], ids(&t, &["hello"])].concat());
     let plain = t.encode("<|s|>hello", false);
     assert!(!plain.contains(&s));
     assert_eq!(t.decode(&plain), "<|s|>hello");
-    assert_eq!(
-        t.encode("he<tool>he", false),
-        [ids(&t, &["he"]), vec![tool], ids(&t, &["he"])].concat()
-    );
+    assert_eq!(t.encode("he<tool>he", false), [ids(&t, &["he"]), vec![tool], ids(&t, &["he"])].concat());
     assert_eq!(t.token_kind(s), Some(TokenKind::Control));
     assert_eq!(t.token_kind(tool), Some(TokenKind::UserDefined));
     assert_eq!(t.token_to_piece(s).unwrap(), b"<|s|>");
@@ -138,18 +127,11 @@ fn reads_what_the_old_hand_written_bpe_refused() {
 #[test]
 fn refuses_what_it_cannot_read() {
     let err = |j: serde_json::Value| Tokenizer::from_hf_value(&j, None).unwrap_err();
-    assert!(
-        matches!(err(json!({"normalizer": null})), TokenizerError::Invalid(m) if m.contains("model"))
-    );
+    assert!(matches!(err(json!({"normalizer": null})), TokenizerError::Invalid(m) if m.contains("model")));
+    assert!(matches!(err(json!({"model": {"type": "NoSuchModel", "vocab": {}}})), TokenizerError::Load(_)));
     assert!(matches!(
-        err(json!({"model": {"type": "NoSuchModel", "vocab": {}}})),
-        TokenizerError::Load(_)
-    ));
-    assert!(matches!(
-        err(
-            json!({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
-                   "normalizer": {"type": "NoSuchNormalizer"}})
-        ),
+        err(json!({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+                   "normalizer": {"type": "NoSuchNormalizer"}})),
         TokenizerError::Load(_)
     ));
 }

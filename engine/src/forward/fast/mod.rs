@@ -132,7 +132,16 @@ pub fn matmul_quant_with(kernel: Kernel, w: &Matrix, x: &[f32], n: usize, by_row
 
 /// `R` weight rows against the activation rows `tokens`, 4 at a time then 1 at a time.
 #[allow(clippy::too_many_arguments)]
-fn sweep<const R: usize>(kernel: Kernel, format: Format, rows: [&[u8]; R], acts: &QuantRows, tokens: std::ops::Range<usize>, out: &mut [f32], n: usize, r: usize) {
+fn sweep<const R: usize>(
+    kernel: Kernel,
+    format: Format,
+    rows: [&[u8]; R],
+    acts: &QuantRows,
+    tokens: std::ops::Range<usize>,
+    out: &mut [f32],
+    n: usize,
+    r: usize,
+) {
     let mut t = tokens.start;
     while t + 4 <= tokens.end {
         put(out, n, r, t, dispatch::run::<R, 4>(kernel, format, rows, acts, t));

@@ -198,7 +198,13 @@ fn other_types_fall_back_to_the_golden_dot() {
     let (rows, cols) = (3, 40);
     let f32: Vec<f32> = Rng(4).vec(rows * cols, 1.0);
     let bytes: Vec<u8> = f32.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let w = Matrix { name: "w".into(), rows, cols, f32: f32.clone(), quant: QuantMatrix { ggml_type: GgmlType(0), row_bytes: cols * 4, bytes } };
+    let w = Matrix {
+        name: "w".into(),
+        rows,
+        cols,
+        f32: f32.clone(),
+        quant: QuantMatrix { ggml_type: GgmlType(0), row_bytes: cols * 4, bytes },
+    };
     let x = Rng(8).vec(2 * cols, 1.0);
     let (mut golden, mut fast) = (vec![0f32; rows * 2], vec![0f32; rows * 2]);
     matmul(Path::Golden, &w, &x, 2, &mut golden);

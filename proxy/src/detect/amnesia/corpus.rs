@@ -18,14 +18,9 @@ struct Labeled {
 }
 
 fn load(name: &str) -> Vec<Labeled> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/amnesia")
-        .join(name);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/amnesia").join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{name}: {e}: {l}")))
-        .collect()
+    text.lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{name}: {e}: {l}"))).collect()
 }
 
 struct Score {
@@ -64,14 +59,7 @@ fn score(name: &str) -> Score {
             }
             (false, Some(d)) => {
                 fp += 1;
-                println!(
-                    "{name} FALSE {}: {:?} <- {} {} {:?}",
-                    item.id,
-                    d.sentence,
-                    d.method.as_str(),
-                    d.rule,
-                    d.cues
-                );
+                println!("{name} FALSE {}: {:?} <- {} {} {:?}", item.id, d.sentence, d.method.as_str(), d.rule, d.cues);
             }
         }
     }
@@ -89,41 +77,21 @@ fn score(name: &str) -> Score {
 #[test]
 fn development_set_floors() {
     let s = score("dev.jsonl");
-    assert!(
-        s.tp + s.fn_ >= 100 && s.fp + s.tn >= 100,
-        "the development set has at least 100 + 100"
-    );
-    assert!(
-        s.precision() >= 0.95 && s.recall() >= 0.90,
-        "precision {:.3} recall {:.3}",
-        s.precision(),
-        s.recall()
-    );
+    assert!(s.tp + s.fn_ >= 100 && s.fp + s.tn >= 100, "the development set has at least 100 + 100");
+    assert!(s.precision() >= 0.95 && s.recall() >= 0.90, "precision {:.3} recall {:.3}", s.precision(), s.recall());
 }
 
 #[test]
 fn held_out_set_floors() {
     let s = score("heldout.jsonl");
-    assert!(
-        s.tp + s.fn_ >= 50 && s.fp + s.tn >= 50,
-        "the held-out set has at least 50 + 50"
-    );
-    assert!(
-        s.precision() >= 0.90 && s.recall() >= 0.85,
-        "precision {:.3} recall {:.3}",
-        s.precision(),
-        s.recall()
-    );
+    assert!(s.tp + s.fn_ >= 50 && s.fp + s.tn >= 50, "the held-out set has at least 50 + 50");
+    assert!(s.precision() >= 0.90 && s.recall() >= 0.85, "precision {:.3} recall {:.3}", s.precision(), s.recall());
 }
 
 #[test]
 fn a_4_kib_reply_costs_well_under_a_millisecond() {
     // The worst case: no denial, so every sentence is run through every rule.
-    let innocent: Vec<String> = load("dev.jsonl")
-        .into_iter()
-        .filter(|l| l.label == "innocent")
-        .map(|l| l.text)
-        .collect();
+    let innocent: Vec<String> = load("dev.jsonl").into_iter().filter(|l| l.label == "innocent").map(|l| l.text).collect();
     let mut reply = String::new();
     for text in innocent.iter().cycle() {
         if reply.len() >= 4096 {
@@ -140,15 +108,8 @@ fn a_4_kib_reply_costs_well_under_a_millisecond() {
         std::hint::black_box(recognise(std::hint::black_box(&reply), &phrases));
     }
     let per_reply = start.elapsed() / runs;
-    println!(
-        "{} byte reply: {per_reply:?} per reply (this build's profile)",
-        reply.len()
-    );
+    println!("{} byte reply: {per_reply:?} per reply (this build's profile)", reply.len());
     // Release: well under a millisecond; a debug build is about 20 times slower.
-    let bound_us = if cfg!(debug_assertions) {
-        20_000
-    } else {
-        1_000
-    };
+    let bound_us = if cfg!(debug_assertions) { 20_000 } else { 1_000 };
     assert!(per_reply.as_micros() < bound_us, "{per_reply:?}");
 }

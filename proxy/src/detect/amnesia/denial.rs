@@ -75,19 +75,13 @@ impl Cues {
         let rests = self.by_first.get(*words.get(i)?)?;
         rests
             .iter()
-            .find(|rest| {
-                rest.iter()
-                    .enumerate()
-                    .all(|(k, w)| words.get(i + 1 + k).is_some_and(|x| x == w))
-            })
+            .find(|rest| rest.iter().enumerate().all(|(k, w)| words.get(i + 1 + k).is_some_and(|x| x == w)))
             .map(|rest| rest.len() + 1)
     }
 
     /// A single-word entry.
     fn has(&self, word: &str) -> bool {
-        self.by_first
-            .get(word)
-            .is_some_and(|rests| rests.iter().any(Vec::is_empty))
+        self.by_first.get(word).is_some_and(|rests| rests.iter().any(Vec::is_empty))
     }
 }
 
@@ -126,22 +120,15 @@ impl Lexicon {
                 continue;
             }
             let entry = normalise(line);
-            let name = section
-                .as_deref()
-                .ok_or(LexiconError::NoSection { line: line_no })?;
+            let name = section.as_deref().ok_or(LexiconError::NoSection { line: line_no })?;
             let cues = match name {
                 "contractions" => {
-                    let (word, expansion) = entry
-                        .split_once('=')
-                        .ok_or(LexiconError::BadContraction { line: line_no })?;
-                    let expansion: Vec<String> =
-                        expansion.split_whitespace().map(str::to_string).collect();
+                    let (word, expansion) = entry.split_once('=').ok_or(LexiconError::BadContraction { line: line_no })?;
+                    let expansion: Vec<String> = expansion.split_whitespace().map(str::to_string).collect();
                     if word.trim().is_empty() || expansion.is_empty() {
                         return Err(LexiconError::BadContraction { line: line_no });
                     }
-                    lexicon
-                        .contractions
-                        .insert(word.trim().to_string(), expansion);
+                    lexicon.contractions.insert(word.trim().to_string(), expansion);
                     continue;
                 }
                 "negation" => &mut lexicon.negation,
@@ -157,12 +144,7 @@ impl Lexicon {
                 "self_object" => &mut lexicon.self_object,
                 "guard" => &mut lexicon.guard,
                 "third_party" => &mut lexicon.third_party,
-                other => {
-                    return Err(LexiconError::UnknownSection {
-                        line: line_no,
-                        name: other.to_string(),
-                    })
-                }
+                other => return Err(LexiconError::UnknownSection { line: line_no, name: other.to_string() }),
             };
             cues.add(&entry);
         }
@@ -170,10 +152,8 @@ impl Lexicon {
     }
 }
 
-static LEXICON: LazyLock<Lexicon> = LazyLock::new(|| {
-    Lexicon::parse(include_str!("../phrases/amnesia_structure.txt"))
-        .expect("the built-in amnesia lexicon parses")
-});
+static LEXICON: LazyLock<Lexicon> =
+    LazyLock::new(|| Lexicon::parse(include_str!("../phrases/amnesia_structure.txt")).expect("the built-in amnesia lexicon parses"));
 
 /// The first denial in `reply`: a fixed phrase (from `phrases`, normalised) or a structural match,
 /// whichever is more confident (the earlier sentence on a tie).
@@ -186,45 +166,20 @@ pub fn recognise_with(lexicon: &Lexicon, reply: &str, phrases: &[String]) -> Opt
     // Most replies hold no phrase at all: one pass over the whole reply spares one per sentence.
     let index = PhraseIndex::new(phrases);
     let normalised = normalise(reply);
-    let index = if index
-        .find(&normalised.split(' ').collect::<Vec<_>>())
-        .is_some()
-    {
-        Some(index)
-    } else {
-        None
-    };
+    let index = if index.find(&normalised.split(' ').collect::<Vec<_>>()).is_some() { Some(index) } else { None };
     for sentence in sentences(reply) {
         let lower = sentence.to_lowercase();
         let words = words(lexicon, &lower);
         // "When the chat starts, there are no messages": a generic or conditional sentence.
-        let conditional = words
-            .first()
-            .is_some_and(|w| matches!(*w, "when" | "whenever" | "if" | "unless"));
-        let found = index
-            .as_ref()
-            .and_then(|index| phrase_in(lexicon, &sentence, index))
-            .or_else(|| {
-                let clauses = clauses(&words)
-                    .filter(|c| !conditional && triggered(lexicon, c) && !guarded(lexicon, c));
-                clauses
-                    .filter_map(|c| frames(lexicon, c))
-                    .max_by(|a, b| a.2.total_cmp(&b.2))
-            });
+        let conditional = words.first().is_some_and(|w| matches!(*w, "when" | "whenever" | "if" | "unless"));
+        let found = index.as_ref().and_then(|index| phrase_in(lexicon, &sentence, index)).or_else(|| {
+            let clauses = clauses(&words).filter(|c| !conditional && triggered(lexicon, c) && !guarded(lexicon, c));
+            clauses.filter_map(|c| frames(lexicon, c)).max_by(|a, b| a.2.total_cmp(&b.2))
+        });
         if let Some((rule, cues, confidence)) = found {
-            let method = if cues.is_empty() {
-                Method::Phrase
-            } else {
-                Method::Structure
-            };
+            let method = if cues.is_empty() { Method::Phrase } else { Method::Structure };
             if best.as_ref().is_none_or(|b| confidence > b.confidence) {
-                best = Some(Denial {
-                    method,
-                    sentence: sentence.clone(),
-                    rule,
-                    cues,
-                    confidence,
-                });
+                best = Some(Denial { method, sentence: sentence.clone(), rule, cues, confidence });
             }
         }
     }
@@ -256,20 +211,15 @@ impl<'p> PhraseIndex<'p> {
             w.trim_end_matches(|c: char| c.is_ascii_punctuation())
         }
         for i in 0..words.len() {
-            let Some(candidates) = self
-                .by_first
-                .get(bare(words[i]))
-                .or_else(|| self.by_first.get(words[i]))
-            else {
+            let Some(candidates) = self.by_first.get(bare(words[i])).or_else(|| self.by_first.get(words[i])) else {
                 continue;
             };
             for (phrase, pw) in candidates {
                 let last = pw.len() - 1;
-                let matched = pw.iter().enumerate().all(|(k, p)| {
-                    words.get(i + k).is_some_and(|w| {
-                        bare(w) == *p || *w == *p || (k == last && w.starts_with(p))
-                    })
-                });
+                let matched = pw
+                    .iter()
+                    .enumerate()
+                    .all(|(k, p)| words.get(i + k).is_some_and(|w| bare(w) == *p || *w == *p || (k == last && w.starts_with(p))));
                 if matched {
                     return Some((phrase, i));
                 }
@@ -284,10 +234,7 @@ fn phrase_in(lexicon: &Lexicon, sentence: &str, index: &PhraseIndex<'_>) -> Opti
     let text = normalise(sentence);
     let split: Vec<&str> = text.split(' ').collect();
     let (phrase, at) = index.find(&split)?;
-    let before = words(
-        lexicon,
-        &text[..split[..at].iter().map(|w| w.len() + 1).sum::<usize>()],
-    );
+    let before = words(lexicon, &text[..split[..at].iter().map(|w| w.len() + 1).sum::<usize>()]);
     if (0..before.len()).any(|i| lexicon.guard.at(&before, i).is_some()) {
         return None;
     }
@@ -328,8 +275,7 @@ fn sentences(reply: &str) -> Vec<String> {
             in_code = !in_code;
             continue;
         }
-        if in_code || trimmed.starts_with('>') || line.starts_with("    ") || line.starts_with('\t')
-        {
+        if in_code || trimmed.starts_with('>') || line.starts_with("    ") || line.starts_with('\t') {
             continue;
         }
         let cleaned = strip_spans(line);
@@ -367,16 +313,12 @@ fn strip_spans(line: &str) -> String {
             '`' => Some('`'),
             '"' => Some('"'),
             '\u{201c}' => Some('\u{201d}'),
-            '\'' | '\u{2018}' if boundary_before => {
-                Some(if ch == '\'' { '\'' } else { '\u{2019}' })
-            }
+            '\'' | '\u{2018}' if boundary_before => Some(if ch == '\'' { '\'' } else { '\u{2019}' }),
             _ => None,
         };
         if let Some(close) = close {
             let end = (i + 1..chars.len()).find(|&j| {
-                chars[j] == close
-                    && (close != '\'' && close != '\u{2019}'
-                        || chars.get(j + 1).is_none_or(|c| !c.is_alphanumeric()))
+                chars[j] == close && (close != '\'' && close != '\u{2019}' || chars.get(j + 1).is_none_or(|c| !c.is_alphanumeric()))
             });
             if let Some(end) = end {
                 out.push_str(if ch == '`' { " code " } else { " quote " });
@@ -396,19 +338,10 @@ const BREAK: &str = ",";
 /// Lower-cased words, contractions expanded; clause punctuation becomes `,`.
 fn words<'a>(lexicon: &'a Lexicon, lower: &'a str) -> Vec<&'a str> {
     let mut out = Vec::new();
-    for piece in
-        lower.split(|c: char| c.is_whitespace() || matches!(c, '/' | '.' | '!' | '?' | '*'))
-    {
+    for piece in lower.split(|c: char| c.is_whitespace() || matches!(c, '/' | '.' | '!' | '?' | '*')) {
         let mut rest = piece;
         while !rest.is_empty() {
-            let end = rest
-                .find(|c: char| {
-                    matches!(
-                        c,
-                        ',' | ';' | ':' | '(' | ')' | '[' | ']' | '\u{2014}' | '\u{2013}'
-                    )
-                })
-                .unwrap_or(rest.len());
+            let end = rest.find([',', ';', ':', '(', ')', '[', ']', '\u{2014}', '\u{2013}']).unwrap_or(rest.len());
             let word = rest[..end].trim_matches(|c: char| !c.is_alphanumeric());
             if !word.is_empty() {
                 match lexicon.contractions.get(word) {
@@ -435,10 +368,8 @@ fn clauses<'w, 'a>(words: &'w [&'a str]) -> impl Iterator<Item = &'w [&'a str]> 
     let mut start = 0;
     let mut out = Vec::new();
     for (i, w) in words.iter().enumerate() {
-        let conjunction = matches!(
-            *w,
-            "but" | "because" | "although" | "though" | "however" | "whereas" | "while"
-        ) || (*w == "so" && words.get(i + 1) != Some(&"far"));
+        let conjunction = matches!(*w, "but" | "because" | "although" | "though" | "however" | "whereas" | "while")
+            || (*w == "so" && words.get(i + 1) != Some(&"far"));
         if *w == BREAK || conjunction {
             if i > start {
                 out.push(&words[start..i]);
@@ -457,17 +388,7 @@ fn clauses<'w, 'a>(words: &'w [&'a str]) -> impl Iterator<Item = &'w [&'a str]> 
 fn triggered(lexicon: &Lexicon, c: &[&str]) -> bool {
     c.iter().any(|w| {
         lexicon.negation.has(w)
-            || matches!(
-                *w,
-                "missing"
-                    | "first"
-                    | "start"
-                    | "beginning"
-                    | "opening"
-                    | "initial"
-                    | "starting"
-                    | "getting"
-            )
+            || matches!(*w, "missing" | "first" | "start" | "beginning" | "opening" | "initial" | "starting" | "getting")
             || matches!(*w, "begins" | "starts" | "begin" | "begun" | "empty")
     })
 }
@@ -489,10 +410,7 @@ fn frames(lx: &Lexicon, c: &[&str]) -> Option<Found> {
         missing(lx, c),
         subject(lx, c),
     ];
-    found
-        .into_iter()
-        .flatten()
-        .max_by(|a, b| a.2.total_cmp(&b.2))
+    found.into_iter().flatten().max_by(|a, b| a.2.total_cmp(&b.2))
 }
 
 fn is_conversation(lx: &Lexicon, c: &[&str], i: usize, with_self: bool) -> bool {
@@ -504,11 +422,7 @@ fn is_conversation(lx: &Lexicon, c: &[&str], i: usize, with_self: bool) -> bool 
 fn disclosed_at(lx: &Lexicon, c: &[&str], i: usize) -> Option<usize> {
     let verbs = |w: &str| match c[i] {
         "you" => lx.disclosure.has(w),
-        "we" | "us" => {
-            lx.we_verbs.has(w)
-                || lx.disclosure.has(w)
-                || matches!(w, "discussing" | "talking" | "chatting" | "speaking")
-        }
+        "we" | "us" => lx.we_verbs.has(w) || lx.disclosure.has(w) || matches!(w, "discussing" | "talking" | "chatting" | "speaking"),
         _ => false,
     };
     (i + 1..c.len().min(i + 4)).find(|&j| verbs(c[j]))
@@ -536,26 +450,17 @@ fn past(lx: &Lexicon, c: &[&str], from: usize, with_self: bool) -> Option<String
 
 /// A weak temporal word in a clause whose object is a "what ..." / "anything ..." clause.
 fn weak_past(lx: &Lexicon, c: &[&str], from: usize) -> Option<String> {
-    let wh = c[from.min(c.len())..]
-        .iter()
-        .any(|w| matches!(*w, "what" | "anything" | "everything"));
-    let word = c[from.min(c.len())..]
-        .iter()
-        .find(|w| lx.temporal_weak.has(w))?;
+    let wh = c[from.min(c.len())..].iter().any(|w| matches!(*w, "what" | "anything" | "everything"));
+    let word = c[from.min(c.len())..].iter().find(|w| lx.temporal_weak.has(w))?;
     wh.then(|| word.to_string())
 }
 
 fn neg_in(lx: &Lexicon, c: &[&str], range: std::ops::Range<usize>) -> Option<usize> {
-    range
-        .take_while(|&i| i < c.len())
-        .find(|&i| lx.negation.has(c[i]))
+    range.take_while(|&i| i < c.len()).find(|&i| lx.negation.has(c[i]))
 }
 
 fn cues(pairs: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
-    pairs
-        .iter()
-        .map(|(role, w)| (*role, w.to_string()))
-        .collect()
+    pairs.iter().map(|(role, w)| (*role, w.to_string())).collect()
 }
 
 /// "I don't have / can't see / have no record of / am unable to access" + the conversation's past.
@@ -571,34 +476,19 @@ fn self_access(lx: &Lexicon, c: &[&str]) -> Option<Found> {
         let have_no = || {
             (i + 1..c.len().min(i + 5))
                 .find(|&a| {
-                    matches!(c[a], "have" | "had" | "has" | "got")
-                        && c.get(a + 1)
-                            .is_some_and(|w| matches!(*w, "no" | "nothing" | "zero"))
+                    matches!(c[a], "have" | "had" | "has" | "got") && c.get(a + 1).is_some_and(|w| matches!(*w, "no" | "nothing" | "zero"))
                 })
                 .map(|a| (a + 1, a))
         };
         let see_only = || {
-            (i + 1..c.len().min(i + 5))
-                .find(|&a| lx.access.has(c[a]) && c[a + 1..c.len().min(a + 3)].contains(&"only"))
-                .map(|a| (a + 1, a))
+            (i + 1..c.len().min(i + 5)).find(|&a| lx.access.has(c[a]) && c[a + 1..c.len().min(a + 3)].contains(&"only")).map(|a| (a + 1, a))
         };
         let Some((n, a)) = neg_access.or_else(have_no).or_else(see_only) else {
             continue;
         };
-        let found = past(lx, c, 0, true)
-            .map(|p| (p, 0.8))
-            .or_else(|| weak_past(lx, c, a + 1).map(|p| (p, 0.7)));
+        let found = past(lx, c, 0, true).map(|p| (p, 0.8)).or_else(|| weak_past(lx, c, a + 1).map(|p| (p, 0.7)));
         if let Some((p, confidence)) = found {
-            return Some((
-                "self_access".into(),
-                cues(&[
-                    ("subject", "i"),
-                    ("negation", c[n]),
-                    ("access", c[a]),
-                    ("past", &p),
-                ]),
-                confidence,
-            ));
+            return Some(("self_access".into(), cues(&[("subject", "i"), ("negation", c[n]), ("access", c[a]), ("past", &p)]), confidence));
         }
     }
     None
@@ -606,8 +496,7 @@ fn self_access(lx: &Lexicon, c: &[&str]) -> Option<Found> {
 
 /// "You haven't told me", "you never mentioned", "I don't think you've shared".
 fn disclosure(lx: &Lexicon, c: &[&str]) -> Option<Found> {
-    let raised = (1..c.len())
-        .any(|r| lx.raise.has(c[r]) && c[..r].contains(&"not") && c[..r].contains(&"i"));
+    let raised = (1..c.len()).any(|r| lx.raise.has(c[r]) && c[..r].contains(&"not") && c[..r].contains(&"i"));
     for u in (0..c.len()).filter(|&u| c[u] == "you") {
         let n = neg_in(lx, c, u + 1..u + 4).filter(|&n| c[n] != "only");
         let start = n.map_or(u + 1, |n| n + 1);
@@ -621,11 +510,7 @@ fn disclosure(lx: &Lexicon, c: &[&str]) -> Option<Found> {
             continue;
         }
         let neg = n.map_or("not (raised)", |n| c[n]);
-        return Some((
-            "disclosure".into(),
-            cues(&[("subject", "you"), ("negation", neg), ("disclosure", c[d])]),
-            0.8,
-        ));
+        return Some(("disclosure".into(), cues(&[("subject", "you"), ("negation", neg), ("disclosure", c[d])]), 0.8));
     }
     None
 }
@@ -639,18 +524,11 @@ fn we(lx: &Lexicon, c: &[&str]) -> Option<Found> {
             continue;
         }
         let start = n.map_or(w + 1, |n| n + 1);
-        let verb = (start..c.len().min(start + 3))
-            .find(|&v| lx.we_verbs.has(c[v]) || (c[v] == "worked" && c.contains(&"together")));
-        let history = n
-            .filter(|&n| c[n] == "no")
-            .and_then(|n| (n + 1..c.len().min(n + 3)).find(|&h| is_conversation(lx, c, h, true)));
+        let verb = (start..c.len().min(start + 3)).find(|&v| lx.we_verbs.has(c[v]) || (c[v] == "worked" && c.contains(&"together")));
+        let history = n.filter(|&n| c[n] == "no").and_then(|n| (n + 1..c.len().min(n + 3)).find(|&h| is_conversation(lx, c, h, true)));
         if let Some(v) = verb.or(history) {
             let neg = n.map_or("not (raised)", |n| c[n]);
-            return Some((
-                "we".into(),
-                cues(&[("subject", "we"), ("negation", neg), ("past", c[v])]),
-                0.8,
-            ));
+            return Some(("we".into(), cues(&[("subject", "we"), ("negation", neg), ("past", c[v])]), 0.8));
         }
     }
     None
@@ -660,17 +538,10 @@ fn we(lx: &Lexicon, c: &[&str]) -> Option<Found> {
 /// "our conversation begins with", "my context starts at your last message", "our chat is empty".
 fn state(lx: &Lexicon, c: &[&str]) -> Option<Found> {
     // "this is / seems to be / appears to be the first ... (conversation word | you)"
-    for f in (0..c.len()).filter(|&f| {
-        matches!(
-            c[f],
-            "first" | "start" | "beginning" | "opening" | "initial"
-        )
-    }) {
+    for f in (0..c.len()).filter(|&f| matches!(c[f], "first" | "start" | "beginning" | "opening" | "initial")) {
         let window = &c[f.saturating_sub(5)..f];
         let framed = window.iter().any(|w| matches!(*w, "this" | "it"))
-            && window
-                .iter()
-                .any(|w| matches!(*w, "is" | "seems" | "appears" | "looks" | "be"));
+            && window.iter().any(|w| matches!(*w, "is" | "seems" | "appears" | "looks" | "be"));
         let mut d = f;
         while d > 0 && c[d - 1] == "very" {
             d -= 1;
@@ -679,99 +550,41 @@ fn state(lx: &Lexicon, c: &[&str]) -> Option<Found> {
             continue;
         }
         let after = f + 1..c.len().min(f + 7);
-        let object = after.clone().find(|&j| {
-            is_conversation(lx, c, j, false)
-                || c[j] == "you"
-                || (c[j] == "hearing" && c[j - 1] == "am")
-        });
+        let object = after.clone().find(|&j| is_conversation(lx, c, j, false) || c[j] == "you" || (c[j] == "hearing" && c[j - 1] == "am"));
         if let Some(j) = object {
-            return Some((
-                "state".into(),
-                cues(&[
-                    ("frame", "this is the"),
-                    ("past", c[f]),
-                    ("conversation", c[j]),
-                ]),
-                0.85,
-            ));
+            return Some(("state".into(), cues(&[("frame", "this is the"), ("past", c[f]), ("conversation", c[j])]), 0.85));
         }
     }
     // "we are (just) starting / getting started / at the start of"
     if let Some(w) = c.iter().position(|w| *w == "we") {
         let mut k = w + 1;
         while c.get(k).is_some_and(|x| {
-            matches!(
-                *x,
-                "are"
-                    | "appear"
-                    | "seem"
-                    | "to"
-                    | "be"
-                    | "just"
-                    | "only"
-                    | "now"
-                    | "at"
-                    | "the"
-                    | "very"
-                    | "here"
-            )
+            matches!(*x, "are" | "appear" | "seem" | "to" | "be" | "just" | "only" | "now" | "at" | "the" | "very" | "here")
         }) {
             k += 1;
         }
-        if c.get(k)
-            .is_some_and(|x| matches!(*x, "starting" | "beginning" | "start" | "getting"))
-        {
+        if c.get(k).is_some_and(|x| matches!(*x, "starting" | "beginning" | "start" | "getting")) {
             let mut e = k + 1;
             while c.get(e).is_some_and(|x| {
-                matches!(
-                    *x,
-                    "out"
-                        | "started"
-                        | "fresh"
-                        | "from"
-                        | "scratch"
-                        | "over"
-                        | "here"
-                        | "then"
-                        | "of"
-                        | "this"
-                        | "our"
-                        | "the"
-                )
+                matches!(*x, "out" | "started" | "fresh" | "from" | "scratch" | "over" | "here" | "then" | "of" | "this" | "our" | "the")
             }) {
                 e += 1;
             }
             let object_ok = e >= c.len() || is_conversation(lx, c, e, false);
             if object_ok && k > w + 1 {
-                return Some((
-                    "state".into(),
-                    cues(&[
-                        ("subject", "we"),
-                        ("frame", c[k]),
-                        ("past", "start of the conversation"),
-                    ]),
-                    0.8,
-                ));
+                return Some(("state".into(), cues(&[("subject", "we"), ("frame", c[k]), ("past", "start of the conversation")]), 0.8));
             }
         }
     }
     // "(our | this | my) conversation ... begins / starts / is empty"
     for i in 0..c.len() {
         let owned = i > 0 && matches!(c[i - 1], "our" | "this" | "my");
-        let subject = is_conversation(lx, c, i, false)
-            || (i > 0 && c[i - 1] == "my" && matches!(c[i], "context" | "view" | "history"));
+        let subject = is_conversation(lx, c, i, false) || (i > 0 && c[i - 1] == "my" && matches!(c[i], "context" | "view" | "history"));
         if owned && subject {
-            if let Some(v) = (i + 1..c.len().min(i + 5)).find(|&v| {
-                matches!(
-                    c[v],
-                    "begins" | "starts" | "start" | "begin" | "begun" | "empty"
-                )
-            }) {
-                return Some((
-                    "state".into(),
-                    cues(&[("conversation", c[i]), ("frame", c[v])]),
-                    0.85,
-                ));
+            if let Some(v) =
+                (i + 1..c.len().min(i + 5)).find(|&v| matches!(c[v], "begins" | "starts" | "start" | "begin" | "begun" | "empty"))
+            {
+                return Some(("state".into(), cues(&[("conversation", c[i]), ("frame", c[v])]), 0.85));
             }
         }
     }
@@ -779,9 +592,8 @@ fn state(lx: &Lexicon, c: &[&str]) -> Option<Found> {
 }
 
 const MODIFIERS: &[&str] = &[
-    "any", "of", "the", "your", "our", "my", "this", "earlier", "previous", "prior", "past",
-    "other", "real", "such", "more", "shared", "part", "parts", "trace", "sign", "mention", "a",
-    "an", "single", "kind", "at", "all",
+    "any", "of", "the", "your", "our", "my", "this", "earlier", "previous", "prior", "past", "other", "real", "such", "more", "shared",
+    "part", "parts", "trace", "sign", "mention", "a", "an", "single", "kind", "at", "all",
 ];
 
 /// "There's no earlier conversation", "No previous messages were included", "Nothing has been said".
@@ -790,71 +602,30 @@ fn existential(lx: &Lexicon, c: &[&str]) -> Option<Found> {
     if let Some(t) = c.iter().position(|w| *w == "there") {
         let mut k = t + 1;
         while c.get(k).is_some_and(|x| {
-            matches!(
-                *x,
-                "is" | "are"
-                    | "was"
-                    | "were"
-                    | "has"
-                    | "have"
-                    | "been"
-                    | "seems"
-                    | "to"
-                    | "be"
-                    | "appear"
-                    | "appears"
-            )
+            matches!(*x, "is" | "are" | "was" | "were" | "has" | "have" | "been" | "seems" | "to" | "be" | "appear" | "appears")
         }) {
             k += 1;
         }
-        if c.get(k)
-            .is_some_and(|x| matches!(*x, "no" | "nothing" | "none" | "not"))
-        {
+        if c.get(k).is_some_and(|x| matches!(*x, "no" | "nothing" | "none" | "not")) {
             quantifiers.push(k);
         }
     }
-    let lead = c
-        .iter()
-        .position(|w| {
-            !matches!(
-                *w,
-                "sorry" | "unfortunately" | "okay" | "ok" | "hmm" | "well" | "and" | "no"
-            )
-        })
-        .unwrap_or(c.len());
-    quantifiers.extend(
-        (0..c.len()).filter(|&q| {
-            matches!(c[q], "none" | "nothing") || (c[q] == "no" && q + 1 == lead.max(1))
-        }),
-    );
+    let lead =
+        c.iter().position(|w| !matches!(*w, "sorry" | "unfortunately" | "okay" | "ok" | "hmm" | "well" | "and" | "no")).unwrap_or(c.len());
+    quantifiers.extend((0..c.len()).filter(|&q| matches!(c[q], "none" | "nothing") || (c[q] == "no" && q + 1 == lead.max(1))));
     for q in quantifiers {
         let mut h = q + 1;
-        while h < c.len()
-            && h <= q + 6
-            && MODIFIERS.contains(&c[h])
-            && !is_conversation(lx, c, h, false)
-        {
+        while h < c.len() && h <= q + 6 && MODIFIERS.contains(&c[h]) && !is_conversation(lx, c, h, false) {
             h += 1;
         }
         let head = (h < c.len() && is_conversation(lx, c, h, false)).then(|| c[h].to_string());
-        let temporal = lx
-            .temporal_strong
-            .at(c, q + 1)
-            .map(|n| c[q + 1..q + 1 + n].join(" "));
+        let temporal = lx.temporal_strong.at(c, q + 1).map(|n| c[q + 1..q + 1 + n].join(" "));
         let said = (c[q] == "nothing")
-            .then(|| {
-                (q + 1..c.len().min(q + 5))
-                    .find(|&d| lx.disclosure.has(c[d]) || lx.we_verbs.has(c[d]))
-                    .map(|d| c[d].to_string())
-            })
+            .then(|| (q + 1..c.len().min(q + 5)).find(|&d| lx.disclosure.has(c[d]) || lx.we_verbs.has(c[d])).map(|d| c[d].to_string()))
             .flatten();
         let location = location(lx, c);
         if let Some(p) = head.or(temporal).or(said).or(location) {
-            return Some((
-                "existential".into(),
-                cues(&[("negation", c[q]), ("past", &p)]),
-                0.8,
-            ));
+            return Some(("existential".into(), cues(&[("negation", c[q]), ("past", &p)]), 0.8));
         }
     }
     None
@@ -864,22 +635,14 @@ fn existential(lx: &Lexicon, c: &[&str]) -> Option<Found> {
 fn location(lx: &Lexicon, c: &[&str]) -> Option<String> {
     for i in (0..c.len()).filter(|&i| matches!(c[i], "in" | "from")) {
         let mut k = i + 1;
-        while c
-            .get(k)
-            .is_some_and(|x| matches!(*x, "this" | "our" | "my" | "the" | "what" | "anything"))
-        {
+        while c.get(k).is_some_and(|x| matches!(*x, "this" | "our" | "my" | "the" | "what" | "anything")) {
             k += 1;
         }
         let mine = c[k - 1] == "my";
-        if k > i + 1
-            && k < c.len()
-            && is_conversation(lx, c, k, mine)
-            && !matches!(c[k - 1], "the" | "what" | "anything")
-        {
+        if k > i + 1 && k < c.len() && is_conversation(lx, c, k, mine) && !matches!(c[k - 1], "the" | "what" | "anything") {
             return Some(c[i..=k].join(" "));
         }
-        if c.get(i + 1)
-            .is_some_and(|x| matches!(*x, "what" | "anything"))
+        if c.get(i + 1).is_some_and(|x| matches!(*x, "what" | "anything"))
             && c.get(i + 2) == Some(&"you")
             && disclosed_at(lx, c, i + 2).is_some()
         {
@@ -893,73 +656,39 @@ fn location(lx: &Lexicon, c: &[&str]) -> Option<String> {
 fn self_object(lx: &Lexicon, c: &[&str]) -> Option<Found> {
     let n = neg_in(lx, c, 0..c.len()).filter(|&n| c[n] != "only")?;
     let (o, len) = (0..c.len()).find_map(|i| lx.self_object.at(c, i).map(|len| (i, len)))?;
-    let p = past(lx, c, 0, true).or_else(|| {
-        (c.contains(&"memory") && o > 0 && c[o - 1] == "in").then(|| "my memory".to_string())
-    })?;
-    Some((
-        "self_object".into(),
-        cues(&[
-            ("negation", c[n]),
-            ("to", &c[o..o + len].join(" ")),
-            ("past", &p),
-        ]),
-        0.75,
-    ))
+    let p = past(lx, c, 0, true).or_else(|| (c.contains(&"memory") && o > 0 && c[o - 1] == "in").then(|| "my memory".to_string()))?;
+    Some(("self_object".into(), cues(&[("negation", c[n]), ("to", &c[o..o + len].join(" ")), ("past", &p)]), 0.75))
 }
 
 /// "I can't see it anywhere in our conversation", "it isn't in this chat".
 fn absence(lx: &Lexicon, c: &[&str]) -> Option<Found> {
     let n = neg_in(lx, c, 0..c.len()).filter(|&n| c[n] != "only")?;
     let at = location(lx, c)?;
-    Some((
-        "absence".into(),
-        cues(&[("negation", c[n]), ("past", &at)]),
-        0.7,
-    ))
+    Some(("absence".into(), cues(&[("negation", c[n]), ("past", &at)]), 0.7))
 }
 
 /// "The earlier context isn't something I can see": the conversation's past as the subject, a negation,
 /// and the assistant in the clause.
 fn subject(lx: &Lexicon, c: &[&str]) -> Option<Found> {
     let mut k = 0;
-    while c
-        .get(k)
-        .is_some_and(|w| matches!(*w, "the" | "your" | "our" | "this"))
-    {
+    while c.get(k).is_some_and(|w| matches!(*w, "the" | "your" | "our" | "this")) {
         k += 1;
     }
     let weak = c.get(k).is_some_and(|w| lx.temporal_weak.has(w));
     let head = k + usize::from(weak);
-    if k == 0
-        || head >= c.len()
-        || !is_conversation(lx, c, head, false)
-        || !(weak || c[k - 1] == "our")
-    {
+    if k == 0 || head >= c.len() || !is_conversation(lx, c, head, false) || !(weak || c[k - 1] == "our") {
         return None;
     }
     let n = neg_in(lx, c, head + 1..c.len()).filter(|&n| c[n] != "only")?;
     let me = c[n..].iter().find(|w| matches!(**w, "i" | "me" | "my"))?;
-    Some((
-        "subject".into(),
-        cues(&[
-            ("past", &c[k..=head].join(" ")),
-            ("negation", c[n]),
-            ("self", me),
-        ]),
-        0.75,
-    ))
+    Some(("subject".into(), cues(&[("past", &c[k..=head].join(" ")), ("negation", c[n]), ("self", me)]), 0.75))
 }
 
 /// "I'm missing the earlier conversation", "the earlier turns are missing".
 fn missing(lx: &Lexicon, c: &[&str]) -> Option<Found> {
     let m = c.iter().position(|w| *w == "missing")?;
-    let conv = (m.saturating_sub(4)..c.len().min(m + 5))
-        .find(|&i| i != m && is_conversation(lx, c, i, false))?;
-    Some((
-        "missing".into(),
-        cues(&[("negation", "missing"), ("past", c[conv])]),
-        0.75,
-    ))
+    let conv = (m.saturating_sub(4)..c.len().min(m + 5)).find(|&i| i != m && is_conversation(lx, c, i, false))?;
+    Some(("missing".into(), cues(&[("negation", "missing"), ("past", c[conv])]), 0.75))
 }
 
 #[cfg(test)]
@@ -967,27 +696,15 @@ mod tests {
     use super::*;
 
     fn recognised(text: &str) -> Option<Denial> {
-        recognise(
-            text,
-            &crate::detect::config::DetectConfig::default().amnesia_phrases,
-        )
+        recognise(text, &crate::detect::config::DetectConfig::default().amnesia_phrases)
     }
 
     #[test]
     fn the_built_in_lexicon_parses_and_bad_files_are_errors() {
         assert!(Lexicon::parse(include_str!("../phrases/amnesia_structure.txt")).is_ok());
-        assert!(matches!(
-            Lexicon::parse("word"),
-            Err(LexiconError::NoSection { line: 1 })
-        ));
-        assert!(matches!(
-            Lexicon::parse("[nope]\nx"),
-            Err(LexiconError::UnknownSection { line: 2, .. })
-        ));
-        assert!(matches!(
-            Lexicon::parse("[contractions]\ndon't"),
-            Err(LexiconError::BadContraction { line: 2 })
-        ));
+        assert!(matches!(Lexicon::parse("word"), Err(LexiconError::NoSection { line: 1 })));
+        assert!(matches!(Lexicon::parse("[nope]\nx"), Err(LexiconError::UnknownSection { line: 2, .. })));
+        assert!(matches!(Lexicon::parse("[contractions]\ndon't"), Err(LexiconError::BadContraction { line: 2 })));
     }
 
     #[test]
@@ -1027,15 +744,8 @@ mod tests {
 
     #[test]
     fn a_fixed_phrase_is_reported_as_a_phrase() {
-        let found =
-            recognised("I'm sorry, but I don't have any previous conversation with you.").unwrap();
-        assert_eq!(
-            (found.method, found.rule.as_str()),
-            (Method::Phrase, "i don't have any previous conversation")
-        );
-        assert_eq!(
-            found.sentence,
-            "I'm sorry, but I don't have any previous conversation with you."
-        );
+        let found = recognised("I'm sorry, but I don't have any previous conversation with you.").unwrap();
+        assert_eq!((found.method, found.rule.as_str()), (Method::Phrase, "i don't have any previous conversation"));
+        assert_eq!(found.sentence, "I'm sorry, but I don't have any previous conversation with you.");
     }
 }

@@ -79,9 +79,11 @@ pub fn histogram_names() -> BTreeSet<String> {
         .filter_map(|l| l.trim().strip_prefix("pub const ")?.split_once(": &str = \""))
         .filter_map(|(ident, rest)| Some((ident, rest.split_once('"')?.0)))
         .collect();
+    // The macro's first argument, wherever rustfmt breaks the call.
     let histograms: BTreeSet<String> = source
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("metrics::describe_histogram!(")?.split(',').next())
+        .split("metrics::describe_histogram!(")
+        .skip(1)
+        .filter_map(|call| call.split(',').next())
         .map(|ident| consts.get(ident.trim()).unwrap_or_else(|| panic!("describe_histogram!({ident}) names no const")).to_string())
         .collect();
     assert!(!histograms.is_empty(), "no describe_histogram! in proxy/src/metrics.rs");

@@ -88,6 +88,12 @@ impl Proxy {
         panic!("proxy did not start listening on {} / {}", self.addr, self.admin);
     }
 
+    /// SIGKILL: the process dies wherever it is, with no drain and no flush.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// SIGTERM and wait: the graceful path that drains capture.
     pub fn stop(mut self) {
         terminate(&mut self.child, "proxy");

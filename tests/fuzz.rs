@@ -259,7 +259,7 @@ fn tiny_gguf() -> Vec<u8> {
     out.extend_from_slice(&4u64.to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes()); // f32
     out.extend_from_slice(&0u64.to_le_bytes());
-    while out.len() % 32 != 0 {
+    while !out.len().is_multiple_of(32) {
         out.push(0);
     }
     out.extend_from_slice(&[0u8; 16]);
@@ -319,5 +319,5 @@ fn safetensors_and_tokenizer_json_readers_never_panic() {
 #[should_panic(expected = "selftest: iteration")]
 fn the_harness_fails_on_a_panicking_input() {
     let seed = b"0123456789".to_vec();
-    fuzz("selftest", &[seed.clone()], 200, |input| assert_eq!(input.len(), seed.len(), "a mutation changed the length"));
+    fuzz("selftest", std::slice::from_ref(&seed), 200, |input| assert_eq!(input.len(), seed.len(), "a mutation changed the length"));
 }

@@ -97,16 +97,15 @@ if ! installed; then
         fi
         echo "llama_cpp/install: $checked ggml libraries hold no AVX-512 or AMX instruction" >&2
     fi
-    if ! link_and_check; then
-        echo "llama_cpp/install: $bin/llama-server does not start:" >&2
-        "$bin/llama-server" --version >&2 || true
-        exit 1
-    fi
-    touch "$root/.portable-ok"
+    built=1
 fi
 if ! link_and_check; then
     echo "llama_cpp/install: $bin/llama-server does not start:" >&2
     "$bin/llama-server" --version >&2 || true
     exit 1
+fi
+# Marked installed only once a fresh build has passed both checks.
+if [[ -n "${built:-}" ]]; then
+    touch "$root/.portable-ok"
 fi
 echo "$bin"

@@ -146,11 +146,6 @@ impl Store {
         &self.path
     }
 
-    /// A new unique, increasing id (persisted across restarts), shared by every kind of record.
-    pub fn next_id(&self) -> Result<u64, StoreError> {
-        Ok(self.db.generate_id()? + 1)
-    }
-
     /// The next id of one kind of record: conversations, turns and findings each count 1, 2, 3, ...
     /// (persisted across restarts). A store written before the kinds had their own counters goes on
     /// above every id it used.

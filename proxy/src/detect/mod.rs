@@ -64,6 +64,8 @@ pub(crate) struct Context<'a> {
     recent_turns: &'a RecentTurns,
     /// How this request differs from the previous turn's history.
     pub history: Option<History>,
+    /// The request's text bytes ([`rate::text_bytes`]), measured on first use.
+    text_bytes: std::cell::OnceCell<u64>,
 }
 
 impl Context<'_> {
@@ -82,6 +84,11 @@ impl Context<'_> {
                 stored.map(Arc::new)
             })
             .as_deref()
+    }
+
+    /// The request's text bytes (message contents and tool calls; no media).
+    pub fn text_bytes(&self) -> u64 {
+        *self.text_bytes.get_or_init(|| rate::text_bytes(self.obs.messages))
     }
 }
 
@@ -184,7 +191,16 @@ impl Detectors {
             Relation::New | Relation::Branch { .. } => None,
         };
         let recent_turns = &self.recent_turns;
-        let mut cx = Context { obs, config: &self.config, previous: Default::default(), previous_id, store, recent_turns, history: None };
+        let mut cx = Context {
+            obs,
+            config: &self.config,
+            previous: Default::default(),
+            previous_id,
+            store,
+            recent_turns,
+            history: None,
+            text_bytes: Default::default(),
+        };
         if let (Relation::Diverged { .. }, Some(prev)) = (&turn.relation, cx.previous()) {
             cx.history = Some(dropped::compare_history(store, prev, obs)?);
         }
@@ -205,12 +221,14 @@ impl Detectors {
             stamp(draft, obs);
         }
         let truncated = drafts.iter().any(|d| d.kind == FindingKind::EngineTruncation);
-        self.remember(obs, truncated);
+        let measured = cx.text_bytes.get().copied();
+        self.remember(obs, truncated, measured);
         Ok(drafts)
     }
 
-    /// Folds this turn into the per-upstream state and gauges.
-    fn remember(&mut self, obs: &Observation<'_>, truncated: bool) {
+    /// Folds this turn into the per-upstream state and gauges; `text_bytes`: the request's, when the
+    /// detectors already measured them.
+    fn remember(&mut self, obs: &Observation<'_>, truncated: bool, text_bytes: Option<u64>) {
         let turn = obs.turn;
         self.recent_turns.push(turn);
         if let (Some(tokens), true) = (turn.usage.as_ref().and_then(|u| u.prompt_tokens), (200..300).contains(&turn.status)) {
@@ -218,7 +236,8 @@ impl Detectors {
                 Relation::Extend { parent_turn } => Some(parent_turn),
                 _ => None,
             };
-            let sample = Sample { bytes: rate::text_bytes(obs.messages), messages: turn.message_count, tokens };
+            let bytes = text_bytes.unwrap_or_else(|| rate::text_bytes(obs.messages));
+            let sample = Sample { bytes, messages: turn.message_count, tokens };
             self.rates.record(turn.id, turn.conversation, sample, !truncated, extends);
         }
         let usage = turn.usage.as_ref();

@@ -111,7 +111,6 @@ const MIN_WHOLE_BYTES: u64 = 1024;
 /// Whole-prompt rates needed before a first turn is judged.
 const MIN_WHOLE_SAMPLES: usize = 8;
 /// Bounds on the memory the rates hold.
-const MAX_TURNS: usize = 4096;
 const MAX_CONVERSATIONS: usize = 4096;
 const UPSTREAM_SLOPES: usize = 64;
 /// Earlier turns of a conversation kept as anchors, and its growth slopes kept for its own rate.
@@ -128,11 +127,9 @@ struct Chain {
     slopes: VecDeque<f64>,
 }
 
-/// Per-turn samples (by turn id), per-conversation chains and the upstream's recent growth slopes.
+/// Per-conversation chains and the upstream's recent growth slopes.
 #[derive(Default)]
 pub(crate) struct Rates {
-    turns: HashMap<u64, Sample>,
-    turn_order: VecDeque<u64>,
     chains: HashMap<u64, Chain>,
     chain_order: VecDeque<u64>,
     /// (conversation, slope): a conversation later found cut takes its slopes back out (the steps
@@ -143,8 +140,8 @@ pub(crate) struct Rates {
 }
 
 /// The value at `quantile` (0: the least) of a non-empty series.
-fn quantile(values: &VecDeque<f64>, quantile: f64) -> f64 {
-    let mut sorted: Vec<f64> = values.iter().copied().collect();
+fn quantile(values: impl IntoIterator<Item = f64>, quantile: f64) -> f64 {
+    let mut sorted: Vec<f64> = values.into_iter().collect();
     sorted.sort_by(f64::total_cmp);
     sorted[((sorted.len() - 1) as f64 * quantile).round() as usize]
 }
@@ -163,20 +160,24 @@ impl Rates {
     pub fn rate(&self, conversation: u64) -> Option<Rate> {
         let own = self.chains.get(&conversation).map(|c| &c.slopes).filter(|s| !s.is_empty());
         if let Some(own) = own.filter(|s| s.len() >= MIN_CONVERSATION_SLOPES) {
-            return Some(Rate { tokens_per_byte: quantile(own, 0.0), source: RateSource::Conversation, samples: own.len() });
+            return Some(Rate {
+                tokens_per_byte: quantile(own.iter().copied(), 0.0),
+                source: RateSource::Conversation,
+                samples: own.len(),
+            });
         }
         if self.slopes.len() >= MIN_UPSTREAM_SLOPES {
-            let slopes: VecDeque<f64> = self.slopes.iter().map(|(_, s)| *s).collect();
-            return Some(Rate { tokens_per_byte: quantile(&slopes, 0.25), source: RateSource::Upstream, samples: slopes.len() });
+            let slopes = self.slopes.iter().map(|(_, s)| *s);
+            return Some(Rate { tokens_per_byte: quantile(slopes, 0.25), source: RateSource::Upstream, samples: self.slopes.len() });
         }
-        own.map(|own| Rate { tokens_per_byte: quantile(own, 0.0), source: RateSource::Conversation, samples: own.len() })
+        own.map(|own| Rate { tokens_per_byte: quantile(own.iter().copied(), 0.0), source: RateSource::Conversation, samples: own.len() })
     }
 
     /// The rate to judge a whole prompt with (a conversation's first turn): the least whole-prompt
     /// rate this upstream has shown on large prompts.
     pub fn whole_rate(&self) -> Option<Rate> {
         (self.wholes.len() >= MIN_WHOLE_SAMPLES).then(|| Rate {
-            tokens_per_byte: quantile(&self.wholes, 0.0),
+            tokens_per_byte: quantile(self.wholes.iter().copied(), 0.0),
             source: RateSource::Upstream,
             samples: self.wholes.len(),
         })
@@ -185,14 +186,6 @@ impl Rates {
     /// Records a turn. `whole`: no truncation was found on it, so it may feed the rates and serve as
     /// an anchor; `extends`: the id of the turn it extends (None starts the conversation's chain anew).
     pub fn record(&mut self, turn: u64, conversation: u64, sample: Sample, whole: bool, extends: Option<u64>) {
-        if self.turns.insert(turn, sample).is_none() {
-            self.turn_order.push_back(turn);
-        }
-        while self.turn_order.len() > MAX_TURNS {
-            if let Some(old) = self.turn_order.pop_front() {
-                self.turns.remove(&old);
-            }
-        }
         if !whole {
             // A conversation that lost its prompt once is not anchored or fitted on again, and its
             // earlier steps no longer speak for the upstream's rate.

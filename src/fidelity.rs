@@ -62,6 +62,18 @@ pub struct FidelityArgs {
     pub save: Option<PathBuf>,
 }
 
+impl FidelityArgs {
+    /// The flags as `ctxscope fidelity` alone would set them (every default).
+    pub fn defaults() -> Result<FidelityArgs, String> {
+        #[derive(clap::Parser)]
+        struct Bare {
+            #[command(flatten)]
+            args: FidelityArgs,
+        }
+        <Bare as clap::Parser>::try_parse_from(["fidelity"]).map(|b| b.args).map_err(|e| e.to_string())
+    }
+}
+
 /// `512`, `1k`, `2K`, `1.5k` -> tokens.
 pub fn parse_lengths(text: &str) -> Result<Vec<usize>, String> {
     text.split(',')

@@ -364,9 +364,7 @@ fn main() -> ExitCode {
                 inspect::findings(&source.into(), &query.join("&"), json).await
             }
             Command::Replay(args) => replay::replay(args.conversation, &args.targets, args.resume, args.run.settings()).await,
-            Command::Bisect(args) => {
-                replay::bisect(args.conversation, &args.patches, args.metric, args.threshold, args.run.settings()).await
-            }
+            Command::Bisect(args) => args.run().await,
             Command::Fidelity(args) => fidelity::run(args).await,
             Command::Replays { id, json, html, source } => replay::replays(&source.into(), id, json, html.as_deref()).await,
             Command::Export { id, source } => inspect::export(&source.into(), id).await,

@@ -198,20 +198,106 @@ pub struct ReplayArgs {
 /// Flags of `ctxscope bisect`.
 #[derive(clap::Args)]
 pub struct BisectArgs {
-    pub conversation: u64,
+    /// The captured conversation to replay (not with --metric fidelity, which generates its own).
+    pub conversation: Option<u64>,
     /// The patch set to bisect, comma-separated (e.g. rmsnorm_bf16,rope_bf16,ctx_shift=256,kv_fp8).
     #[arg(long)]
     pub patches: String,
     /// What counts as diverging: agreement (1 - mean token agreement with golden), probes (fraction of
     /// probes failed), exact (fraction of turns not exact), first_diff (fraction of turns that flip
-    /// where golden was not nearly tied), kl (mean top-k KL from golden in nats).
+    /// where golden was not nearly tied), kl (mean top-k KL from golden in nats), or fidelity (share
+    /// of golden's recall lost on a `ctxscope fidelity` sweep, no conversation needed).
     #[arg(long, default_value = "agreement")]
-    pub metric: Metric,
+    pub metric: BisectMetric,
     /// A subset diverges when its metric exceeds this (0..1; nats for kl).
     #[arg(long, default_value_t = 0.2)]
     pub threshold: f64,
+    /// With --metric fidelity: the sweep's conversation sizes (as `ctxscope fidelity --lengths`);
+    /// there `--turns` gives the exchanges per generated conversation.
+    #[arg(long)]
+    pub lengths: Option<String>,
+    /// With --metric fidelity: where facts are planted, 0 to 1 (as `ctxscope fidelity --depths`).
+    #[arg(long, value_delimiter = ',')]
+    pub depths: Option<Vec<f64>>,
+    /// With --metric fidelity: the sweep's seed.
+    #[arg(long)]
+    pub seed: Option<u64>,
     #[command(flatten)]
     pub run: RunArgs,
+}
+
+/// `--metric` of `ctxscope bisect`: a replay metric over one captured conversation, or fidelity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BisectMetric {
+    Replay(Metric),
+    Fidelity,
+}
+
+impl std::str::FromStr for BisectMetric {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        if text.trim() == "fidelity" {
+            return Ok(BisectMetric::Fidelity);
+        }
+        text.parse().map(BisectMetric::Replay).map_err(|e: ctxscope_replay::MetricError| format!("{e}, or fidelity"))
+    }
+}
+
+impl BisectArgs {
+    /// Runs the bisection the metric asks for.
+    pub async fn run(self) -> Result<(), String> {
+        match (self.metric, self.conversation) {
+            (BisectMetric::Replay(metric), Some(conversation)) => {
+                if self.lengths.is_some() || self.depths.is_some() || self.seed.is_some() {
+                    return Err("--lengths, --depths and --seed belong to --metric fidelity".into());
+                }
+                bisect(conversation, &self.patches, metric, self.threshold, self.run.settings()).await
+            }
+            (BisectMetric::Replay(_), None) => {
+                Err("bisect needs a captured conversation id (see `ctxscope conversations`), or --metric fidelity".into())
+            }
+            (BisectMetric::Fidelity, Some(_)) => {
+                Err("--metric fidelity generates its own conversations: drop the conversation id (or use --metric probes)".into())
+            }
+            (BisectMetric::Fidelity, None) => crate::fidelity::run(self.fidelity_args()?).await,
+        }
+    }
+
+    /// `ctxscope fidelity --bisect` with these flags, the sweep's own defaults where none was given.
+    fn fidelity_args(self) -> Result<crate::fidelity::FidelityArgs, String> {
+        let mut args = crate::fidelity::FidelityArgs::defaults()?;
+        let run = self.run;
+        if run.probes.is_some() {
+            return Err("--probes does not apply to --metric fidelity: the sweep plants and asks its own".into());
+        }
+        args.bisect = Some(self.patches);
+        args.threshold = self.threshold;
+        args.golden = run.golden;
+        args.model = run.model;
+        args.ctx = run.ctx;
+        args.json = run.json;
+        args.html = run.html;
+        if let Some(lengths) = self.lengths {
+            args.lengths = lengths;
+        }
+        if let Some(depths) = self.depths {
+            args.depths = depths;
+        }
+        if let Some(seed) = self.seed {
+            args.seed = seed;
+        }
+        if let Some(turns) = run.turns {
+            args.turns = turns;
+        }
+        if let Some(max_tokens) = run.max_tokens {
+            args.max_tokens = max_tokens;
+        }
+        if let Some(timeout_s) = run.timeout_s {
+            args.timeout_s = timeout_s;
+        }
+        Ok(args)
+    }
 }
 
 /// Flags every replay run shares.
@@ -225,15 +311,15 @@ pub struct RunArgs {
     /// stated ("my X is Y"), asked after the last turn.
     #[arg(long, value_name = "FILE|auto")]
     pub probes: Option<PathBuf>,
-    /// Generated tokens per turn (the captured max_tokens when smaller).
-    #[arg(long, default_value_t = 64)]
-    pub max_tokens: u64,
+    /// Generated tokens per turn (the captured max_tokens when smaller) [default: 64].
+    #[arg(long)]
+    pub max_tokens: Option<u64>,
     /// Requests in flight per target.
     #[arg(long, default_value_t = 2)]
     pub concurrency: usize,
-    /// Per-request timeout in seconds.
-    #[arg(long, default_value_t = 120)]
-    pub timeout_s: u64,
+    /// Per-request timeout in seconds [default: 120].
+    #[arg(long)]
+    pub timeout_s: Option<u64>,
     /// Only these turns (comma-separated indexes from 0).
     #[arg(long, value_delimiter = ',')]
     pub turns: Option<Vec<u32>>,
@@ -255,9 +341,9 @@ pub struct RunArgs {
 impl RunArgs {
     pub fn settings(self) -> RunSettings {
         let options = ReplayOptions {
-            max_tokens: self.max_tokens,
+            max_tokens: self.max_tokens.unwrap_or(64),
             concurrency: self.concurrency,
-            timeout: Duration::from_secs(self.timeout_s),
+            timeout: Duration::from_secs(self.timeout_s.unwrap_or(120)),
             turns: self.turns,
             ..ReplayOptions::default()
         };

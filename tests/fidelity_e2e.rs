@@ -56,3 +56,39 @@ fn context_faults_keep_golden_recall_below_their_limit_and_lose_it_past_it() {
         assert!(above < below, "{fault} recall did not fall past its limit: {below} -> {above}");
     }
 }
+
+/// `ctxscope bisect --metric fidelity`: delta debugging over a patch set, each subset judged by a
+/// sweep's recall against golden's. `kv_fp8` keeps golden's recall at this length (the sweep above
+/// and BENCHMARKS.md); `auto_truncate=128` cuts a ~300-token prompt to its head, so it is the culprit.
+#[test]
+fn bisect_by_fidelity_names_the_context_fault() {
+    let args = [
+        "bisect",
+        "--metric",
+        "fidelity",
+        "--patches",
+        "kv_fp8,auto_truncate=128",
+        "--lengths",
+        "256",
+        "--turns",
+        "3",
+        "--depths",
+        "0",
+        "--seed",
+        "1",
+        "--max-tokens",
+        "12",
+        "--json",
+    ];
+    let report = cli_json(&args);
+    let golden: f64 = report["golden"]["cells"].as_array().unwrap().iter().map(|c| c["recall"].as_f64().unwrap()).sum();
+    assert!(golden > 0.0, "golden recalls nothing: {report}");
+    assert_eq!(report["bisect"]["metric"], "fidelity", "{report}");
+    assert_eq!(report["bisect"]["culprit"], serde_json::json!(["auto_truncate=128"]), "{report}");
+    let wrong = cli(&["bisect", "7", "--metric", "fidelity", "--patches", "kv_fp8"]);
+    let stderr = String::from_utf8_lossy(&wrong.stderr);
+    assert!(!wrong.status.success() && stderr.contains("drop the conversation id"), "{stderr}");
+    let missing = cli(&["bisect", "--patches", "kv_fp8"]);
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(!missing.status.success() && stderr.contains("needs a captured conversation id"), "{stderr}");
+}

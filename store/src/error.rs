@@ -17,7 +17,10 @@ pub enum StoreError {
     Corrupt { path: PathBuf, detail: String },
     #[error("store I/O failed: {0}")]
     Sled(#[from] sled::Error),
-    #[error("cannot decode {kind} record {key}: {source}")]
+    /// A record whose checksum does not match its bytes (or whose frame is cut short or unknown).
+    #[error("capture store record {tree}/{key} is damaged: {detail}; `ctxscope store check --data DIR` lists the damage and `--repair` removes it")]
+    Damaged { tree: &'static str, key: String, detail: String },
+    #[error("cannot decode {kind} record {key}: {source}; `ctxscope store check --data DIR` lists the damage and `--repair` removes it")]
     Decode { kind: &'static str, key: String, source: serde_json::Error },
     #[error("cannot encode {kind} record: {source}")]
     Encode { kind: &'static str, source: serde_json::Error },

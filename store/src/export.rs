@@ -33,7 +33,7 @@ impl Store {
         let detail = self.conversation_detail(id)?;
         let io = |e: std::io::Error| StoreError::Import { line: 0, detail: format!("write failed: {e}") };
         let mut line = |value: &ExportLine| -> Result<(), StoreError> {
-            let bytes = crate::codec::encode("export", value)?;
+            let bytes = crate::codec::json("export", value)?;
             out.write_all(&bytes).map_err(io)?;
             out.write_all(b"\n").map_err(io)
         };

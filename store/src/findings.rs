@@ -1,6 +1,8 @@
 //! Findings: stored once per cause, listed newest first, filtered by kind, conversation and time.
 
-use crate::codec::{decode, encode, id_key, pair_key};
+use sled::transaction::{ConflictableTransactionError, Transactional};
+
+use crate::codec::{decode, encode, id_key, pair_key, trees};
 use crate::records::{FindingKind, FindingRecord};
 use crate::{Store, StoreError};
 
@@ -15,15 +17,24 @@ pub struct FindingFilter {
 }
 
 impl Store {
-    /// Stores a finding unless one with the same cause exists; returns whether it was new.
+    /// Stores a finding unless one with the same cause exists; returns whether it was new. The cause,
+    /// the record and its conversation index land together or not at all. Written after the turn it
+    /// names ([`Store::commit_turn`]): sled recovers a prefix of its log, so a finding that survives a
+    /// crash has its turn.
     pub fn put_finding(&self, finding: &FindingRecord) -> Result<bool, StoreError> {
-        let claimed = self.finding_causes.compare_and_swap(finding.cause.as_bytes(), None as Option<&[u8]>, Some(&id_key(finding.id)))?;
-        if claimed.is_err() {
-            return Ok(false);
-        }
-        self.findings.insert(id_key(finding.id), encode("finding", finding)?)?;
-        self.conversation_findings.insert(pair_key(finding.conversation, finding.id), &[])?;
-        Ok(true)
+        let key = id_key(finding.id);
+        let value = encode(trees::FINDINGS, &key, finding)?;
+        let trees = (&self.finding_causes, &self.findings, &self.conversation_findings);
+        let stored = trees.transaction(|(causes, findings, by_conversation)| {
+            if causes.get(finding.cause.as_bytes())?.is_some() {
+                return Ok(false);
+            }
+            causes.insert(finding.cause.as_bytes(), &key)?;
+            findings.insert(&key, value.as_slice())?;
+            by_conversation.insert(&pair_key(finding.conversation, finding.id), &[])?;
+            Ok::<_, ConflictableTransactionError<StoreError>>(true)
+        });
+        stored.map_err(crate::commit::transaction_error)
     }
 
     /// Whether a cause has already been raised.
@@ -33,7 +44,7 @@ impl Store {
 
     pub fn finding(&self, id: u64) -> Result<Option<FindingRecord>, StoreError> {
         match self.findings.get(id_key(id))? {
-            Some(bytes) => Ok(Some(decode("finding", &id_key(id), &bytes)?)),
+            Some(bytes) => Ok(Some(decode(trees::FINDINGS, &id_key(id), &bytes)?)),
             None => Ok(None),
         }
     }

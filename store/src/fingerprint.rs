@@ -8,12 +8,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::codec::{decode, encode};
+use crate::codec::{decode, encode, trees};
 use crate::records::HashHex;
 use crate::{Store, StoreError};
 
 /// The sled tree: fingerprint hash (hex) -> [`Fingerprint`].
-const TREE: &str = "fingerprints";
+const TREE: &str = trees::FINGERPRINTS;
 
 /// What an upstream reported about itself, flattened. Volatile fields (timestamps, load, throughput)
 /// are left out by whoever builds it, so that the same deployment always hashes the same.
@@ -75,7 +75,7 @@ impl Store {
         let hash = fingerprint.hash();
         let tree = self.fingerprint_tree()?;
         if !tree.contains_key(hash.as_bytes())? {
-            tree.insert(hash.as_bytes(), encode("fingerprint", fingerprint)?)?;
+            tree.insert(hash.as_bytes(), encode(TREE, hash.as_bytes(), fingerprint)?)?;
         }
         Ok(hash)
     }
@@ -83,7 +83,7 @@ impl Store {
     /// The fingerprint stored under `hash`, if any.
     pub fn fingerprint(&self, hash: &str) -> Result<Option<Fingerprint>, StoreError> {
         match self.fingerprint_tree()?.get(hash.as_bytes())? {
-            Some(bytes) => decode("fingerprint", hash.as_bytes(), &bytes).map(Some),
+            Some(bytes) => decode(TREE, hash.as_bytes(), &bytes).map(Some),
             None => Ok(None),
         }
     }

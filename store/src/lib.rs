@@ -16,6 +16,7 @@ pub use hash::{canonical_message, chain_next, from_hex, message_hash, to_hex, Ha
 pub use records::*;
 pub use retention::{RetentionPolicy, RetentionReport};
 pub use store::{IdSpace, Store, StoreOptions, SCHEMA_VERSION};
+mod commit;
 pub mod export;
 mod findings;
 mod fingerprint;
@@ -24,6 +25,7 @@ mod marks;
 mod read_only;
 mod replays;
 
+pub use commit::TurnDraft;
 pub use findings::FindingFilter;
 pub use fingerprint::{FieldChange, Fingerprint};
 pub use listing::{ConversationPage, Cursor, PageQuery};

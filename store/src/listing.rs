@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::codec::{decode, id_key, key_id, pair_key};
+use crate::codec::{decode, id_key, key_id, pair_key, trees};
 use crate::records::{ConversationRecord, FindingKind, FindingRecord, TurnRecord};
 use crate::{Store, StoreError};
 
@@ -143,7 +143,7 @@ impl Store {
         let mut counts = BTreeMap::new();
         for item in self.findings.iter() {
             let (key, value) = item?;
-            let finding: FindingRecord = decode("finding", &key, &value)?;
+            let finding: FindingRecord = decode(trees::FINDINGS, &key, &value)?;
             *counts.entry(finding.kind).or_insert(0) += 1;
         }
         Ok(counts)
@@ -164,7 +164,7 @@ impl Store {
         let mut out = Vec::new();
         for item in self.turns.range(id_key(id.saturating_add(1))..).take(limit) {
             let (key, value) = item?;
-            out.push(decode("turn", &key, &value)?);
+            out.push(decode(trees::TURNS, &key, &value)?);
         }
         Ok(out)
     }
@@ -174,7 +174,7 @@ impl Store {
         let mut out = Vec::new();
         for item in self.findings.range(id_key(id.saturating_add(1))..).take(limit) {
             let (key, value) = item?;
-            out.push(decode("finding", &key, &value)?);
+            out.push(decode(trees::FINDINGS, &key, &value)?);
         }
         Ok(out)
     }
@@ -183,14 +183,14 @@ impl Store {
     /// bytes before it.
     pub(crate) fn index_updated(&self, previous: Option<&[u8]>, conversation: &ConversationRecord) -> Result<(), StoreError> {
         if let Some(old) = previous {
-            self.unindex_updated(old)?;
+            self.unindex_updated(&id_key(conversation.id), old)?;
         }
         self.by_updated.insert(pair_key(conversation.updated_unix_ms, conversation.id), &[])?;
         Ok(())
     }
 
-    pub(crate) fn unindex_updated(&self, record: &[u8]) -> Result<(), StoreError> {
-        let old: ConversationRecord = decode("conversation", b"", record)?;
+    pub(crate) fn unindex_updated(&self, key: &[u8], record: &[u8]) -> Result<(), StoreError> {
+        let old: ConversationRecord = decode(trees::CONVERSATIONS, key, record)?;
         self.by_updated.remove(pair_key(old.updated_unix_ms, old.id))?;
         Ok(())
     }
@@ -203,7 +203,7 @@ impl Store {
         self.by_updated.clear()?;
         for item in self.conversations.iter() {
             let (key, value) = item?;
-            let c: ConversationRecord = decode("conversation", &key, &value)?;
+            let c: ConversationRecord = decode(trees::CONVERSATIONS, &key, &value)?;
             self.by_updated.insert(pair_key(c.updated_unix_ms, c.id), &[])?;
         }
         self.meta.insert(BY_UPDATED_BUILT, &[1])?;

@@ -3,14 +3,15 @@
 
 use serde_json::Value;
 
-use crate::codec::{decode, encode, id_key};
+use crate::codec::{decode, encode, id_key, trees};
 use crate::records::ReplayEntry;
 use crate::{Store, StoreError};
 
 impl Store {
     /// Stores (or replaces, when resumed) a replay run.
     pub fn put_replay(&self, entry: &ReplayEntry) -> Result<(), StoreError> {
-        self.replays.insert(id_key(entry.id), encode("replay", entry)?)?;
+        let key = id_key(entry.id);
+        self.replays.insert(key, encode(trees::REPLAYS, &key, entry)?)?;
         Ok(())
     }
 
@@ -18,11 +19,11 @@ impl Store {
     /// as `--resume` sends); any other run under that id is left untouched and returned.
     pub fn insert_replay(&self, entry: &ReplayEntry) -> Result<Option<ReplayEntry>, StoreError> {
         let key = id_key(entry.id);
-        let value = encode("replay", entry)?;
+        let value = encode(trees::REPLAYS, &key, entry)?;
         loop {
             let current = self.replays.get(key)?;
             if let Some(bytes) = &current {
-                let existing: ReplayEntry = decode("replay", &key, bytes)?;
+                let existing: ReplayEntry = decode(trees::REPLAYS, &key, bytes)?;
                 if existing.conversation != entry.conversation || existing.started_unix_ms != entry.started_unix_ms {
                     return Ok(Some(existing));
                 }
@@ -35,7 +36,7 @@ impl Store {
 
     pub fn replay(&self, id: u64) -> Result<Option<ReplayEntry>, StoreError> {
         match self.replays.get(id_key(id))? {
-            Some(bytes) => Ok(Some(decode("replay", &id_key(id), &bytes)?)),
+            Some(bytes) => Ok(Some(decode(trees::REPLAYS, &id_key(id), &bytes)?)),
             None => Ok(None),
         }
     }
@@ -45,7 +46,7 @@ impl Store {
         let mut all = Vec::new();
         for item in self.replays.iter().rev() {
             let (key, value) = item?;
-            let mut entry: ReplayEntry = decode("replay", &key, &value)?;
+            let mut entry: ReplayEntry = decode(trees::REPLAYS, &key, &value)?;
             entry.report = Value::Null;
             all.push(entry);
         }

@@ -10,8 +10,12 @@ use crate::hash::{to_hex, Hash};
 use crate::records::*;
 use crate::StoreError;
 
-/// Bumped whenever a record's meaning changes incompatibly.
-pub const SCHEMA_VERSION: u32 = 1;
+/// Bumped whenever a record's meaning or encoding changes incompatibly. 2: values framed with a
+/// checksum (`codec`); a version 1 store opens and is marked 2 (its bare-JSON records still decode),
+/// while a release that knows only 1 refuses a version 2 store instead of misreading it.
+pub const SCHEMA_VERSION: u32 = 2;
+/// The oldest schema this release opens (and upgrades in place).
+const OLDEST_READABLE: u32 = 1;
 
 /// How the store is opened.
 #[derive(Debug, Clone)]
@@ -34,20 +38,20 @@ pub struct Store {
     path: PathBuf,
     pub(crate) db: sled::Db,
     pub(crate) meta: sled::Tree,
-    messages: sled::Tree,
+    pub(crate) messages: sled::Tree,
     pub(crate) turns: sled::Tree,
     pub(crate) conversations: sled::Tree,
-    conversation_turns: sled::Tree,
-    prefixes: sled::Tree,
-    ends: sled::Tree,
-    names: sled::Tree,
-    replies: sled::Tree,
+    pub(crate) conversation_turns: sled::Tree,
+    pub(crate) prefixes: sled::Tree,
+    pub(crate) ends: sled::Tree,
+    pub(crate) names: sled::Tree,
+    pub(crate) replies: sled::Tree,
     pub(crate) findings: sled::Tree,
     pub(crate) finding_causes: sled::Tree,
     pub(crate) conversation_findings: sled::Tree,
     pub(crate) replays: sled::Tree,
     pub(crate) by_updated: sled::Tree,
-    response_ids: sled::Tree,
+    pub(crate) response_ids: sled::Tree,
 }
 
 /// The kinds of record that number their own ids.
@@ -129,8 +133,11 @@ impl Store {
                     .try_into()
                     .map(u32::from_be_bytes)
                     .map_err(|_| StoreError::Corrupt { path: self.path.clone(), detail: "schema version record is malformed".into() })?;
-                if found != SCHEMA_VERSION {
+                if !(OLDEST_READABLE..=SCHEMA_VERSION).contains(&found) {
                     return Err(StoreError::Schema { path: self.path.clone(), found, expected: SCHEMA_VERSION });
+                }
+                if found != SCHEMA_VERSION {
+                    self.meta.insert(codec::SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes())?;
                 }
             }
             None if self.turns.is_empty() && self.messages.is_empty() => {
@@ -164,15 +171,12 @@ impl Store {
 
     /// Stores a canonical message once; returns whether it was new.
     pub fn put_message(&self, hash: &Hash, canonical_json: &[u8]) -> Result<bool, StoreError> {
-        let previous = self.messages.compare_and_swap(hash, None as Option<&[u8]>, Some(canonical_json))?;
+        let previous = self.messages.compare_and_swap(hash, None as Option<&[u8]>, Some(codec::frame(hash, canonical_json)))?;
         Ok(previous.is_ok())
     }
 
     pub fn message(&self, hash: &Hash) -> Result<Option<Value>, StoreError> {
-        match self.messages.get(hash)? {
-            Some(bytes) => Ok(Some(decode("message", hash, &bytes)?)),
-            None => Ok(None),
-        }
+        get(&self.messages, trees::MESSAGES, hash)
     }
 
     pub fn message_count(&self) -> usize {
@@ -180,17 +184,19 @@ impl Store {
     }
 
     pub fn put_turn(&self, turn: &TurnRecord) -> Result<(), StoreError> {
-        self.turns.insert(id_key(turn.id), encode("turn", turn)?)?;
+        let key = id_key(turn.id);
+        self.turns.insert(key, encode(trees::TURNS, &key, turn)?)?;
         self.conversation_turns.insert(pair_key(turn.conversation, turn.id), &[])?;
         Ok(())
     }
 
     pub fn turn(&self, id: u64) -> Result<Option<TurnRecord>, StoreError> {
-        get(&self.turns, "turn", &id_key(id))
+        get(&self.turns, trees::TURNS, &id_key(id))
     }
 
     pub fn put_conversation(&self, conversation: &ConversationRecord) -> Result<(), StoreError> {
-        let previous = self.conversations.insert(id_key(conversation.id), encode("conversation", conversation)?)?;
+        let key = id_key(conversation.id);
+        let previous = self.conversations.insert(key, encode(trees::CONVERSATIONS, &key, conversation)?)?;
         self.index_updated(previous.as_deref(), conversation)?;
         if let Some(name) = &conversation.name {
             self.names.insert(name.as_bytes(), &id_key(conversation.id))?;
@@ -199,7 +205,7 @@ impl Store {
     }
 
     pub fn conversation(&self, id: u64) -> Result<Option<ConversationRecord>, StoreError> {
-        get(&self.conversations, "conversation", &id_key(id))
+        get(&self.conversations, trees::CONVERSATIONS, &id_key(id))
     }
 
     /// The conversation a header named, if it exists.
@@ -212,7 +218,7 @@ impl Store {
         let mut all = Vec::new();
         for item in self.conversations.iter() {
             let (key, value) = item?;
-            all.push(decode::<ConversationRecord>("conversation", &key, &value)?);
+            all.push(decode::<ConversationRecord>(trees::CONVERSATIONS, &key, &value)?);
         }
         all.sort_by(|a, b| b.updated_unix_ms.cmp(&a.updated_unix_ms).then(b.id.cmp(&a.id)));
         Ok(all)
@@ -230,49 +236,20 @@ impl Store {
         Ok(ids)
     }
 
-    /// Records `entry` for a chain hash unless one is there already; returns whether it was new.
-    pub fn put_prefix_if_absent(&self, chain: &Hash, entry: &PrefixEntry) -> Result<bool, StoreError> {
-        let bytes = encode("prefix", entry)?;
-        Ok(self.prefixes.compare_and_swap(chain, None as Option<&[u8]>, Some(bytes))?.is_ok())
-    }
-
+    /// The first turn whose messages began with the prefix this chain hash covers.
     pub fn prefix(&self, chain: &Hash) -> Result<Option<PrefixEntry>, StoreError> {
-        get(&self.prefixes, "prefix", chain)
+        get(&self.prefixes, trees::PREFIXES, chain)
     }
 
-    /// Marks `chain` as an open end of `conversation`: a request extending it continues that conversation.
-    pub fn put_end(&self, chain: &Hash, conversation: u64) -> Result<(), StoreError> {
-        mark(&self.ends, chain, conversation)
-    }
-
-    /// Removes an open end if it still belongs to `conversation`.
-    pub fn remove_end(&self, chain: &Hash, conversation: u64) -> Result<(), StoreError> {
-        unmark(&self.ends, chain, conversation)
-    }
-
+    /// The conversation whose latest turn ends (head or tail) at this chain hash: a request extending
+    /// it continues that conversation. Kept by [`Store::commit_turn`].
     pub fn end(&self, chain: &Hash) -> Result<Option<u64>, StoreError> {
         marked(&self.ends, chain)
     }
 
-    /// Marks a message hash as `conversation`'s latest reply.
-    pub fn put_reply(&self, message: &Hash, conversation: u64) -> Result<(), StoreError> {
-        mark(&self.replies, message, conversation)
-    }
-
-    /// Removes a latest-reply mark if it still belongs to `conversation`.
-    pub fn remove_reply(&self, message: &Hash, conversation: u64) -> Result<(), StoreError> {
-        unmark(&self.replies, message, conversation)
-    }
-
-    /// The conversation whose latest reply this message is.
+    /// The conversation whose latest reply this message is. Kept by [`Store::commit_turn`].
     pub fn reply_of(&self, message: &Hash) -> Result<Option<u64>, StoreError> {
         marked(&self.replies, message)
-    }
-
-    /// Indexes a Responses API response id to the turn that produced it.
-    pub fn put_response_id(&self, response_id: &str, turn: u64) -> Result<(), StoreError> {
-        self.response_ids.insert(response_id.as_bytes(), &id_key(turn))?;
-        Ok(())
     }
 
     /// The turn that produced a Responses API response id, when it was captured (and not since removed).
@@ -358,12 +335,12 @@ impl Store {
             }
         }
         if let Some(old) = self.conversations.remove(id_key(id))? {
-            self.unindex_updated(&old)?;
+            self.unindex_updated(&id_key(id), &old)?;
         }
         let mut stale = Vec::new();
         for item in self.prefixes.iter() {
             let (key, value) = item?;
-            if decode::<PrefixEntry>("prefix", &key, &value)?.conversation == id {
+            if decode::<PrefixEntry>(trees::PREFIXES, &key, &value)?.conversation == id {
                 stale.push(key);
             }
         }
@@ -381,7 +358,7 @@ impl Store {
         let mut live = std::collections::HashSet::new();
         for item in self.turns.iter() {
             let (key, value) = item?;
-            let turn: TurnRecord = decode("turn", &key, &value)?;
+            let turn: TurnRecord = decode(trees::TURNS, &key, &value)?;
             live.extend(turn.new_messages);
             live.extend(turn.reply);
         }
@@ -413,23 +390,11 @@ impl Store {
     }
 }
 
-fn get<T: serde::de::DeserializeOwned>(tree: &sled::Tree, kind: &'static str, key: &[u8]) -> Result<Option<T>, StoreError> {
+fn get<T: serde::de::DeserializeOwned>(tree: &sled::Tree, name: &'static str, key: &[u8]) -> Result<Option<T>, StoreError> {
     match tree.get(key)? {
-        Some(bytes) => Ok(Some(decode(kind, key, &bytes)?)),
+        Some(bytes) => Ok(Some(decode(name, key, &bytes)?)),
         None => Ok(None),
     }
-}
-
-/// Marker trees (`ends`, `replies`): a hash -> the conversation it currently belongs to.
-fn mark(tree: &sled::Tree, key: &Hash, conversation: u64) -> Result<(), StoreError> {
-    tree.insert(key, &id_key(conversation))?;
-    Ok(())
-}
-
-/// Removes a mark only if it still belongs to `conversation` (another may have taken it since).
-fn unmark(tree: &sled::Tree, key: &Hash, conversation: u64) -> Result<(), StoreError> {
-    let _ = tree.compare_and_swap(key, Some(&id_key(conversation)), None as Option<&[u8]>)?;
-    Ok(())
 }
 
 fn marked(tree: &sled::Tree, key: &Hash) -> Result<Option<u64>, StoreError> {

@@ -1,12 +1,14 @@
 //! The capture pipeline, run on the worker thread for each exchange:
-//! parse -> hash -> thread -> count tokens -> store -> metrics. Any failure drops the capture of that
-//! one exchange (counted by reason); the traffic it describes has long since been served.
+//! parse -> hash -> thread -> count tokens -> commit -> metrics -> detect -> raise. Everything a turn
+//! writes is collected into one `TurnDraft` and committed as one store transaction; findings follow,
+//! so a finding never names a turn that is not written. Any failure drops the capture of that one
+//! exchange (counted by reason); the traffic it describes has long since been served.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ctxscope_store::{
-    chain_next, message_hash, to_hex, ConversationRecord, Endpoint, FindingRecord, Hash, IdSpace, PrefixEntry, ResponsesInfo,
-    RetentionPolicy, Store, StoreError, Timing, TurnRecord, ZERO_HASH,
+    chain_next, message_hash, to_hex, ConversationRecord, Endpoint, FindingRecord, Hash, IdSpace, ResponsesInfo, RetentionPolicy, Store,
+    StoreError, Timing, TurnDraft, TurnRecord, ZERO_HASH,
 };
 
 use super::exchange::{Exchange, Outcome};
@@ -179,15 +181,12 @@ impl Pipeline {
         let base_len = decision.base.map_or(0, |b| b.len as usize).min(hashes.len());
 
         // Only the messages this turn adds are stored (the rest are in its base).
-        for message in &request.messages[base_len..] {
-            let (hash, bytes) = message_hash(message);
-            self.store.put_message(&hash, &bytes)?;
-        }
+        let mut new_messages: Vec<(Hash, Vec<u8>)> = request.messages[base_len..].iter().map(message_hash).collect();
         let ok = exchange.status.is_some_and(|s| (200..300).contains(&s));
         let reply = match (&response.reply_message, ok) {
             (Some(message), true) => {
                 let (hash, bytes) = message_hash(message);
-                self.store.put_message(&hash, &bytes)?;
+                new_messages.push((hash, bytes));
                 Some(hash)
             }
             _ => None,
@@ -260,18 +259,10 @@ impl Pipeline {
             }),
             fingerprint: self.fingerprints.as_ref().and_then(|f| f.current()),
         };
-        self.store.put_turn(&turn)?;
-        if let (Some(id), true) = (turn.responses.as_ref().and_then(|r| r.response_id.as_deref()), ok) {
-            self.store.put_response_id(id, turn.id)?;
-        }
-        for (len, prefix) in chain.iter().enumerate().skip(base_len) {
-            self.store.put_prefix_if_absent(prefix, &PrefixEntry { conversation: conversation_id, turn: turn_id, len: len as u32 + 1 })?;
-        }
-        if let Some(tail) = &tail {
-            let entry = PrefixEntry { conversation: conversation_id, turn: turn_id, len: hashes.len() as u32 + 1 };
-            self.store.put_prefix_if_absent(tail, &entry)?;
-        }
-        self.update_conversation(decision, &turn, &head, tail.as_ref(), exchange.conversation_name.clone())?;
+        let conversation = next_conversation(decision, &turn, exchange.conversation_name.clone());
+        let draft = TurnDraft { messages: new_messages, chain, tail, turn, conversation };
+        self.store.commit_turn(&draft)?;
+        let TurnDraft { turn, .. } = draft;
         record_metrics(&turn);
 
         if !self.detectors.config().enabled {
@@ -338,66 +329,45 @@ impl Pipeline {
         let body = exchange.response.to_vec();
         parse::response(exchange.endpoint, exchange.response_content_type.as_deref(), status, &body, streaming)
     }
+}
 
-    fn update_conversation(
-        &self,
-        decision: Decision,
-        turn: &TurnRecord,
-        head: &Hash,
-        tail: Option<&Hash>,
-        name: Option<String>,
-    ) -> Result<(), StoreError> {
-        let mut conversation = match decision.conversation {
-            Some(mut c) => {
-                let old_head = ctxscope_store::from_hex(&c.last_head);
-                let old_tail = c.last_tail.as_deref().and_then(ctxscope_store::from_hex);
-                for old in old_head.iter().chain(old_tail.iter()) {
-                    self.store.remove_end(old, c.id)?;
-                }
-                if let Some(old) = c.last_reply.as_deref().and_then(ctxscope_store::from_hex) {
-                    self.store.remove_reply(&old, c.id)?;
-                }
-                c.last_reply = turn.reply.clone();
-                c.turns += 1;
-                c.updated_unix_ms = turn.time_unix_ms;
-                c.last_turn = turn.id;
-                c.last_head = turn.head.clone();
-                c.last_message_count = turn.message_count;
-                c.last_tail = turn.tail.clone();
-                if turn.model.is_some() {
-                    c.model = turn.model.clone();
-                }
-                c
+/// The conversation record after `turn`: the decided conversation moved on to it, or a new one.
+/// (The store moves the conversation's indexes, ends and latest reply, when it commits the turn.)
+fn next_conversation(decision: Decision, turn: &TurnRecord, name: Option<String>) -> ConversationRecord {
+    let mut conversation = match decision.conversation {
+        Some(mut c) => {
+            c.last_reply = turn.reply.clone();
+            c.turns += 1;
+            c.updated_unix_ms = turn.time_unix_ms;
+            c.last_turn = turn.id;
+            c.last_head = turn.head.clone();
+            c.last_message_count = turn.message_count;
+            c.last_tail = turn.tail.clone();
+            if turn.model.is_some() {
+                c.model = turn.model.clone();
             }
-            None => ConversationRecord {
-                id: turn.conversation,
-                name: None,
-                created_unix_ms: turn.time_unix_ms,
-                updated_unix_ms: turn.time_unix_ms,
-                upstream: turn.upstream.clone(),
-                model: turn.model.clone(),
-                turns: 1,
-                last_turn: turn.id,
-                last_head: turn.head.clone(),
-                last_message_count: turn.message_count,
-                last_tail: turn.tail.clone(),
-                branch_of: decision.branch_of,
-                last_reply: turn.reply.clone(),
-            },
-        };
-        if conversation.name.is_none() {
-            conversation.name = name;
+            c
         }
-        self.store.put_conversation(&conversation)?;
-        self.store.put_end(head, conversation.id)?;
-        if let Some(tail) = tail {
-            self.store.put_end(tail, conversation.id)?;
-        }
-        if let Some(reply) = conversation.last_reply.as_deref().and_then(ctxscope_store::from_hex) {
-            self.store.put_reply(&reply, conversation.id)?;
-        }
-        Ok(())
+        None => ConversationRecord {
+            id: turn.conversation,
+            name: None,
+            created_unix_ms: turn.time_unix_ms,
+            updated_unix_ms: turn.time_unix_ms,
+            upstream: turn.upstream.clone(),
+            model: turn.model.clone(),
+            turns: 1,
+            last_turn: turn.id,
+            last_head: turn.head.clone(),
+            last_message_count: turn.message_count,
+            last_tail: turn.tail.clone(),
+            branch_of: decision.branch_of,
+            last_reply: turn.reply.clone(),
+        },
+    };
+    if conversation.name.is_none() {
+        conversation.name = name;
     }
+    conversation
 }
 
 fn describe_error(outcome: &Outcome, response: &ParsedResponse) -> Option<String> {
@@ -429,8 +399,9 @@ impl Sink for Pipeline {
         let started = Instant::now();
         let reply = exchange.findings_reply.take();
         let raised = match self.capture_with_findings(&exchange) {
-            Ok((_, findings)) => {
+            Ok((turn, findings)) => {
                 self.health.iter().for_each(|h| h.write_succeeded());
+                self.sinks.iter().for_each(|sink| sink.turn(&exchange, &turn, &findings));
                 findings
             }
             Err(CaptureError::NothingSent) => Vec::new(),

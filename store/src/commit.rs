@@ -1,0 +1,279 @@
+//! One captured turn, one write. [`Store::commit_turn`] lands everything a turn adds in a single sled
+//! transaction over the trees involved: its new messages, the turn record and its place in the
+//! conversation, its Responses API id, prefix entries, the conversation record and the indexes the
+//! store keeps for it (listing order, name, open ends, latest reply). sled recovers a transaction
+//! whole or not at all, so a crash never leaves a conversation pointing at a turn that is not there.
+
+use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional, TransactionalTree};
+
+use crate::codec::{self, decode, encode, id_key, pair_key, trees};
+use crate::hash::{from_hex, Hash, ZERO_HASH};
+use crate::records::{ConversationRecord, PrefixEntry, TurnRecord};
+use crate::{Store, StoreError};
+
+/// Everything one turn writes, computed by the capture and committed at once.
+#[derive(Debug, Clone)]
+pub struct TurnDraft {
+    /// The messages this turn adds (the request's past its base, then the reply): hash and canonical
+    /// JSON. A message already stored is kept as it is.
+    pub messages: Vec<(Hash, Vec<u8>)>,
+    /// The request's prefix chain: `chain[i]` covers messages `0..=i`. Lengths past the turn's base
+    /// get prefix entries (unless an earlier turn has them); the last is the turn's head.
+    pub chain: Vec<Hash>,
+    /// The chain over the request's messages followed by the reply, when there was one.
+    pub tail: Option<Hash>,
+    pub turn: TurnRecord,
+    /// The conversation as it stands after this turn (new, or its previous record updated).
+    pub conversation: ConversationRecord,
+}
+
+type Abortable<T> = Result<T, ConflictableTransactionError<StoreError>>;
+
+impl Store {
+    /// Writes a turn and everything it changes as one transaction. What the store derives itself:
+    /// the turn's entry in its conversation's turn list; the response id index, for a successful
+    /// (2xx) Responses turn; the listing index and name of the conversation; its open ends (the head
+    /// and tail of its latest turn, replacing the previous turn's) and its latest-reply mark.
+    pub fn commit_turn(&self, draft: &TurnDraft) -> Result<(), StoreError> {
+        let (turn, conversation) = (&draft.turn, &draft.conversation);
+        debug_assert_eq!(turn.conversation, conversation.id, "a turn commits with its own conversation");
+        let turn_key = id_key(turn.id);
+        let turn_value = encode(trees::TURNS, &turn_key, turn)?;
+        let conversation_key = id_key(conversation.id);
+        let conversation_value = encode(trees::CONVERSATIONS, &conversation_key, conversation)?;
+        let messages: Vec<(Hash, Vec<u8>)> = draft.messages.iter().map(|(hash, json)| (*hash, codec::frame(hash, json))).collect();
+        let prefixes = prefix_entries(draft)?;
+        let succeeded = (200..300).contains(&turn.status);
+        let response_id = turn.responses.as_ref().and_then(|r| r.response_id.as_deref()).filter(|_| succeeded);
+        let head = draft.chain.last().copied().unwrap_or(ZERO_HASH);
+        let reply = conversation.last_reply.as_deref().and_then(from_hex);
+
+        let all = (
+            &self.messages,
+            &self.turns,
+            &self.conversation_turns,
+            &self.response_ids,
+            &self.prefixes,
+            &self.conversations,
+            &self.by_updated,
+            &self.names,
+            &self.ends,
+            &self.replies,
+        );
+        let result = all.transaction(
+            |(
+                t_messages,
+                t_turns,
+                t_conversation_turns,
+                t_response_ids,
+                t_prefixes,
+                t_conversations,
+                t_by_updated,
+                t_names,
+                t_ends,
+                t_replies,
+            )| {
+                for (hash, value) in &messages {
+                    insert_if_absent(t_messages, hash, value)?;
+                }
+                t_turns.insert(&turn_key[..], turn_value.as_slice())?;
+                t_conversation_turns.insert(&pair_key(conversation.id, turn.id)[..], &[][..])?;
+                if let Some(id) = response_id {
+                    t_response_ids.insert(id.as_bytes(), &turn_key[..])?;
+                }
+                for (chain, value) in &prefixes {
+                    insert_if_absent(t_prefixes, chain, value)?;
+                }
+                // The conversation last: its previous record says which index entries move.
+                if let Some(old) = t_conversations.insert(&conversation_key[..], conversation_value.as_slice())? {
+                    let old: ConversationRecord =
+                        decode(trees::CONVERSATIONS, &conversation_key, &old).map_err(ConflictableTransactionError::Abort)?;
+                    t_by_updated.remove(&pair_key(old.updated_unix_ms, old.id)[..])?;
+                    let old_ends = [from_hex(&old.last_head), old.last_tail.as_deref().and_then(from_hex)];
+                    for end in old_ends.iter().flatten() {
+                        unmark(t_ends, end, &conversation_key)?;
+                    }
+                    if let Some(old_reply) = old.last_reply.as_deref().and_then(from_hex) {
+                        unmark(t_replies, &old_reply, &conversation_key)?;
+                    }
+                }
+                t_by_updated.insert(&pair_key(conversation.updated_unix_ms, conversation.id)[..], &[][..])?;
+                if let Some(name) = &conversation.name {
+                    t_names.insert(name.as_bytes(), &conversation_key[..])?;
+                }
+                t_ends.insert(&head[..], &conversation_key[..])?;
+                if let Some(tail) = &draft.tail {
+                    t_ends.insert(&tail[..], &conversation_key[..])?;
+                }
+                if let Some(reply) = &reply {
+                    t_replies.insert(&reply[..], &conversation_key[..])?;
+                }
+                Ok(())
+            },
+        );
+        result.map_err(transaction_error)
+    }
+}
+
+/// The prefix entries a turn records: one per message length past its base, and its tail.
+fn prefix_entries(draft: &TurnDraft) -> Result<Vec<(Hash, Vec<u8>)>, StoreError> {
+    let turn = &draft.turn;
+    let base_len = turn.base.map_or(0, |b| b.len as usize).min(draft.chain.len());
+    let entry = |len: usize| PrefixEntry { conversation: turn.conversation, turn: turn.id, len: len as u32 };
+    let mut entries = Vec::with_capacity(draft.chain.len() - base_len + 1);
+    for (i, chain) in draft.chain.iter().enumerate().skip(base_len) {
+        entries.push((*chain, encode(trees::PREFIXES, chain, &entry(i + 1))?));
+    }
+    if let Some(tail) = &draft.tail {
+        entries.push((*tail, encode(trees::PREFIXES, tail, &entry(draft.chain.len() + 1))?));
+    }
+    Ok(entries)
+}
+
+fn insert_if_absent(tree: &TransactionalTree, key: &Hash, value: &[u8]) -> Abortable<()> {
+    if tree.get(&key[..])?.is_none() {
+        tree.insert(&key[..], value)?;
+    }
+    Ok(())
+}
+
+/// Removes a mark (`ends`, `replies`) only if it still belongs to this conversation.
+fn unmark(tree: &TransactionalTree, key: &Hash, conversation_key: &[u8; 8]) -> Abortable<()> {
+    if tree.get(&key[..])?.as_deref() == Some(&conversation_key[..]) {
+        tree.remove(&key[..])?;
+    }
+    Ok(())
+}
+
+/// A failed transaction as a store error: the closure's own, or sled's.
+pub(crate) fn transaction_error(error: TransactionError<StoreError>) -> StoreError {
+    match error {
+        TransactionError::Abort(error) => error,
+        TransactionError::Storage(error) => StoreError::Sled(error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::{BaseRef, Relation};
+    use crate::{chain_next, message_hash, store_test_turn, to_hex, StoreOptions};
+    use serde_json::json;
+
+    /// A turn of conversation `id` whose request is `texts` (assistant messages start with `r`, the
+    /// others are the user's) and whose reply is `reply`.
+    fn draft(id: u64, turn_id: u64, texts: &[&str], reply: &str, base: Option<BaseRef>) -> TurnDraft {
+        let mut messages = Vec::new();
+        let mut chain = Vec::new();
+        let mut h = ZERO_HASH;
+        let mut hashes = Vec::new();
+        for text in texts {
+            let role = if text.starts_with('r') { "assistant" } else { "user" };
+            let (hash, bytes) = message_hash(&json!({"role": role, "content": text}));
+            h = chain_next(&h, &hash);
+            chain.push(h);
+            hashes.push(hash);
+            messages.push((hash, bytes));
+        }
+        let base_len = base.map_or(0, |b| b.len as usize);
+        messages.drain(..base_len);
+        let (reply_hash, reply_bytes) = message_hash(&json!({"role": "assistant", "content": reply}));
+        messages.push((reply_hash, reply_bytes));
+        let tail = chain_next(&h, &reply_hash);
+        let mut turn = store_test_turn(turn_id, id, hashes[base_len..].iter().map(to_hex).collect());
+        turn.base = base;
+        turn.message_count = texts.len() as u32;
+        turn.head = to_hex(&h);
+        turn.reply = Some(to_hex(&reply_hash));
+        turn.tail = Some(to_hex(&tail));
+        turn.time_unix_ms = turn_id * 100;
+        let conversation = ConversationRecord {
+            id,
+            name: Some(format!("c{id}")),
+            created_unix_ms: 100,
+            updated_unix_ms: turn.time_unix_ms,
+            upstream: "u".into(),
+            model: None,
+            turns: 1,
+            last_turn: turn_id,
+            last_head: turn.head.clone(),
+            last_message_count: turn.message_count,
+            last_tail: turn.tail.clone(),
+            branch_of: None,
+            last_reply: turn.reply.clone(),
+        };
+        TurnDraft { messages, chain, tail: Some(tail), turn, conversation }
+    }
+
+    #[test]
+    fn a_turn_lands_with_every_index_and_moves_the_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        let first = draft(1, 1, &["a"], "ra", None);
+        store.commit_turn(&first).unwrap();
+        assert_eq!(store.turn(1).unwrap().unwrap(), first.turn);
+        assert_eq!(store.conversation_turn_ids(1).unwrap(), vec![1]);
+        assert_eq!(store.conversation_by_name("c1").unwrap(), Some(1));
+        assert_eq!(store.end(&first.chain[0]).unwrap(), Some(1));
+        assert_eq!(store.end(&first.tail.unwrap()).unwrap(), Some(1));
+        assert_eq!(store.prefix(&first.tail.unwrap()).unwrap().map(|p| p.len), Some(2));
+        assert_eq!(store.message_count(), 2);
+
+        // The next turn extends the first (base: its message and reply).
+        let mut second = draft(1, 2, &["a", "ra", "b"], "rb", Some(BaseRef { turn: 1, len: 2 }));
+        second.turn.relation = Relation::Extend { parent_turn: 1 };
+        second.conversation.turns = 2;
+        store.commit_turn(&second).unwrap();
+        assert_eq!(store.conversation_turn_ids(1).unwrap(), vec![1, 2]);
+        assert_eq!(store.end(&first.chain[0]).unwrap(), None, "the previous head is no longer an end");
+        assert_eq!(store.end(&first.tail.unwrap()).unwrap(), None);
+        assert_eq!(store.end(second.chain.last().unwrap()).unwrap(), Some(1));
+        let old_reply = crate::from_hex(first.turn.reply.as_ref().unwrap()).unwrap();
+        assert_eq!(store.reply_of(&old_reply).unwrap(), None);
+        assert_eq!(store.reply_of(&crate::from_hex(second.turn.reply.as_ref().unwrap()).unwrap()).unwrap(), Some(1));
+        // Prefixes already recorded by turn 1 stay turn 1's.
+        assert_eq!(store.prefix(&second.chain[1]).unwrap().map(|p| p.turn), Some(1));
+        assert_eq!(store.prefix(&second.chain[2]).unwrap().map(|p| p.turn), Some(2));
+        let page = store.conversations_page(&crate::PageQuery::default(), |_| Ok(true)).unwrap();
+        assert_eq!(page.scanned, 1, "the listing index moved, not duplicated");
+    }
+
+    #[test]
+    fn a_transaction_that_fails_midway_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        store.commit_turn(&draft(1, 1, &["a"], "ra", None)).unwrap();
+        // Damage the conversation record: the next commit reads it last, after staging the messages,
+        // the turn, its list entry and prefixes, and must abort with all of them.
+        let key = id_key(1);
+        let mut bytes = store.conversations.get(key).unwrap().unwrap().to_vec();
+        let at = bytes.len() - 3;
+        bytes[at] ^= 0x01;
+        store.conversations.insert(key, bytes).unwrap();
+        let before = store.message_count();
+        let mut second = draft(1, 2, &["a", "ra", "b"], "rb", Some(BaseRef { turn: 1, len: 2 }));
+        second.conversation.turns = 2;
+        let error = store.commit_turn(&second).unwrap_err();
+        assert!(matches!(&error, StoreError::Damaged { tree: "conversations", .. }), "{error}");
+        assert_eq!(store.turn(2).unwrap(), None);
+        assert_eq!(store.conversation_turn_ids(1).unwrap(), vec![1]);
+        assert_eq!(store.message_count(), before);
+        assert_eq!(store.prefix(&second.chain[2]).unwrap(), None);
+        assert_eq!(store.end(second.chain.last().unwrap()).unwrap(), None);
+    }
+
+    #[test]
+    fn a_failed_responses_turn_is_not_indexed_by_its_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        let mut ok = draft(1, 1, &["a"], "ra", None);
+        ok.turn.responses = Some(crate::ResponsesInfo { response_id: Some("resp_1".into()), ..Default::default() });
+        store.commit_turn(&ok).unwrap();
+        let mut failed = draft(2, 2, &["b"], "rb", None);
+        failed.turn.status = 500;
+        failed.turn.responses = Some(crate::ResponsesInfo { response_id: Some("resp_2".into()), ..Default::default() });
+        store.commit_turn(&failed).unwrap();
+        assert_eq!(store.turn_by_response_id("resp_1").unwrap().map(|t| t.id), Some(1));
+        assert_eq!(store.turn_by_response_id("resp_2").unwrap(), None);
+    }
+}

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use ctxscope_proxy::alert::webhook::{WebhookConfig, WebhookFormat};
+use ctxscope_proxy::otlp::OtlpConfig;
 use ctxscope_proxy::{ProxyConfig, Upstream};
 
 /// mimalloc: a captured turn (tokenizer, parsing, store) allocates many small strings; see
@@ -184,6 +185,24 @@ struct CaptureArgs {
     /// Payload for --alert-webhook: json (one document per finding) or alertmanager (POST /api/v2/alerts).
     #[arg(long, value_name = "FORMAT", default_value = "json")]
     alert_webhook_format: WebhookFormat,
+    /// Export every captured turn as an OpenTelemetry span (GenAI semantic conventions), its findings
+    /// as span events and log records, over OTLP/HTTP protobuf to this base URL (e.g.
+    /// http://127.0.0.1:4318; /v1/traces and /v1/logs are appended). Batched off the request path;
+    /// a dead endpoint only counts drops (ctxscope_otlp_dropped_total).
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
+    /// `service.name` of the exported spans.
+    #[arg(long, value_name = "NAME", default_value = "ctxscope")]
+    otlp_service_name: String,
+    /// `service.instance.id` of the exported spans (default: this host's name and the proxy port).
+    #[arg(long, value_name = "ID")]
+    otlp_instance_id: Option<String>,
+    /// Also export message content (gen_ai.input.messages, gen_ai.output.messages); off by default.
+    #[arg(long)]
+    otlp_content: bool,
+    /// Export spans only, no log records (for trace-only backends such as Phoenix or Tempo).
+    #[arg(long)]
+    otlp_no_logs: bool,
     /// More phrases (one per line) that mark a reply as denying prior context (amnesia_reply).
     #[arg(long, value_name = "FILE")]
     amnesia_phrases: Option<PathBuf>,
@@ -234,6 +253,13 @@ impl CaptureArgs {
         config.flush_every_ms = self.flush_ms;
         config.alert_webhook =
             self.alert_webhook.as_ref().map(|url| WebhookConfig { format: self.alert_webhook_format, ..WebhookConfig::new(url.clone()) });
+        config.otlp = self.otlp_endpoint.as_ref().map(|url| OtlpConfig {
+            service_name: self.otlp_service_name.clone(),
+            instance_id: self.otlp_instance_id.clone(),
+            content: self.otlp_content,
+            logs: !self.otlp_no_logs,
+            ..OtlpConfig::new(url.clone())
+        });
         if let Some(path) = &self.amnesia_phrases {
             config.detect.add_amnesia_phrases(path).map_err(|e| e.to_string())?;
         }

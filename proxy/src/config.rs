@@ -37,6 +37,8 @@ pub struct ProxyConfig {
     pub detect: crate::detect::DetectConfig,
     /// Findings are also posted to this webhook when set.
     pub alert_webhook: Option<crate::alert::webhook::WebhookConfig>,
+    /// Every captured turn is exported as an OTLP span (its findings as events and log records) when set.
+    pub otlp: Option<crate::otlp::OtlpConfig>,
     /// Hold non-streamed responses until their capture is done (at most 5 s) and add
     /// `x-ctxscope-findings` when the turn raised findings.
     pub findings_header: bool,
@@ -113,6 +115,8 @@ pub enum ConfigError {
     StateWithoutStore,
     #[error(transparent)]
     Webhook(#[from] crate::alert::webhook::WebhookError),
+    #[error(transparent)]
+    Otlp(#[from] crate::otlp::OtlpError),
 }
 
 impl Upstream {
@@ -174,6 +178,7 @@ impl ProxyConfig {
             flush_every_ms: 500,
             detect: crate::detect::DetectConfig::default(),
             alert_webhook: None,
+            otlp: None,
             findings_header: false,
             responses_state: false,
             admin_token: None,
@@ -191,6 +196,9 @@ impl ProxyConfig {
         }
         if let Some(webhook) = &self.alert_webhook {
             webhook.validate()?;
+        }
+        if let Some(otlp) = &self.otlp {
+            otlp.validate()?;
         }
         if self.count_with == CountWith::Local && self.tokenizer.is_none() {
             return Err(ConfigError::CountWithoutTokenizer);

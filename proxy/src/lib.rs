@@ -17,6 +17,7 @@ pub mod health;
 pub mod import;
 pub mod limits;
 pub mod metrics;
+pub mod otlp;
 pub mod parse;
 pub mod responses_state;
 pub mod server;
@@ -85,7 +86,17 @@ pub async fn run(config: ProxyConfig, proxy: TcpListener, admin: TcpListener, sh
         None => None,
     };
     let (store, capture_status) = open_store(&config);
-    let sinks: Vec<Box<dyn alert::AlertSink>> = webhook.iter().map(|w| Box::new(w.clone()) as Box<dyn alert::AlertSink>).collect();
+    let mut sinks: Vec<Box<dyn alert::AlertSink>> = webhook.iter().map(|w| Box::new(w.clone()) as Box<dyn alert::AlertSink>).collect();
+    let otlp = match &config.otlp {
+        Some(c) => {
+            let instance = otlp::default_instance_id(proxy.local_addr().map_or(0, |a| a.port()));
+            let exporter =
+                otlp::OtlpExporter::start(c, &config.upstream, instance, &tokio::runtime::Handle::current()).map_err(ConfigError::from)?;
+            sinks.push(Box::new(exporter.sink()));
+            Some(exporter)
+        }
+        None => None,
+    };
     let counts_upstream = tokens.is_none() && config.count_with != config::CountWith::None;
     let upstream_counter = counts_upstream.then(|| UpstreamCounter::new(config.upstream.clone(), CountSettings::default()));
     let fingerprints = match (&store, config.fingerprint_every) {
@@ -152,6 +163,9 @@ pub async fn run(config: ProxyConfig, proxy: TcpListener, admin: TcpListener, sh
         if !webhook.flush(config.shutdown_grace).await {
             tracing::warn!("alert webhook queue not drained within the grace period");
         }
+    }
+    if let Some(otlp) = otlp {
+        otlp.shutdown(config.shutdown_grace).await;
     }
     Ok(())
 }

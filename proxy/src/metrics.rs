@@ -29,9 +29,12 @@ pub const ALERTS_DROPPED_TOTAL: &str = "ctxscope_alerts_dropped_total";
 pub const UPSTREAM_COUNT_FAILURES_TOTAL: &str = "ctxscope_upstream_count_failures_total";
 pub const UPSTREAM_COUNT_SECONDS: &str = "ctxscope_upstream_count_seconds";
 pub const STORE_DAMAGE_TOTAL: &str = "ctxscope_store_damage_total";
+pub const OTLP_EXPORTED_TOTAL: &str = "ctxscope_otlp_exported_total";
+pub const OTLP_DROPPED_TOTAL: &str = "ctxscope_otlp_dropped_total";
+pub const OTLP_EXPORT_SECONDS: &str = "ctxscope_otlp_export_seconds";
 
 /// Every metric name above, for checks that dashboards and alert rules only use real ones.
-pub const ALL: [&str; 24] = [
+pub const ALL: [&str; 27] = [
     REQUESTS_TOTAL,
     PROMPT_TOKENS,
     CACHED_TOKENS,
@@ -56,6 +59,9 @@ pub const ALL: [&str; 24] = [
     UPSTREAM_COUNT_FAILURES_TOTAL,
     UPSTREAM_COUNT_SECONDS,
     STORE_DAMAGE_TOTAL,
+    OTLP_EXPORTED_TOTAL,
+    OTLP_DROPPED_TOTAL,
+    OTLP_EXPORT_SECONDS,
 ];
 
 /// Why a capture was dropped (the `reason` label of `ctxscope_capture_dropped_total`).
@@ -145,6 +151,15 @@ fn describe() {
         "Time to count one prompt through the upstream's endpoints (on the capture worker)."
     );
     metrics::describe_counter!(ALERTS_DROPPED_TOTAL, "Alerts not delivered, by reason (deduplicated, rate_limited, queue_full, failed).");
+    metrics::describe_counter!(
+        OTLP_EXPORTED_TOTAL,
+        "Spans (one per turn) and log records (one per finding) accepted by the OTLP endpoint."
+    );
+    metrics::describe_counter!(
+        OTLP_DROPPED_TOTAL,
+        "Spans and log records not exported over OTLP, by signal and reason (queue_full, export_failed, shutdown); traffic unaffected."
+    );
+    metrics::describe_histogram!(OTLP_EXPORT_SECONDS, "Time to post one OTLP batch (off the capture worker and the request path).");
 }
 
 /// Creates every findings series at zero so that rate() and increase() see the first finding.

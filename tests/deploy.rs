@@ -67,6 +67,31 @@ fn promtool_accepts_the_rules_the_config_and_the_dashboard_queries() {
     run_ok(Command::new(&promtool).args(["test", "rules"]).arg(&unit));
 }
 
+/// The fleet artefacts: fleet.yml loads both rule files, the fleet rules use only catalogued metrics,
+/// and each fleet alert fires on the series it is about (tests/fixtures/deploy/fleet_test.yml).
+#[test]
+fn promtool_accepts_the_fleet_config_and_fires_the_fleet_alerts() {
+    let Some(promtool) = prometheus_tool("promtool") else { return };
+    let checked = run_ok(Command::new(&promtool).args(["check", "config"]).arg(repo().join("deploy/prometheus/fleet.yml")));
+    for file in ["alerts.yml", "fleet-rules.yml"] {
+        assert!(checked.contains(file), "fleet.yml does not load {file}:\n{checked}");
+    }
+    let fleet = read("deploy/prometheus/fleet-rules.yml");
+    let histograms = histogram_names();
+    let exprs = rule_exprs(&fleet);
+    assert!(exprs.len() >= 3, "found {} expressions in fleet-rules.yml", exprs.len());
+    for expr in &exprs {
+        let unknown: Vec<_> = metric_names(expr).into_iter().filter(|n| !resolves(n, &histograms)).collect();
+        assert!(unknown.is_empty(), "fleet-rules.yml uses {unknown:?}, not in ctxscope_proxy::metrics::ALL: {expr}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("fleet_without_annotations.yml");
+    std::fs::write(&rules, strip_block(&fleet, "annotations:")).unwrap();
+    let unit = dir.path().join("fleet_test.yml");
+    std::fs::write(&unit, read("tests/fixtures/deploy/fleet_test.yml").replace("RULES", &rules.display().to_string())).unwrap();
+    run_ok(Command::new(&promtool).args(["test", "rules"]).arg(&unit));
+}
+
 // ---------------------------------------------------------------------------------------------------
 // 2. Metric names: the rules and the dashboard use only exported metrics; a live proxy exports them
 // ---------------------------------------------------------------------------------------------------

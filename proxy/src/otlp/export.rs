@@ -71,7 +71,27 @@ impl Batcher {
             return;
         }
         let ids: Vec<(TraceId, SpanId)> = turns.iter().map(|_| (self.ids.new_trace_id(), self.ids.new_span_id())).collect();
-        let spans = turns.iter().zip(&ids).map(|(turn, ids)| span(turn, &self.origin, *ids, &self.scope)).collect();
+        // Mapping parses request bodies with --otlp-content: off the runtime's worker threads, which
+        // also serve the proxied traffic.
+        let findings = if self.logs.is_some() { turns.iter().map(|t| t.findings.len() as u64).sum() } else { 0 };
+        let (origin, scope, span_ids) = (self.origin.clone(), self.scope.clone(), ids.clone());
+        let mapped = tokio::task::spawn_blocking(move || {
+            let spans: Vec<_> = turns.iter().zip(&span_ids).map(|(turn, ids)| span(turn, &origin, *ids, &scope)).collect();
+            (turns, spans)
+        })
+        .await;
+        let (turns, spans) = match mapped {
+            Ok(mapped) => mapped,
+            Err(error) => {
+                // The mapping panicked: the batch is lost; say so and count it.
+                tracing::error!(%error, "OTLP span mapping failed");
+                self.shared.dropped(TRACES, Lost::ExportFailed, ids.len() as u64);
+                self.shared.settled.fetch_add(ids.len() as u64, Ordering::Release);
+                self.shared.dropped(LOGS, Lost::ExportFailed, findings);
+                self.shared.logs_settled.fetch_add(findings, Ordering::Release);
+                return;
+            }
+        };
         let started = Instant::now();
         let result = self.spans.export(spans).await;
         metrics::histogram!(OTLP_EXPORT_SECONDS, "signal" => TRACES).record(started.elapsed().as_secs_f64());

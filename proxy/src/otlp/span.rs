@@ -103,7 +103,9 @@ pub fn attributes(turn: &TurnSummary, origin: &Origin) -> Vec<KeyValue> {
     if turn.findings.iter().any(|f| f.kind == FindingKind::HistoryDropped) {
         out.push(KeyValue::new("gen_ai.conversation.compacted", true));
     }
-    out.push(int("http.response.status_code", u64::from(turn.status)));
+    if turn.status != 0 {
+        out.push(int("http.response.status_code", u64::from(turn.status)));
+    }
     if let Some(kind) = error_type(turn) {
         out.push(string("error.type", kind));
     }

@@ -9,6 +9,7 @@ mod models;
 mod render;
 mod replay;
 mod serve;
+mod store_check;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -109,6 +110,18 @@ enum Command {
         #[command(flatten)]
         source: SourceArgs,
     },
+    /// Look after the capture store directory.
+    Store {
+        #[command(subcommand)]
+        command: StoreCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum StoreCommand {
+    /// Verify every record's checksum and every index against its records; print what is damaged and
+    /// what is kept (exit 1 when damage is found and left, 0 when the store is whole).
+    Check(store_check::CheckArgs),
 }
 
 #[derive(Subcommand)]
@@ -395,6 +408,7 @@ fn main() -> ExitCode {
             Command::Replays { id, json, html, source } => replay::replays(&source.into(), id, json, html.as_deref()).await,
             Command::Export { id, source } => inspect::export(&source.into(), id).await,
             Command::Import { file, source } => inspect::import(&source.into(), &file).await,
+            Command::Store { command: StoreCommand::Check(args) } => store_check::run(&args),
         }
     });
     match result {

@@ -154,7 +154,7 @@ pub(crate) fn transaction_error(error: TransactionError<StoreError>) -> StoreErr
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::records::{BaseRef, Relation};
     use crate::{chain_next, message_hash, store_test_turn, to_hex, StoreOptions};
@@ -162,7 +162,7 @@ mod tests {
 
     /// A turn of conversation `id` whose request is `texts` (assistant messages start with `r`, the
     /// others are the user's) and whose reply is `reply`.
-    fn draft(id: u64, turn_id: u64, texts: &[&str], reply: &str, base: Option<BaseRef>) -> TurnDraft {
+    pub(crate) fn draft(id: u64, turn_id: u64, texts: &[&str], reply: &str, base: Option<BaseRef>) -> TurnDraft {
         let mut messages = Vec::new();
         let mut chain = Vec::new();
         let mut h = ZERO_HASH;

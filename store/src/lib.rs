@@ -16,6 +16,7 @@ pub use hash::{canonical_message, chain_next, from_hex, message_hash, to_hex, Ha
 pub use records::*;
 pub use retention::{RetentionPolicy, RetentionReport};
 pub use store::{IdSpace, Store, StoreOptions, SCHEMA_VERSION};
+pub mod check;
 mod commit;
 pub mod export;
 mod findings;
@@ -25,6 +26,7 @@ mod marks;
 mod read_only;
 mod replays;
 
+pub use check::{CheckReport, ConversationFate, Fate, Problem, ProblemKind};
 pub use commit::TurnDraft;
 pub use findings::FindingFilter;
 pub use fingerprint::{FieldChange, Fingerprint};

@@ -203,8 +203,13 @@ impl Store {
         self.by_updated.clear()?;
         for item in self.conversations.iter() {
             let (key, value) = item?;
-            let c: ConversationRecord = decode(trees::CONVERSATIONS, &key, &value)?;
-            self.by_updated.insert(pair_key(c.updated_unix_ms, c.id), &[])?;
+            // A damaged record is left out of the index and said so; `store check` reports it too.
+            match decode::<ConversationRecord>(trees::CONVERSATIONS, &key, &value) {
+                Ok(c) => {
+                    self.by_updated.insert(pair_key(c.updated_unix_ms, c.id), &[])?;
+                }
+                Err(error) => tracing::warn!(%error, "conversation left out of the listing index"),
+            }
         }
         self.meta.insert(BY_UPDATED_BUILT, &[1])?;
         Ok(())

@@ -50,6 +50,27 @@ impl Store {
             .then(|| format!("the store's log is damaged: records written before its last checkpoint are missing ({})", lost.join(", "))))
     }
 
+    /// Raises every id counter that is behind its mark to the mark, so that ids a damaged log lost
+    /// are never handed out again (`store check --repair`).
+    pub(crate) fn raise_counters_to_marks(&self) -> Result<(), StoreError> {
+        let Ok(text) = std::fs::read_to_string(self.marks_path()) else {
+            return Ok(());
+        };
+        for line in text.lines() {
+            let Some((name, mark)) = line.split_once(' ') else {
+                continue;
+            };
+            let (Some((space, _)), Ok(mark)) = (SPACES.iter().find(|(_, n)| *n == name), mark.trim().parse::<u64>()) else {
+                continue;
+            };
+            self.meta.update_and_fetch(space.key(), |old| {
+                let old = old.and_then(|b| <[u8; 8]>::try_from(b).ok()).map_or(0, u64::from_be_bytes);
+                Some(old.max(mark).to_be_bytes().to_vec())
+            })?;
+        }
+        Ok(())
+    }
+
     fn counters(&self) -> Result<Vec<(&'static str, u64)>, StoreError> {
         let mut out = Vec::new();
         for (space, name) in SPACES {

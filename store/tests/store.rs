@@ -168,3 +168,37 @@ fn each_kind_numbers_its_ids_from_one_across_restarts() {
     assert_eq!(store.next_id_in(IdSpace::Conversation).unwrap(), 4, "the counter survives a restart");
     assert_eq!(store.next_id_in(IdSpace::Turn).unwrap(), 3);
 }
+
+#[test]
+fn a_store_written_before_checksums_opens_reads_and_is_marked_version_2() {
+    // A version 1 store as that release wrote it: bare JSON values, schema 1.
+    let dir = tempfile::tempdir().unwrap();
+    let (hash, bytes) = message_hash(&json!({"role": "user", "content": "from before"}));
+    let mut turn = store_test_turn(1, 1, vec![to_hex(&hash)]);
+    turn.reply_text = "old reply".into();
+    {
+        let db = sled::open(dir.path()).unwrap();
+        let meta = db.open_tree("meta").unwrap();
+        meta.insert("schema_version", &1u32.to_be_bytes()).unwrap();
+        db.open_tree("messages").unwrap().insert(hash, bytes).unwrap();
+        db.open_tree("turns").unwrap().insert(1u64.to_be_bytes(), serde_json::to_vec(&turn).unwrap()).unwrap();
+        db.flush().unwrap();
+    }
+    let store = open(dir.path());
+    assert_eq!(store.turn(1).unwrap().unwrap().reply_text, "old reply");
+    assert_eq!(store.message(&hash).unwrap().unwrap()["content"], "from before");
+    drop(store);
+    let db = sled::open(dir.path()).unwrap();
+    let version = db.open_tree("meta").unwrap().get("schema_version").unwrap().unwrap();
+    assert_eq!(version.as_ref(), &SCHEMA_VERSION.to_be_bytes());
+    assert_eq!(SCHEMA_VERSION, 2);
+    // A record damaged in place is reported, naming its tree and key, never skipped.
+    let turns = db.open_tree("turns").unwrap();
+    let mut framed = turns.get(1u64.to_be_bytes()).unwrap().unwrap().to_vec();
+    framed[3] = b'X';
+    turns.insert(1u64.to_be_bytes(), framed).unwrap();
+    db.flush().unwrap();
+    drop((turns, db));
+    let error = open(dir.path()).turn(1).unwrap_err();
+    assert!(matches!(&error, StoreError::Decode { kind: "turns", key, .. } if key == "0000000000000001"), "{error}");
+}

@@ -1,0 +1,123 @@
+//! `ctxscope store check [--repair]`: every record's checksum and every index against its records,
+//! printed as what is damaged and what is kept. Without `--repair` the directory is not modified (the
+//! check reads a private copy); with it, the damage is removed in place. Exit status: 0 when the store
+//! is whole (after the repair, with `--repair`), 1 when damage is found and left.
+
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use ctxscope_store::{CheckReport, Fate, ProblemKind, Store, StoreError, StoreOptions};
+
+#[derive(Args)]
+pub struct CheckArgs {
+    /// Remove damaged records and index entries naming what is gone; cut conversations back to the
+    /// turns that still resolve (noted on their last kept turn), rebuild damaged conversation records
+    /// from their turns. Stop the proxy first.
+    #[arg(long)]
+    repair: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Store directory.
+    #[arg(long, default_value = "./ctxscope-data")]
+    data: PathBuf,
+}
+
+pub fn run(args: &CheckArgs) -> Result<(), String> {
+    let dir = &args.data;
+    if !dir.join("db").exists() {
+        return Err(format!("no capture store at {} (pass --data DIR)", dir.display()));
+    }
+    let (report, after) = if args.repair {
+        let store = Store::open(dir, &StoreOptions::default()).map_err(|e| refusal(dir, e))?;
+        let report = store.check().map_err(|e| e.to_string())?;
+        if report.is_clean() {
+            (report, None)
+        } else {
+            let report = store.repair(report).map_err(|e| format!("repair of {} failed: {e}", dir.display()))?;
+            let after = store.check().map_err(|e| e.to_string())?;
+            (report, Some(after))
+        }
+    } else {
+        let store = Store::open_read_only(dir, &StoreOptions::default()).map_err(|e| refusal(dir, e))?;
+        (store.check().map_err(|e| e.to_string())?, None)
+    };
+    if args.json {
+        let value = serde_json::json!({"report": report, "after_repair": after});
+        println!("{}", serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?);
+    } else {
+        print!("{}", render(dir, &report));
+        if let Some(after) = &after {
+            let left: Vec<String> = after.problems.iter().map(|p| format!("{}/{}", p.tree, p.key)).collect();
+            match left.is_empty() {
+                true => println!("checked again after the repair: no damage"),
+                false => println!("checked again after the repair: still damaged: {}", left.join(", ")),
+            }
+        }
+    }
+    match (report.is_clean(), &after) {
+        (true, _) => Ok(()),
+        (false, Some(after)) if after.is_clean() => Ok(()),
+        (false, Some(_)) => Err(format!("{}: damage left that repair cannot remove (see above)", dir.display())),
+        (false, None) => Err(format!(
+            "{}: damage found; nothing was changed. `ctxscope store check --repair --data {}` removes it (stop the proxy first)",
+            dir.display(),
+            dir.display()
+        )),
+    }
+}
+
+/// Why a store could not be opened for checking, with what to do.
+fn refusal(dir: &Path, error: StoreError) -> String {
+    match error {
+        StoreError::Locked { .. } | StoreError::Open { .. } => {
+            format!(
+                "{} is in use by a running ctxscope process (or cannot be opened: {error}); stop the process, then check",
+                dir.display()
+            )
+        }
+        other => other.to_string(),
+    }
+}
+
+fn render(dir: &Path, report: &CheckReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "store {}", dir.display());
+    let read: Vec<String> = report.records.iter().map(|(tree, n)| format!("{n} {tree}")).collect();
+    let _ = writeln!(out, "read: {}", read.join(", "));
+    if report.problems.is_empty() {
+        let _ = writeln!(out, "no damage");
+    } else {
+        let _ = writeln!(out, "damage ({}):", report.problems.len());
+        for p in &report.problems {
+            let fix = if p.repairable { "" } else { " [repair cannot fix this]" };
+            let place = if p.key.is_empty() { p.tree.clone() } else { format!("{}/{}", p.tree, p.key) };
+            let _ = writeln!(out, "  {:<12}  {place}: {}{fix}", p.kind.as_str(), p.detail);
+        }
+    }
+    let _ = writeln!(
+        out,
+        "kept: {} of {} conversations whole, {} of {} turns",
+        report.conversations_whole, report.conversations_total, report.turns_kept, report.turns_total
+    );
+    for c in &report.conversations {
+        let what = match c.fate {
+            Fate::Cut => format!("cut back: {} turn(s) kept, {} removed", c.turns_kept, c.turns_removed),
+            Fate::Rebuilt => format!("record rebuilt from its {} turn(s)", c.turns_kept),
+            Fate::Lost => format!("lost: no turn of it is left ({} removed)", c.turns_removed),
+        };
+        let _ = writeln!(out, "  conversation {}: {what}", c.id);
+    }
+    if report.repaired {
+        let _ = writeln!(
+            out,
+            "repaired: {} record(s) and index entries removed, {} written (moved conversations, their indexes and notes)",
+            report.removed, report.written
+        );
+        if report.problems.iter().any(|p| p.kind == ProblemKind::Lost) {
+            let _ = writeln!(out, "repaired: id counters raised past the lost ids (they are never handed out again)");
+        }
+    }
+    out
+}

@@ -1,0 +1,147 @@
+//! `ctxscope store check`: read every tree, verify every record's checksum and every index against
+//! the records it names, and say exactly what is damaged and what is kept. [`Store::check`] changes
+//! nothing (the CLI runs it on a private copy); [`Store::repair`] applies the plan a check made:
+//! removes damaged records and entries that name what is gone, cuts conversations back to the turns
+//! whose message lists still resolve (noting the cut on the last kept turn), and rebuilds a damaged
+//! conversation record from its turns.
+
+mod plan;
+mod scan;
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::{Store, StoreError};
+
+/// What a problem is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProblemKind {
+    /// A record whose checksum, frame or JSON is wrong, or that does not match its key.
+    Damaged,
+    /// A record or index entry naming something that is not there.
+    Dangling,
+    /// A turn whose message list no longer resolves: one of its messages, or its base turn, is gone.
+    Unresolvable,
+    /// An index entry a record needs and does not have (repair adds it).
+    Missing,
+    /// Records the last checkpoint saw are gone: sled cut its log short on open.
+    Lost,
+    /// sled itself cannot read part of a tree; repair cannot help (export what is readable).
+    Unreadable,
+}
+
+impl ProblemKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProblemKind::Damaged => "damaged",
+            ProblemKind::Dangling => "dangling",
+            ProblemKind::Unresolvable => "unresolvable",
+            ProblemKind::Missing => "missing",
+            ProblemKind::Lost => "lost",
+            ProblemKind::Unreadable => "unreadable",
+        }
+    }
+}
+
+/// One thing wrong, where it is.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Problem {
+    /// The sled tree (or `log` for records lost from sled's log).
+    pub tree: String,
+    /// The key, readable: an id, `conversation/turn` for pair keys, hex for hashes, text for names.
+    pub key: String,
+    pub kind: ProblemKind,
+    pub detail: String,
+    /// Whether `--repair` fixes it.
+    pub repairable: bool,
+}
+
+/// What happened to a conversation that is not whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fate {
+    /// Some of its turns are gone; the rest are kept and the record is moved back to the last of them.
+    Cut,
+    /// Its record was damaged; it is rebuilt from its turns (its name from the name index).
+    Rebuilt,
+    /// Nothing of it is left.
+    Lost,
+}
+
+/// A conversation that is not whole.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConversationFate {
+    pub id: u64,
+    pub fate: Fate,
+    pub turns_kept: u64,
+    pub turns_removed: u64,
+}
+
+/// The result of a check: what was read, what is wrong, what is kept.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CheckReport {
+    /// Records read per tree.
+    pub records: BTreeMap<String, u64>,
+    pub problems: Vec<Problem>,
+    pub conversations_total: u64,
+    pub conversations_whole: u64,
+    /// Conversations cut, rebuilt or lost.
+    pub conversations: Vec<ConversationFate>,
+    pub turns_total: u64,
+    pub turns_kept: u64,
+    /// Whether `repair` applied this report's plan.
+    pub repaired: bool,
+    /// Records and index entries the repair removed, and those it wrote (moved conversations, their
+    /// indexes and notes, missing index entries).
+    pub removed: u64,
+    pub written: u64,
+    #[serde(skip)]
+    plan: plan::Plan,
+}
+
+impl CheckReport {
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+
+    /// Whether every problem found is one `repair` fixes.
+    pub fn fully_repairable(&self) -> bool {
+        self.problems.iter().all(|p| p.repairable)
+    }
+}
+
+impl Store {
+    /// Reads every record and index and reports what is damaged; writes nothing.
+    pub fn check(&self) -> Result<CheckReport, StoreError> {
+        let scanned = scan::Scanned::read(self)?;
+        plan::judge(self, scanned)
+    }
+
+    /// Applies what `report` (a check of this same store) planned, then flushes and records the
+    /// counters as durable (ids lost from the log are never handed out again). Returns the report,
+    /// marked repaired.
+    pub fn repair(&self, mut report: CheckReport) -> Result<CheckReport, StoreError> {
+        (report.removed, report.written) = report.plan.apply(self)?;
+        report.repaired = true;
+        Ok(report)
+    }
+}
+
+/// A key as people read it, for a tree of known shape.
+pub(crate) fn readable_key(tree: &str, key: &[u8]) -> String {
+    use crate::codec::trees::*;
+    let id = |range: std::ops::Range<usize>| key.get(range).and_then(|b| <[u8; 8]>::try_from(b).ok()).map(u64::from_be_bytes);
+    match tree {
+        TURNS | CONVERSATIONS | FINDINGS | REPLAYS if key.len() == 8 => id(0..8).map_or_else(String::new, |i| i.to_string()),
+        CONVERSATION_TURNS | CONVERSATION_FINDINGS | CONVERSATIONS_BY_UPDATED if key.len() == 16 => {
+            format!("{}/{}", id(0..8).unwrap_or(0), id(8..16).unwrap_or(0))
+        }
+        NAMES | RESPONSE_IDS | FINGERPRINTS | FINDING_CAUSES => String::from_utf8_lossy(key).into_owned(),
+        _ => crate::codec::hex_key(key),
+    }
+}
+
+#[cfg(test)]
+mod tests;

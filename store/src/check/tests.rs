@@ -1,0 +1,180 @@
+//! `check` and `repair` on stores damaged on purpose: a flipped byte in a record, a dangling index
+//! entry, records lost from the log; what is reported, what a repair keeps, and that a second check
+//! is clean.
+
+use super::*;
+use crate::codec::{id_key, trees};
+use crate::commit::tests::draft;
+use crate::records::{BaseRef, Relation};
+use crate::{StoreOptions, TurnDraft};
+
+/// Conversation 1: turns 1, 2, 3 (each extending the one before). Conversation 2: turn 4.
+fn store_with_two_conversations(dir: &std::path::Path) -> (Store, Vec<TurnDraft>) {
+    let store = Store::open(dir, &StoreOptions::default()).unwrap();
+    let mut drafts = vec![draft(1, 1, &["a"], "ra", None)];
+    let mut second = draft(1, 2, &["a", "ra", "b"], "rb", Some(BaseRef { turn: 1, len: 2 }));
+    second.turn.relation = Relation::Extend { parent_turn: 1 };
+    second.conversation.turns = 2;
+    drafts.push(second);
+    let mut third = draft(1, 3, &["a", "ra", "b", "rb", "c"], "rc", Some(BaseRef { turn: 2, len: 4 }));
+    third.turn.relation = Relation::Extend { parent_turn: 2 };
+    third.conversation.turns = 3;
+    drafts.push(third);
+    drafts.push(draft(2, 4, &["other"], "r-other", None));
+    for d in &drafts {
+        store.commit_turn(d).unwrap();
+    }
+    (store, drafts)
+}
+
+fn flip_byte(store: &Store, tree: &str, key: &[u8]) {
+    let tree = store.db_tree(tree.as_bytes()).unwrap();
+    let mut value = tree.get(key).unwrap().unwrap().to_vec();
+    let at = value.len() - 2;
+    value[at] ^= 0x04;
+    tree.insert(key, value).unwrap();
+}
+
+#[test]
+fn a_clean_store_checks_clean() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = store_with_two_conversations(dir.path());
+    let report = store.check().unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_eq!((report.conversations_total, report.conversations_whole), (2, 2));
+    assert_eq!((report.turns_total, report.turns_kept), (4, 4));
+    assert_eq!(report.records["turns"], 4);
+}
+
+#[test]
+fn a_damaged_turn_cuts_its_conversation_and_repair_keeps_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, drafts) = store_with_two_conversations(dir.path());
+    flip_byte(&store, trees::TURNS, &id_key(2));
+
+    let report = store.check().unwrap();
+    let damaged: Vec<_> = report.problems.iter().filter(|p| p.kind == ProblemKind::Damaged).collect();
+    assert_eq!(damaged.len(), 1, "{:?}", report.problems);
+    assert_eq!((damaged[0].tree.as_str(), damaged[0].key.as_str()), ("turns", "2"));
+    assert!(damaged[0].detail.contains("checksum mismatch"), "{}", damaged[0].detail);
+    // Turn 3 stands on turn 2: it no longer resolves.
+    assert!(report.problems.iter().any(|p| p.kind == ProblemKind::Unresolvable && p.key == "3"), "{:?}", report.problems);
+    assert!(report.problems.iter().any(|p| p.tree == "prefixes" && p.kind == ProblemKind::Dangling));
+    assert_eq!(report.conversations, vec![ConversationFate { id: 1, fate: Fate::Cut, turns_kept: 1, turns_removed: 2 }]);
+    assert_eq!((report.conversations_whole, report.turns_kept), (1, 2));
+    // A check writes nothing.
+    assert!(matches!(store.turn(2), Err(StoreError::Damaged { .. })));
+
+    let repaired = store.repair(report).unwrap();
+    assert!(repaired.repaired);
+    let again = store.check().unwrap();
+    assert!(again.is_clean(), "{:?}", again.problems);
+    let cut = store.conversation(1).unwrap().unwrap();
+    assert_eq!((cut.turns, cut.last_turn, cut.last_head.as_str()), (1, 1, drafts[0].turn.head.as_str()));
+    let detail = store.conversation_detail(1).unwrap();
+    assert_eq!(detail.turns.len(), 1);
+    assert!(
+        detail.turns[0].turn.notes.iter().any(|n| n.contains("cut this conversation") && n.contains("2, 3")),
+        "{:?}",
+        detail.turns[0].turn.notes
+    );
+    // The next request extending turn 1 threads back onto the cut conversation.
+    assert_eq!(store.end(&drafts[0].tail.unwrap()).unwrap(), Some(1));
+    assert_eq!(store.conversation_detail(2).unwrap().conversation, drafts[3].conversation);
+}
+
+#[test]
+fn a_damaged_conversation_record_is_rebuilt_from_its_turns() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, drafts) = store_with_two_conversations(dir.path());
+    flip_byte(&store, trees::CONVERSATIONS, &id_key(1));
+    let report = store.check().unwrap();
+    assert!(report.problems.iter().any(|p| p.tree == "conversations" && p.key == "1" && p.kind == ProblemKind::Damaged));
+    assert_eq!(report.conversations, vec![ConversationFate { id: 1, fate: Fate::Rebuilt, turns_kept: 3, turns_removed: 0 }]);
+    store.repair(report).unwrap();
+    assert!(store.check().unwrap().is_clean());
+    let rebuilt = store.conversation(1).unwrap().unwrap();
+    let before = &drafts[2].conversation;
+    assert_eq!((rebuilt.name.as_deref(), rebuilt.turns, rebuilt.last_turn), (before.name.as_deref(), 3, 3));
+    assert_eq!((rebuilt.last_head.as_str(), rebuilt.last_tail.as_ref()), (before.last_head.as_str(), before.last_tail.as_ref()));
+    assert_eq!(store.conversations().unwrap().len(), 2);
+}
+
+#[test]
+fn a_damaged_message_loses_the_turns_that_need_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, drafts) = store_with_two_conversations(dir.path());
+    // Conversation 2's only request message.
+    let (hash, _) = &drafts[3].messages[0];
+    flip_byte(&store, trees::MESSAGES, hash);
+    let report = store.check().unwrap();
+    assert!(report.problems.iter().any(|p| p.tree == "messages" && p.kind == ProblemKind::Damaged));
+    assert_eq!(report.conversations, vec![ConversationFate { id: 2, fate: Fate::Lost, turns_kept: 0, turns_removed: 1 }]);
+    store.repair(report).unwrap();
+    let again = store.check().unwrap();
+    assert!(again.is_clean(), "{:?}", again.problems);
+    assert_eq!(store.conversations().unwrap().iter().map(|c| c.id).collect::<Vec<_>>(), vec![1]);
+    assert_eq!(store.conversation_by_name("c2").unwrap(), None);
+}
+
+#[test]
+fn dangling_entries_and_a_finding_without_its_turn_are_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = store_with_two_conversations(dir.path());
+    let finding = crate::FindingRecord {
+        id: 1,
+        kind: crate::FindingKind::CacheMiss,
+        severity: crate::Severity::Warning,
+        time_unix_ms: 0,
+        upstream: "u".into(),
+        model: None,
+        conversation: 2,
+        turn: 99,
+        turn_index: 0,
+        summary: String::new(),
+        evidence: serde_json::json!({}),
+        cause: "cache_miss/2".into(),
+    };
+    store.put_finding(&finding).unwrap();
+    store.names.insert(b"ghost", &id_key(77)).unwrap();
+    let report = store.check().unwrap();
+    let keys: Vec<(&str, &str)> = report.problems.iter().map(|p| (p.tree.as_str(), p.key.as_str())).collect();
+    assert!(keys.contains(&("findings", "1")) && keys.contains(&("conversation_findings", "2/1")), "{keys:?}");
+    assert!(keys.contains(&("names", "ghost")), "{keys:?}");
+    assert_eq!(report.conversations_whole, 2, "index damage cuts no conversation");
+    store.repair(report).unwrap();
+    assert!(store.check().unwrap().is_clean());
+    assert_eq!(store.finding(1).unwrap(), None);
+}
+
+#[test]
+fn records_lost_from_the_log_are_reported_and_their_ids_never_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = store_with_two_conversations(dir.path());
+    std::fs::write(dir.path().join(crate::MARKS_FILE), "conversation 0\nturn 9\nfinding 0\n").unwrap();
+    let report = store.check().unwrap();
+    assert!(
+        report.problems.iter().any(|p| p.tree == "log" && p.kind == ProblemKind::Lost && p.detail.contains("turn ids")),
+        "{:?}",
+        report.problems
+    );
+    store.repair(report).unwrap();
+    assert!(store.check().unwrap().is_clean());
+    assert_eq!(store.next_id_in(crate::IdSpace::Turn).unwrap(), 10);
+}
+
+#[test]
+fn a_store_written_before_checksums_checks_clean() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = store_with_two_conversations(dir.path());
+    // Rewrite every record bare, as a release before framing stored it.
+    for name in [trees::MESSAGES, trees::TURNS, trees::CONVERSATIONS, trees::PREFIXES] {
+        let tree = store.db_tree(name.as_bytes()).unwrap();
+        for item in tree.iter() {
+            let (key, value) = item.unwrap();
+            tree.insert(&key, &value[5..]).unwrap();
+        }
+    }
+    assert!(store.check().unwrap().is_clean());
+    assert_eq!(store.conversation_detail(1).unwrap().turns.len(), 3);
+}

@@ -1,9 +1,10 @@
 //! A crash under load loses at most what the store had not flushed: the real proxy (`--flush-ms 50`)
 //! in front of the scripted upstream takes requests from four clients at once, each in its own
-//! conversation (`x-ctxscope-conversation`), and is killed with SIGKILL mid-traffic. Restarted on the
-//! same directory, it opens the store cleanly, reports healthy, and holds every request answered more
-//! than one flush interval (plus the capture queue's drain allowance) before the kill, each with its
-//! turn readable.
+//! conversation (`x-ctxscope-conversation`), and is killed with SIGKILL mid-traffic. `ctxscope store
+//! check` then finds the store whole (no record damaged, no index naming what is not there).
+//! Restarted on the same directory, it opens the store cleanly, reports healthy, and holds every
+//! request answered more than one flush interval (plus the capture queue's drain allowance) before
+//! the kill, each with its turn readable.
 
 mod support;
 
@@ -58,6 +59,12 @@ async fn kill_9_under_load_loses_at_most_the_last_flush_interval() {
     }
     let answered = answered.lock().unwrap().clone();
     assert!(answered.len() >= 20, "too little traffic to judge: {} requests answered", answered.len());
+
+    // Each turn was one transaction: whatever the kill cut, the store is whole, every index agreeing
+    // with its records (`ctxscope store check` exits 0 only then).
+    let checked = cli(&["store", "check", "--data", data.to_str().unwrap()]);
+    let report = String::from_utf8_lossy(&checked.stdout);
+    assert!(checked.status.success(), "store damaged by kill -9:\n{report}{}", String::from_utf8_lossy(&checked.stderr));
 
     // Restart on the same directory: the store opens, health is not degraded.
     let proxy = Proxy::builder(&upstream.url(), &data).start();

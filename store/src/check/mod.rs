@@ -64,7 +64,7 @@ pub struct Problem {
 pub enum Fate {
     /// Some of its turns are gone; the rest are kept and the record is moved back to the last of them.
     Cut,
-    /// Its record was damaged; it is rebuilt from its turns (its name from the name index).
+    /// Its record was damaged or missing; it is rebuilt from its turns (its name from the name index).
     Rebuilt,
     /// Nothing of it is left.
     Lost,

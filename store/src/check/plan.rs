@@ -57,20 +57,12 @@ pub(crate) fn judge(store: &Store, mut s: Scanned) -> Result<CheckReport, StoreE
         problems.push(Problem { tree: tree.into(), key: readable_key(tree, key), kind, detail, repairable: true });
     };
 
-    // 1. Turns whose message list resolves, in a conversation that has a record (whole or damaged).
+    // 1. Turns whose message list resolves.
     let unresolved = unresolved_turns(&s);
     let mut kept: BTreeMap<u64, &TurnRecord> = BTreeMap::new();
     for (id, turn) in &s.turns {
         if let Some(reason) = unresolved.get(id) {
             problem(trees::TURNS, &id_key(*id), ProblemKind::Unresolvable, reason.clone());
-            plan.remove(trees::TURNS, &id_key(*id));
-        } else if !s.conversations.contains_key(&turn.conversation) && !s.damaged_conversations.contains(&turn.conversation) {
-            problem(
-                trees::TURNS,
-                &id_key(*id),
-                ProblemKind::Dangling,
-                format!("belongs to conversation {}, which is not there", turn.conversation),
-            );
             plan.remove(trees::TURNS, &id_key(*id));
         } else {
             kept.insert(*id, turn);
@@ -90,7 +82,7 @@ pub(crate) fn judge(store: &Store, mut s: Scanned) -> Result<CheckReport, StoreE
         belonged.entry(turn.conversation).or_default().insert(*id);
     }
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-    let ids: BTreeSet<u64> = s.conversations.keys().chain(&s.damaged_conversations).copied().collect();
+    let ids: BTreeSet<u64> = s.conversations.keys().chain(&s.damaged_conversations).chain(turns_of.keys()).copied().collect();
     let mut alive: BTreeMap<u64, ConversationRecord> = BTreeMap::new();
     let mut changed: BTreeSet<u64> = BTreeSet::new();
     let mut fates = Vec::new();
@@ -115,6 +107,17 @@ pub(crate) fn judge(store: &Store, mut s: Scanned) -> Result<CheckReport, StoreE
                 alive.insert(id, c.clone());
                 continue;
             }
+            Some(c) if removed == 0 && kept.contains_key(&c.last_turn) => {
+                // Every turn is there, but the record stops short of the last (a turn written without
+                // its conversation record, as separate writes before one transaction per turn could).
+                let later: Vec<String> = turns.iter().filter(|t| t.id > c.last_turn).map(|t| t.id.to_string()).collect();
+                let detail = format!("its record stops at turn {}; later turn(s) {} are not counted in it", c.last_turn, later.join(", "));
+                problem(trees::CONVERSATIONS, &id_key(id), ProblemKind::Missing, detail);
+                whole += 1;
+                let note =
+                    format!("`ctxscope store check --repair` at {now} (Unix ms) moved this conversation's record forward to this turn");
+                (moved_to(c.clone(), last, turns.len()), note)
+            }
             Some(c) => {
                 if c.last_turn != last.id && !kept.contains_key(&c.last_turn) {
                     let detail = format!("its last turn {} is gone; cut back to turn {}", c.last_turn, last.id);
@@ -134,10 +137,16 @@ pub(crate) fn judge(store: &Store, mut s: Scanned) -> Result<CheckReport, StoreE
             }
             None => {
                 fates.push(fate(Fate::Rebuilt));
+                let why = if s.damaged_conversations.contains(&id) {
+                    "the record was damaged"
+                } else {
+                    let detail = format!("turn(s) of it are stored ({} to {}) but its record is not", turns[0].id, last.id);
+                    problem(trees::CONVERSATIONS, &id_key(id), ProblemKind::Missing, detail);
+                    "the record was missing"
+                };
                 let name = s.names.iter().find(|(_, v)| *v == Some(id)).map(|(k, _)| String::from_utf8_lossy(k).into_owned());
-                let note = format!(
-                    "`ctxscope store check --repair` at {now} (Unix ms) rebuilt this conversation's record from its turns (the record was damaged)"
-                );
+                let note =
+                    format!("`ctxscope store check --repair` at {now} (Unix ms) rebuilt this conversation's record from its turns ({why})");
                 (rebuilt(id, name, turns), note)
             }
         };

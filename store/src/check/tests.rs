@@ -178,3 +178,37 @@ fn a_store_written_before_checksums_checks_clean() {
     assert!(store.check().unwrap().is_clean());
     assert_eq!(store.conversation_detail(1).unwrap().turns.len(), 3);
 }
+
+#[test]
+fn turns_written_without_their_conversation_record_are_counted_in_it() {
+    // What separate writes could leave before a turn was one transaction: a turn stored, its
+    // conversation record not (a new conversation), or not moved on (an existing one).
+    let dir = tempfile::tempdir().unwrap();
+    let (store, drafts) = store_with_two_conversations(dir.path());
+    let orphan = draft(3, 5, &["third"], "r-third", None);
+    for (hash, json) in &orphan.messages {
+        store.put_message(hash, json).unwrap();
+    }
+    store.put_turn(&orphan.turn).unwrap();
+    let mut later = draft(2, 6, &["other", "r-other", "more"], "r-more", Some(BaseRef { turn: 4, len: 2 }));
+    later.turn.relation = Relation::Extend { parent_turn: 4 };
+    for (hash, json) in &later.messages {
+        store.put_message(hash, json).unwrap();
+    }
+    store.put_turn(&later.turn).unwrap();
+
+    let report = store.check().unwrap();
+    let missing: Vec<(&str, &str)> =
+        report.problems.iter().filter(|p| p.kind == ProblemKind::Missing).map(|p| (p.tree.as_str(), p.key.as_str())).collect();
+    assert_eq!(missing, vec![("conversations", "2"), ("conversations", "3")], "{:?}", report.problems);
+    assert_eq!(report.conversations, vec![ConversationFate { id: 3, fate: Fate::Rebuilt, turns_kept: 1, turns_removed: 0 }]);
+    assert_eq!(report.turns_kept, 6);
+    store.repair(report).unwrap();
+    let again = store.check().unwrap();
+    assert!(again.is_clean(), "{:?}", again.problems);
+    let moved = store.conversation(2).unwrap().unwrap();
+    assert_eq!((moved.turns, moved.last_turn, moved.last_tail), (2, 6, later.turn.tail.clone()));
+    assert_eq!(store.end(&later.tail.unwrap()).unwrap(), Some(2));
+    assert_eq!(store.end(&drafts[3].tail.unwrap()).unwrap(), None, "the old end moved with the record");
+    assert_eq!(store.conversation(3).unwrap().unwrap().last_turn, 5);
+}

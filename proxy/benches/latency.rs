@@ -1,7 +1,9 @@
 //! The proxy's added latency against going direct, open loop: starts a paced in-process upstream and
 //! the real release `ctxscope proxy` (capture on, plus a `--no-capture` one as a reference), measures
 //! small requests at fixed rates, 200-event streams per chunk, and capture cost along 100-turn
-//! conversations, direct vs proxied, and prints markdown tables.
+//! conversations, direct vs proxied, and prints markdown tables. With `LATENCY_OTLP=1` a fourth path,
+//! a capturing proxy that also exports every turn over OTLP (`--otlp-endpoint`) to an in-process
+//! receiver, joins the load phases in the same run, and the conversation phase is left out.
 //! Run with `scripts/bench.sh` or `cargo bench -p ctxscope-proxy --bench latency`.
 
 #[path = "latency/client.rs"]
@@ -14,6 +16,8 @@ mod error;
 mod load;
 #[path = "latency/machine.rs"]
 mod machine;
+#[path = "latency/otlp_sink.rs"]
+mod otlp_sink;
 #[path = "latency/proxy_proc.rs"]
 mod proxy_proc;
 #[path = "latency/stats.rs"]
@@ -42,6 +46,8 @@ struct Plan {
     conversations: usize,
     turns: usize,
     connections: usize,
+    /// `LATENCY_OTLP=1`: also measure a proxy exporting over OTLP; skip the conversation phase.
+    otlp: bool,
 }
 
 impl Plan {
@@ -58,6 +64,7 @@ impl Plan {
             conversations: if quick { 1 } else { 3 },
             turns: 100,
             connections: 64,
+            otlp: std::env::var("LATENCY_OTLP").is_ok_and(|v| v == "1"),
         }
     }
 }
@@ -94,7 +101,16 @@ async fn bench(plan: Plan) -> Result<(), BenchError> {
         bare.listen,
         bin.display()
     );
-    let targets = [(DIRECT, upstream.addr), (PROXY, proxy.listen), (BARE, bare.listen)];
+    let mut targets = vec![(DIRECT, upstream.addr), (PROXY, proxy.listen), (BARE, bare.listen)];
+    // The OTLP variant: the same capturing proxy, exporting every turn to an in-process receiver.
+    let sink = if plan.otlp { Some(otlp_sink::OtlpSink::start().await?) } else { None };
+    let exporting = match &sink {
+        Some(sink) => Some(ProxyProcess::start_with(&bin, upstream.addr, true, &["--otlp-endpoint".into(), sink.url()]).await?),
+        None => None,
+    };
+    if let Some(exporting) = &exporting {
+        targets.insert(2, (OTLP, exporting.listen));
+    }
 
     let mut small = Vec::new();
     for &rate in &plan.rates {
@@ -108,6 +124,34 @@ async fn bench(plan: Plan) -> Result<(), BenchError> {
     let dropped = admin.metric("ctxscope_capture_dropped_total").await? + 0.0;
     children_ticks += proxy.cpu_ticks();
     proxy.stop();
+    let export = match (exporting, &sink) {
+        (Some(exporting), Some(sink)) => {
+            let mut admin = Admin::new(exporting.admin);
+            // The last partial batch goes out within a second.
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            let report = ExportReport {
+                captured: admin.metric("ctxscope_turns_captured_total").await?,
+                exported: admin.metric("ctxscope_otlp_exported_total").await?,
+                dropped: admin.metric("ctxscope_otlp_dropped_total").await? + 0.0,
+                posts: sink.posts.load(std::sync::atomic::Ordering::Relaxed),
+                bytes: sink.bytes.load(std::sync::atomic::Ordering::Relaxed),
+            };
+            children_ticks += exporting.cpu_ticks();
+            exporting.stop();
+            Some(report)
+        }
+        _ => None,
+    };
+    if let Some(export) = export {
+        children_ticks += bare.cpu_ticks();
+        bare.stop();
+        print_header(&plan, &load_before, usage.others_share(children_ticks));
+        print_small(&small);
+        print_streams(&streams);
+        println!("Capture during the load phases above: {captured:.0} turns captured, {dropped:.0} dropped.\n");
+        print_export(&small, &streams, &export);
+        return Ok(());
+    }
 
     eprintln!("latency bench: {} conversations of {} turns (fresh proxy and store)", plan.conversations, plan.turns);
     let proxy = ProxyProcess::start(&bin, upstream.addr, true).await?;
@@ -127,6 +171,55 @@ async fn bench(plan: Plan) -> Result<(), BenchError> {
 const DIRECT: &str = "direct";
 const PROXY: &str = "proxy";
 const BARE: &str = "proxy --no-capture";
+const OTLP: &str = "proxy --otlp-endpoint";
+
+/// What the exporting proxy sent during the load phases.
+struct ExportReport {
+    captured: f64,
+    exported: f64,
+    dropped: f64,
+    posts: u64,
+    bytes: u64,
+}
+
+/// The exporting proxy against the same proxy without export, same run: latency ratios.
+fn print_export(small: &[(f64, Vec<(&'static str, Summary)>)], streams: &[(&'static str, Summary)], export: &ExportReport) {
+    fn find<'a>(results: &'a [(&'static str, Summary)], name: &str) -> Option<&'a Summary> {
+        results.iter().find(|(n, _)| *n == name).map(|(_, s)| s)
+    }
+    println!("### OTLP export: `proxy --otlp-endpoint` against `proxy` (capture alone), same run\n");
+    println!("Ratio = the exporting proxy's percentile over the capturing proxy's; 1.00 is no added latency.\n");
+    println!("| load | proxy p50 | exporting p50 | ratio p50 | proxy p99 | exporting p99 | ratio p99 |");
+    println!("|---|---|---|---|---|---|---|");
+    let row = |load: String, proxy: &stats::Percentiles, with: &stats::Percentiles| {
+        println!(
+            "| {load} | {} | {} | {:.2} | {} | {} | {:.2} |",
+            us(proxy.p50),
+            us(with.p50),
+            with.p50 / proxy.p50,
+            us(proxy.p99),
+            us(with.p99),
+            with.p99 / proxy.p99
+        );
+    };
+    for (rate, summaries) in small {
+        if let (Some(p), Some(o)) = (find(summaries, PROXY), find(summaries, OTLP)) {
+            row(format!("small, {rate:.0} req/s"), &p.latency, &o.latency);
+        }
+    }
+    if let (Some(p), Some(o)) = (find(streams, PROXY), find(streams, OTLP)) {
+        row("streams, TTFB".into(), &p.ttfb, &o.ttfb);
+        row("streams, chunk delay".into(), &p.chunk, &o.chunk);
+    }
+    println!(
+        "\nThe exporting proxy captured {:.0} turns and exported {:.0} spans in {} OTLP posts ({:.1} KiB), {:.0} dropped.\n",
+        export.captured,
+        export.exported,
+        export.posts,
+        export.bytes as f64 / 1024.0,
+        export.dropped
+    );
+}
 
 /// One load against every target: warm-up first, then two rounds, the second in reverse order.
 async fn compare(

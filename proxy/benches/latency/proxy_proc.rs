@@ -38,6 +38,11 @@ fn free_port() -> Result<SocketAddr, BenchError> {
 impl ProxyProcess {
     /// Starts the binary; with `capture` false it runs with `--no-capture` (pure forwarding).
     pub async fn start(bin: &Path, upstream: SocketAddr, capture: bool) -> Result<ProxyProcess, BenchError> {
+        ProxyProcess::start_with(bin, upstream, capture, &[]).await
+    }
+
+    /// As [`ProxyProcess::start`], with `extra` flags (e.g. `--otlp-endpoint URL`).
+    pub async fn start_with(bin: &Path, upstream: SocketAddr, capture: bool, extra: &[String]) -> Result<ProxyProcess, BenchError> {
         if !bin.is_file() {
             return Err(BenchError::Setup(format!(
                 "proxy binary {} not found: run `cargo build --release` first or set CTXSCOPE_BIN",
@@ -60,6 +65,7 @@ impl ProxyProcess {
         if let (true, Ok(extra)) = (capture, std::env::var("LATENCY_PROXY_ARGS")) {
             command.args(extra.split_whitespace());
         }
+        command.args(extra);
         let child = command
             .stdin(Stdio::null())
             .stdout(out)

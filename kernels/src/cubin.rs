@@ -88,6 +88,16 @@ pub fn compile_cubin(source: &str, arch: &str, options: &[&str]) -> Result<Compi
     Ok(Compiled { log, cubin })
 }
 
+/// The loadable libnvrtc's version, as `nvrtc MAJOR.MINOR` (part of every compiled module's cache key).
+/// Callers check that libnvrtc can be loaded first (`cudarc::nvrtc::sys::is_culib_present`).
+#[cfg(feature = "cuda")]
+pub fn nvrtc_version() -> Result<String, CubinError> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: writes two ints.
+    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) }.result().map_err(CubinError::Nvrtc)?;
+    Ok(format!("nvrtc {major}.{minor}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

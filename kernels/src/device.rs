@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, LaunchConfig};
 
 use crate::launch::KernelArg;
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+use crate::loader::{load_modules, ModuleReport};
+use crate::settings::KernelSettings;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
@@ -16,6 +17,11 @@ pub enum DeviceError {
     Driver(#[from] cudarc::driver::DriverError),
     #[error("NVRTC could not compile {module}: {detail}")]
     Compile { module: String, detail: String },
+    #[error(
+        "libnvrtc cannot be loaded, and this binary carries no kernels built for this GPU: install CUDA's NVRTC (or PyPI's \
+         nvidia-cuda-nvrtc) and put its folder on LD_LIBRARY_PATH, or build with CTXSCOPE_CUDA_AOT_ARCH=sm_XX (kernels/README.md)"
+    )]
+    NoCompiler,
     #[error("{kernel}: {detail}")]
     Shape { kernel: &'static str, detail: String },
     #[error("cuBLAS: {0}")]
@@ -119,6 +125,8 @@ pub struct Device {
     functions: HashMap<&'static str, CudaFunction>,
     /// The compiled modules (kept for their `ctx_trace` globals: `trace`).
     modules: Vec<Arc<CudaModule>>,
+    /// How each module was had at start-up (built in, cached or compiled) and how long it took.
+    pub module_reports: Vec<ModuleReport>,
     /// The kernels were compiled with their timeline marks (`CTXSCOPE_CUDA_TRACE=1`; see `trace`).
     pub tracing: bool,
     /// Launch with programmatic stream serialization (on unless `CTXSCOPE_CUDA_PDL=0`).
@@ -212,9 +220,14 @@ fn opt_in_smem(f: &CudaFunction, optin: usize) -> Result<usize, DeviceError> {
 }
 
 impl Device {
-    /// Opens GPU `ordinal` on a stream of its own (graph capture needs one) and compiles every kernel
-    /// module for it (once; well under a second for all).
+    /// Opens GPU `ordinal` with the kernel settings of the environment (`KernelSettings::from_env`).
     pub fn new(ordinal: usize) -> Result<Device, DeviceError> {
+        Device::open(ordinal, &KernelSettings::from_env())
+    }
+
+    /// Opens GPU `ordinal` on a stream of its own (graph capture needs one) and loads every kernel
+    /// module for it: built in, cached, or compiled with NVRTC (`loader`).
+    pub fn open(ordinal: usize, settings: &KernelSettings) -> Result<Device, DeviceError> {
         let ctx = CudaContext::new(ordinal)?;
         // One stream does all the work, so cudarc's cross-stream events are not needed (and event
         // records would get in the way of graph capture).
@@ -222,23 +235,20 @@ impl Device {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
         let (major, minor) = ctx.compute_capability()?;
-        let arch: &'static str = Box::leak(format!("sm_{major}{minor}").into_boxed_str());
+        let arch = format!("sm_{major}{minor}");
         let multiprocessors = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
         let mut functions = HashMap::new();
         let mut modules = Vec::new();
-        let tracing = std::env::var("CTXSCOPE_CUDA_TRACE").is_ok_and(|v| v == "1");
-        for (module, source) in crate::SOURCES {
-            let defines = if tracing { vec!["-DCTX_TRACE".to_string()] } else { Vec::new() };
-            let options = CompileOptions { arch: Some(arch), options: defines, ..CompileOptions::default() };
-            let ptx = compile_ptx_with_opts(format!("{}\n{source}", crate::PRELUDE), options)
-                .map_err(|e| DeviceError::Compile { module: module.into(), detail: format!("{e:?}") })?;
-            let loaded = ctx.load_module(ptx)?;
+        let mut module_reports = Vec::new();
+        let tracing = settings.trace;
+        for (loaded, report) in load_modules(&ctx, &arch, settings)? {
             for kernel in crate::KERNELS {
                 if let Ok(f) = loaded.load_function(kernel) {
                     functions.insert(kernel, f);
                 }
             }
             modules.push(loaded);
+            module_reports.push(report);
         }
         let counters = stream.alloc_zeros::<i32>(ATTN_COUNTERS + ARGMAX_MAX_ROWS)?;
         let argmax_v = stream.alloc_zeros::<f32>(ARGMAX_MAX_ROWS * ARGMAX_BLOCKS)?;
@@ -258,6 +268,7 @@ impl Device {
             multiprocessors,
             functions,
             modules,
+            module_reports,
             tracing,
             programmatic,
             counters,

@@ -1,21 +1,11 @@
-//! CUDA kernels of the engine's device backend: CUDA C sources in `kernels/cuda/`, compiled once at
-//! start-up with NVRTC for the device's architecture, and one launch wrapper per kernel. Everything that
+//! CUDA kernels of the engine's device backend: CUDA C sources in `kernels/cuda/`, compiled to machine
+//! code for the device's architecture (built in ahead of time, kept in an on-disk cache, or compiled at
+//! start-up with NVRTC: `loader`), and one launch wrapper per kernel. Everything that
 //! touches the device is behind the `cuda` feature; without it this crate only carries the sources, so
 //! CPU-only builds and CI never need CUDA.
 
-/// Prepended to every module: number-format conversions, warp/block reductions, the KV cache layout.
-pub const PRELUDE: &str = include_str!("../cuda/prelude.cuh");
-
-/// The CUDA C sources, by module name (each compiled as `PRELUDE` + source). The `.cuh` parts are
-/// shared by two modules: the fused QKV epilogue (RoPE and the K/V store) by the GEMVs and the decode
-/// step, the online-softmax tile attention by decode attention and the decode step.
-pub const SOURCES: [(&str, &str); 5] = [
-    ("elementwise", include_str!("../cuda/elementwise.cu")),
-    ("gemv", concat!(include_str!("../cuda/rope_store.cuh"), include_str!("../cuda/gemv.cu"))),
-    ("attention", concat!(include_str!("../cuda/attend.cuh"), include_str!("../cuda/attention.cu"))),
-    ("decode", concat!(include_str!("../cuda/rope_store.cuh"), include_str!("../cuda/attend.cuh"), include_str!("../cuda/decode.cu"))),
-    ("sample", include_str!("../cuda/sample.cu")),
-];
+pub mod sources;
+pub use sources::{full_source, PRELUDE, SOURCES};
 
 /// Kernel entry points every source must define (checked by the tests, launched by the wrappers).
 pub const KERNELS: [&str; 23] = [
@@ -49,11 +39,16 @@ pub use cudarc;
 
 #[cfg(feature = "cuda")]
 pub mod blas;
+pub mod cache;
 pub mod cubin;
 #[cfg(feature = "cuda")]
 pub mod device;
+pub mod entry;
 #[cfg(feature = "cuda")]
 pub mod launch;
+#[cfg(feature = "cuda")]
+pub mod loader;
+pub mod settings;
 
 #[cfg(test)]
 pub(crate) mod tests {

@@ -9,6 +9,10 @@
 # machine, one call with carry ["devcheck"]: `bash devcheck/run.sh` (README.md beside this file; GPU.md in
 # the shared folder beside the checkout has the recipe). The older check (our CPU backend served over
 # HTTP against transformers) still works there too: `python3 devcheck/hf_check.py`.
+# The kernels are built into the binaries for DEVCHECK_AOT_ARCH (default sm_90; empty: none, they
+# compile at start-up) with NVRTC from PyPI, so a fresh machine starts without compiling (kernels/build.rs).
+# Also kernels_startup and startup.sh (GPU start-up timings); DEVCHECK_BASE_BIN=path adds an older
+# `ctxscope` as devcheck/ctxscope_base for startup.sh to time beside this one.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -17,10 +21,23 @@ cd "$(dirname "$0")/../.."
 bench_model
 mkdir -p devcheck .git/info
 grep -qx "/devcheck/" .git/info/exclude 2>/dev/null || echo "/devcheck/" >> .git/info/exclude
+export CTXSCOPE_CUDA_AOT_ARCH="${DEVCHECK_AOT_ARCH-sm_90}"
+if [ -n "$CTXSCOPE_CUDA_AOT_ARCH" ]; then
+  python3 -m pip install --quiet --disable-pip-version-check nvidia-cuda-nvrtc==13.5.37 >&2
+  nvrtc_lib="$(python3 -c 'import nvidia.cu13, os; print(os.path.join(list(nvidia.cu13.__path__)[0], "lib"))')"
+  export LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 CARGO_PROFILE_RELEASE_DEBUG=false cargo build --release -p ctxscope --features cuda --target-dir target/devcheck >&2
 cp target/devcheck/release/ctxscope devcheck/ctxscope
 CARGO_PROFILE_RELEASE_DEBUG=false cargo build --release -p ctxscope-kernels --features cuda --example check --target-dir target/devcheck >&2
 cp target/devcheck/release/examples/check devcheck/kernels_check
+CARGO_PROFILE_RELEASE_DEBUG=false cargo build --release -p ctxscope-kernels --features cuda --example startup --target-dir target/devcheck >&2
+cp target/devcheck/release/examples/startup devcheck/kernels_startup
+rm -f devcheck/ctxscope_base devcheck/ctxscope_base.gz
+if [ -n "${DEVCHECK_BASE_BIN:-}" ]; then
+  cp "$DEVCHECK_BASE_BIN" devcheck/ctxscope_base
+  strip devcheck/ctxscope_base
+fi
 CARGO_PROFILE_RELEASE_DEBUG=false cargo build --release -p ctxscope-engine --features cuda --example device_bench --target-dir target/devcheck >&2
 cp target/devcheck/release/examples/device_bench devcheck/device_bench
 rm -f devcheck/device_check  # its example is gone (device_bench covers it)
@@ -32,10 +49,11 @@ for test in ${DEVCHECK_TESTS:-}; do
     python3 -c 'import json, sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable")][-1])')
   cp "$exe" "devcheck/tests/$test"
 done
-cp scripts/device/hf_check.py scripts/device/reference.py scripts/device/table.py scripts/device/run.sh scripts/device/unpack.sh devcheck/
+cp scripts/device/hf_check.py scripts/device/reference.py scripts/device/table.py scripts/device/run.sh scripts/device/unpack.sh \
+  scripts/device/startup.sh devcheck/
 # The binaries travel gzip-compressed (~3x smaller); run.sh unpacks them there (unpack.sh).
 rm -f devcheck/*.gz devcheck/tests/*.gz
-for bin in devcheck/ctxscope devcheck/kernels_check devcheck/device_bench devcheck/tests/*; do
+for bin in devcheck/ctxscope devcheck/ctxscope_base devcheck/kernels_check devcheck/kernels_startup devcheck/device_bench devcheck/tests/*; do
   if [ -f "$bin" ]; then gzip -9f "$bin"; fi
 done
 python3 -m pip install --quiet --disable-pip-version-check gguf==0.19.0 >&2

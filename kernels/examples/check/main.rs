@@ -50,10 +50,14 @@ fn run() -> Res<bool> {
     let ready = started.elapsed().as_secs_f64();
     let name = dev.ctx.name()?;
     println!(
-        "{name}, {} SMs: Device::new(0) (context + NVRTC compile of {} modules) took {ready:.2} s",
+        "{name}, {} SMs: Device::new(0) (context + {} kernel modules) took {ready:.2} s",
         dev.multiprocessors,
         ctxscope_kernels::SOURCES.len()
     );
+    for r in &dev.module_reports {
+        let (fetch, load) = (r.fetch.as_secs_f64() * 1e3, r.load.as_secs_f64() * 1e3);
+        println!("  {:<12} {:>8} bytes  fetched in {fetch:>8.1} ms, loaded in {load:>6.1} ms: {}", r.module, r.bytes, r.origin);
+    }
     let sections: [(&str, Section); 16] = [
         ("rmsnorm", norm::check_rmsnorm),
         ("embed", elementwise::check_embed),

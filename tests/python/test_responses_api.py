@@ -509,6 +509,50 @@ def test_the_engine_keeps_responses_across_its_restart(tmp_path):
     assert kinds == ["new"] + ["extend"] * 9
 
 
+def test_the_engine_serves_back_and_forgets_stored_responses(tmp_path):
+    """GET /v1/responses/{id}, its input_items and DELETE, through the official client, across an
+    engine restart; the proxy forwards them untouched and captures no turn for them."""
+    store = tmp_path / "responses"
+    engine = Engine("--responses-store", str(store))
+    c = client(engine.url)
+    first = c.responses.create(model="m", input="The capital of my country is Rome.", max_output_tokens=8, temperature=0)
+    events = list(c.responses.create(model="m", input="Thanks.", previous_response_id=first.id, max_output_tokens=8, temperature=0, stream=True))
+    second = events[-1].response
+    engine.stop()
+    engine = Engine("--responses-store", str(store))
+    proxy = Proxy(engine.url, tmp_path / "data")
+    try:
+        for base in (engine.url, proxy.url):
+            got = client(base).responses.retrieve(second.id)
+            assert (got.id, got.output_text, got.previous_response_id) == (second.id, second.output_text, first.id)
+            assert got.usage.input_tokens == second.usage.input_tokens
+        items = client(proxy.url).responses.input_items.list(second.id)
+        texts = [item.content[0].text for item in items.data]
+        assert texts == ["Thanks.", first.output_text, "The capital of my country is Rome."], texts
+        oldest = client(proxy.url).responses.input_items.list(second.id, order="asc", limit=1)
+        assert [i.content[0].text for i in oldest.data] == ["The capital of my country is Rome."] and oldest.has_more
+        client(proxy.url).responses.delete(first.id)
+        for base in (engine.url, proxy.url):
+            with pytest.raises(openai.NotFoundError):
+                client(base).responses.retrieve(first.id)
+        with pytest.raises(openai.NotFoundError):
+            client(proxy.url).responses.delete(first.id)
+        # The deleted response's descendant still stands on what it stored.
+        assert client(engine.url).responses.retrieve(second.id).id == second.id
+        time.sleep(0.5)
+        assert get_json(f"{proxy.admin_url}/api/conversations") == []
+    finally:
+        proxy.stop()
+        engine.stop()
+    stateless = Engine()
+    try:
+        with pytest.raises(openai.NotFoundError) as refused:
+            client(stateless.url).responses.retrieve(second.id)
+        assert "--responses-store" in str(refused.value)
+    finally:
+        stateless.stop()
+
+
 def test_auto_truncation_drops_the_oldest_turns_and_the_proxy_reports_which(tmp_path):
     """A context of 192 tokens: "disabled" refuses the overflow as chat does; "auto" drops the oldest
     turns, says which in `ctxscope.dropped_items`, and the capture raises engine_truncation naming them."""

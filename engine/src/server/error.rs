@@ -24,7 +24,7 @@ pub enum ApiError {
     TooLarge { limit: usize },
     #[error("cannot read the request body: {0}")]
     Body(String),
-    #[error("no route for {method} {path}; the engine serves POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, POST /api/chat, GET /v1/models, POST /tokenize, POST /detokenize, POST /apply-template and GET /health")]
+    #[error("no route for {method} {path}; the engine serves POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, GET and DELETE /v1/responses/{{id}}, POST /api/chat, GET /v1/models, POST /tokenize, POST /detokenize, POST /apply-template and GET /health")]
     NotFound { method: String, path: String },
     #[error("{method} is not allowed on {path}")]
     MethodNotAllowed { method: String, path: String },
@@ -34,6 +34,9 @@ pub enum ApiError {
     Engine(String),
     #[error("Previous response with id '{0}' not found.")]
     ResponseNotFound(String),
+    /// `GET`/`DELETE /v1/responses/{id}` of an id this engine does not hold.
+    #[error("Response with id '{0}' not found.")]
+    StoredResponseNotFound(String),
 }
 
 impl ApiError {
@@ -45,7 +48,7 @@ impl ApiError {
     pub fn status(&self) -> http::StatusCode {
         use http::StatusCode as S;
         match self {
-            ApiError::NotFound { .. } | ApiError::ResponseNotFound(_) => S::NOT_FOUND,
+            ApiError::NotFound { .. } | ApiError::ResponseNotFound(_) | ApiError::StoredResponseNotFound(_) => S::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => S::METHOD_NOT_ALLOWED,
             ApiError::TooLarge { .. } => S::PAYLOAD_TOO_LARGE,
             ApiError::Busy { .. } => S::TOO_MANY_REQUESTS,
@@ -56,7 +59,7 @@ impl ApiError {
 
     fn kind(&self) -> &'static str {
         match self {
-            ApiError::NotFound { .. } => "not_found_error",
+            ApiError::NotFound { .. } | ApiError::StoredResponseNotFound(_) => "not_found_error",
             ApiError::Busy { .. } => "rate_limit_error",
             ApiError::Engine(_) => "server_error",
             _ => "invalid_request_error",

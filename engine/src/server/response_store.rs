@@ -1,7 +1,9 @@
 //! The engine's own store of Responses API responses (`--responses-store DIR`): a sled tree, on disk so
 //! that `previous_response_id` works across restarts. Each response id maps to the chat messages a
-//! response chained to it stands on: its context (less its `instructions`, which are not carried
-//! over), its input and its reply.
+//! response chained to it stands on (its context, less its `instructions`, which are not carried
+//! over, its input and its reply) and to the response object itself, for `GET /v1/responses/{id}`.
+//! A record is `{"messages": [...], "response": {...}}`; records written before the response was
+//! kept are the bare message list, and still serve `previous_response_id`.
 
 use std::path::{Path, PathBuf};
 
@@ -15,6 +17,16 @@ pub enum ResponseStoreError {
     Sled(#[from] sled::Error),
     #[error("stored response {id} is not valid JSON: {source}")]
     Decode { id: String, source: serde_json::Error },
+}
+
+/// One stored response.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+pub struct StoredResponse {
+    /// What a response chained to this one stands on, this one's reply last.
+    pub messages: Vec<Value>,
+    /// The response object as it was returned (None for records of older versions).
+    #[serde(default)]
+    pub response: Option<Value>,
 }
 
 /// Cheap to clone; all clones share one sled database.
@@ -37,20 +49,32 @@ impl ResponseStore {
         Ok(ResponseStore { path: path.to_path_buf(), tree })
     }
 
-    /// The messages a response chained to `id` stands on, if `id` was stored.
-    pub fn get(&self, id: &str) -> Result<Option<Vec<Value>>, ResponseStoreError> {
-        match self.tree.get(id.as_bytes())? {
-            Some(bytes) => {
-                serde_json::from_slice(&bytes).map(Some).map_err(|source| ResponseStoreError::Decode { id: id.to_string(), source })
-            }
-            None => Ok(None),
+    /// The stored record of `id`: the messages a response chained to it stands on, and the response
+    /// object when it was kept (records of older versions have none).
+    pub fn get_record(&self, id: &str) -> Result<Option<StoredResponse>, ResponseStoreError> {
+        let Some(bytes) = self.tree.get(id.as_bytes())? else { return Ok(None) };
+        let decode = |source| ResponseStoreError::Decode { id: id.to_string(), source };
+        match serde_json::from_slice::<Value>(&bytes).map_err(decode)? {
+            Value::Array(messages) => Ok(Some(StoredResponse { messages, response: None })),
+            record => serde_json::from_value(record).map(Some).map_err(decode),
         }
     }
 
-    pub fn put(&self, id: &str, messages: &[Value]) -> Result<(), ResponseStoreError> {
-        let bytes = serde_json::to_vec(messages).map_err(|source| ResponseStoreError::Decode { id: id.to_string(), source })?;
+    /// The messages a response chained to `id` stands on, if `id` was stored.
+    pub fn get(&self, id: &str) -> Result<Option<Vec<Value>>, ResponseStoreError> {
+        Ok(self.get_record(id)?.map(|r| r.messages))
+    }
+
+    pub fn put(&self, id: &str, messages: &[Value], response: &Value) -> Result<(), ResponseStoreError> {
+        let record = serde_json::json!({"messages": messages, "response": response});
+        let bytes = serde_json::to_vec(&record).map_err(|source| ResponseStoreError::Decode { id: id.to_string(), source })?;
         self.tree.insert(id.as_bytes(), bytes)?;
         Ok(())
+    }
+
+    /// Forgets `id`; true when it was stored.
+    pub fn delete(&self, id: &str) -> Result<bool, ResponseStoreError> {
+        Ok(self.tree.remove(id.as_bytes())?.is_some())
     }
 
     /// Makes what was put durable (sled also flushes on its own every 500 ms).
@@ -73,12 +97,19 @@ mod tests {
         let messages = vec![json!({"role": "user", "content": "hi"}), json!({"role": "assistant", "content": "hello"})];
         {
             let store = ResponseStore::open(&dir).unwrap();
-            store.put("resp_1", &messages).unwrap();
+            store.put("resp_1", &messages, &json!({"id": "resp_1", "object": "response"})).unwrap();
+            // A record as versions before the response object was kept wrote it.
+            store.tree.insert("resp_old", serde_json::to_vec(&messages).unwrap()).unwrap();
             store.flush();
         }
         let store = ResponseStore::open(&dir).unwrap();
-        assert_eq!(store.get("resp_1").unwrap(), Some(messages));
+        assert_eq!(store.get("resp_1").unwrap(), Some(messages.clone()));
+        assert_eq!(store.get_record("resp_1").unwrap().unwrap().response.unwrap()["id"], "resp_1");
+        assert_eq!(store.get_record("resp_old").unwrap(), Some(StoredResponse { messages, response: None }));
         assert_eq!(store.get("resp_2").unwrap(), None);
+        assert!(store.delete("resp_1").unwrap());
+        assert!(!store.delete("resp_1").unwrap());
+        assert_eq!(store.get("resp_1").unwrap(), None);
         drop(store);
         let _ = std::fs::remove_dir_all(&dir);
     }

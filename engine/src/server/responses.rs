@@ -5,7 +5,8 @@
 //! answers `previous_response_id` from it, across restarts; without it `previous_response_id` is
 //! refused (put `ctxscope proxy --responses-state` in front for state). `truncation: "disabled"` (the
 //! default) refuses an overflow with 400 as chat does; `"auto"` drops the oldest turns of the input
-//! until the prompt fits and says which in the response's `ctxscope.dropped_items`.
+//! until the prompt fits and says which in the response's `ctxscope.dropped_items`. Stored responses
+//! are served back by `GET /v1/responses/{id}` (and `/input_items`) and forgotten by `DELETE`.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -219,6 +220,78 @@ impl Meta {
     }
 }
 
+/// The engine's response store, or why `GET`/`DELETE /v1/responses/{id}` cannot be answered.
+fn stored(state: &State, id: &str) -> Result<ResponseStore, ApiError> {
+    match &state.responses {
+        Some(Ok(store)) => Ok(store.clone()),
+        Some(Err(why)) => Err(ApiError::Engine(why.clone())),
+        None => {
+            Err(ApiError::StoredResponseNotFound(format!("{id} (this engine keeps no responses: start it with --responses-store DIR)")))
+        }
+    }
+}
+
+/// Handles `GET /v1/responses/{id}`: the response object as it was returned.
+pub fn retrieve(state: &State, id: &str) -> Result<Value, ApiError> {
+    let record = stored(state, id)?.get_record(id).map_err(|e| ApiError::Engine(e.to_string()))?;
+    match record {
+        Some(record) => record
+            .response
+            .ok_or_else(|| ApiError::StoredResponseNotFound(format!("{id} (stored by an older version, which kept only its messages)"))),
+        None => Err(ApiError::StoredResponseNotFound(id.to_string())),
+    }
+}
+
+/// Handles `GET /v1/responses/{id}/input_items?order=asc|desc&limit=N`: what the response stood on
+/// (its context and input, its own reply left out) as message items, newest first unless
+/// `order=asc`, at most `limit` (1 to 100, default 20) of them, as OpenAI lists them.
+pub fn input_items(state: &State, id: &str, query: Option<&str>) -> Result<Value, ApiError> {
+    let (mut ascending, mut limit) = (false, 20usize);
+    for (key, value) in query.unwrap_or("").split('&').filter(|p| !p.is_empty()).map(|p| p.split_once('=').unwrap_or((p, ""))) {
+        match key {
+            "order" if value == "asc" || value == "desc" => ascending = value == "asc",
+            "order" => return Err(ApiError::param("order", format!("order must be \"asc\" or \"desc\", not {value:?}"))),
+            "limit" => match value.parse::<usize>() {
+                Ok(n @ 1..=100) => limit = n,
+                _ => return Err(ApiError::param("limit", format!("limit must be a whole number from 1 to 100, not {value:?}"))),
+            },
+            _ => {}
+        }
+    }
+    let record = stored(state, id)?.get_record(id).map_err(|e| ApiError::Engine(e.to_string()))?;
+    let Some(mut record) = record else { return Err(ApiError::StoredResponseNotFound(id.to_string())) };
+    record.messages.pop();
+    let mut data: Vec<Value> = record
+        .messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let kind = if m["role"] == "assistant" { "output_text" } else { "input_text" };
+            json!({"type": "message", "id": format!("{id}_item_{i}"), "status": "completed", "role": m["role"],
+                   "content": [{"type": kind, "text": m["content"].as_str().unwrap_or("")}]})
+        })
+        .collect();
+    if !ascending {
+        data.reverse();
+    }
+    let has_more = data.len() > limit;
+    data.truncate(limit);
+    let (first, last) = (data.first().map(|d| d["id"].clone()), data.last().map(|d| d["id"].clone()));
+    Ok(json!({"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": has_more}))
+}
+
+/// Handles `DELETE /v1/responses/{id}`.
+pub fn delete(state: &State, id: &str) -> Result<Value, ApiError> {
+    let store = stored(state, id)?;
+    match store.delete(id).map_err(|e| ApiError::Engine(e.to_string()))? {
+        true => {
+            store.flush();
+            Ok(json!({"id": id, "object": "response", "deleted": true}))
+        }
+        false => Err(ApiError::StoredResponseNotFound(id.to_string())),
+    }
+}
+
 /// Handles `POST /v1/responses`.
 pub async fn create(state: Arc<State>, body: &[u8], path: Path, patches: PatchSet) -> Result<http::Response<Body>, ApiError> {
     let object = request::json_object(body)?;
@@ -256,10 +329,10 @@ pub async fn create(state: Arc<State>, body: &[u8], path: Path, patches: PatchSe
     let reply: Value = serde_json::from_slice(&bytes).map_err(|e| ApiError::Engine(format!("chat answer not JSON: {e}")))?;
     let choice = &reply["choices"][0];
     let text = choice["message"]["content"].as_str().unwrap_or("");
-    if let Some(save) = save {
-        save.put(&meta.id, text);
-    }
     let out = meta.object("completed", text, choice["finish_reason"].as_str(), Some(&reply["usage"]));
+    if let Some(save) = save {
+        save.put(&meta.id, text, &out);
+    }
     let mut response = body::json(http::StatusCode::OK, &out);
     response
         .headers_mut()
@@ -287,10 +360,10 @@ struct Save {
 }
 
 impl Save {
-    fn put(self, id: &str, reply: &str) {
+    fn put(self, id: &str, reply: &str, response: &Value) {
         let mut messages = self.carried;
         messages.push(json!({"role": "assistant", "content": reply}));
-        match self.store.put(id, &messages) {
+        match self.store.put(id, &messages, response) {
             Ok(()) => self.store.flush(),
             Err(error) => {
                 tracing::warn!(%error, id, "response not stored; previous_response_id to it will 404")
@@ -324,15 +397,15 @@ impl EventBody {
 
     fn finish_with(&mut self, out: &mut VecDeque<Bytes>, usage: Option<&Value>) {
         self.ended = true;
-        if let Some(save) = self.save.take() {
-            save.put(&self.meta.id, &self.text);
-        }
         let (id, text) = (self.meta.message_id.clone(), self.text.clone());
         self.event(out, "response.output_text.done", json!({"item_id": id, "output_index": 0, "content_index": 0, "text": text}));
         let part = json!({"type": "output_text", "text": text, "annotations": []});
         self.event(out, "response.content_part.done", json!({"item_id": id, "output_index": 0, "content_index": 0, "part": part}));
         self.event(out, "response.output_item.done", json!({"output_index": 0, "item": self.meta.message(&text, "completed")}));
         let response = self.meta.object("completed", &text, self.finish.as_deref(), usage);
+        if let Some(save) = self.save.take() {
+            save.put(&self.meta.id, &text, &response);
+        }
         let kind = if response["status"] == "incomplete" { "response.incomplete" } else { "response.completed" };
         self.event(out, kind, json!({"response": response}));
     }

@@ -108,8 +108,23 @@ async fn route(
             let body = read_body(&state, request).await?;
             info::detokenize(&state, &body).map(ok)
         }
+        (_, p) if p.starts_with("/v1/responses/") => {
+            stored_response(&state, &method, &p["/v1/responses/".len()..], request.uri().query()).map(ok)
+        }
         (_, p) if ROUTES.contains(&p) => Err(ApiError::MethodNotAllowed { method: method.to_string(), path: uri_path }),
         _ => Err(ApiError::NotFound { method: method.to_string(), path: uri_path }),
+    }
+}
+
+/// `GET`/`DELETE /v1/responses/{id}` and `GET /v1/responses/{id}/input_items`.
+fn stored_response(state: &State, method: &Method, rest: &str, query: Option<&str>) -> Result<serde_json::Value, ApiError> {
+    let not_allowed = || ApiError::MethodNotAllowed { method: method.to_string(), path: format!("/v1/responses/{rest}") };
+    match (method, rest.split_once('/')) {
+        (&Method::GET, None) => super::responses::retrieve(state, rest),
+        (&Method::DELETE, None) => super::responses::delete(state, rest),
+        (&Method::GET, Some((id, "input_items"))) => super::responses::input_items(state, id, query),
+        (_, None) | (_, Some((_, "input_items"))) => Err(not_allowed()),
+        _ => Err(ApiError::NotFound { method: method.to_string(), path: format!("/v1/responses/{rest}") }),
     }
 }
 

@@ -255,14 +255,22 @@ impl AlertSink for OtlpSink {
     fn send(&self, _finding: &FindingRecord) {}
 
     fn turn(&self, exchange: &Exchange, turn: &TurnRecord, findings: &[FindingRecord]) {
-        let logs = if self.logs { findings.len() as u64 } else { 0 };
         if self.tx.capacity() == 0 {
             // Full: drop before building the summary.
+            let logs = if self.logs { findings.len() as u64 } else { 0 };
             self.shared.dropped(TRACES, Lost::QueueFull, 1);
             self.shared.dropped(LOGS, Lost::QueueFull, logs);
             return;
         }
-        match self.tx.try_send(TurnSummary::new(exchange, turn, findings, self.content)) {
+        self.offer(TurnSummary::new(exchange, turn, findings, self.content));
+    }
+}
+
+impl OtlpSink {
+    /// Queues one turn, or drops it (counted) when the queue is full or the exporter gone; never waits.
+    fn offer(&self, summary: TurnSummary) {
+        let logs = if self.logs { summary.findings.len() as u64 } else { 0 };
+        match self.tx.try_send(summary) {
             Ok(()) => {
                 self.shared.logs_accepted.fetch_add(logs, Ordering::Release);
                 self.shared.accepted.fetch_add(1, Ordering::Release);
@@ -376,5 +384,50 @@ impl OtlpExporter {
         shared.dropped(LOGS, Lost::Shutdown, lost_logs);
         tracing::warn!(%endpoint, spans = lost, logs = lost_logs, "OTLP export not finished within the shutdown grace; dropped");
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn endpoints_take_a_base_or_a_traces_url_and_keep_credentials_out() {
+        let plain = Endpoints::parse("http://collector:4318/").unwrap();
+        assert_eq!((plain.traces.as_str(), plain.logs.as_str()), ("http://collector:4318/v1/traces", "http://collector:4318/v1/logs"));
+        let traces = Endpoints::parse("http://phoenix:6006/v1/traces").unwrap();
+        assert_eq!(traces.traces, "http://phoenix:6006/v1/traces");
+        let based = Endpoints::parse("http://pk:sk@langfuse:3000/api/public/otel").unwrap();
+        assert_eq!(based.traces, "http://langfuse:3000/api/public/otel/v1/traces");
+        assert_eq!(based.display, "http://***@langfuse:3000/api/public/otel");
+        assert_eq!(based.authorization.as_deref(), Some("Basic cGs6c2s="));
+        assert!(matches!(Endpoints::parse("https://collector:4318"), Err(OtlpError::Https(_))));
+        assert!(matches!(Endpoints::parse("grpc://collector:4317"), Err(OtlpError::Scheme(_))));
+        assert!(matches!(Endpoints::parse("collector:4318"), Err(OtlpError::Url { .. }) | Err(OtlpError::Scheme(_))));
+    }
+
+    /// A full queue drops at once (counted), and shutdown against an endpoint that never answers
+    /// gives up at its deadline, counting what it could not send.
+    #[tokio::test]
+    async fn a_full_queue_drops_without_waiting_and_shutdown_is_bounded() {
+        // Listening but never accepting: connections sit in the backlog, requests never answered.
+        let hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let config = OtlpConfig { queue: 2, batch: 1, ..OtlpConfig::new(format!("http://{}", hole.local_addr().unwrap())) };
+        let upstream = crate::Upstream::parse("http://127.0.0.1:9").unwrap();
+        let exporter = OtlpExporter::start(&config, &upstream, "test:1".into(), &tokio::runtime::Handle::current()).unwrap();
+        let (sink, shared) = (exporter.sink(), exporter.sink.shared.clone());
+        let started = Instant::now();
+        for _ in 0..50 {
+            sink.offer(TurnSummary::sample());
+        }
+        assert!(started.elapsed() < Duration::from_millis(50), "offering blocked: {:?}", started.elapsed());
+        assert_eq!(shared.stats().spans_dropped, 48, "two queued, the rest dropped");
+        drop(sink);
+        let stopping = Instant::now();
+        assert!(!exporter.shutdown(Duration::from_millis(300)).await, "nothing could have been exported");
+        assert!(stopping.elapsed() < Duration::from_secs(2), "shutdown took {:?}", stopping.elapsed());
+        let stats = shared.stats();
+        assert_eq!((stats.spans_exported, stats.spans_dropped), (0, 50), "every span accounted for");
     }
 }

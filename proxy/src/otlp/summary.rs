@@ -93,6 +93,41 @@ impl TurnSummary {
     }
 }
 
+#[cfg(test)]
+impl TurnSummary {
+    /// A finished turn with usage, parameters and timings, no findings (for tests).
+    #[cfg(test)]
+    pub fn sample() -> TurnSummary {
+        TurnSummary {
+            turn_id: 7,
+            conversation: 3,
+            index: 2,
+            relation: Relation::Extend { parent_turn: 6 },
+            time_unix_ms: 1_764_421_507_123,
+            total_us: 250_000,
+            headers_us: Some(1_000),
+            ttfb_us: Some(2_000),
+            endpoint: Endpoint::ChatCompletions,
+            status: 200,
+            stream: false,
+            request_model: Some("smol".into()),
+            response_model: Some("smol-135m".into()),
+            response_id: None,
+            params: serde_json::json!({"temperature": 0.0, "max_tokens": 16, "seed": 1, "stop": "END"}).as_object().unwrap().clone(),
+            usage: Some(Usage { prompt_tokens: Some(100), completion_tokens: Some(5), cached_tokens: Some(64), sources: vec![] }),
+            local_prompt_tokens: Some(180),
+            tokenizer: Some("tokenizer.json".into()),
+            message_count: 5,
+            prefix_hash: "ab".repeat(32),
+            finish_reason: Some("stop".into()),
+            error: None,
+            client_conversation: None,
+            findings: Vec::new(),
+            content: None,
+        }
+    }
+}
+
 /// Where each API puts the model in a response or in its first streamed events: top level (OpenAI,
 /// Ollama, Anthropic's whole message), `message` (Anthropic's `message_start`), `response`
 /// (Responses API events).

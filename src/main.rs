@@ -67,14 +67,14 @@ enum Command {
     Findings {
         /// Only this kind (history_dropped, engine_truncation, context_overflow, phantom_cache_reuse,
         /// cache_miss, amnesia_reply, token_count_drift, engine_changed).
-        #[arg(long)]
-        kind: Option<String>,
+        #[arg(long, value_parser = parse_finding_kind)]
+        kind: Option<ctxscope_store::FindingKind>,
         /// Only this conversation's.
         #[arg(long)]
         conversation: Option<u64>,
         /// At most this many.
         #[arg(long)]
-        limit: Option<u64>,
+        limit: Option<usize>,
         #[command(flatten)]
         source: SourceArgs,
         #[arg(long)]
@@ -356,18 +356,23 @@ pub(crate) struct SourceArgs {
     /// Admin API of a running proxy, e.g. http://127.0.0.1:9090 (sled allows one process per directory).
     #[arg(long)]
     admin: Option<String>,
+    /// Bearer token for an admin API started with --admin-token.
+    #[arg(long, value_name = "TOKEN")]
+    admin_token: Option<String>,
     /// Store directory to open directly when no proxy is running.
     #[arg(long, default_value = "./ctxscope-data")]
     data: PathBuf,
 }
 
-impl From<SourceArgs> for inspect::Source {
-    fn from(args: SourceArgs) -> inspect::Source {
-        match args.admin {
-            Some(url) => inspect::Source::Admin(url),
-            None => inspect::Source::Data(args.data),
-        }
+impl SourceArgs {
+    pub(crate) fn open(self) -> Box<dyn inspect::Records> {
+        inspect::open(self.admin, self.admin_token, self.data)
     }
+}
+
+fn parse_finding_kind(text: &str) -> Result<ctxscope_store::FindingKind, String> {
+    use ctxscope_store::FindingKind;
+    FindingKind::parse(text).ok_or_else(|| format!("unknown finding kind; known: {}", FindingKind::ALL.map(FindingKind::as_str).join(", ")))
 }
 
 fn main() -> ExitCode {
@@ -377,43 +382,55 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail(&format!("cannot start the async runtime: {e}")),
     };
-    let result = runtime.block_on(async move {
+    let result: Result<(), CliError> = runtime.block_on(async move {
         match cli.command {
             Command::Serve(args) => {
                 let mut config = ProxyConfig::new(Upstream::parse("http://127.0.0.1:0").map_err(|e| e.to_string())?);
                 args.capture.apply(&mut config)?;
                 let front = serve::FrontSettings { proxy: args.proxy, admin: args.capture.admin, config };
-                serve::run_serve(args.engine.into(), front, shutdown_signal()).await
+                Ok(serve::run_serve(args.engine.into(), front, shutdown_signal()).await?)
             }
-            Command::Engine(args) => serve::run_engine(args.into(), shutdown_signal()).await,
+            Command::Engine(args) => Ok(serve::run_engine(args.into(), shutdown_signal()).await?),
             Command::Patches => {
                 print!("{}", ctxscope_engine::patch::describe());
                 Ok(())
             }
-            Command::Models { command: ModelsCommand::Fetch { name } } => models::fetch_command(name.as_deref()),
-            Command::Models { command: ModelsCommand::List } => models::list_command(),
-            Command::Proxy(args) => run_proxy(args).await,
-            Command::Conversations { source, json } => inspect::conversations(&source.into(), json).await,
-            Command::Show { id, source, json } => inspect::show(&source.into(), id, json).await,
+            Command::Models { command: ModelsCommand::Fetch { name } } => Ok(models::fetch_command(name.as_deref())?),
+            Command::Models { command: ModelsCommand::List } => Ok(models::list_command()?),
+            Command::Proxy(args) => Ok(run_proxy(args).await?),
+            Command::Conversations { source, json } => Ok(inspect::conversations(&*source.open(), json).await?),
+            Command::Show { id, source, json } => Ok(inspect::show(&*source.open(), id, json).await?),
             Command::Findings { kind, conversation, limit, source, json } => {
-                let mut query = Vec::new();
-                query.extend(kind.map(|k| format!("kind={k}")));
-                query.extend(conversation.map(|c| format!("conversation={c}")));
-                query.extend(limit.map(|l| format!("limit={l}")));
-                inspect::findings(&source.into(), &query.join("&"), json).await
+                let filter = ctxscope_store::FindingFilter { kind, conversation, since_unix_ms: None, limit };
+                Ok(inspect::findings(&*source.open(), &filter, json).await?)
             }
-            Command::Replay(args) => replay::replay(args.conversation, &args.targets, args.resume, args.run.settings()).await,
-            Command::Bisect(args) => args.run().await,
-            Command::Fidelity(args) => fidelity::run(args).await,
-            Command::Replays { id, json, html, source } => replay::replays(&source.into(), id, json, html.as_deref()).await,
-            Command::Export { id, source } => inspect::export(&source.into(), id).await,
-            Command::Import { file, source } => inspect::import(&source.into(), &file).await,
-            Command::Store { command: StoreCommand::Check(args) } => store_check::run(&args),
+            Command::Replay(args) => Ok(replay::replay(args.conversation, &args.targets, args.resume, args.run.settings()).await?),
+            Command::Bisect(args) => Ok(args.run().await?),
+            Command::Fidelity(args) => Ok(fidelity::run(args).await?),
+            Command::Replays { id, json, html, source } => Ok(replay::replays(&*source.open(), id, json, html.as_deref()).await?),
+            Command::Export { id, source } => Ok(inspect::export(&*source.open(), id).await?),
+            Command::Import { file, source } => Ok(inspect::import(&*source.open(), &file).await?),
+            Command::Store { command: StoreCommand::Check(args) } => Ok(store_check::run(&args)?),
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(message) => fail(&message),
+        Err(error) => fail(&error.to_string()),
+    }
+}
+
+/// Why a command failed: the inspection commands' typed errors, or a message from the others.
+#[derive(Debug, thiserror::Error)]
+enum CliError {
+    #[error(transparent)]
+    Inspect(#[from] inspect::InspectError),
+    #[error("{0}")]
+    Message(String),
+}
+
+impl From<String> for CliError {
+    fn from(message: String) -> Self {
+        CliError::Message(message)
     }
 }
 

@@ -7,12 +7,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ctxscope_replay::{report, Endpoints, Metric, Plan, ProbeSpec, ReplayOptions, ReplayReport, StderrProgress, TargetKind, TargetSpec};
 
-use crate::inspect::{self, Source};
+use crate::inspect::{self, Records};
 use crate::serve::{EngineSettings, InProcessEngine};
 
 /// What every replay command shares: the run's shape and where its output goes.
 pub struct RunSettings {
-    pub source: Source,
+    pub source: Box<dyn Records>,
     pub golden: String,
     pub probes: Option<PathBuf>,
     pub options: ReplayOptions,
@@ -24,7 +24,7 @@ pub struct RunSettings {
 /// `ctxscope replay CONV --target SPEC ...`.
 pub async fn replay(conversation: u64, targets: &[String], resume: Option<u64>, run: RunSettings) -> Result<(), String> {
     let previous = match resume {
-        Some(id) => Some(stored_report(&run.source, id).await?),
+        Some(id) => Some(stored_report(&*run.source, id).await?),
         None => None,
     };
     let mut plan = plan(conversation, &run).await?;
@@ -61,9 +61,9 @@ pub async fn bisect(conversation: u64, patches: &str, metric: Metric, threshold:
 }
 
 /// `ctxscope replays [ID]`: the stored runs, or one run's report.
-pub async fn replays(source: &Source, id: Option<u64>, json: bool, html: Option<&Path>) -> Result<(), String> {
+pub async fn replays(source: &dyn Records, id: Option<u64>, json: bool, html: Option<&Path>) -> Result<(), String> {
     let Some(id) = id else {
-        let list = inspect::replay_entries(source).await?;
+        let list = source.replays().await.map_err(|e| e.to_string())?;
         if json {
             println!("{}", serde_json::to_string_pretty(&list).map_err(|e| e.to_string())?);
         } else {
@@ -81,7 +81,7 @@ fn split_patches(list: &str) -> Vec<String> {
 }
 
 async fn plan(conversation: u64, run: &RunSettings) -> Result<Plan, String> {
-    let detail = inspect::detail(&run.source, conversation).await?;
+    let detail = inspect::detail(&*run.source, conversation).await.map_err(|e| e.to_string())?;
     let golden = TargetSpec::parse(&run.golden).map_err(|e| format!("--golden: {e}"))?;
     let mut plan = Plan::new(detail, golden);
     plan.options = run.options.clone();
@@ -141,7 +141,7 @@ fn cancel_on_ctrl_c() -> (tokio::task::JoinHandle<()>, tokio::sync::watch::Recei
 /// Stores the run, then prints it.
 async fn finish(report: ReplayReport, run: &RunSettings) -> Result<(), String> {
     let entry = report::entry(&report).map_err(|e| e.to_string())?;
-    match inspect::put_replay(&run.source, &entry).await {
+    match run.source.put_replay(&entry).await {
         Ok(()) => eprintln!("stored as replay {} ({})", report.id, entry.summary),
         Err(e) => eprintln!("warning: the replay could not be stored: {e}"),
     }
@@ -161,8 +161,8 @@ fn output(report: &ReplayReport, json: bool, html: Option<&Path>) -> Result<(), 
     Ok(())
 }
 
-async fn stored_report(source: &Source, id: u64) -> Result<ReplayReport, String> {
-    let entry = inspect::replay_entry(source, id).await?;
+async fn stored_report(source: &dyn Records, id: u64) -> Result<ReplayReport, String> {
+    let entry = source.replay(id).await.map_err(|e| e.to_string())?;
     serde_json::from_value(entry.report).map_err(|e| format!("replay {id} is not a report this version reads: {e}"))
 }
 
@@ -358,7 +358,7 @@ impl RunArgs {
             responses_store: None,
         };
         RunSettings {
-            source: self.source.into(),
+            source: self.source.open(),
             golden: self.golden,
             probes: self.probes,
             options,

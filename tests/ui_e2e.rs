@@ -4,7 +4,7 @@
 //! finding on its turn) and the diff page (the dropped messages, the exact changed characters), and
 //! writes screenshots to the target directory, checked for non-blank content. Also: a replay started
 //! as the conversation page's form starts it (progress, stored report), the live event stream, and
-//! `--admin-token`. Needs `chromium` (scripts/test.sh installs it); skips without it
+//! `--admin-token` (on the admin port and from the CLI). Needs `chromium` (scripts/test.sh installs it); skips without it
 //! unless `CI` is set.
 
 mod support;
@@ -282,5 +282,11 @@ async fn the_admin_token_guards_the_admin_port() {
     assert_eq!(send("GET", &format!("{admin}/ui/"), &[("cookie", &cookie)], Vec::new()).await.status, 200);
     let wrong = send("POST", &format!("{admin}/ui/login"), &[], b"token=nope".to_vec()).await;
     assert_eq!(wrong.status, 401);
+    // The inspection commands send the token as the UI does.
+    let refused = cli(&["conversations", "--json", "--admin", &admin]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && stderr.contains("401") && stderr.contains("pass --admin-token"), "{stderr}");
+    assert_eq!(cli_json(&["conversations", "--json", "--admin", &admin, "--admin-token", token]), json!([]));
+    assert_eq!(cli_json(&["findings", "--json", "--kind", "engine_truncation", "--admin", &admin, "--admin-token", token]), json!([]));
     proxy.stop();
 }

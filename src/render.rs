@@ -164,10 +164,7 @@ fn clip(s: &str, n: usize) -> String {
 
 /// `YYYY-MM-DD HH:MM:SS` in UTC from Unix milliseconds.
 fn time(unix_ms: u64) -> String {
-    let secs = unix_ms / 1000;
-    let (year, month, day) = ctxscope_formats::civil::civil_from_days((secs / 86_400) as i64);
-    let rem = secs % 86_400;
-    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}", rem / 3600, (rem % 3600) / 60, rem % 60)
+    ctxscope_common::civil::datetime(unix_ms / 1000)
 }
 
 #[cfg(test)]

@@ -2,10 +2,8 @@
 //! feature); each sequence's KV cache is the backend's [`SequenceKv`], which the prefix cache keeps
 //! and copies without knowing where it lives.
 
-pub mod cpu;
-
-use crate::forward::Path;
 use crate::patch::PatchSet;
+use crate::path::Path;
 
 /// A backend failure: the requests in the failed step get it as their error.
 #[derive(Debug, Clone, thiserror::Error)]

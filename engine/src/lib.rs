@@ -5,20 +5,22 @@
 //! GPU with the `cuda` feature.
 
 pub mod backend;
+pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod device;
 pub mod forward;
 pub mod kv;
 pub mod model;
 pub mod patch;
+pub mod path;
 pub mod sample;
 pub mod scheduler;
 pub mod server;
 
-pub use backend::cpu::CpuBackend;
 pub use backend::{Backend, BackendError, BackendKind};
-pub use forward::Path;
+pub use cpu::CpuBackend;
 pub use model::{Model, ModelConfig, ModelError};
 pub use patch::PatchSet;
+pub use path::Path;
 pub use scheduler::{EngineHandle, EngineOptions};
 pub use server::ServerConfig;

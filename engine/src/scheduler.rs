@@ -13,8 +13,8 @@ use std::thread::JoinHandle;
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, BackendError, Output, SequenceKv, Step, Want};
+use crate::cpu::CpuBackend;
 use crate::forward::Path;
 use crate::kv::PrefixCache;
 use crate::model::Model;

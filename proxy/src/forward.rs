@@ -13,6 +13,8 @@ use http_body_util::BodyExt;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 
+pub use ctxscope_common::describe_error;
+
 use crate::body::{json_error, ProxyBody};
 use crate::config::Upstream;
 
@@ -91,18 +93,6 @@ impl tower::Service<Request<ProxyBody>> for Forward {
             }
         })
     }
-}
-
-/// The error and its causes in one line ("client error (Connect): tcp connect error: Connection refused").
-pub fn describe_error(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 const HOP_BY_HOP: [&str; 8] =

@@ -16,11 +16,7 @@ use serde_json::{json, Map, Value};
 use crate::model::{Outcome, Reply, TargetKind, TargetSpec, TokenStep};
 use crate::target::{check_url, TargetError};
 
-/// The header naming an engine target's patch set (sent even when empty, so the engine's process
-/// default does not apply to golden).
-pub const PATCHES_HEADER: &str = "x-ctxscope-patches";
-/// The header naming an engine target's computation path.
-pub const PATH_HEADER: &str = "x-ctxscope-path";
+pub use ctxscope_common::wire::{PATCHES_HEADER, PATH_HEADER};
 
 /// Largest reply body read.
 const MAX_REPLY_BYTES: usize = 16 << 20;
@@ -152,7 +148,8 @@ impl TargetClient {
             builder.body(Full::new(Bytes::from(body.to_string()))).map_err(|e| Failure { error: e.to_string(), status: None })?;
         let started = Instant::now();
         let exchange = async {
-            let response = self.http.request(http_request).await.map_err(|e| Failure { error: describe(&e), status: None })?;
+            let response =
+                self.http.request(http_request).await.map_err(|e| Failure { error: ctxscope_common::describe_error(&e), status: None })?;
             let status = response.status();
             let bytes = Limited::new(response.into_body(), MAX_REPLY_BYTES)
                 .collect()
@@ -328,18 +325,6 @@ fn token_steps(content: &Value) -> Vec<TokenStep> {
             Some(TokenStep { token, logprob, top })
         })
         .collect()
-}
-
-/// The error and its causes in one line ("client error (Connect): tcp connect error: Connection refused").
-fn describe(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -2,7 +2,6 @@
 //! The capture proxy links this crate to count tokens the way the upstream model does; the engine
 //! links it to load models. Nothing here runs a forward pass or touches a GPU.
 
-pub mod civil;
 pub mod counter;
 pub mod gguf;
 pub mod model_path;

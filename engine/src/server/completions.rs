@@ -18,7 +18,7 @@ use crate::forward::Path;
 use crate::patch::PatchSet;
 use crate::scheduler::GenerateRequest;
 
-use super::routes::PATCHES_HEADER;
+use ctxscope_common::wire::PATCHES_HEADER;
 
 /// Handles one generation request; the response names the patch set applied in `x-ctxscope-patches`.
 pub async fn generate(

@@ -28,9 +28,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+pub use ctxscope_common::wire::{PATCHES_HEADER, PATH_HEADER};
 pub use detok::Utf8Decoder;
 pub use error::ApiError;
-pub use routes::{PATCHES_HEADER, PATH_HEADER};
 pub use state::ServerConfig;
 pub use stop::StopMatcher;
 

@@ -58,9 +58,7 @@ fn to_openai(object: &Map<String, Value>) -> Result<(Map<String, Value>, bool), 
 
 fn created_at() -> String {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    let (days, secs) = ((now.as_secs() / 86_400) as i64, now.as_secs() % 86_400);
-    let (y, m, d) = ctxscope_formats::civil::civil_from_days(days);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:09}Z", secs / 3600, secs / 60 % 60, secs % 60, now.subsec_nanos())
+    ctxscope_common::civil::rfc3339(now.as_secs(), now.subsec_nanos(), 9)
 }
 
 /// The closing object: Ollama's done line with its counts and durations (nanoseconds).

@@ -20,11 +20,7 @@ use super::state::State;
 use crate::forward::Path;
 use crate::patch::PatchSet;
 
-/// The header that picks the computation path of one request (`golden` or `fast`).
-pub const PATH_HEADER: &str = "x-ctxscope-path";
-
-/// The header that picks the patch set of one request (comma-separated `name` / `name=value`).
-pub const PATCHES_HEADER: &str = "x-ctxscope-patches";
+use ctxscope_common::wire::{PATCHES_HEADER, PATH_HEADER};
 
 const ROUTES: [&str; 10] = [
     "/health",

@@ -36,12 +36,7 @@ fn alertmanager_alerts(finding: &FindingRecord) -> Value {
 
 /// `2025-11-29T13:05:07.123Z` for a Unix time in milliseconds.
 fn rfc3339_utc(unix_ms: u64) -> String {
-    const MS_PER_DAY: u64 = 86_400_000;
-    // u64::MAX / MS_PER_DAY is about 2.1e11 days, well inside i64.
-    let (year, month, day) = ctxscope_formats::civil::civil_from_days((unix_ms / MS_PER_DAY) as i64);
-    let ms = unix_ms % MS_PER_DAY;
-    let (hour, minute, second, milli) = (ms / 3_600_000, ms / 60_000 % 60, ms / 1000 % 60, ms % 1000);
-    format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}.{milli:03}Z")
+    ctxscope_common::civil::rfc3339(unix_ms / 1000, (unix_ms % 1000) as u32 * 1_000_000, 3)
 }
 
 #[cfg(test)]

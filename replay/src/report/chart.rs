@@ -2,7 +2,7 @@
 //! 1 − token agreement with golden (0..1); one polyline with points per non-golden target (golden is
 //! the zero line by definition), near ties drawn hollow, failed turns as a cross on the top edge.
 
-use super::html::escape;
+use super::view::escape;
 use super::view::{self, clip};
 use crate::model::{Outcome, ReplayReport};
 use std::fmt::Write as _;

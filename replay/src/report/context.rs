@@ -2,7 +2,7 @@
 //! divergent position, the differing token in `<mark>`, plus each side's top alternatives there.
 //! Replies without logprobs carry no tokens; then the two texts are compared by character.
 
-use super::html::escape;
+use super::view::escape;
 use crate::model::{Divergence, Reply, TokenStep};
 use std::fmt::Write as _;
 

@@ -4,25 +4,9 @@
 
 use super::chart::{self, chart};
 use super::context::context;
-use super::view::{self, clip};
+use super::view::{self, clip, escape};
 use crate::model::{Outcome, ReplayReport, TargetKind, TargetSpec};
 use std::fmt::Write as _;
-
-/// Escapes text for HTML element content and quoted attribute values.
-pub fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            _ => out.push(c),
-        }
-    }
-    out
-}
 
 const CSS: &str = "
 body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px;color:#222;background:#fff}

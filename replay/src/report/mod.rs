@@ -16,6 +16,7 @@ pub(crate) use chart::colour;
 pub use chart::CHART_ID;
 pub use context::CONTEXT_TOKENS;
 pub use entry::{entry, summary};
-pub use html::{escape, html};
+pub use html::html;
 pub use json::json;
 pub use table::{table, WIDTH};
+pub use view::escape;

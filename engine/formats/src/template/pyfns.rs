@@ -131,7 +131,7 @@ fn strftime(format: &str, secs: u64) -> String {
     const DAYS: [&str; 7] = ["Thursday", "Friday", "Saturday", "Sunday", "Monday", "Tuesday", "Wednesday"];
     let days = secs / 86_400;
     let tod = secs % 86_400;
-    let (year, month, day) = crate::civil::civil_from_days(days as i64);
+    let (year, month, day) = ctxscope_common::civil::civil_from_days(days as i64);
     let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
     const CUM: [i64; 12] = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
     let yday = CUM[(month - 1) as usize] + day + i64::from(leap && month > 2);

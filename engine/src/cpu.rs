@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::{Backend, BackendError, Output, SequenceKv, Step};
+use crate::backend::{Backend, BackendError, Output, SequenceKv, Step};
 use crate::forward::{forward_patched, Path, Segment};
 use crate::kv::KvCache;
 use crate::model::Model;

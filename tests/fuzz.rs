@@ -183,9 +183,10 @@ fn import_of_an_export_file_never_panics() {
         to_hex(&hash)
     };
     let (u1, r1, u2) = (message("user", "one"), message("assistant", "uno"), message("user", "two"));
-    let mut t1 = store_test_turn(1, 5, vec![u1]);
+    let hash = |hex: &str| ctxscope_store::from_hex(hex).unwrap();
+    let mut t1 = store_test_turn(1, 5, vec![hash(&u1)]);
     t1.reply = Some(r1);
-    let mut t2 = store_test_turn(2, 5, vec![u2]);
+    let mut t2 = store_test_turn(2, 5, vec![hash(&u2)]);
     t2.base = Some(BaseRef { turn: 1, len: 2 });
     t2.index = 1;
     source.put_turn(&t1).unwrap();

@@ -172,7 +172,7 @@ pub fn replay_test_conversation(id: u64, turns: u32) -> ConversationDetail {
     for k in 0..turns {
         history.push(put(json!({"role": "user", "content": format!("question {k}")})));
         let reply = put(json!({"role": "assistant", "content": format!("captured {k}")}));
-        let mut record = store_test_turn(k as u64 + 1, id, history.clone());
+        let mut record = store_test_turn(k as u64 + 1, id, history.iter().filter_map(|h| ctxscope_store::from_hex(h)).collect());
         record.index = k;
         record.model = Some("captured-model".into());
         record.reply = Some(reply.clone());

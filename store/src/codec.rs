@@ -1,14 +1,19 @@
 //! Keyspaces and encoding, in one place: tree names, big-endian id keys, and the value codec.
 //!
-//! Every record value is framed: `[0x01][CRC32 of key ++ payload, big-endian][payload]`, the payload
-//! being the record's JSON (a message's canonical JSON). Reads check the CRC and report a mismatch as
-//! [`StoreError::Damaged`] naming the tree and key. Records written before framing existed are bare
-//! JSON: their first byte starts a JSON value (`{`, `[`, `"`, a digit, `-`, `t`, `f`, `n`), never 0x01,
-//! so they still decode, unchecked (a message's is still checked by `store check` against its
-//! SHA-256 key). Any other first byte is a format this release does not know: damaged.
+//! Every record value is framed: `[format byte][CRC32 of key ++ payload, big-endian][payload]`. Format
+//! 0x01: the payload is the record's JSON (a message's canonical JSON; a pack's entries, see
+//! [`encode_pack`]). Format 0x02, turns only: the turn's JSON without its message hashes, then the
+//! hashes as raw 32-byte runs ([`encode_turn`]: 32 bytes a message instead of 67 of hex JSON).
+//! Reads check the CRC and report a mismatch as [`StoreError::Damaged`] naming the tree and key.
+//! Records written before framing existed are bare JSON: their first byte starts a JSON value (`{`,
+//! `[`, `"`, a digit, `-`, `t`, `f`, `n`), never 0x01 or 0x02, so they still decode, unchecked (a
+//! message's is still checked by `store check` against its SHA-256 key). Any other first byte is a
+//! format this release does not know: damaged.
 
 use serde::{de::DeserializeOwned, Serialize};
 
+use crate::hash::Hash;
+use crate::records::TurnRecord;
 use crate::StoreError;
 
 /// Tree names. One tree per record kind.
@@ -16,10 +21,13 @@ pub mod trees {
     pub const META: &str = "meta";
     pub const MESSAGES: &str = "messages";
     pub const TURNS: &str = "turns";
+    /// turn id -> the canonical JSON of the messages the turn added (its request past its base, then
+    /// its reply), in one record (`codec::encode_pack`); a message too large to pack is in MESSAGES.
+    pub const PACKS: &str = "packs";
     pub const CONVERSATIONS: &str = "conversations";
     /// conversation id ++ turn id -> empty.
     pub const CONVERSATION_TURNS: &str = "conversation_turns";
-    /// chain hash -> PrefixEntry.
+    /// chain hash -> PrefixEntry, for the prefix lengths threading looks up (`commit::prefix_lengths`).
     pub const PREFIXES: &str = "prefixes";
     /// chain hash of a conversation's latest head or tail -> conversation id (where the next turn attaches).
     pub const ENDS: &str = "ends";
@@ -48,7 +56,13 @@ pub const SCHEMA_KEY: &[u8] = b"schema_version";
 
 /// The first byte of a framed record (format version 1: CRC32 then payload).
 pub const FRAME_V1: u8 = 0x01;
+/// The first byte of a turn record in the binary layout: CRC32, then the turn's JSON length (4 bytes,
+/// big-endian), its JSON with `new_messages` empty, and the message hashes, 32 bytes each.
+pub const FRAME_TURN_V2: u8 = 0x02;
 const HEADER: usize = 5;
+/// A message whose canonical JSON is at least this long is stored on its own in `messages` (once,
+/// by hash, shared by every turn that sends it); shorter ones are packed into their turn's record.
+pub const PACK_LIMIT: usize = 4096;
 
 /// Big-endian so that sled's byte order is numeric order.
 pub fn id_key(id: u64) -> [u8; 8] {
@@ -76,8 +90,12 @@ fn checksum(key: &[u8], payload: &[u8]) -> u32 {
 
 /// Frames `payload` for storage under `key`.
 pub fn frame(key: &[u8], payload: &[u8]) -> Vec<u8> {
+    frame_as(FRAME_V1, key, payload)
+}
+
+fn frame_as(format: u8, key: &[u8], payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER + payload.len());
-    out.push(FRAME_V1);
+    out.push(format);
     out.extend_from_slice(&checksum(key, payload).to_be_bytes());
     out.extend_from_slice(payload);
     out
@@ -86,23 +104,104 @@ pub fn frame(key: &[u8], payload: &[u8]) -> Vec<u8> {
 /// The payload of a stored value, its checksum verified (a record from before framing is returned
 /// as it is). Errors name `tree` and `key`.
 pub fn unframe<'a>(tree: &'static str, key: &[u8], bytes: &'a [u8]) -> Result<&'a [u8], StoreError> {
-    let damaged = |detail: String| StoreError::Damaged { tree, key: hex_key(key), detail };
     match bytes.first() {
-        Some(&FRAME_V1) => {
-            let Some(payload) = bytes.get(HEADER..) else {
-                return Err(damaged(format!("record of {} bytes is shorter than its header", bytes.len())));
-            };
-            let stored = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
-            let computed = checksum(key, payload);
-            if stored != computed {
-                return Err(damaged(format!("checksum mismatch (stored {stored:08x}, computed {computed:08x})")));
-            }
-            Ok(payload)
-        }
+        Some(&FRAME_V1) => checked(tree, key, bytes),
         Some(first) if is_legacy(*first) => Ok(bytes),
-        Some(first) => Err(damaged(format!("unknown record format (first byte {first:#04x})"))),
-        None => Err(damaged("empty record".into())),
+        Some(first) => Err(damaged(tree, key, format!("unknown record format (first byte {first:#04x})"))),
+        None => Err(damaged(tree, key, "empty record".into())),
     }
+}
+
+fn damaged(tree: &'static str, key: &[u8], detail: String) -> StoreError {
+    StoreError::Damaged { tree, key: hex_key(key), detail }
+}
+
+/// The payload after a frame header, its checksum verified.
+fn checked<'a>(tree: &'static str, key: &[u8], bytes: &'a [u8]) -> Result<&'a [u8], StoreError> {
+    let Some(payload) = bytes.get(HEADER..) else {
+        return Err(damaged(tree, key, format!("record of {} bytes is shorter than its header", bytes.len())));
+    };
+    let stored = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
+    let computed = checksum(key, payload);
+    if stored != computed {
+        return Err(damaged(tree, key, format!("checksum mismatch (stored {stored:08x}, computed {computed:08x})")));
+    }
+    Ok(payload)
+}
+
+/// A turn record for storage under `key`, in the binary layout ([`FRAME_TURN_V2`]).
+pub fn encode_turn(key: &[u8], turn: &TurnRecord) -> Result<Vec<u8>, StoreError> {
+    let shell = TurnRecord { new_messages: Vec::new(), ..turn.clone() };
+    let json = json(trees::TURNS, &shell)?;
+    let mut payload = Vec::with_capacity(4 + json.len() + 32 * turn.new_messages.len());
+    payload.extend_from_slice(&(json.len() as u32).to_be_bytes());
+    payload.extend_from_slice(&json);
+    for hash in &turn.new_messages {
+        payload.extend_from_slice(hash);
+    }
+    Ok(frame_as(FRAME_TURN_V2, key, &payload))
+}
+
+/// A turn record read under `key`: the binary layout, or JSON (framed or from before framing).
+pub fn decode_turn(key: &[u8], bytes: &[u8]) -> Result<TurnRecord, StoreError> {
+    if bytes.first() != Some(&FRAME_TURN_V2) {
+        return decode(trees::TURNS, key, bytes);
+    }
+    let payload = checked(trees::TURNS, key, bytes)?;
+    let bad = |detail: &str| damaged(trees::TURNS, key, detail.into());
+    let len =
+        payload.get(..4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize).ok_or_else(|| bad("turn record cut short"))?;
+    let json = payload.get(4..4 + len).ok_or_else(|| bad("turn record cut short"))?;
+    let hashes = &payload[4 + len..];
+    if hashes.len() % 32 != 0 {
+        return Err(bad("message hashes are not whole 32-byte runs"));
+    }
+    let mut turn: TurnRecord =
+        serde_json::from_slice(json).map_err(|source| StoreError::Decode { kind: trees::TURNS, key: hex_key(key), source })?;
+    turn.new_messages = hashes.chunks_exact(32).map(|c| Hash::try_from(c).unwrap_or_default()).collect();
+    Ok(turn)
+}
+
+/// A turn's pack for storage under `key`: the messages it added, in order, each as its length
+/// (LEB128) then its canonical JSON; an empty entry (`None`) is a message stored in `messages`.
+pub fn encode_pack(key: &[u8], entries: &[Option<&[u8]>]) -> Vec<u8> {
+    let mut payload = Vec::with_capacity(entries.iter().map(|e| e.map_or(1, |b| b.len() + 3)).sum());
+    for entry in entries {
+        let bytes = entry.unwrap_or_default();
+        let mut n = bytes.len();
+        while n >= 0x80 {
+            payload.push((n as u8) | 0x80);
+            n >>= 7;
+        }
+        payload.push(n as u8);
+        payload.extend_from_slice(bytes);
+    }
+    frame(key, &payload)
+}
+
+/// A pack read under `key`: its entries, checksum verified.
+pub fn decode_pack<'a>(key: &[u8], bytes: &'a [u8]) -> Result<Vec<Option<&'a [u8]>>, StoreError> {
+    if bytes.first() != Some(&FRAME_V1) {
+        return Err(damaged(trees::PACKS, key, "not a framed pack".into()));
+    }
+    let mut rest = checked(trees::PACKS, key, bytes)?;
+    let mut entries = Vec::new();
+    while !rest.is_empty() {
+        let (mut n, mut shift, mut used) = (0usize, 0, 0);
+        loop {
+            let Some(&b) = rest.get(used) else { return Err(damaged(trees::PACKS, key, "entry length cut short".into())) };
+            used += 1;
+            n |= usize::from(b & 0x7f) << shift;
+            shift += 7;
+            if b & 0x80 == 0 || shift > 35 {
+                break;
+            }
+        }
+        let Some(entry) = rest.get(used..used + n) else { return Err(damaged(trees::PACKS, key, "entry cut short".into())) };
+        entries.push((n > 0).then_some(entry));
+        rest = &rest[used + n..];
+    }
+    Ok(entries)
 }
 
 /// Whether a value is a record from before framing: bare JSON.
@@ -156,6 +255,38 @@ mod tests {
         // Cut short, or in a format this release does not know.
         assert!(matches!(unframe("turns", b"k", &value[..3]), Err(StoreError::Damaged { .. })));
         assert!(matches!(unframe("turns", b"k", &[0x02, 0, 0]), Err(StoreError::Damaged { .. })));
+    }
+
+    #[test]
+    fn a_turn_keeps_its_hashes_raw_and_round_trips() {
+        let hashes: Vec<Hash> = (0..3u8).map(|i| [i; 32]).collect();
+        let turn = crate::store_test_turn(7, 1, hashes.clone());
+        let value = encode_turn(&id_key(7), &turn).unwrap();
+        assert_eq!(value[0], FRAME_TURN_V2);
+        assert_eq!(&value[value.len() - 96..], hashes.concat().as_slice());
+        assert_eq!(decode_turn(&id_key(7), &value).unwrap(), turn);
+        // The JSON layout (framed or bare) still reads.
+        assert_eq!(decode_turn(&id_key(7), &encode(trees::TURNS, &id_key(7), &turn).unwrap()).unwrap(), turn);
+        assert_eq!(decode_turn(&id_key(7), &json("turn", &turn).unwrap()).unwrap(), turn);
+        let mut bad = value.clone();
+        bad[9] ^= 1;
+        assert!(matches!(decode_turn(&id_key(7), &bad), Err(StoreError::Damaged { tree: "turns", .. })));
+        assert!(matches!(decode_turn(&id_key(8), &value), Err(StoreError::Damaged { .. })));
+    }
+
+    #[test]
+    fn a_pack_round_trips_its_entries() {
+        let long = vec![b'x'; 300];
+        let entries = [Some(&b"{\"a\":1}"[..]), None, Some(long.as_slice())];
+        let value = encode_pack(&id_key(3), &entries);
+        assert_eq!(decode_pack(&id_key(3), &value).unwrap(), entries);
+        assert!(decode_pack(&id_key(3), &encode_pack(&id_key(3), &[])).unwrap().is_empty());
+        let mut bad = value.clone();
+        let at = bad.len() - 1;
+        bad[at] ^= 1;
+        assert!(matches!(decode_pack(&id_key(3), &bad), Err(StoreError::Damaged { tree: "packs", .. })));
+        // A length that runs past the end is damage, not a panic.
+        assert!(decode_pack(&id_key(3), &frame(&id_key(3), &[0x05, b'a'])).is_err());
     }
 
     #[test]

@@ -1,24 +1,28 @@
 //! One captured turn, one write. [`Store::commit_turn`] lands everything a turn adds in a single sled
-//! transaction over the trees involved: its new messages, the turn record and its place in the
-//! conversation, its Responses API id, prefix entries, the conversation record and the indexes the
-//! store keeps for it (listing order, name, open ends, latest reply). sled recovers a transaction
-//! whole or not at all, so a crash never leaves a conversation pointing at a turn that is not there.
+//! transaction over the trees involved: its new messages (packed into one record, large ones on their
+//! own), the turn record and its place in the conversation, its Responses API id, prefix entries, the
+//! conversation record and the indexes the store keeps for it (listing order, name, open ends, latest
+//! reply). sled recovers a transaction whole or not at all, so a crash never leaves a conversation
+//! pointing at a turn that is not there. The records written do not grow with the number of messages
+//! (sled spends hundreds of bytes of disk and memory on each record, more than a short message).
 
 use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional, TransactionalTree};
 
 use crate::codec::{self, decode, encode, id_key, pair_key, trees};
 use crate::hash::{from_hex, Hash, ZERO_HASH};
+use crate::prefixes::recorded_lengths;
 use crate::records::{ConversationRecord, PrefixEntry, TurnRecord};
 use crate::{Store, StoreError};
 
 /// Everything one turn writes, computed by the capture and committed at once.
 #[derive(Debug, Clone)]
 pub struct TurnDraft {
-    /// The messages this turn adds (the request's past its base, then the reply): hash and canonical
-    /// JSON. A message already stored is kept as it is.
+    /// The messages this turn adds, hash and canonical JSON: the request's past its base, then the
+    /// reply (the turn's `new_messages` and `reply`, in that order). Short ones go into the turn's
+    /// pack; one of [`codec::PACK_LIMIT`] bytes or more is stored once by hash (kept if already there).
     pub messages: Vec<(Hash, Vec<u8>)>,
-    /// The request's prefix chain: `chain[i]` covers messages `0..=i`. Lengths past the turn's base
-    /// get prefix entries (unless an earlier turn has them); the last is the turn's head.
+    /// The request's prefix chain: `chain[i]` covers messages `0..=i`. Some lengths past the turn's
+    /// base get prefix entries (`prefixes`; unless an earlier turn has them); the last is its head.
     pub chain: Vec<Hash>,
     /// The chain over the request's messages followed by the reply, when there was one.
     pub tail: Option<Hash>,
@@ -38,10 +42,10 @@ impl Store {
         let (turn, conversation) = (&draft.turn, &draft.conversation);
         debug_assert_eq!(turn.conversation, conversation.id, "a turn commits with its own conversation");
         let turn_key = id_key(turn.id);
-        let turn_value = encode(trees::TURNS, &turn_key, turn)?;
+        let turn_value = codec::encode_turn(&turn_key, turn)?;
         let conversation_key = id_key(conversation.id);
         let conversation_value = encode(trees::CONVERSATIONS, &conversation_key, conversation)?;
-        let messages: Vec<(Hash, Vec<u8>)> = draft.messages.iter().map(|(hash, json)| (*hash, codec::frame(hash, json))).collect();
+        let (pack, messages) = pack(draft, &turn_key);
         let prefixes = prefix_entries(draft)?;
         let succeeded = (200..300).contains(&turn.status);
         let response_id = turn.responses.as_ref().and_then(|r| r.response_id.as_deref()).filter(|_| succeeded);
@@ -50,6 +54,7 @@ impl Store {
 
         let all = (
             &self.messages,
+            &self.packs,
             &self.turns,
             &self.conversation_turns,
             &self.response_ids,
@@ -63,6 +68,7 @@ impl Store {
         let result = all.transaction(
             |(
                 t_messages,
+                t_packs,
                 t_turns,
                 t_conversation_turns,
                 t_response_ids,
@@ -75,6 +81,9 @@ impl Store {
             )| {
                 for (hash, value) in &messages {
                     insert_if_absent(t_messages, hash, value)?;
+                }
+                if let Some(pack) = &pack {
+                    t_packs.insert(&turn_key[..], pack.as_slice())?;
                 }
                 t_turns.insert(&turn_key[..], turn_value.as_slice())?;
                 t_conversation_turns.insert(&pair_key(conversation.id, turn.id)[..], &[][..])?;
@@ -115,17 +124,42 @@ impl Store {
     }
 }
 
-/// The prefix entries a turn records: one per message length past its base, and its tail.
+/// The turn's pack (its short new messages, in one record; `None` when it added none) and the large
+/// messages stored on their own, framed.
+type Packed = (Option<Vec<u8>>, Vec<(Hash, Vec<u8>)>);
+
+fn pack(draft: &TurnDraft, turn_key: &[u8]) -> Packed {
+    let turn = &draft.turn;
+    debug_assert_eq!(
+        draft.messages.iter().map(|(h, _)| *h).collect::<Vec<_>>(),
+        turn.new_messages.iter().copied().chain(turn.reply.as_deref().and_then(from_hex)).collect::<Vec<_>>(),
+        "a draft's messages are its turn's new messages, then its reply"
+    );
+    let mut entries = Vec::with_capacity(draft.messages.len());
+    let mut large = Vec::new();
+    for (hash, json) in &draft.messages {
+        if json.len() < codec::PACK_LIMIT {
+            entries.push(Some(json.as_slice()));
+        } else {
+            entries.push(None);
+            large.push((*hash, codec::frame(hash, json)));
+        }
+    }
+    let pack = (!entries.is_empty()).then(|| codec::encode_pack(turn_key, &entries));
+    (pack, large)
+}
+
+/// The prefix entries a turn records (the lengths [`recorded_lengths`] picks past its base, its head
+/// and its tail).
 fn prefix_entries(draft: &TurnDraft) -> Result<Vec<(Hash, Vec<u8>)>, StoreError> {
     let turn = &draft.turn;
-    let base_len = turn.base.map_or(0, |b| b.len as usize).min(draft.chain.len());
+    let head = draft.chain.len();
+    let base_len = turn.base.map_or(0, |b| b.len as usize).min(head);
     let entry = |len: usize| PrefixEntry { conversation: turn.conversation, turn: turn.id, len: len as u32 };
-    let mut entries = Vec::with_capacity(draft.chain.len() - base_len + 1);
-    for (i, chain) in draft.chain.iter().enumerate().skip(base_len) {
-        entries.push((*chain, encode(trees::PREFIXES, chain, &entry(i + 1))?));
-    }
-    if let Some(tail) = &draft.tail {
-        entries.push((*tail, encode(trees::PREFIXES, tail, &entry(draft.chain.len() + 1))?));
+    let mut entries = Vec::new();
+    for len in recorded_lengths(base_len, head, draft.tail.is_some()) {
+        let chain = if len > head { draft.tail.unwrap_or(ZERO_HASH) } else { draft.chain[len - 1] };
+        entries.push((chain, encode(trees::PREFIXES, &chain, &entry(len))?));
     }
     Ok(entries)
 }
@@ -180,7 +214,7 @@ pub(crate) mod tests {
         let (reply_hash, reply_bytes) = message_hash(&json!({"role": "assistant", "content": reply}));
         messages.push((reply_hash, reply_bytes));
         let tail = chain_next(&h, &reply_hash);
-        let mut turn = store_test_turn(turn_id, id, hashes[base_len..].iter().map(to_hex).collect());
+        let mut turn = store_test_turn(turn_id, id, hashes[base_len..].to_vec());
         turn.base = base;
         turn.message_count = texts.len() as u32;
         turn.head = to_hex(&h);

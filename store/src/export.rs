@@ -118,7 +118,7 @@ impl Store {
             turn.index = index as u32;
             let shared = previous.as_ref().map_or(0, |(_, prev)| common_prefix(prev, &view.messages));
             turn.base = previous.as_ref().filter(|_| shared > 0).map(|(id, _)| BaseRef { turn: *id, len: shared as u32 });
-            turn.new_messages = view.messages[shared..].to_vec();
+            turn.new_messages = view.messages[shared..].iter().filter_map(|h| from_hex(h)).collect();
             turn.relation = match &previous {
                 None => Relation::New,
                 Some((id, _)) => Relation::Extend { parent_turn: *id },

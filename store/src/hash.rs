@@ -83,7 +83,51 @@ pub fn chain_next(prev: &Hash, message: &Hash) -> Hash {
 
 /// Hex encoding used in JSON output and keys shown to users.
 pub fn to_hex(hash: &Hash) -> String {
-    hash.iter().map(|b| format!("{b:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(64);
+    for b in hash {
+        out.push(DIGITS[usize::from(b >> 4)] as char);
+        out.push(DIGITS[usize::from(b & 15)] as char);
+    }
+    out
+}
+
+/// Serde for a list of hashes as hex strings: records hold raw 32-byte hashes in memory and on disk,
+/// and their JSON form (`show --json`, export) spells each as 64 hex characters, as before.
+pub mod hex_list {
+    use serde::de::{Error, SeqAccess, Visitor};
+    use serde::ser::SerializeSeq;
+    use serde::{Deserializer, Serializer};
+
+    use super::{from_hex, to_hex, Hash};
+
+    pub fn serialize<S: Serializer>(hashes: &[Hash], serializer: S) -> Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(Some(hashes.len()))?;
+        for hash in hashes {
+            seq.serialize_element(&to_hex(hash))?;
+        }
+        seq.end()
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Hash>, D::Error> {
+        struct Hashes;
+        impl<'de> Visitor<'de> for Hashes {
+            type Value = Vec<Hash>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a list of 64-character hex hashes")
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Hash>, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
+                while let Some(text) = seq.next_element::<std::borrow::Cow<'de, str>>()? {
+                    out.push(from_hex(&text).ok_or_else(|| A::Error::custom(format!("{text:?} is not a 64-character hex hash")))?);
+                }
+                Ok(out)
+            }
+        }
+        deserializer.deserialize_seq(Hashes)
+    }
 }
 
 /// Parses a 64-character hex hash.
@@ -143,5 +187,16 @@ mod tests {
         assert_ne!(xy, yx);
         assert_eq!(from_hex(&to_hex(&xy)), Some(xy));
         assert_eq!(from_hex("zz"), None);
+    }
+
+    #[test]
+    fn hash_lists_are_hex_in_json() {
+        #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
+        struct Listed(#[serde(with = "hex_list")] Vec<Hash>);
+        let (x, _) = message_hash(&json!({"role": "user", "content": "x"}));
+        let text = serde_json::to_string(&Listed(vec![x, ZERO_HASH])).unwrap();
+        assert_eq!(text, format!("[\"{}\",\"{}\"]", to_hex(&x), "0".repeat(64)));
+        assert_eq!(serde_json::from_str::<Listed>(&text).unwrap(), Listed(vec![x, ZERO_HASH]));
+        assert!(serde_json::from_str::<Listed>("[\"zz\"]").is_err());
     }
 }

@@ -23,8 +23,10 @@ mod findings;
 mod fingerprint;
 mod listing;
 mod marks;
+mod prefixes;
 mod read_only;
 mod replays;
+mod resolve;
 
 pub use check::{CheckReport, ConversationFate, Fate, Problem, ProblemKind};
 pub use commit::TurnDraft;
@@ -32,11 +34,12 @@ pub use findings::FindingFilter;
 pub use fingerprint::{FieldChange, Fingerprint};
 pub use listing::{ConversationPage, Cursor, PageQuery};
 pub use marks::MARKS_FILE;
+pub use prefixes::PREFIX_EVERY;
 pub use read_only::ReadOnlyStore;
 
 /// A minimal turn for tests in this crate and its dependents.
 #[doc(hidden)]
-pub fn store_test_turn(id: u64, conversation: u64, new_messages: Vec<HashHex>) -> TurnRecord {
+pub fn store_test_turn(id: u64, conversation: u64, new_messages: Vec<Hash>) -> TurnRecord {
     TurnRecord {
         id,
         conversation,

@@ -111,8 +111,9 @@ pub struct TurnRecord {
     #[serde(default)]
     pub params: Map<String, Value>,
     pub base: Option<BaseRef>,
-    /// Hashes of the request messages after the `base` prefix.
-    pub new_messages: Vec<HashHex>,
+    /// Hashes of the request messages after the `base` prefix (hex in JSON; raw on disk, see `codec`).
+    #[serde(with = "crate::hash::hex_list")]
+    pub new_messages: Vec<crate::Hash>,
     pub message_count: u32,
     /// Chain hash over all request messages.
     pub head: HashHex,

@@ -93,7 +93,7 @@ mod tests {
         store.put_conversation(&rec).unwrap();
         let (hash, bytes) = crate::message_hash(&serde_json::json!({"role": "user", "content": format!("m{id}")}));
         store.put_message(&hash, &bytes).unwrap();
-        let turn = crate::store_test_turn(id * 10, id, vec![crate::to_hex(&hash)]);
+        let turn = crate::store_test_turn(id * 10, id, vec![hash]);
         store.put_turn(&turn).unwrap();
     }
 

@@ -1,6 +1,5 @@
 //! Opening the sled directory (schema and foreign-directory checks) and typed access to each tree.
 
-use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -12,8 +11,10 @@ use crate::StoreError;
 
 /// Bumped whenever a record's meaning or encoding changes incompatibly. 2: values framed with a
 /// checksum (`codec`); a version 1 store opens and is marked 2 (its bare-JSON records still decode),
-/// while a release that knows only 1 refuses a version 2 store instead of misreading it.
-pub const SCHEMA_VERSION: u32 = 2;
+/// while a release that knows only 1 refuses a version 2 store instead of misreading it. 3: turns in
+/// the binary layout with their messages packed (`codec::encode_turn`, `codec::encode_pack`) and
+/// prefix entries sampled (`prefixes`); older stores open and are marked 3, their records still read.
+pub const SCHEMA_VERSION: u32 = 3;
 /// The oldest schema this release opens (and upgrades in place).
 const OLDEST_READABLE: u32 = 1;
 
@@ -40,6 +41,7 @@ pub struct Store {
     pub(crate) meta: sled::Tree,
     pub(crate) messages: sled::Tree,
     pub(crate) turns: sled::Tree,
+    pub(crate) packs: sled::Tree,
     pub(crate) conversations: sled::Tree,
     pub(crate) conversation_turns: sled::Tree,
     pub(crate) prefixes: sled::Tree,
@@ -92,6 +94,7 @@ impl Store {
             meta: tree(trees::META)?,
             messages: tree(trees::MESSAGES)?,
             turns: tree(trees::TURNS)?,
+            packs: tree(trees::PACKS)?,
             conversations: tree(trees::CONVERSATIONS)?,
             conversation_turns: tree(trees::CONVERSATION_TURNS)?,
             prefixes: tree(trees::PREFIXES)?,
@@ -179,19 +182,25 @@ impl Store {
         get(&self.messages, trees::MESSAGES, hash)
     }
 
+    /// Messages stored: those stored by hash, and those packed into their turns' records (a message
+    /// packed by two turns counts twice).
     pub fn message_count(&self) -> usize {
-        self.messages.len()
+        let packed =
+            self.packs.iter().flatten().map(|(key, value)| codec::decode_pack(&key, &value).map_or(0, |e| e.iter().flatten().count()));
+        self.messages.len() + packed.sum::<usize>()
     }
 
+    /// Writes a turn whose messages are already stored by hash ([`Store::put_message`]; import).
     pub fn put_turn(&self, turn: &TurnRecord) -> Result<(), StoreError> {
         let key = id_key(turn.id);
-        self.turns.insert(key, encode(trees::TURNS, &key, turn)?)?;
+        self.turns.insert(key, codec::encode_turn(&key, turn)?)?;
         self.conversation_turns.insert(pair_key(turn.conversation, turn.id), &[])?;
         Ok(())
     }
 
     pub fn turn(&self, id: u64) -> Result<Option<TurnRecord>, StoreError> {
-        get(&self.turns, trees::TURNS, &id_key(id))
+        let key = id_key(id);
+        self.turns.get(key)?.map(|bytes| codec::decode_turn(&key, &bytes)).transpose()
     }
 
     pub fn put_conversation(&self, conversation: &ConversationRecord) -> Result<(), StoreError> {
@@ -236,11 +245,6 @@ impl Store {
         Ok(ids)
     }
 
-    /// The first turn whose messages began with the prefix this chain hash covers.
-    pub fn prefix(&self, chain: &Hash) -> Result<Option<PrefixEntry>, StoreError> {
-        get(&self.prefixes, trees::PREFIXES, chain)
-    }
-
     /// The conversation whose latest turn ends (head or tail) at this chain hash: a request extending
     /// it continues that conversation. Kept by [`Store::commit_turn`].
     pub fn end(&self, chain: &Hash) -> Result<Option<u64>, StoreError> {
@@ -260,73 +264,12 @@ impl Store {
         }
     }
 
-    /// Hashes of a turn's request messages, resolved through its `base` chain.
-    pub fn turn_messages(&self, turn: &TurnRecord) -> Result<Vec<HashHex>, StoreError> {
-        let mut memo = HashMap::new();
-        self.resolve(turn, &mut memo)
-    }
-
-    fn resolve(&self, turn: &TurnRecord, memo: &mut HashMap<u64, Vec<HashHex>>) -> Result<Vec<HashHex>, StoreError> {
-        // Walk the base chain iteratively: collect ancestors until one is memoised or has no base.
-        let mut stack = vec![turn.clone()];
-        loop {
-            let top = stack.last().map(|t| t.base).unwrap_or(None);
-            match top {
-                Some(base) if !memo.contains_key(&base.turn) => {
-                    if stack.len() > 100_000 {
-                        return Err(StoreError::Corrupt { path: self.path.clone(), detail: "turn base chain loops".into() });
-                    }
-                    let parent = self.turn(base.turn)?.ok_or_else(|| StoreError::NotFound(format!("turn {}", base.turn)))?;
-                    stack.push(parent);
-                }
-                _ => break,
-            }
-        }
-        let mut result = Vec::new();
-        while let Some(t) = stack.pop() {
-            let mut messages = match t.base {
-                Some(base) => {
-                    let parent = memo.get(&base.turn).cloned().unwrap_or_default();
-                    parent.into_iter().take(base.len as usize).collect::<Vec<_>>()
-                }
-                None => Vec::new(),
-            };
-            messages.extend(t.new_messages.iter().cloned());
-            result = messages.clone();
-            if let Some(reply) = &t.reply {
-                messages.push(reply.clone());
-            }
-            memo.insert(t.id, messages);
-        }
-        Ok(result)
-    }
-
-    /// A conversation with every turn's message list and every referenced message.
-    pub fn conversation_detail(&self, id: u64) -> Result<ConversationDetail, StoreError> {
-        let conversation = self.conversation(id)?.ok_or_else(|| StoreError::NotFound(format!("conversation {id}")))?;
-        let mut memo = HashMap::new();
-        let mut turns = Vec::new();
-        let mut messages = BTreeMap::new();
-        for turn_id in self.conversation_turn_ids(id)? {
-            let Some(turn) = self.turn(turn_id)? else { continue };
-            let list = self.resolve(&turn, &mut memo)?;
-            for hash in list.iter().chain(turn.reply.iter()) {
-                if !messages.contains_key(hash) {
-                    let value = crate::hash::from_hex(hash).map(|h| self.message(&h)).transpose()?.flatten();
-                    messages.insert(hash.clone(), value.unwrap_or(Value::Null));
-                }
-            }
-            turns.push(TurnView { turn, messages: list });
-        }
-        let findings = self.conversation_findings(id)?;
-        Ok(ConversationDetail { conversation, turns, messages, findings })
-    }
-
     /// Removes a conversation's turns and index entries (messages are swept by retention).
     pub fn delete_conversation(&self, id: u64) -> Result<usize, StoreError> {
         let ids = self.conversation_turn_ids(id)?;
         for turn_id in &ids {
             self.turns.remove(id_key(*turn_id))?;
+            self.packs.remove(id_key(*turn_id))?;
             self.conversation_turns.remove(pair_key(id, *turn_id))?;
         }
         if let Some(conv) = self.conversation(id)? {
@@ -353,20 +296,20 @@ impl Store {
         Ok(ids.len())
     }
 
-    /// Deletes every message no remaining turn references; returns how many went.
+    /// Deletes every message stored by hash that no remaining turn references; returns how many went.
+    /// (A turn's packed messages go with the turn.)
     pub fn sweep_messages(&self) -> Result<usize, StoreError> {
         let mut live = std::collections::HashSet::new();
         for item in self.turns.iter() {
             let (key, value) = item?;
-            let turn: TurnRecord = decode(trees::TURNS, &key, &value)?;
+            let turn = codec::decode_turn(&key, &value)?;
             live.extend(turn.new_messages);
-            live.extend(turn.reply);
+            live.extend(turn.reply.as_deref().and_then(crate::from_hex));
         }
         let mut removed = 0;
         for item in self.messages.iter() {
             let (key, _) = item?;
-            let hex = key.iter().map(|b| format!("{b:02x}")).collect::<String>();
-            if !live.contains(&hex) {
+            if !Hash::try_from(&key[..]).is_ok_and(|hash| live.contains(&hash)) {
                 self.messages.remove(key)?;
                 removed += 1;
             }
@@ -390,7 +333,7 @@ impl Store {
     }
 }
 
-fn get<T: serde::de::DeserializeOwned>(tree: &sled::Tree, name: &'static str, key: &[u8]) -> Result<Option<T>, StoreError> {
+pub(crate) fn get<T: serde::de::DeserializeOwned>(tree: &sled::Tree, name: &'static str, key: &[u8]) -> Result<Option<T>, StoreError> {
     match tree.get(key)? {
         Some(bytes) => Ok(Some(decode(name, key, &bytes)?)),
         None => Ok(None),

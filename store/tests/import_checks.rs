@@ -11,6 +11,10 @@ fn msg(store: &Store, role: &str, text: &str) -> HashHex {
     to_hex(&hash)
 }
 
+fn hash(hex: &str) -> Hash {
+    from_hex(hex).unwrap()
+}
+
 fn open(dir: &std::path::Path) -> Store {
     Store::open(dir, &StoreOptions::default()).unwrap()
 }
@@ -22,9 +26,9 @@ fn exported() -> Vec<String> {
     let u1 = msg(&store, "user", "one");
     let r1 = msg(&store, "assistant", "uno");
     let u2 = msg(&store, "user", "two");
-    let mut t1 = store_test_turn(1, 5, vec![u1]);
+    let mut t1 = store_test_turn(1, 5, vec![hash(&u1)]);
     t1.reply = Some(r1);
-    let mut t2 = store_test_turn(2, 5, vec![u2]);
+    let mut t2 = store_test_turn(2, 5, vec![hash(&u2)]);
     t2.base = Some(BaseRef { turn: 1, len: 2 });
     t2.index = 1;
     store.put_turn(&t1).unwrap();

@@ -10,6 +10,10 @@ fn msg(store: &Store, role: &str, text: &str) -> HashHex {
     to_hex(&hash)
 }
 
+fn hash(hex: &str) -> Hash {
+    from_hex(hex).unwrap()
+}
+
 fn open(dir: &std::path::Path) -> Store {
     Store::open(dir, &StoreOptions::default()).unwrap()
 }
@@ -63,13 +67,13 @@ fn turns_store_deltas_and_resolve_full_lists() {
     let u1 = msg(&store, "user", "one");
     let r1 = msg(&store, "assistant", "uno");
     let u2 = msg(&store, "user", "two");
-    let mut t1 = store_test_turn(1, 7, vec![s.clone(), u1.clone()]);
+    let mut t1 = store_test_turn(1, 7, vec![hash(&s), hash(&u1)]);
     t1.reply = Some(r1.clone());
     store.put_turn(&t1).unwrap();
-    let mut t2 = store_test_turn(2, 7, vec![u2.clone()]);
+    let mut t2 = store_test_turn(2, 7, vec![hash(&u2)]);
     t2.base = Some(BaseRef { turn: 1, len: 3 });
     store.put_turn(&t2).unwrap();
-    assert_eq!(store.turn_messages(&t2).unwrap(), vec![s, u1, r1, u2]);
+    assert_eq!(store.turn_messages(&t2).unwrap(), [s, u1, r1, u2].map(|h| hash(&h)));
     assert_eq!(store.conversation_turn_ids(7).unwrap(), vec![1, 2]);
 }
 
@@ -84,7 +88,7 @@ fn store_grows_linearly_with_conversation_length() {
     for i in 1..=100u64 {
         let u = msg(&store, "user", &format!("question number {i} with some padding text"));
         let r = msg(&store, "assistant", &format!("answer number {i} with some padding text"));
-        let mut t = store_test_turn(i, 1, vec![u]);
+        let mut t = store_test_turn(i, 1, vec![hash(&u)]);
         t.base = prev.map(|p| BaseRef { turn: p, len });
         t.reply = Some(r);
         store.put_turn(&t).unwrap();
@@ -108,10 +112,10 @@ fn export_import_round_trip() {
     let u1 = msg(&store, "user", "one");
     let r1 = msg(&store, "assistant", "uno");
     let u2 = msg(&store, "user", "two");
-    let mut t1 = store_test_turn(1, 5, vec![u1]);
+    let mut t1 = store_test_turn(1, 5, vec![hash(&u1)]);
     t1.reply = Some(r1);
     t1.reply_text = "uno".into();
-    let mut t2 = store_test_turn(2, 5, vec![u2]);
+    let mut t2 = store_test_turn(2, 5, vec![hash(&u2)]);
     t2.base = Some(BaseRef { turn: 1, len: 2 });
     t2.index = 1;
     store.put_turn(&t1).unwrap();
@@ -170,11 +174,11 @@ fn each_kind_numbers_its_ids_from_one_across_restarts() {
 }
 
 #[test]
-fn a_store_written_before_checksums_opens_reads_and_is_marked_version_2() {
+fn a_store_written_before_checksums_opens_reads_and_is_marked_current() {
     // A version 1 store as that release wrote it: bare JSON values, schema 1.
     let dir = tempfile::tempdir().unwrap();
     let (hash, bytes) = message_hash(&json!({"role": "user", "content": "from before"}));
-    let mut turn = store_test_turn(1, 1, vec![to_hex(&hash)]);
+    let mut turn = store_test_turn(1, 1, vec![hash]);
     turn.reply_text = "old reply".into();
     {
         let db = sled::open(dir.path()).unwrap();
@@ -187,11 +191,14 @@ fn a_store_written_before_checksums_opens_reads_and_is_marked_version_2() {
     let store = open(dir.path());
     assert_eq!(store.turn(1).unwrap().unwrap().reply_text, "old reply");
     assert_eq!(store.message(&hash).unwrap().unwrap()["content"], "from before");
+    // Its messages are stored by hash, not packed: a turn's content still resolves.
+    let old = store.turn(1).unwrap().unwrap();
+    assert_eq!(store.turn_message_values(&old).unwrap(), vec![(hash, Some(json!({"content": "from before", "role": "user"})))]);
     drop(store);
     let db = sled::open(dir.path()).unwrap();
     let version = db.open_tree("meta").unwrap().get("schema_version").unwrap().unwrap();
     assert_eq!(version.as_ref(), &SCHEMA_VERSION.to_be_bytes());
-    assert_eq!(SCHEMA_VERSION, 2);
+    assert_eq!(SCHEMA_VERSION, 3);
     // A record damaged in place is reported, naming its tree and key, never skipped.
     let turns = db.open_tree("turns").unwrap();
     let mut framed = turns.get(1u64.to_be_bytes()).unwrap().unwrap().to_vec();

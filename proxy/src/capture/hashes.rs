@@ -10,8 +10,9 @@ use std::hash::{BuildHasher, Hash as StdHash, Hasher};
 use ctxscope_store::{message_hash, Hash};
 use serde_json::Value;
 
-/// Entries kept before the memo is cleared.
-const MAX_ENTRIES: usize = 1 << 20;
+/// Entries kept before the memo is cleared: 131,072 (about 11 MB with the table's slack). It was a
+/// million (86 MB once full); a history longer than this is hashed again on each request instead.
+const MAX_ENTRIES: usize = 1 << 17;
 
 pub struct MessageHashes {
     keys: RandomState,

@@ -236,7 +236,7 @@ impl Pipeline {
             stream: request.stream,
             params: request.params.clone(),
             base: decision.base,
-            new_messages: hashes[base_len..].iter().map(to_hex).collect(),
+            new_messages: hashes[base_len..].to_vec(),
             message_count: hashes.len() as u32,
             head: to_hex(&head),
             reply: reply.as_ref().map(to_hex),

@@ -2,7 +2,7 @@
 //! expanded from the store (the parent turn's messages, less its own `instructions`, and its reply),
 //! and threading such a turn to its parent exactly. A parent the proxy never saw is marked, not guessed.
 
-use ctxscope_store::{from_hex, to_hex, BaseRef, BranchRef, Hash, Relation, ResponsesInfo, Store, StoreError, TurnRecord};
+use ctxscope_store::{to_hex, BaseRef, BranchRef, Hash, Relation, ResponsesInfo, Store, StoreError, TurnRecord};
 use serde_json::Value;
 
 use super::thread::Decision;
@@ -19,12 +19,11 @@ pub fn parent_context(store: &Store, response_id: &str) -> Result<Option<(TurnRe
     let Some(turn) = store.turn_by_response_id(response_id)? else {
         return Ok(None);
     };
-    let hashes = store.turn_messages(&turn)?;
+    let history = store.turn_history(&turn)?;
     let skip = usize::from(turn.responses.as_ref().is_some_and(|r| r.instructions));
-    let mut context = Vec::with_capacity(hashes.len() + 1);
-    for hex in hashes.iter().skip(skip).chain(turn.reply.iter()) {
-        let message = from_hex(hex).map(|hash| store.message(&hash)).transpose()?.flatten();
-        context.push(message.ok_or_else(|| StoreError::NotFound(format!("message {hex} of turn {}", turn.id)))?);
+    let mut context = Vec::with_capacity(history.len());
+    for (hash, message) in history.into_iter().skip(skip) {
+        context.push(message.ok_or_else(|| StoreError::NotFound(format!("message {} of turn {}", to_hex(&hash), turn.id)))?);
     }
     Ok(Some((turn, context)))
 }

@@ -108,7 +108,7 @@ fn diverged(store: &Store, conversation: ConversationRecord, request: &Request<'
     let shared = match &previous {
         Some(turn) => {
             let theirs = store.turn_messages(turn)?;
-            theirs.iter().zip(request.hashes).take_while(|(a, b)| **a == to_hex(b)).count()
+            theirs.iter().zip(request.hashes).take_while(|(a, b)| a == b).count()
         }
         None => 0,
     };
@@ -133,20 +133,8 @@ fn continues(conversation: &ConversationRecord, chain: &[Hash]) -> Option<(Relat
     None
 }
 
-/// Binary search for the longest recorded prefix (prefix entries are recorded for every length, so
-/// presence is monotone in the length).
+/// The longest prefix shared with an earlier turn, as the store's prefix index records it (every
+/// length of short deltas; long runs of new messages sampled, see `Store::longest_prefix`).
 fn longest_prefix(store: &Store, chain: &[Hash]) -> Result<Option<(usize, ctxscope_store::PrefixEntry)>, StoreError> {
-    let (mut lo, mut hi) = (0usize, chain.len());
-    let mut best = None;
-    while lo < hi {
-        let mid = (lo + hi).div_ceil(2);
-        match store.prefix(&chain[mid - 1])? {
-            Some(entry) => {
-                best = Some((mid, entry));
-                lo = mid;
-            }
-            None => hi = mid - 1,
-        }
-    }
-    Ok(best)
+    store.longest_prefix(chain)
 }

@@ -9,13 +9,9 @@ use super::{Context, Draft, Observation};
 
 /// The previous turn's history (messages and reply) against this request.
 pub(crate) fn compare_history(store: &Store, previous: &TurnRecord, obs: &Observation<'_>) -> Result<History, StoreError> {
-    let mut hashes = store.turn_messages(previous)?;
-    hashes.extend(previous.reply.iter().cloned());
-    let mut values = Vec::with_capacity(hashes.len());
-    for hash in &hashes {
-        let value = ctxscope_store::from_hex(hash).map(|h| store.message(&h)).transpose()?.flatten();
-        values.push(value.unwrap_or(Value::Null));
-    }
+    let history = store.turn_history(previous)?;
+    let hashes: Vec<String> = history.iter().map(|(hash, _)| ctxscope_store::to_hex(hash)).collect();
+    let values: Vec<Value> = history.into_iter().map(|(_, value)| value.unwrap_or(Value::Null)).collect();
     let request_hex: Vec<String> = obs.hashes.iter().map(ctxscope_store::to_hex).collect();
     let request_canonical: Vec<Value> = obs.messages.iter().map(ctxscope_store::canonical_message).collect();
     let before: Vec<_> = hashes.iter().zip(&values).map(|(hash, value)| history::Message { hash, value }).collect();

@@ -80,8 +80,11 @@ pub fn compare(previous: &[Message<'_>], request: &[Message<'_>]) -> History {
     if shared == previous.len() {
         return History::Extends;
     }
-    let in_request = |hash: &str| request.iter().any(|m| m.hash == hash);
-    let in_previous = |hash: &str| previous.iter().any(|m| m.hash == hash);
+    // Sets, not scans: a 20,000-message history against a 20,000-message request is 4e8 comparisons.
+    let requested: std::collections::HashSet<&str> = request.iter().map(|m| m.hash).collect();
+    let previously: std::collections::HashSet<&str> = previous.iter().map(|m| m.hash).collect();
+    let in_request = |hash: &str| requested.contains(hash);
+    let in_previous = |hash: &str| previously.contains(hash);
     let (mut removed, mut rewritten, mut minor) = (Vec::new(), Vec::new(), None);
     for (i, old) in previous.iter().enumerate().skip(shared) {
         if in_request(old.hash) {

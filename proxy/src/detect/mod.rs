@@ -93,27 +93,45 @@ impl Context<'_> {
 }
 
 /// The turns observed last, by id: the previous turn of a conversation is nearly always here, which
-/// spares a store read and decode per turn.
+/// spares a store read and decode per turn. Bounded by count and by bytes: a turn of 100,000 messages
+/// holds 3.2 MB of message hashes, and 1,024 of them would hold gigabytes.
 #[derive(Default)]
 struct RecentTurns {
     turns: std::collections::HashMap<u64, Arc<TurnRecord>>,
     order: std::collections::VecDeque<u64>,
+    bytes: usize,
 }
 
 impl RecentTurns {
     const CAPACITY: usize = 1024;
+    /// Bytes of turns held at most; a larger turn is not kept (the store has it).
+    const BUDGET: usize = 4 << 20;
 
     fn get(&self, id: u64) -> Option<Arc<TurnRecord>> {
         self.turns.get(&id).cloned()
     }
 
+    /// What a turn holds on the heap, roughly: its message hashes and texts.
+    fn cost(turn: &TurnRecord) -> usize {
+        let notes: usize = turn.notes.iter().map(String::len).sum();
+        std::mem::size_of::<TurnRecord>() + 32 * turn.new_messages.len() + turn.reply_text.len() + notes + 64 * turn.params.len()
+    }
+
     fn push(&mut self, turn: &TurnRecord) {
-        if self.turns.insert(turn.id, Arc::new(turn.clone())).is_none() {
+        let cost = Self::cost(turn);
+        if cost > Self::BUDGET {
+            return;
+        }
+        if let Some(old) = self.turns.insert(turn.id, Arc::new(turn.clone())) {
+            self.bytes -= Self::cost(&old);
+        } else {
             self.order.push_back(turn.id);
         }
-        while self.order.len() > Self::CAPACITY {
-            if let Some(old) = self.order.pop_front() {
-                self.turns.remove(&old);
+        self.bytes += cost;
+        while self.order.len() > Self::CAPACITY || self.bytes > Self::BUDGET {
+            let Some(old) = self.order.pop_front() else { break };
+            if let Some(turn) = self.turns.remove(&old) {
+                self.bytes -= Self::cost(&turn);
             }
         }
     }
@@ -308,4 +326,27 @@ fn stamp(draft: &mut Draft, obs: &Observation<'_>) {
 /// A turn's prompt size: the engine's count, else the local one.
 pub(crate) fn prompt_tokens(turn: &TurnRecord) -> Option<u64> {
     turn.usage.as_ref().and_then(|u| u.prompt_tokens).or(turn.local_tokens.as_ref().map(|l| l.prompt))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recent_turns_are_bounded_by_bytes_as_well_as_count() {
+        let mut recent = RecentTurns::default();
+        let big = |id: u64, n: usize| ctxscope_store::store_test_turn(id, 1, vec![[7u8; 32]; n]);
+        for id in 0..10 {
+            recent.push(&big(id, 20_000));
+        }
+        assert!(recent.bytes <= RecentTurns::BUDGET, "{} bytes held", recent.bytes);
+        assert_eq!(recent.turns.len(), recent.order.len());
+        assert!(recent.get(9).is_some() && recent.get(0).is_none(), "the oldest went first");
+        recent.push(&big(10, 200_000));
+        assert!(recent.get(10).is_none(), "a turn over the whole budget is not kept");
+        for id in 11..2000 {
+            recent.push(&big(id, 1));
+        }
+        assert_eq!(recent.turns.len(), RecentTurns::CAPACITY);
+    }
 }

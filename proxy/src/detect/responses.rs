@@ -75,7 +75,7 @@ fn parent(cx: &Context<'_>, id: u64) -> Option<TurnRecord> {
 }
 
 fn parent_first_message(cx: &Context<'_>, parent: &TurnRecord) -> Option<String> {
-    cx.store.turn_messages(parent).ok()?.into_iter().next()
+    cx.store.turn_messages(parent).ok()?.first().map(ctxscope_store::to_hex)
 }
 
 /// With per-message token counts: the oldest messages after the instructions whose tokens add up to

@@ -108,8 +108,8 @@ fn mentions(store: &Store, c: &ConversationRecord, text: &str) -> Result<bool, S
     if turn.reply_text.to_lowercase().contains(text) {
         return Ok(true);
     }
-    for hash in store.turn_messages(&turn)? {
-        let Some(message) = ctxscope_store::from_hex(&hash).map(|h| store.message(&h)).transpose()?.flatten() else {
+    for (_, message) in store.turn_message_values(&turn)? {
+        let Some(message) = message else {
             continue;
         };
         if crate::detect::history::text(&message).to_lowercase().contains(text) {

@@ -2,9 +2,9 @@
 //! fate (kept, appended, dropped, rewritten, edited) from `detect::history`'s comparison, and the
 //! character-level diff of each rewritten or edited message at the place the prefix broke.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
-use ctxscope_store::{from_hex, Relation, Store, StoreError, TurnRecord};
+use ctxscope_store::{to_hex, Hash, Relation, Store, StoreError, TurnRecord};
 use serde_json::{json, Value};
 
 use crate::detect::history::{self, History, Message};
@@ -31,25 +31,18 @@ pub fn previous_turn(turn: &TurnRecord) -> Option<u64> {
 /// The diff document for turn `id` (see docs/ui.md).
 pub fn turn_diff(store: &Store, id: u64) -> Result<Value, StoreError> {
     let turn = store.turn(id)?.ok_or_else(|| StoreError::NotFound(format!("turn {id}")))?;
-    let request = store.turn_messages(&turn)?;
     let previous_record = match previous_turn(&turn) {
         Some(p) => store.turn(p)?,
         None => None,
     };
-    let mut before = Vec::new();
-    if let Some(p) = &previous_record {
-        before = store.turn_messages(p)?;
-        before.extend(p.reply.iter().cloned());
-    }
-    let mut values = HashMap::new();
-    for hash in before.iter().chain(&request) {
-        if !values.contains_key(hash) {
-            let value = from_hex(hash).map(|h| store.message(&h)).transpose()?.flatten().unwrap_or(Value::Null);
-            values.insert(hash.clone(), value);
-        }
-    }
-    let view = |list: &[String]| -> Vec<(String, Value)> { list.iter().map(|h| (h.clone(), values[h].clone())).collect() };
-    let (old, new) = (view(&before), view(&request));
+    let view = |list: Vec<(Hash, Option<Value>)>| -> Vec<(String, Value)> {
+        list.into_iter().map(|(hash, value)| (to_hex(&hash), value.unwrap_or(Value::Null))).collect()
+    };
+    let new = view(store.turn_message_values(&turn)?);
+    let old = match &previous_record {
+        Some(p) => view(store.turn_history(p)?),
+        None => Vec::new(),
+    };
     let verdict = if previous_record.is_some() { Some(history::compare(&messages(&old), &messages(&new))) } else { None };
     let tools = history::compare_tools(previous_record.as_ref().and_then(|p| p.tools.as_ref()), turn.tools.as_ref());
     Ok(document(&turn, previous_record.as_ref(), &old, &new, verdict, tools))

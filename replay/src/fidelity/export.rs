@@ -45,7 +45,7 @@ pub fn export_jsonl(conv: &SweepConversation) -> String {
             stream: false,
             params: Default::default(),
             base: None,
-            new_messages: hashes[..sent].iter().map(to_hex).collect(),
+            new_messages: hashes[..sent].to_vec(),
             message_count: sent as u32,
             head: to_hex(&head),
             reply: reply.map(|_| to_hex(&hashes[reply_at])),

@@ -134,7 +134,7 @@ pub(crate) fn readable_key(tree: &str, key: &[u8]) -> String {
     use crate::codec::trees::*;
     let id = |range: std::ops::Range<usize>| key.get(range).and_then(|b| <[u8; 8]>::try_from(b).ok()).map(u64::from_be_bytes);
     match tree {
-        TURNS | CONVERSATIONS | FINDINGS | REPLAYS if key.len() == 8 => id(0..8).map_or_else(String::new, |i| i.to_string()),
+        TURNS | PACKS | CONVERSATIONS | FINDINGS | REPLAYS if key.len() == 8 => id(0..8).map_or_else(String::new, |i| i.to_string()),
         CONVERSATION_TURNS | CONVERSATION_FINDINGS | CONVERSATIONS_BY_UPDATED if key.len() == 16 => {
             format!("{}/{}", id(0..8).unwrap_or(0), id(8..16).unwrap_or(0))
         }

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use super::scan::{Entry, Scanned};
 use super::{readable_key, CheckReport, ConversationFate, Fate, Problem, ProblemKind};
-use crate::codec::{encode, id_key, pair_key, trees};
+use crate::codec::{self, encode, id_key, pair_key, trees};
 use crate::hash::from_hex;
 use crate::records::{BranchRef, ConversationRecord, Relation, TurnRecord};
 use crate::{Store, StoreError};
@@ -64,6 +64,9 @@ pub(crate) fn judge(store: &Store, mut s: Scanned) -> Result<CheckReport, StoreE
         if let Some(reason) = unresolved.get(id) {
             problem(trees::TURNS, &id_key(*id), ProblemKind::Unresolvable, reason.clone());
             plan.remove(trees::TURNS, &id_key(*id));
+            if s.packed.contains_key(id) {
+                plan.remove(trees::PACKS, &id_key(*id));
+            }
         } else {
             kept.insert(*id, turn);
         }
@@ -169,6 +172,12 @@ pub(crate) fn judge(store: &Store, mut s: Scanned) -> Result<CheckReport, StoreE
         problem(trees::CONVERSATION_TURNS, &key, ProblemKind::Missing, format!("turn {} is not in its conversation's turn list", turn.id));
         plan.insert(trees::CONVERSATION_TURNS, &key, Vec::new());
     }
+    for (key, turn) in &s.packs {
+        if !s.turns.contains_key(turn) {
+            problem(trees::PACKS, key, ProblemKind::Dangling, format!("holds the messages of turn {turn}, which is not there"));
+            plan.remove(trees::PACKS, key);
+        }
+    }
     for (key, entry) in &s.prefixes {
         if !kept.contains_key(&entry.turn) {
             problem(trees::PREFIXES, key, ProblemKind::Dangling, format!("names turn {}, which is not there", entry.turn));
@@ -271,9 +280,12 @@ fn unresolved_turns(s: &Scanned) -> HashMap<u64, String> {
                 state.insert(id, Some(String::new()));
                 continue;
             };
-            let own = turn.new_messages.iter().chain(turn.reply.iter()).find(|h| !from_hex(h).is_some_and(|h| s.messages.contains(&h)));
+            let packed = s.packed.get(&id);
+            let held = |h: &crate::Hash| s.messages.contains(h) || packed.is_some_and(|p| p.contains(h));
+            let reply = turn.reply.as_ref().map(|hex| from_hex(hex).unwrap_or_default());
+            let own = turn.new_messages.iter().chain(reply.iter()).find(|h| !held(h));
             let verdict = match (own, turn.base) {
-                (Some(missing), _) => Some(format!("its message {missing} is not there")),
+                (Some(missing), _) => Some(format!("its message {} is not there", crate::to_hex(missing))),
                 (None, None) => None,
                 (None, Some(base)) => match state.get(&base.turn) {
                     Some(None) => None,
@@ -375,6 +387,6 @@ fn plan_moved_conversation(
     let turn_key = id_key(last.id);
     let mut turn = store.turn(last.id)?.unwrap_or_else(|| s.turns[&last.id].clone());
     turn.notes.push(note);
-    plan.insert(trees::TURNS, &turn_key, encode(trees::TURNS, &turn_key, &turn)?);
+    plan.insert(trees::TURNS, &turn_key, codec::encode_turn(&turn_key, &turn)?);
     Ok(())
 }

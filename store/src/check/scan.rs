@@ -1,8 +1,9 @@
 //! The reading half of a check: every tree once, each record's frame, checksum and JSON verified
-//! (a message's content also against its SHA-256 key), and the facts the judgement needs kept in
-//! memory (turns and findings without their texts). Nothing is written.
+//! (a message's content also against its SHA-256 key, a packed one against the hash its turn lists),
+//! and the facts the judgement needs kept in memory (turns and findings without their texts).
+//! Nothing is written.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use serde::de::{DeserializeOwned, IgnoredAny};
 use sha2::{Digest, Sha256};
@@ -24,6 +25,10 @@ pub(crate) struct Scanned {
     /// Records to remove whatever else is decided: damaged ones.
     pub damaged: Vec<(&'static str, Vec<u8>)>,
     pub messages: HashSet<Hash>,
+    /// The messages each turn's pack holds, checked against their hashes (packs whole and sound only).
+    pub packed: HashMap<u64, HashSet<Hash>>,
+    /// Keys of the packs read whole, by turn id.
+    pub packs: Vec<(Vec<u8>, u64)>,
     pub turns: BTreeMap<u64, TurnRecord>,
     /// Turn records that are damaged (their ids, from their keys).
     pub damaged_turns: BTreeSet<u64>,
@@ -54,7 +59,7 @@ impl Scanned {
             }
             Some(detail) => s.damage(trees::MESSAGES, key, detail),
         });
-        s.each(&store.turns, trees::TURNS, |s, key, value| match s.record::<TurnRecord>(trees::TURNS, key, value, |t| t.id) {
+        s.each(&store.turns, trees::TURNS, |s, key, value| match s.turn(key, value) {
             Some(mut turn) => {
                 turn.reply_text = String::new();
                 turn.params.clear();
@@ -64,6 +69,7 @@ impl Scanned {
                 s.damaged_turns.extend(key_id(key));
             }
         });
+        s.each(&store.packs, trees::PACKS, |s, key, value| s.pack(key, value));
         s.each(&store.conversations, trees::CONVERSATIONS, |s, key, value| {
             match s.record::<ConversationRecord>(trees::CONVERSATIONS, key, value, |c| c.id) {
                 Some(conversation) => {
@@ -171,6 +177,66 @@ impl Scanned {
             return None;
         }
         Some(record)
+    }
+
+    /// A turn record (either layout), whose id must be its key.
+    fn turn(&mut self, key: &[u8], value: &[u8]) -> Option<TurnRecord> {
+        let turn = match codec::decode_turn(key, value) {
+            Ok(turn) => turn,
+            Err(error) => {
+                let detail = match error {
+                    StoreError::Damaged { detail, .. } => detail,
+                    other => format!("not a valid record: {}", error_detail(&other)),
+                };
+                self.damage(trees::TURNS, key, detail);
+                return None;
+            }
+        };
+        if key_id(key) != Some(turn.id) || key.len() != 8 {
+            self.damage(trees::TURNS, key, format!("holds the record of id {} under another key", turn.id));
+            return None;
+        }
+        Some(turn)
+    }
+
+    /// A turn's pack (read after the turns): its frame, and each packed message against the hash its
+    /// turn lists for it. A pack whose turn is not there is judged dangling later.
+    fn pack(&mut self, key: &[u8], value: &[u8]) {
+        let Some(id) = key_id(key).filter(|_| key.len() == 8) else {
+            self.damage(trees::PACKS, key, format!("key of {} bytes is not a turn id", key.len()));
+            return;
+        };
+        let entries = match codec::decode_pack(key, value) {
+            Ok(entries) => entries,
+            Err(error) => {
+                let detail = match error {
+                    StoreError::Damaged { detail, .. } => detail,
+                    other => other.to_string(),
+                };
+                self.damage(trees::PACKS, key, detail);
+                return;
+            }
+        };
+        self.packs.push((key.to_vec(), id));
+        let Some(turn) = self.turns.get(&id) else { return };
+        let hashes: Vec<Hash> = turn.new_messages.iter().copied().chain(turn.reply.as_deref().and_then(crate::from_hex)).collect();
+        if hashes.len() != entries.len() {
+            let detail = format!("holds {} messages, its turn added {}", entries.len(), hashes.len());
+            self.packs.pop();
+            self.damage(trees::PACKS, key, detail);
+            return;
+        }
+        let mut held = HashSet::new();
+        for (i, (hash, entry)) in hashes.iter().zip(&entries).enumerate() {
+            let Some(json) = entry else { continue };
+            if Sha256::digest(json).as_slice() != hash {
+                self.packs.pop();
+                self.damage(trees::PACKS, key, format!("message {i} does not match its hash {}", crate::to_hex(hash)));
+                return;
+            }
+            held.insert(*hash);
+        }
+        self.packed.insert(id, held);
     }
 
     /// A 16-byte key of two ids.

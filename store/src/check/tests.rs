@@ -101,20 +101,39 @@ fn a_damaged_conversation_record_is_rebuilt_from_its_turns() {
 }
 
 #[test]
-fn a_damaged_message_loses_the_turns_that_need_it() {
+fn a_damaged_pack_loses_the_turns_that_need_it() {
     let dir = tempfile::tempdir().unwrap();
-    let (store, drafts) = store_with_two_conversations(dir.path());
-    // Conversation 2's only request message.
-    let (hash, _) = &drafts[3].messages[0];
-    flip_byte(&store, trees::MESSAGES, hash);
+    let (store, _) = store_with_two_conversations(dir.path());
+    // Conversation 2's only turn: its request message and reply are packed in its record.
+    flip_byte(&store, trees::PACKS, &id_key(4));
     let report = store.check().unwrap();
-    assert!(report.problems.iter().any(|p| p.tree == "messages" && p.kind == ProblemKind::Damaged));
+    assert!(report.problems.iter().any(|p| p.tree == "packs" && p.key == "4" && p.kind == ProblemKind::Damaged), "{:?}", report.problems);
     assert_eq!(report.conversations, vec![ConversationFate { id: 2, fate: Fate::Lost, turns_kept: 0, turns_removed: 1 }]);
     store.repair(report).unwrap();
     let again = store.check().unwrap();
     assert!(again.is_clean(), "{:?}", again.problems);
     assert_eq!(store.conversations().unwrap().iter().map(|c| c.id).collect::<Vec<_>>(), vec![1]);
     assert_eq!(store.conversation_by_name("c2").unwrap(), None);
+}
+
+#[test]
+fn a_damaged_large_message_loses_the_turns_that_need_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = store_with_two_conversations(dir.path());
+    // A message too large to pack is stored on its own, by hash.
+    let large = "x".repeat(crate::codec::PACK_LIMIT);
+    let big = draft(3, 5, &[large.as_str()], "r-big", None);
+    store.commit_turn(&big).unwrap();
+    assert!(store.messages.contains_key(big.messages[0].0).unwrap());
+    flip_byte(&store, trees::MESSAGES, &big.messages[0].0);
+    let report = store.check().unwrap();
+    assert!(report.problems.iter().any(|p| p.tree == "messages" && p.kind == ProblemKind::Damaged));
+    assert_eq!(report.conversations, vec![ConversationFate { id: 3, fate: Fate::Lost, turns_kept: 0, turns_removed: 1 }]);
+    store.repair(report).unwrap();
+    let again = store.check().unwrap();
+    assert!(again.is_clean(), "{:?}", again.problems);
+    assert_eq!(store.conversations().unwrap().iter().map(|c| c.id).collect::<std::collections::BTreeSet<_>>(), [1, 2].into());
+    assert_eq!(store.packs.get(id_key(5)).unwrap(), None, "the lost turn's pack went with it");
 }
 
 #[test]
@@ -164,19 +183,49 @@ fn records_lost_from_the_log_are_reported_and_their_ids_never_reused() {
 }
 
 #[test]
-fn a_store_written_before_checksums_checks_clean() {
+fn a_store_written_before_checksums_and_packs_checks_clean() {
     let dir = tempfile::tempdir().unwrap();
     let (store, _) = store_with_two_conversations(dir.path());
-    // Rewrite every record bare, as a release before framing stored it.
-    for name in [trees::MESSAGES, trees::TURNS, trees::CONVERSATIONS, trees::PREFIXES] {
+    // Rewrite every record bare, as a release before framing stored it: turns as JSON, their packed
+    // messages stored by hash, every length's prefix entry.
+    for item in store.packs.iter() {
+        let (key, value) = item.unwrap();
+        let turn = store.turn(crate::codec::key_id(&key).unwrap()).unwrap().unwrap();
+        let hashes = turn.new_messages.iter().copied().chain(turn.reply.as_deref().and_then(crate::from_hex));
+        for (hash, json) in hashes.zip(crate::codec::decode_pack(&key, &value).unwrap()) {
+            store.messages.insert(hash, json.unwrap()).unwrap();
+        }
+        store.packs.remove(&key).unwrap();
+    }
+    for item in store.turns.iter() {
+        let (key, value) = item.unwrap();
+        let turn = crate::codec::decode_turn(&key, &value).unwrap();
+        store.turns.insert(&key, crate::codec::json("turn", &turn).unwrap()).unwrap();
+    }
+    for name in [trees::CONVERSATIONS, trees::PREFIXES] {
         let tree = store.db_tree(name.as_bytes()).unwrap();
         for item in tree.iter() {
             let (key, value) = item.unwrap();
             tree.insert(&key, &value[5..]).unwrap();
         }
     }
+    let report = store.check().unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    let detail = store.conversation_detail(1).unwrap();
+    assert_eq!(detail.turns.len(), 3);
+    assert_eq!(detail.turns[2].messages.len(), 5);
+    assert!(detail.messages.values().all(|m| m["content"].is_string()), "{:?}", detail.messages);
+}
+
+#[test]
+fn a_pack_whose_turn_is_gone_is_dangling() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = store_with_two_conversations(dir.path());
+    store.packs.insert(id_key(9), crate::codec::encode_pack(&id_key(9), &[Some(&b"{}"[..])])).unwrap();
+    let report = store.check().unwrap();
+    assert!(report.problems.iter().any(|p| p.tree == "packs" && p.key == "9" && p.kind == ProblemKind::Dangling), "{:?}", report.problems);
+    store.repair(report).unwrap();
     assert!(store.check().unwrap().is_clean());
-    assert_eq!(store.conversation_detail(1).unwrap().turns.len(), 3);
 }
 
 #[test]

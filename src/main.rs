@@ -2,6 +2,7 @@
 //! the store in `ctxscope-store`, the engine in `ctxscope-engine`; inspection in `inspect` and
 //! `render`, engine and serve wiring in `serve`, model names and fetching in `models` and `fetch`.
 
+mod alloc;
 mod fetch;
 mod fidelity;
 mod inspect;
@@ -20,11 +21,6 @@ use clap::{Args, Parser, Subcommand};
 use ctxscope_proxy::alert::webhook::{WebhookConfig, WebhookFormat};
 use ctxscope_proxy::otlp::OtlpConfig;
 use ctxscope_proxy::{ProxyConfig, Upstream};
-
-/// mimalloc: a captured turn (tokenizer, parsing, store) allocates many small strings; see
-/// BENCHMARKS.md, "Detection cost".
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 #[command(name = "ctxscope", version, about = "Find out why a long LLM conversation lost its context.")]
@@ -376,6 +372,7 @@ fn parse_finding_kind(text: &str) -> Result<ctxscope_store::FindingKind, String>
 }
 
 fn main() -> ExitCode {
+    alloc::release_freed_memory_at_once();
     init_tracing();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {

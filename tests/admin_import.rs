@@ -121,7 +121,8 @@ async fn a_100_mb_import_is_streamed_in_bounded_memory() {
         body.push(b'\n');
         body.extend_from_slice(json!({"kind": "message", "hash": hash, "message": message}).to_string().as_bytes());
     }
-    let mut turn: serde_json::Value = serde_json::to_value(ctxscope_store::store_test_turn(1, 1, ctxscope_store::from_hex(&first).into_iter().collect())).unwrap();
+    let mut turn: serde_json::Value =
+        serde_json::to_value(ctxscope_store::store_test_turn(1, 1, ctxscope_store::from_hex(&first).into_iter().collect())).unwrap();
     turn["kind"] = json!("turn");
     turn["messages"] = json!([first]);
     body.push(b'\n');

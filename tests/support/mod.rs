@@ -20,8 +20,10 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("ephemeral port")
 }
 
+/// The `ctxscope` binary under test: this build's, or the one `CTXSCOPE_TEST_BIN` names (a release
+/// build, for figures; see BENCHMARKS.md).
 pub fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_ctxscope"))
+    std::env::var_os("CTXSCOPE_TEST_BIN").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_ctxscope")), PathBuf::from)
 }
 
 /// The real proxy process.
@@ -71,6 +73,10 @@ impl Proxy {
 
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn admin_url(&self) -> String {

@@ -237,11 +237,10 @@ async fn prometheus_fires_on_a_real_engine_truncation() {
     assert!(firing.is_empty(), "alerts fire on healthy traffic: {}", Value::Array(firing));
 
     // The injection: SGLang-style auto-truncate keeps the first 57 tokens of a much longer prompt.
-    let long: Vec<&str> = (0..400).map(|i| WORDS[i % WORDS.len()]).collect();
     let body = json!({
         "messages": [
             {"role": "system", "content": "You are a careful assistant. Read the whole report before you answer, and answer in one word."},
-            {"role": "user", "content": format!("{}\n\nWhat colour was the last door in the report?", long.join(" "))},
+            {"role": "user", "content": format!("{}\n\nWhat colour was the last door in the report?", report_words(400))},
         ],
         "max_tokens": 4,
         "temperature": 0,
@@ -296,25 +295,6 @@ fn names_truncation(alert: &Value) -> bool {
     labels["kind"] == "engine_truncation"
         || labels["alertname"].as_str().is_some_and(|n| n.to_lowercase().replace('_', "").contains("enginetruncation"))
 }
-
-const WORDS: [&str; 16] = [
-    "the",
-    "inspector",
-    "walked",
-    "down",
-    "a",
-    "long",
-    "corridor",
-    "and",
-    "noted",
-    "every",
-    "door",
-    "was",
-    "painted",
-    "green",
-    "before",
-    "lunch",
-];
 
 // ---------------------------------------------------------------------------------------------------
 // Helpers: processes, the Prometheus API, the artefacts' text

@@ -371,30 +371,11 @@ fn tokens(reply: &Value, field: &str) -> u64 {
 
 /// A report of 400 words and a question about its end: the engine keeps only the first 57 tokens.
 fn long_prompt() -> Value {
-    const WORDS: [&str; 16] = [
-        "the",
-        "inspector",
-        "walked",
-        "down",
-        "a",
-        "long",
-        "corridor",
-        "and",
-        "noted",
-        "every",
-        "door",
-        "was",
-        "painted",
-        "green",
-        "before",
-        "lunch",
-    ];
-    let report: Vec<&str> = (0..400).map(|i| WORDS[i % WORDS.len()]).collect();
     json!({
         "model": "smol",
         "messages": [
             {"role": "system", "content": "You are a careful assistant. Read the whole report before you answer."},
-            {"role": "user", "content": format!("{}\n\nWhat colour was the last door in the report?", report.join(" "))},
+            {"role": "user", "content": format!("{}\n\nWhat colour was the last door in the report?", report_words(400))},
         ],
         "max_tokens": 4,
         "temperature": 0,

@@ -381,3 +381,27 @@ pub fn cli_json(args: &[&str]) -> serde_json::Value {
         panic!("ctxscope {}: stdout is not JSON ({e}):\n{}\n{stderr}", args.join(" "), String::from_utf8_lossy(&out.stdout))
     })
 }
+
+/// `n` words of a dull inspection report ("the inspector walked down a long corridor and noted every
+/// door was painted green before lunch ..."), for prompts that must overflow a small context.
+pub fn report_words(n: usize) -> String {
+    const WORDS: [&str; 16] = [
+        "the",
+        "inspector",
+        "walked",
+        "down",
+        "a",
+        "long",
+        "corridor",
+        "and",
+        "noted",
+        "every",
+        "door",
+        "was",
+        "painted",
+        "green",
+        "before",
+        "lunch",
+    ];
+    (0..n).map(|i| WORDS[i % WORDS.len()]).collect::<Vec<_>>().join(" ")
+}

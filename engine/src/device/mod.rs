@@ -56,7 +56,7 @@ pub struct DeviceBackend {
     /// The caller's hint for the coming call ([`Backend::expect_continuation`]; true until told).
     continuation: bool,
     /// Widest pass computed with the GEMV kernels (and captured as a graph); wider passes use cuBLAS
-    /// without a graph. `CTXSCOPE_CUDA_GEMV_ROWS` (1..=8) overrides.
+    /// without a graph. By model size (`default_gemv_rows`); `CTXSCOPE_CUDA_GEMV_ROWS` (1..=8) overrides.
     gemv_rows: usize,
     /// Plain GEMV passes stream the weights with the norms folded in (`Pass::stream`; on unless
     /// `CTXSCOPE_CUDA_STREAM_GEMV=0`).
@@ -97,6 +97,7 @@ impl DeviceBackend {
         let rope_table = device.rope_table(c.rope_base, c.head_dim).map_err(&fail)?;
         let ws = Workspace::new(&device.stream, &c, options.step_tokens.max(max_seqs), max_seqs, rope_table).map_err(&fail)?;
         device.stream.synchronize().map_err(|e| fail(e.into()))?;
+        let gemv_rows = env_usize("CTXSCOPE_CUDA_GEMV_ROWS", default_gemv_rows(&c)).clamp(1, GEMV_MAX_ROWS);
         Ok(DeviceBackend {
             ordinal,
             device,
@@ -110,7 +111,7 @@ impl DeviceBackend {
             speculate: env_flag("CTXSCOPE_CUDA_SPECULATE"),
             speculation: None,
             continuation: true,
-            gemv_rows: env_usize("CTXSCOPE_CUDA_GEMV_ROWS", DEFAULT_GEMV_ROWS).clamp(1, GEMV_MAX_ROWS),
+            gemv_rows,
             stream_gemv: env_flag("CTXSCOPE_CUDA_STREAM_GEMV"),
             attn_splits: env_usize("CTXSCOPE_CUDA_ATTN_SPLITS", 0).min(MAX_SPLITS),
             attn_cluster: 0,
@@ -345,10 +346,28 @@ fn path_index(path: Path) -> usize {
     }
 }
 
-/// Widest decode pass run on the GEMV kernels by default. Measured on the H200 (1B shape, bf16, 8
-/// sequences): cuBLAS 4,424 tokens/s against the GEMVs' 1,707 — a GEMV's per-row FMA and input
+/// Widest decode pass run on the GEMV kernels (and so replayed as a graph) by default, for a model
+/// of at least `SMALL_MODEL_PARAMS`. Measured on the H200 (1B shape, bf16): cuBLAS 2,681 tokens/s at 4
+/// sequences and 4,748 at 8 against the GEMVs' 2,098 and 1,681 — a GEMV's per-row FMA and input
 /// traffic grows with the rows while a tensor-core GEMM reads the weights once for all of them.
 const DEFAULT_GEMV_ROWS: usize = 3;
+/// Below this many parameters a decode step is bound by launches, not by the bytes it reads, so the
+/// eager cuBLAS pass loses to the graph-replayed GEMVs at every width and `default_gemv_rows` is
+/// `GEMV_MAX_ROWS`. Measured on the H200 (135M shape, bf16; BENCHMARKS.md "Batched decode"): 4
+/// sequences 1,674–2,338 tokens/s on cuBLAS over five runs (below batch 1's 1,875 in two) against
+/// 3,648 on the GEMVs; 8 sequences 3,399–4,540 against 4,270.
+const SMALL_MODEL_PARAMS: usize = 500_000_000;
+
+/// `CTXSCOPE_CUDA_GEMV_ROWS` unless set: every width on the GEMVs for a small model, else
+/// `DEFAULT_GEMV_ROWS`.
+fn default_gemv_rows(c: &ModelConfig) -> usize {
+    let params = c.n_layers * (2 * c.dim * c.dim + 2 * c.kv_dim() * c.dim + 3 * c.ffn_dim * c.dim) + c.vocab * c.dim;
+    if params < SMALL_MODEL_PARAMS {
+        GEMV_MAX_ROWS
+    } else {
+        DEFAULT_GEMV_ROWS
+    }
+}
 /// Decode attention's cluster size unless `CTXSCOPE_CUDA_ATTN_CLUSTER` says otherwise (measured on the H200: BENCHMARKS.md).
 const DEFAULT_ATTN_CLUSTER: usize = 16;
 

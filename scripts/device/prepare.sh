@@ -53,7 +53,7 @@ for test in ${DEVCHECK_TESTS:-}; do
   cp "$exe" "devcheck/tests/$test"
 done
 cp scripts/device/hf_check.py scripts/device/reference.py scripts/device/table.py scripts/device/run.sh scripts/device/unpack.sh \
-  scripts/device/startup.sh devcheck/
+  scripts/device/startup.sh scripts/device/batch_decode.sh devcheck/
 # The binaries travel gzip-compressed (~3x smaller); run.sh unpacks them there (unpack.sh).
 rm -f devcheck/*.gz devcheck/tests/*.gz
 for bin in devcheck/ctxscope devcheck/ctxscope_base devcheck/kernels_check devcheck/kernels_startup devcheck/device_bench devcheck/tests/*; do

@@ -82,6 +82,14 @@ async fn full_disk_drops_capture_not_traffic() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     assert_eq!(recovered["capture"], "on", "capture still not healthy with free space: {recovered}");
+    // Requests queued while the disk was full are captured once it has room: wait for the queue.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while metric_value(&proxy.admin_url(), "ctxscope_capture_queue_depth").await.unwrap_or(0.0) > 0.0
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let stored = get_json(&format!("{}/api/conversations", proxy.admin_url())).await.as_array().unwrap().len();
     proxy.stop();
     // Opening needs a little space: with none, a clear error...

@@ -33,12 +33,30 @@ pub struct TurnDraft {
 
 type Abortable<T> = Result<T, ConflictableTransactionError<StoreError>>;
 
+/// Free space kept beyond a write's own size: sled appends to its log in segments (512 KiB by
+/// default) and rewrites pages, so a write needs room past its own bytes.
+pub const ROOM_MARGIN: u64 = 1 << 20;
+
 impl Store {
+    /// Refuses a write of about `bytes` when the store's filesystem has less than twice that plus
+    /// [`ROOM_MARGIN`] free. sled 0.34 makes an ENOSPC in its background log writer sticky (every
+    /// later call fails until the database is reopened), so the store must not reach it: with this
+    /// guard a full disk costs the turns written meanwhile, and capture resumes once space is freed.
+    /// When free space cannot be read, the write goes ahead.
+    pub fn ensure_room(&self, bytes: u64) -> Result<(), StoreError> {
+        let needed = 2 * bytes + ROOM_MARGIN;
+        match fs2::available_space(self.path()) {
+            Ok(free) if free < needed => Err(StoreError::NoRoom { path: self.path().to_path_buf(), free, needed }),
+            _ => Ok(()),
+        }
+    }
+
     /// Writes a turn and everything it changes as one transaction. What the store derives itself:
     /// the turn's entry in its conversation's turn list; the response id index, for a successful
     /// (2xx) Responses turn; the listing index and name of the conversation; its open ends (the head
     /// and tail of its latest turn, replacing the previous turn's) and its latest-reply mark.
     pub fn commit_turn(&self, draft: &TurnDraft) -> Result<(), StoreError> {
+        self.ensure_room(draft.messages.iter().map(|(_, json)| json.len() as u64 + 64).sum::<u64>() + 4096)?;
         let (turn, conversation) = (&draft.turn, &draft.conversation);
         debug_assert_eq!(turn.conversation, conversation.id, "a turn commits with its own conversation");
         let turn_key = id_key(turn.id);
@@ -237,6 +255,19 @@ pub(crate) mod tests {
             last_reply: turn.reply.clone(),
         };
         TurnDraft { messages, chain, tail: Some(tail), turn, conversation }
+    }
+
+    #[test]
+    fn a_write_larger_than_the_free_space_is_refused_before_sled_sees_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        store.ensure_room(1024).unwrap();
+        let free = fs2::available_space(dir.path()).unwrap();
+        match store.ensure_room(free) {
+            Err(StoreError::NoRoom { needed, .. }) => assert_eq!(needed, 2 * free + ROOM_MARGIN),
+            other => panic!("expected NoRoom, got {other:?}"),
+        }
+        assert_eq!(store.turn(1).unwrap(), None);
     }
 
     #[test]

@@ -30,6 +30,10 @@ pub enum StoreError {
     Copy { path: PathBuf, source: std::io::Error },
     #[error("{0} not found")]
     NotFound(String),
+    /// Refused before sled saw it: a write sled fails with ENOSPC in its background flusher poisons
+    /// the database until it is reopened, so writes stop while the disk is nearly full instead.
+    #[error("disk nearly full at {path}: {free} bytes free, a turn of {needed} bytes is not written (free some space: capture resumes by itself)")]
+    NoRoom { path: PathBuf, free: u64, needed: u64 },
     #[error("bad import line {line}: {detail}")]
     Import { line: usize, detail: String },
 }

@@ -1,5 +1,5 @@
-//! The device: one CUDA context and stream, every kernel module compiled once with NVRTC, and a
-//! launch wrapper per kernel. Buffers are cudarc views; each wrapper checks the lengths its kernel will
+//! The device: one CUDA context and stream, every kernel module loaded as machine code (`loader`), and
+//! a launch wrapper per kernel. Buffers are cudarc views; each wrapper checks the lengths its kernel will
 //! touch before launching, so a shape mistake is an error and not a stray write.
 
 use std::collections::HashMap;

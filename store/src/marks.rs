@@ -10,6 +10,9 @@ use crate::{Store, StoreError};
 /// The marks file in a data directory.
 pub const MARKS_FILE: &str = "ctxscope-marks";
 
+/// Conversations whose latest turn [`Store::damage`] reads on open.
+pub const RECENT_CHECKED: usize = 64;
+
 const SPACES: [(IdSpace, &str); 3] = [(IdSpace::Conversation, "conversation"), (IdSpace::Turn, "turn"), (IdSpace::Finding, "finding")];
 
 impl Store {
@@ -25,9 +28,48 @@ impl Store {
         Ok(())
     }
 
-    /// What the store lost since its last checkpoint, when its counters are behind its marks (a log
-    /// damaged and cut short on open); `None` when they agree or there are no marks yet.
+    /// What is wrong with the store, checked quickly on open: its counters behind its marks (a log
+    /// damaged and cut short), or the newest conversations' records disagreeing with their latest
+    /// turns ([`Store::recent_inconsistency`]); `None` when nothing was found. `store check` reads
+    /// everything; this reads a few records.
     pub fn damage(&self) -> Result<Option<String>, StoreError> {
+        let lost = self.lost_since_checkpoint()?;
+        let inconsistent = self.recent_inconsistency(RECENT_CHECKED)?;
+        Ok(match (lost, inconsistent) {
+            (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+            (a, b) => a.or(b),
+        })
+    }
+
+    /// The newest `count` conversations whose record, or latest turn, cannot be read or does not
+    /// match (a conversation pointing at a turn that is not there, or at another conversation's).
+    pub fn recent_inconsistency(&self, count: usize) -> Result<Option<String>, StoreError> {
+        let mut problems = Vec::new();
+        for item in self.by_updated.iter().rev().take(count) {
+            let (key, _) = item?;
+            let id = key.get(8..16).and_then(|b| b.try_into().ok()).map_or(0, u64::from_be_bytes);
+            let problem = match self.conversation(id) {
+                Ok(None) => Some(format!("conversation {id} is listed but has no record")),
+                Err(error) => Some(format!("conversation {id}: {error}")),
+                Ok(Some(c)) if c.turns == 0 => None,
+                Ok(Some(c)) => match self.turn(c.last_turn) {
+                    Ok(Some(turn)) if turn.conversation == c.id => None,
+                    Ok(Some(turn)) => {
+                        Some(format!("conversation {id}'s latest turn {} belongs to conversation {}", c.last_turn, turn.conversation))
+                    }
+                    Ok(None) => Some(format!("conversation {id}'s latest turn {} is missing", c.last_turn)),
+                    Err(error) => Some(format!("conversation {id}'s latest turn {}: {error}", c.last_turn)),
+                },
+            };
+            problems.extend(problem);
+        }
+        Ok((!problems.is_empty()).then(|| {
+            format!("the store's records disagree with its indexes ({}); `ctxscope store check` lists all damage", problems.join(", "))
+        }))
+    }
+
+    /// What the store lost since its last checkpoint, when its counters are behind its marks.
+    fn lost_since_checkpoint(&self) -> Result<Option<String>, StoreError> {
         let Ok(text) = std::fs::read_to_string(self.marks_path()) else {
             return Ok(None);
         };
@@ -103,5 +145,19 @@ mod tests {
         std::fs::write(dir.path().join(super::MARKS_FILE), "conversation 0\nturn 9\nfinding 0\n").unwrap();
         let damage = store.damage().unwrap().unwrap();
         assert!(damage.contains("turn ids 6..=9"), "{damage}");
+    }
+
+    #[test]
+    fn a_recent_conversation_without_its_latest_turn_is_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        store.commit_turn(&crate::commit::tests::draft(1, 1, &["a"], "ra", None)).unwrap();
+        store.commit_turn(&crate::commit::tests::draft(2, 2, &["b"], "rb", None)).unwrap();
+        assert_eq!(store.damage().unwrap(), None);
+        // A crash between writes of the old, many-call layout could leave exactly this.
+        store.turns.remove(crate::codec::id_key(2)).unwrap();
+        let damage = store.damage().unwrap().unwrap();
+        assert!(damage.contains("conversation 2's latest turn 2 is missing") && damage.contains("store check"), "{damage}");
+        assert!(!damage.contains("conversation 1"), "{damage}");
     }
 }

@@ -6,7 +6,9 @@
 //!
 //! Environment: CTXSCOPE_MODEL (model path), BENCH_PATHS (default `fast,golden`), BENCH_REPS
 //! (repetitions, default 3; golden batch-8 prefill always runs once), BENCH_SKIP (comma list of
-//! `pp512-b8`, `matmuls`, `numerics`, ...), LLAMA_PP512 / LLAMA_TG128 (llama-bench t/s, adds a ratio column).
+//! `pp512-b8`, `matmuls`, `numerics`, ...), LLAMA_PP512 / LLAMA_TG128 (llama-bench t/s, adds a ratio column),
+//! BENCH_DIGEST=1 (print only a digest of each path's logits over prefill, decode and a mixed batch:
+//! a restructuring of the forward pass that keeps the numerics keeps the digests).
 
 use std::time::Instant;
 
@@ -33,6 +35,12 @@ fn main() {
     let skipped = |name: &str| skip.split(',').any(|s| s.trim() == name);
     let reference = |var: &str| std::env::var(var).ok().and_then(|v| v.parse::<f64>().ok());
     let (llama_pp, llama_tg) = (reference("LLAMA_PP512"), reference("LLAMA_TG128"));
+    if std::env::var_os("BENCH_DIGEST").is_some() {
+        for path in paths {
+            println!("{} digest {:#018x}", path.as_str(), digest(&model, path));
+        }
+        return;
+    }
 
     println!(
         "Model `{}` ({} layers, width {}, vocab {}); {} rayon threads; AVX2+FMA+F16C: {}.\n",
@@ -110,6 +118,39 @@ fn matmuls(model: &Model) {
             );
         }
     }
+}
+
+/// FNV-1a over the bits of the logits of: a 300-token prefill in chunks of 200 and 100, 6 decode
+/// steps, then one pass of three segments (a 40-token prefill and two decode rows).
+fn digest(model: &Model, path: Path) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |logits: Vec<Vec<f32>>| {
+        for v in logits.iter().flatten() {
+            for b in v.to_bits().to_le_bytes() {
+                h ^= b as u64;
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+    };
+    let prompt = tokens(model, 300, 42);
+    let (mut a, mut b, mut c) = (kv(model), kv(model), kv(model));
+    eat(forward(model, path, &mut [Segment { tokens: &prompt[..200], kv: &mut a }]));
+    eat(forward(model, path, &mut [Segment { tokens: &prompt[200..], kv: &mut a }]));
+    eat(forward(model, path, &mut [Segment { tokens: &prompt[..20], kv: &mut b }]));
+    for step in 0..6 {
+        eat(forward(model, path, &mut [Segment { tokens: &prompt[step..step + 1], kv: &mut a }]));
+    }
+    let more = tokens(model, 40, 43);
+    eat(forward(
+        model,
+        path,
+        &mut [
+            Segment { tokens: &more, kv: &mut c },
+            Segment { tokens: &prompt[7..8], kv: &mut a },
+            Segment { tokens: &prompt[8..9], kv: &mut b },
+        ],
+    ));
+    h
 }
 
 fn kv(model: &Model) -> KvCache {

@@ -27,20 +27,17 @@ mod scalar;
 #[cfg(test)]
 mod tests;
 
-use rayon::prelude::*;
+use std::ops::Range;
 
-use super::ops;
 use crate::model::{Matrix, QuantMatrix};
-use quantize::{QuantRows, BLOCK};
+pub use quantize::QuantRows;
+use quantize::BLOCK;
 
 /// A weight block format the integer kernels read (a const parameter of the kernels).
 pub type Format = u8;
 pub const Q4_1: Format = 0;
 pub const Q4_0: Format = 1;
 pub const Q8_0: Format = 2;
-
-/// Activation rows per pass over a task's weight rows (their quants stay in L1 across the pass).
-const TOKEN_CHUNK: usize = 64;
 
 /// Which implementation of the block dot products runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,78 +86,53 @@ impl Kernel {
     }
 }
 
-/// by_row[r][t] = W[r] . x[t], W read from its quantized blocks.
-pub fn matmul_quant(w: &Matrix, x: &[f32], n: usize, by_row: &mut [f32]) {
-    matmul_quant_with(Kernel::detect(), w, x, n, by_row)
-}
-
-/// [`matmul_quant`] with a chosen kernel (tests compare them).
-pub fn matmul_quant_with(kernel: Kernel, w: &Matrix, x: &[f32], n: usize, by_row: &mut [f32]) {
+/// `res[i][j] = W[rows.start + i] . x[tokens.start + j]` from `w`'s quantized blocks (of `format`,
+/// from [`integer_format`]) and the quantized input rows `acts`; `res` row-major.
+pub fn block(kernel: Kernel, format: Format, w: &Matrix, acts: &QuantRows, rows: Range<usize>, tokens: Range<usize>, res: &mut [f32]) {
     let q = &w.quant;
-    let Some(format) = integer_format(w) else {
-        return dequantized(w, x, n, by_row);
+    let row = |r: usize| &q.bytes[r * q.row_bytes..(r + 1) * q.row_bytes];
+    let tn = tokens.len();
+    let put = |res: &mut [f32], r: usize, t: usize, vals: &[f32]| {
+        let at = (r - rows.start) * tn + t - tokens.start;
+        res[at..at + vals.len()].copy_from_slice(vals);
     };
-    let acts = QuantRows::new(x, n, w.cols, kernel != Kernel::Scalar);
-    let tasks = 8 * rayon::current_num_threads();
-    let rows_per_task = w.rows.div_ceil(tasks).next_multiple_of(4).max(4);
-    by_row.par_chunks_mut(n * rows_per_task).enumerate().for_each(|(chunk, out)| {
-        let r0 = chunk * rows_per_task;
-        let row = |r: usize| &q.bytes[(r0 + r) * q.row_bytes..(r0 + r + 1) * q.row_bytes];
-        let rows = out.len() / n;
-        for tc in (0..n).step_by(TOKEN_CHUNK) {
-            let tokens = tc..(tc + TOKEN_CHUNK).min(n);
-            let mut r = 0;
-            // Decode: 4 rows share each activation block. Batches: 2 rows by 4 tokens.
-            if n == 1 {
-                while r + 4 <= rows {
-                    let res = dispatch::run::<4, 1>(kernel, format, [row(r), row(r + 1), row(r + 2), row(r + 3)], &acts, 0);
-                    put(out, n, r, 0, res);
-                    r += 4;
-                }
+    let mut r = rows.start;
+    // Decode: 4 rows share each activation block. Batches: 2 rows by 4 tokens.
+    if tn == 1 {
+        while r + 4 <= rows.end {
+            let out = dispatch::run::<4, 1>(kernel, format, [row(r), row(r + 1), row(r + 2), row(r + 3)], acts, tokens.start);
+            for (i, o) in out.iter().enumerate() {
+                put(res, r + i, tokens.start, o);
             }
-            while r + 2 <= rows {
-                sweep::<2>(kernel, format, [row(r), row(r + 1)], &acts, tokens.clone(), out, n, r);
-                r += 2;
-            }
-            while r < rows {
-                sweep::<1>(kernel, format, [row(r)], &acts, tokens.clone(), out, n, r);
-                r += 1;
-            }
+            r += 4;
         }
-    });
-}
-
-/// `R` weight rows against the activation rows `tokens`, 4 at a time then 1 at a time.
-#[allow(clippy::too_many_arguments)]
-fn sweep<const R: usize>(
-    kernel: Kernel,
-    format: Format,
-    rows: [&[u8]; R],
-    acts: &QuantRows,
-    tokens: std::ops::Range<usize>,
-    out: &mut [f32],
-    n: usize,
-    r: usize,
-) {
-    let mut t = tokens.start;
-    while t + 4 <= tokens.end {
-        put(out, n, r, t, dispatch::run::<R, 4>(kernel, format, rows, acts, t));
-        t += 4;
     }
-    while t < tokens.end {
-        put(out, n, r, t, dispatch::run::<R, 1>(kernel, format, rows, acts, t));
-        t += 1;
+    while r + 2 <= rows.end {
+        let mut t = tokens.start;
+        while t + 4 <= tokens.end {
+            let out = dispatch::run::<2, 4>(kernel, format, [row(r), row(r + 1)], acts, t);
+            put(res, r, t, &out[0]);
+            put(res, r + 1, t, &out[1]);
+            t += 4;
+        }
+        while t < tokens.end {
+            let out = dispatch::run::<2, 1>(kernel, format, [row(r), row(r + 1)], acts, t);
+            put(res, r, t, &out[0]);
+            put(res, r + 1, t, &out[1]);
+            t += 1;
+        }
+        r += 2;
     }
-}
-
-fn put<const R: usize, const T: usize>(out: &mut [f32], n: usize, r: usize, t: usize, res: [[f32; T]; R]) {
-    for (i, row) in res.iter().enumerate() {
-        out[(r + i) * n + t..(r + i) * n + t + T].copy_from_slice(row);
+    while r < rows.end {
+        for t in tokens.clone() {
+            put(res, r, t, &dispatch::run::<1, 1>(kernel, format, [row(r)], acts, t)[0]);
+        }
+        r += 1;
     }
 }
 
 /// The integer kernels' format for this matrix, when its blocks are laid out as they expect.
-fn integer_format(w: &Matrix) -> Option<Format> {
+pub fn integer_format(w: &Matrix) -> Option<Format> {
     let q: &QuantMatrix = &w.quant;
     let (format, block_bytes) = match q.ggml_type.0 {
         3 => (Q4_1, 20),
@@ -170,14 +142,4 @@ fn integer_format(w: &Matrix) -> Option<Format> {
     };
     let fits = w.cols.is_multiple_of(BLOCK) && q.row_bytes == w.cols / BLOCK * block_bytes && q.bytes.len() >= w.rows * q.row_bytes;
     fits.then_some(format)
-}
-
-/// Types without an integer kernel: the dequantized rows (kept at load) and the golden dot.
-fn dequantized(w: &Matrix, x: &[f32], n: usize, by_row: &mut [f32]) {
-    by_row.par_chunks_mut(n).enumerate().for_each(|(r, row_out)| {
-        let wr = &w.f32[r * w.cols..(r + 1) * w.cols];
-        for (t, o) in row_out.iter_mut().enumerate() {
-            *o = ops::dot(wr, &x[t * w.cols..(t + 1) * w.cols]);
-        }
-    });
 }

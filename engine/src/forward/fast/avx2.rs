@@ -10,9 +10,6 @@ use std::arch::x86_64::*;
 use super::quantize::QuantRows;
 use super::{Format, Q4_0, Q4_1};
 
-/// How far ahead in each weight row the kernels prefetch.
-const PREFETCH_BYTES: usize = 256;
-
 macro_rules! tile_kernel {
     ($(#[$doc:meta])* $name:ident, $features:literal, $lanes:ident) => {
         $(#[$doc])*
@@ -21,7 +18,7 @@ macro_rules! tile_kernel {
         /// The CPU must support the enabled features, and every row must hold `acts.nb` blocks of
         /// format `F` (20, 18 or 34 bytes each); `t0 + T` must not exceed the activation rows.
         #[target_feature(enable = $features)]
-        pub unsafe fn $name<const F: Format, const R: usize, const T: usize>(rows: [&[u8]; R], acts: &QuantRows, t0: usize) -> [[f32; T]; R] {
+        pub unsafe fn $name<const F: Format, const R: usize, const T: usize>(rows: [&[u8]; R], acts: &QuantRows, t0: usize, ahead: usize) -> [[f32; T]; R] {
             let nb = acts.nb;
             let block_bytes = match F {
                 Q4_1 => 20,
@@ -47,9 +44,10 @@ macro_rules! tile_kernel {
                     // SAFETY: the assert above keeps block `b` (block_bytes from `blk`) in the row.
                     let blk = rows[r].as_ptr().add(b * block_bytes);
                     // Decode streams weights from DRAM; the hardware prefetcher alone leaves the
-                    // loads waiting (measured: up to 2-3x slower on the output matrix).
-                    if b * block_bytes + PREFETCH_BYTES < rows[r].len() {
-                        _mm_prefetch::<_MM_HINT_T0>(blk.add(PREFETCH_BYTES) as *const i8);
+                    // loads waiting (measured: up to 2-3x slower on the output matrix). A hint
+                    // only: it never faults, so the address may run past the matrix.
+                    if ahead > 0 {
+                        _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(ahead) as *const i8);
                     }
                     if F == Q4_1 {
                         // d and m are adjacent f16s: convert both at once.

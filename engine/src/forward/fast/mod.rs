@@ -39,6 +39,9 @@ pub const Q4_1: Format = 0;
 pub const Q4_0: Format = 1;
 pub const Q8_0: Format = 2;
 
+/// How many tiles of weight rows ahead the kernels prefetch.
+pub const PREFETCH_TILES: usize = 2;
+
 /// Which implementation of the block dot products runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
@@ -97,10 +100,13 @@ pub fn block(kernel: Kernel, format: Format, w: &Matrix, acts: &QuantRows, rows:
         res[at..at + vals.len()].copy_from_slice(vals);
     };
     let mut r = rows.start;
+    // Prefetch two tiles of rows ahead: far enough to cover DRAM's latency when decode streams the
+    // weights (the output matrix: 4.1 -> 1.5 ms on one thread against 256 bytes along the row).
+    let (ahead4, ahead2) = (PREFETCH_TILES * 4 * q.row_bytes, PREFETCH_TILES * 2 * q.row_bytes);
     // Decode: 4 rows share each activation block. Batches: 2 rows by 4 tokens.
     if tn == 1 {
         while r + 4 <= rows.end {
-            let out = dispatch::run::<4, 1>(kernel, format, [row(r), row(r + 1), row(r + 2), row(r + 3)], acts, tokens.start);
+            let out = dispatch::run::<4, 1>(kernel, format, [row(r), row(r + 1), row(r + 2), row(r + 3)], acts, tokens.start, ahead4);
             for (i, o) in out.iter().enumerate() {
                 put(res, r + i, tokens.start, o);
             }
@@ -110,13 +116,13 @@ pub fn block(kernel: Kernel, format: Format, w: &Matrix, acts: &QuantRows, rows:
     while r + 2 <= rows.end {
         let mut t = tokens.start;
         while t + 4 <= tokens.end {
-            let out = dispatch::run::<2, 4>(kernel, format, [row(r), row(r + 1)], acts, t);
+            let out = dispatch::run::<2, 4>(kernel, format, [row(r), row(r + 1)], acts, t, ahead2);
             put(res, r, t, &out[0]);
             put(res, r + 1, t, &out[1]);
             t += 4;
         }
         while t < tokens.end {
-            let out = dispatch::run::<2, 1>(kernel, format, [row(r), row(r + 1)], acts, t);
+            let out = dispatch::run::<2, 1>(kernel, format, [row(r), row(r + 1)], acts, t, ahead2);
             put(res, r, t, &out[0]);
             put(res, r + 1, t, &out[1]);
             t += 1;
@@ -125,7 +131,7 @@ pub fn block(kernel: Kernel, format: Format, w: &Matrix, acts: &QuantRows, rows:
     }
     while r < rows.end {
         for t in tokens.clone() {
-            put(res, r, t, &dispatch::run::<1, 1>(kernel, format, [row(r)], acts, t)[0]);
+            put(res, r, t, &dispatch::run::<1, 1>(kernel, format, [row(r)], acts, t, q.row_bytes)[0]);
         }
         r += 1;
     }

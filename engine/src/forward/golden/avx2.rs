@@ -10,9 +10,7 @@ use std::arch::x86_64::*;
 
 use super::{Source, F32, Q4_0, Q4_1, Q8_0};
 
-/// How far ahead in each weight row the kernel prefetches (decode streams the weights from DRAM).
-const PREFETCH_BYTES: usize = 256;
-
+/// `ahead`: how many bytes past each block to prefetch (quantized sources; 0 for none).
 /// Pointers to `R` weight rows of `nb` blocks of 32 elements in the layout of `S`, and `T` input
 /// rows of `nb * 32` f32 starting at `x` with stride `cols`.
 ///
@@ -26,13 +24,14 @@ pub unsafe fn tile<const S: Source, const R: usize, const T: usize>(
     nb: usize,
     x: *const f32,
     cols: usize,
+    ahead: usize,
 ) -> [[f32; T]; R] {
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     for b in 0..nb {
         for (row, acc) in rows.iter().zip(acc.iter_mut()) {
-            if S != F32 {
-                // A hint only: it never faults, so the address may run past the row.
-                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(b * block_bytes::<S>() + PREFETCH_BYTES) as *const i8);
+            if S != F32 && ahead > 0 {
+                // A hint only: it never faults, so the address may run past the matrix.
+                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(b * block_bytes::<S>() + ahead) as *const i8);
             }
             let w = weights::<S>(*row, b);
             for (t, acc) in acc.iter_mut().enumerate() {

@@ -73,6 +73,8 @@ unsafe fn tiles<const S: Source>(w: &Matrix, x: &[f32], rows: Range<usize>, toke
         }
     };
     let tn = tokens.len();
+    // Two tiles of rows ahead, as the fast kernels.
+    let ahead = fast::PREFETCH_TILES * w.quant.row_bytes;
     let (r0, t0) = (rows.start, tokens.start);
     let mut put = |r: usize, t: usize, vals: &[f32]| {
         for (k, v) in vals.iter().enumerate() {
@@ -83,7 +85,7 @@ unsafe fn tiles<const S: Source>(w: &Matrix, x: &[f32], rows: Range<usize>, toke
     let mut r = rows.start;
     if tn == 1 {
         while r + 4 <= rows.end {
-            let out = avx2::tile::<S, 4, 1>([row(r), row(r + 1), row(r + 2), row(r + 3)], nb, xp(t0), w.cols);
+            let out = avx2::tile::<S, 4, 1>([row(r), row(r + 1), row(r + 2), row(r + 3)], nb, xp(t0), w.cols, 4 * ahead);
             for (i, o) in out.iter().enumerate() {
                 put(r + i, t0, o);
             }
@@ -93,13 +95,13 @@ unsafe fn tiles<const S: Source>(w: &Matrix, x: &[f32], rows: Range<usize>, toke
     while r + 2 <= rows.end {
         let mut t = t0;
         while t + 4 <= tokens.end {
-            let out = avx2::tile::<S, 2, 4>([row(r), row(r + 1)], nb, xp(t), w.cols);
+            let out = avx2::tile::<S, 2, 4>([row(r), row(r + 1)], nb, xp(t), w.cols, 2 * ahead);
             put(r, t, &out[0]);
             put(r + 1, t, &out[1]);
             t += 4;
         }
         while t < tokens.end {
-            let out = avx2::tile::<S, 2, 1>([row(r), row(r + 1)], nb, xp(t), w.cols);
+            let out = avx2::tile::<S, 2, 1>([row(r), row(r + 1)], nb, xp(t), w.cols, 2 * ahead);
             put(r, t, &out[0]);
             put(r + 1, t, &out[1]);
             t += 1;
@@ -108,7 +110,7 @@ unsafe fn tiles<const S: Source>(w: &Matrix, x: &[f32], rows: Range<usize>, toke
     }
     while r < rows.end {
         for t in tokens.clone() {
-            put(r, t, &avx2::tile::<S, 1, 1>([row(r)], nb, xp(t), w.cols)[0]);
+            put(r, t, &avx2::tile::<S, 1, 1>([row(r)], nb, xp(t), w.cols, ahead)[0]);
         }
         r += 1;
     }

@@ -26,6 +26,20 @@ find_llama_bench() {
 
 cargo bench -p ctxscope-engine --bench throughput --no-run
 
+# Percent of CPU time busy (any process) over the next 5 seconds.
+cpu_busy() {
+  local a b
+  a=$(head -1 /proc/stat)
+  sleep 5
+  b=$(head -1 /proc/stat)
+  awk -v a="$a" -v b="$b" 'BEGIN {
+    n = split(a, x, " "); split(b, y, " "); total = 0
+    for (i = 2; i <= n; i++) total += y[i] - x[i]
+    idle = (y[5] - x[5]) + (y[6] - x[6])
+    printf "%.0f", total > 0 ? 100 * (total - idle) / total : 0
+  }'
+}
+
 out=$(mktemp)
 trap 'rm -f "$out" "$out.json"' EXIT
 {
@@ -34,6 +48,8 @@ trap 'rm -f "$out" "$out.json"' EXIT
   echo
   llama_bench="$(find_llama_bench)"
   if [ -n "$llama_bench" ]; then
+    echo "CPU busy before llama-bench: $(cpu_busy)% (5 s sample, all processes)."
+    echo
     echo "llama.cpp: \`$(basename "$llama_bench") -m $(basename "$model") -t $threads -p 512 -n 128\` ($({ "$llama_bench" --version 2>&1 || true; } | grep -m1 -i version || echo 'version unknown')):"
     echo
     "$llama_bench" -m "$model" -t "$threads" -p 512 -n 128 -o json > "$out.json"
@@ -51,7 +67,7 @@ PY
     echo "| pp512 | ${LLAMA_PP512:-?} ± ${pp_sd:-?} |"
     echo "| tg128 | ${LLAMA_TG128:-?} ± ${tg_sd:-?} |"
     echo
-    echo "ctxscope (load average now $(cut -d' ' -f1-3 /proc/loadavg)):"
+    echo "ctxscope (load average now $(cut -d' ' -f1-3 /proc/loadavg); CPU busy before it: $(cpu_busy)%):"
   else
     echo "llama.cpp's llama-bench is not installed (scripts/llama_cpp/install.sh builds it): no ratio column."
   fi

@@ -1,7 +1,7 @@
 //! The fast path's matmul, llama.cpp's scheme: weights stay in the GGUF's quantized blocks (Q4_1,
-//! Q4_0, Q8_0), each activation row is quantized once per matmul to 8 bits per block of 32 (Q8_1 for
-//! Q4_1 weights, Q8_0 otherwise; see `quantize`), and each block's integer dot product is combined
-//! with the two scales. Other weight types (K-quants, F16, ...) use their dequantized f32 rows and the
+//! Q4_0, Q8_0), each activation row is quantized once per product group (`matmul::products`) to 8
+//! bits per block of 32 (Q8_1 for Q4_1 weights, Q8_0 otherwise; see `quantize`), and each block's
+//! integer dot product is combined with the two scales. Other weight types (K-quants, F16, ...) use their dequantized f32 rows and the
 //! golden dot.
 //!
 //! Numerics. Against golden (the same dequantized weights, f32 activations, `ops::dot`) the result

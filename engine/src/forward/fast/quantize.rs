@@ -1,5 +1,5 @@
-//! Activation rows quantized to 8 bits per block of 32, once per matmul: ggml's Q8_1 (scale d and
-//! s = d * sum of the quants, both rounded to f16) which also serves as Q8_0 (s unused). The rounding
+//! Activation rows quantized to 8 bits per block of 32, once per product group: ggml's Q8_1 (scale d
+//! and s = d * sum of the quants, both rounded to f16) which also serves as Q8_0 (s unused). The rounding
 //! is that of ggml's AVX2 `quantize_row_q8_1`/`quantize_row_q8_0`: id = 127 / amax, q = round half to
 //! even (x * id), d = amax / 127 stored as f16; the scalar and AVX2 builds of `quantize_row` below
 //! are the same source, so they agree bit for bit.

@@ -36,7 +36,9 @@ cpu_busy() {
     n = split(a, x, " "); split(b, y, " "); total = 0
     for (i = 2; i <= n; i++) total += y[i] - x[i]
     idle = (y[5] - x[5]) + (y[6] - x[6])
-    printf "%.0f", total > 0 ? 100 * (total - idle) / total : 0
+    busy = 0
+    if (total > 0) busy = 100 * (total - idle) / total
+    printf "%.0f", busy
   }'
 }
 

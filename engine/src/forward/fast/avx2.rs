@@ -115,7 +115,7 @@ unsafe fn lanes_vnni(a: __m256i, b: __m256i) -> __m256i {
 
 /// ggml's `bytes_from_nibbles_32`: 16 bytes of nibbles to 32 bytes, low nibbles first.
 #[inline(always)]
-unsafe fn nibbles(p: *const u8) -> __m256i {
+pub(super) unsafe fn nibbles(p: *const u8) -> __m256i {
     let tmp = _mm_loadu_si128(p as *const __m128i);
     let both = _mm256_insertf128_si256(_mm256_castsi128_si256(tmp), _mm_srli_epi16(tmp, 4), 1);
     _mm256_and_si256(both, _mm256_set1_epi8(0x0f))
@@ -123,7 +123,7 @@ unsafe fn nibbles(p: *const u8) -> __m256i {
 
 /// ggml's `hsum_float_8`.
 #[inline(always)]
-unsafe fn hsum8(x: __m256) -> f32 {
+pub(super) unsafe fn hsum8(x: __m256) -> f32 {
     let mut r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
     r = _mm_add_ps(r, _mm_movehl_ps(r, r));
     r = _mm_add_ss(r, _mm_movehdup_ps(r));

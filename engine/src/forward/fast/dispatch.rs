@@ -37,6 +37,19 @@ pub fn run<const R: usize, const T: usize>(
                 _ => super::avx2::tile_vnni::<{ super::Q8_0 }, R, T>(rows, acts, t0, ahead),
             }
         },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above, with AVX-512 F, BW, DQ, VL and VNNI detected by `avx512::available`;
+        // the 512-bit kernel takes an even number of activation rows, the others go to `Vnni`'s.
+        Kernel::Avx512 => unsafe {
+            match (format, T.is_multiple_of(2)) {
+                (Q4_1, true) => super::avx512::tile::<Q4_1, R, T>(rows, acts, t0, ahead),
+                (Q4_0, true) => super::avx512::tile::<Q4_0, R, T>(rows, acts, t0, ahead),
+                (_, true) => super::avx512::tile::<{ super::Q8_0 }, R, T>(rows, acts, t0, ahead),
+                (Q4_1, false) => super::avx2::tile_vnni::<Q4_1, R, T>(rows, acts, t0, ahead),
+                (Q4_0, false) => super::avx2::tile_vnni::<Q4_0, R, T>(rows, acts, t0, ahead),
+                (_, false) => super::avx2::tile_vnni::<{ super::Q8_0 }, R, T>(rows, acts, t0, ahead),
+            }
+        },
         _ => match (format, ahead).0 {
             Q4_1 => scalar::tile::<Q4_1, R, T>(rows, acts, t0),
             Q4_0 => scalar::tile::<Q4_0, R, T>(rows, acts, t0),

@@ -59,12 +59,42 @@ impl QuantRows {
     }
 }
 
-/// The same code compiled with AVX2 enabled, so `round_ties_even` becomes `vroundps` and the loops
-/// vectorize; IEEE f32 multiply and round give the same bits either way.
+/// [`quantize_row`] on AVX2: the same operations, 8 lanes at a time. The block maximum ignores NaN
+/// as `f32::max` does (`maxps` returns its second operand, the running maximum, when the first is
+/// NaN); `vroundps` rounds half to even like `round_ties_even`; a NaN product becomes 0 as Rust's
+/// `as i32` makes it; d and s round to f16 with F16C (the same bits as [`f32_to_f16`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn quantize_row_avx2(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
-    quantize_row(x, qs, d, s)
+    use std::arch::x86_64::*;
+    let f16 = |v: f32| _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph::<0>(_mm_set_ss(v))));
+    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (b, (xb, qb)) in x.chunks_exact(BLOCK).zip(qs.chunks_exact_mut(BLOCK)).enumerate() {
+        let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(xb.as_ptr().add(8 * i)));
+        let mut m = _mm256_setzero_ps();
+        for v in v {
+            m = _mm256_max_ps(_mm256_and_ps(v, abs_mask), m);
+        }
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+        let scale = amax / 127.0;
+        let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+        let q: [__m256i; 4] = std::array::from_fn(|i| {
+            let p = _mm256_mul_ps(v[i], id);
+            let r = _mm256_cvtps_epi32(_mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(p));
+            _mm256_and_si256(r, _mm256_castps_si256(_mm256_cmp_ps::<_CMP_ORD_Q>(p, p)))
+        });
+        let sum4 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        let sum2 = _mm_add_epi32(_mm256_castsi256_si128(sum4), _mm256_extracti128_si256::<1>(sum4));
+        let sum1 = _mm_add_epi32(sum2, _mm_shuffle_epi32::<0b01_00_11_10>(sum2));
+        let sum = _mm_cvtsi128_si32(_mm_add_epi32(sum1, _mm_shuffle_epi32::<0b10_11_00_01>(sum1)));
+        let packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256(qb.as_mut_ptr() as *mut __m256i, _mm256_permutevar8x32_epi32(packed, order));
+        d[b] = f16(scale);
+        s[b] = f16(scale * sum as f32);
+    }
 }
 
 #[inline(always)]

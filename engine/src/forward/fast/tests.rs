@@ -52,6 +52,9 @@ fn activation_quantization_is_the_same_scalar_and_simd() {
     let mut x = Rng(3).vec(9 * 96, 3.0);
     x[32..64].fill(0.0);
     x[100] = 1e-30;
+    x[200] = f32::NAN;
+    x[300] = f32::INFINITY;
+    x[400] = -0.0;
     let (a, b) = (QuantRows::new(&x, 9, 96, false), QuantRows::new(&x, 9, 96, true));
     assert_eq!(a.qs, b.qs);
     assert_eq!(a.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>());

@@ -30,7 +30,7 @@ pub enum Epilogue<'a> {
     Store,
     /// out += W x (a residual add: the same bits as storing, then `ops::add_assign`).
     Add,
-    /// out = silu(W x) * (up x), `ops::swiglu`'s arithmetic; `up` has `W`'s shape.
+    /// out = silu(W x) * (up x) (`ops::silu_mul`); `up` has `W`'s shape.
     SwiGlu { up: &'a Matrix },
 }
 

@@ -89,7 +89,7 @@ impl Records for AdminApi {
 
     fn put_replay<'a>(&'a self, entry: &'a ReplayEntry) -> Pending<'a, ()> {
         Box::pin(async move {
-            let body = serde_json::to_vec(entry).map_err(|e| InspectError::Unexpected(e.to_string()))?;
+            let body = serde_json::to_vec(entry)?;
             self.request("/api/replays", http::Method::POST, Bytes::from(body)).await.map(|_| ())
         })
     }

@@ -24,7 +24,7 @@ pub fn open(admin: Option<String>, token: Option<String>, data: PathBuf) -> Box<
 }
 
 fn print_json<T: serde::Serialize>(value: &T) -> Result<(), InspectError> {
-    let text = serde_json::to_string_pretty(value).map_err(|e| InspectError::Unexpected(e.to_string()))?;
+    let text = serde_json::to_string_pretty(value)?;
     println!("{text}");
     Ok(())
 }

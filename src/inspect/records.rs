@@ -27,6 +27,8 @@ pub enum InspectError {
     Status { status: http::StatusCode, message: String },
     #[error("admin API answered something unexpected: {0}")]
     Unexpected(String),
+    #[error("cannot encode JSON: {0}")]
+    Encode(#[from] serde_json::Error),
     #[error("no replay {0}")]
     NoReplay(u64),
     #[error("cannot write to stdout: {0}")]

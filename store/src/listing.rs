@@ -216,7 +216,8 @@ impl Store {
     }
 }
 
-fn cursor_of(key: &[u8]) -> Cursor {
+/// The position an entry of the listing index (updated time, then id, big-endian) stands for.
+pub(crate) fn cursor_of(key: &[u8]) -> Cursor {
     let part = |range: std::ops::Range<usize>| key.get(range).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes).unwrap_or(0);
     Cursor { updated_unix_ms: part(0..8), id: part(8..16) }
 }

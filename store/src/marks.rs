@@ -47,7 +47,7 @@ impl Store {
         let mut problems = Vec::new();
         for item in self.by_updated.iter().rev().take(count) {
             let (key, _) = item?;
-            let id = key.get(8..16).and_then(|b| b.try_into().ok()).map_or(0, u64::from_be_bytes);
+            let id = crate::listing::cursor_of(&key).id;
             let problem = match self.conversation(id) {
                 Ok(None) => Some(format!("conversation {id} is listed but has no record")),
                 Err(error) => Some(format!("conversation {id}: {error}")),

@@ -2,22 +2,11 @@
 //! turns that use them, at least one turn) and marks every imported turn as imported.
 
 use ctxscope_store::export::IMPORTED_NOTE;
+mod common;
+
+use common::{hash, msg, open};
 use ctxscope_store::*;
 use serde_json::json;
-
-fn msg(store: &Store, role: &str, text: &str) -> HashHex {
-    let (hash, bytes) = message_hash(&json!({"role": role, "content": text}));
-    store.put_message(&hash, &bytes).unwrap();
-    to_hex(&hash)
-}
-
-fn hash(hex: &str) -> Hash {
-    from_hex(hex).unwrap()
-}
-
-fn open(dir: &std::path::Path) -> Store {
-    Store::open(dir, &StoreOptions::default()).unwrap()
-}
 
 /// A two-turn conversation's export lines: header, three messages, two turns.
 fn exported() -> Vec<String> {

@@ -1,22 +1,11 @@
 //! Store behaviour against a real sled directory: schema checks, foreign directories, delta-encoded
 //! message lists, linear growth, and export/import round trips.
 
+mod common;
+
+use common::{hash, msg, open};
 use ctxscope_store::*;
 use serde_json::json;
-
-fn msg(store: &Store, role: &str, text: &str) -> HashHex {
-    let (hash, bytes) = message_hash(&json!({"role": role, "content": text}));
-    store.put_message(&hash, &bytes).unwrap();
-    to_hex(&hash)
-}
-
-fn hash(hex: &str) -> Hash {
-    from_hex(hex).unwrap()
-}
-
-fn open(dir: &std::path::Path) -> Store {
-    Store::open(dir, &StoreOptions::default()).unwrap()
-}
 
 #[test]
 fn schema_version_mismatch_is_a_clear_error() {

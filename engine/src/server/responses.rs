@@ -20,7 +20,7 @@ use super::completions;
 use super::error::ApiError;
 use super::reframe::{Reframed, Translate};
 use super::request::{self, Endpoint};
-use super::response_store::ResponseStore;
+use super::response_store::{ResponseStore, StoredResponse};
 use super::state::State;
 use crate::forward::Path;
 use crate::patch::PatchSet;
@@ -231,15 +231,17 @@ fn stored(state: &State, id: &str) -> Result<ResponseStore, ApiError> {
     }
 }
 
+/// The stored record of `id`, or the 404 that says why there is none.
+fn stored_record(state: &State, id: &str) -> Result<StoredResponse, ApiError> {
+    let record = stored(state, id)?.get_record(id).map_err(|e| ApiError::Engine(e.to_string()))?;
+    record.ok_or_else(|| ApiError::StoredResponseNotFound(id.to_string()))
+}
+
 /// Handles `GET /v1/responses/{id}`: the response object as it was returned.
 pub fn retrieve(state: &State, id: &str) -> Result<Value, ApiError> {
-    let record = stored(state, id)?.get_record(id).map_err(|e| ApiError::Engine(e.to_string()))?;
-    match record {
-        Some(record) => record
-            .response
-            .ok_or_else(|| ApiError::StoredResponseNotFound(format!("{id} (stored by an older version, which kept only its messages)"))),
-        None => Err(ApiError::StoredResponseNotFound(id.to_string())),
-    }
+    stored_record(state, id)?
+        .response
+        .ok_or_else(|| ApiError::StoredResponseNotFound(format!("{id} (stored by an older version, which kept only its messages)")))
 }
 
 /// Handles `GET /v1/responses/{id}/input_items?order=asc|desc&limit=N`: what the response stood on
@@ -258,8 +260,7 @@ pub fn input_items(state: &State, id: &str, query: Option<&str>) -> Result<Value
             _ => {}
         }
     }
-    let record = stored(state, id)?.get_record(id).map_err(|e| ApiError::Engine(e.to_string()))?;
-    let Some(mut record) = record else { return Err(ApiError::StoredResponseNotFound(id.to_string())) };
+    let mut record = stored_record(state, id)?;
     record.messages.pop();
     let mut data: Vec<Value> = record
         .messages

@@ -1,8 +1,11 @@
-//! The global allocator, mimalloc, and its one setting: memory freed after a large request goes back
-//! to the operating system at once. mimalloc otherwise purges a freed page only on the owning thread's
-//! next trip through the allocator after a delay; the capture worker and the connection threads
-//! then sit idle holding it (4 requests of 20,000 messages: 180 MiB resident 5 s after the traffic,
-//! 100 MiB with immediate purging, idle 57 MiB; see BENCHMARKS.md, "Memory and store size").
+//! The global allocator, mimalloc, and its two settings. Memory freed after a large request goes back
+//! to the operating system at once: mimalloc otherwise purges a freed page only on the owning
+//! thread's next trip through the allocator after a delay; the capture worker and the connection
+//! threads then sit idle holding it (4 requests of 20,000 messages: 180 MiB resident 5 s after the
+//! traffic, 100 MiB with immediate purging). And its arenas are committed as they are used, not
+//! all at once: on Linux (an overcommitting system) mimalloc commits a whole arena eagerly by
+//! default, which put the idle proxy at 55 MiB resident instead of 15 (BENCHMARKS.md, "Memory and
+//! store size").
 
 /// mimalloc: a captured turn (tokenizer, parsing, store) allocates many small strings; see
 /// BENCHMARKS.md, "Detection cost".
@@ -12,26 +15,50 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// `mi_option_purge_delay`: 15 in the mimalloc headers (v2 and v3) that `libmimalloc-sys` builds;
 /// its Rust bindings do not name it. The test below checks that the setting takes.
 const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+/// `mi_option_arena_eager_commit`: 4 in the same headers (2 by default: eager where the system
+/// overcommits).
+const ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
 
-/// Purge freed memory immediately (before any thread but this one runs).
+/// Runs [`release_freed_memory_at_once`] before the first allocation reserves mimalloc's first arena:
+/// an ELF constructor ordered before the standard library's own (`.init_array.00099`). Setting the
+/// options from `main` is too late for the arena the runtime's start-up allocations reserved.
+#[cfg(target_os = "linux")]
+#[used]
+#[link_section = ".init_array.00098"]
+static SET_BEFORE_FIRST_ALLOCATION: extern "C" fn() = {
+    extern "C" fn set() {
+        release_freed_memory_at_once();
+    }
+    set
+};
+
+/// Purge freed memory immediately and commit arenas on demand (before any thread but this one runs).
 pub fn release_freed_memory_at_once() {
     // SAFETY: mi_option_set stores an integer in mimalloc's option table; any value is valid for
-    // purge_delay (0: purge at once), and it is called once from main before other threads start.
-    unsafe { libmimalloc_sys::mi_option_set(PURGE_DELAY, 0) };
+    // purge_delay (0: purge at once) and arena_eager_commit (0: never eager); it is called before
+    // main (the constructor above) and again from main, before other threads start.
+    unsafe {
+        libmimalloc_sys::mi_option_set(PURGE_DELAY, 0);
+        libmimalloc_sys::mi_option_set(ARENA_EAGER_COMMIT, 0);
+    }
 }
 
-/// The purge delay now in force, in milliseconds.
+/// An option's value now in force.
 #[cfg(test)]
-fn purge_delay() -> std::ffi::c_long {
+fn option(option: libmimalloc_sys::mi_option_t) -> std::ffi::c_long {
     // SAFETY: reading an option has no preconditions.
-    unsafe { libmimalloc_sys::mi_option_get(PURGE_DELAY) }
+    unsafe { libmimalloc_sys::mi_option_get(option) }
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
     fn freed_memory_is_purged_at_once() {
-        super::release_freed_memory_at_once();
-        assert_eq!(super::purge_delay(), 0);
+        // Set before main by the constructor (Linux), and by the call from main elsewhere.
+        if !cfg!(target_os = "linux") {
+            super::release_freed_memory_at_once();
+        }
+        assert_eq!(super::option(super::PURGE_DELAY), 0);
+        assert_eq!(super::option(super::ARENA_EAGER_COMMIT), 0);
     }
 }

@@ -1,8 +1,9 @@
 //! Memory and disk bounded by the work (issue 25's probe, on the real binary): large requests of
 //! short messages (each request all new content) go through the proxy; once captured, its resident
-//! memory must come back to within 2x the idle figure, and the store must grow by at most 2x the bytes
-//! the requests carried. 4 requests of 20,000 messages here (before packed turns: RSS 3.5x idle, store
-//! 9x); the issue's full scale, on a release build (BENCHMARKS.md, "Memory and store size"):
+//! memory must come back to within 2x the idle figure (or 32 MiB above it, see below), and the store
+//! must grow by at most 2x the bytes the requests carried. 4 requests of 20,000 messages here (before
+//! packed turns: RSS 4.7x idle, store 9x); the issue's full scale, on a release build (BENCHMARKS.md,
+//! "Memory and store size"):
 //! `CTXSCOPE_TEST_BIN=target/release/ctxscope CTXSCOPE_MEM_REQUESTS=16 CTXSCOPE_MEM_MESSAGES=100000
 //! cargo test --test memory_bounds -- --nocapture`.
 
@@ -62,22 +63,38 @@ async fn large_requests_leave_memory_and_store_bounded() {
     let started = Instant::now();
     wait_captured_turns(&proxy.admin_url(), 1 + requests as u64, Duration::from_secs(600)).await;
     let peak_after = rss(proxy.pid());
-    // The last turn's detectors run after it is listed; 5 s covers them and the next store flush.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let settled = rss(proxy.pid());
+    // The last turn's detectors run after it is listed, then the store flushes and the allocator
+    // hands freed pages back: memory must be back within bounds 20 s after the traffic (the issue's
+    // probe read it then), sampled each second.
+    let mut settled = rss(proxy.pid());
+    let mut trace = Vec::new();
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        settled = rss(proxy.pid());
+        trace.push(format!("{:.0}", settled as f64 / 1048576.0));
+        if settled <= 2 * idle {
+            break;
+        }
+    }
     let store = dir_bytes(&data) - store_before;
     let mib = |b: u64| b as f64 / 1048576.0;
     eprintln!(
-        "sent {:.1} MiB in {requests} requests of {messages_per} messages; captured in {:.1?}; RSS idle {:.1} MiB, at capture end {:.1} MiB, 5 s later {:.1} MiB; store grew {:.1} MiB ({:.2}x the bytes sent)",
+        "sent {:.1} MiB in {requests} requests of {messages_per} messages; captured in {:.1?}; RSS idle {:.1} MiB, at capture end {:.1} MiB, then each second {} MiB; store grew {:.1} MiB ({:.2}x the bytes sent)",
         mib(sent),
         started.elapsed(),
         mib(idle),
         mib(peak_after),
-        mib(settled),
+        trace.join(", "),
         mib(store),
         store as f64 / sent as f64
     );
-    assert!(settled <= 2 * idle, "RSS {:.1} MiB after the traffic, idle was {:.1} MiB", mib(settled), mib(idle));
+    // Within 2x the idle figure, or 32 MiB above it where that is more: since mimalloc commits its
+    // arenas on demand (src/alloc.rs) the idle proxy is 15 MiB resident, not 55, and what the store
+    // keeps in memory for the data now in it (sled's nodes, the detectors' recent turns, the hash
+    // memo: about 16 MiB at 4 x 20,000) is no longer small beside it. Before the fixes this run
+    // settled at 269 MiB.
+    let bound = (2 * idle).max(idle + (32 << 20));
+    assert!(settled <= bound, "RSS {:.1} MiB after the traffic, idle was {:.1} MiB", mib(settled), mib(idle));
     assert!(store as f64 <= 2.0 * sent as f64, "store grew {:.1} MiB for {:.1} MiB of requests", mib(store), mib(sent));
     proxy.stop();
 }

@@ -2,7 +2,7 @@
 //!
 //! Every record value is framed: `[format byte][CRC32 of key ++ payload, big-endian][payload]`. Format
 //! 0x01: the payload is the record's JSON (a message's canonical JSON; a pack's entries, see
-//! [`encode_pack`]). Format 0x02, turns only: the turn's JSON without its message hashes, then the
+//! [`crate::pack::encode_pack`]). Format 0x02, turns only: the turn's JSON without its message hashes, then the
 //! hashes as raw 32-byte runs ([`encode_turn`]: 32 bytes a message instead of 67 of hex JSON).
 //! Reads check the CRC and report a mismatch as [`StoreError::Damaged`] naming the tree and key.
 //! Records written before framing existed are bare JSON: their first byte starts a JSON value (`{`,
@@ -12,7 +12,10 @@
 
 use serde::{de::DeserializeOwned, Serialize};
 
+use sha2::{Digest, Sha256};
+
 use crate::hash::Hash;
+use crate::pack::Pack;
 use crate::records::TurnRecord;
 use crate::StoreError;
 
@@ -22,7 +25,7 @@ pub mod trees {
     pub const MESSAGES: &str = "messages";
     pub const TURNS: &str = "turns";
     /// turn id -> the canonical JSON of the messages the turn added (its request past its base, then
-    /// its reply), in one record (`codec::encode_pack`); a message too large to pack is in MESSAGES.
+    /// its reply), in one record (`pack::encode_pack`); a message too large to pack is in MESSAGES.
     pub const PACKS: &str = "packs";
     pub const CONVERSATIONS: &str = "conversations";
     /// conversation id ++ turn id -> empty.
@@ -59,6 +62,10 @@ pub const FRAME_V1: u8 = 0x01;
 /// The first byte of a turn record in the binary layout: CRC32, then the turn's JSON length (4 bytes,
 /// big-endian), its JSON with `new_messages` empty, and the message hashes, 32 bytes each.
 pub const FRAME_TURN_V2: u8 = 0x02;
+/// A turn whose messages are packed (`pack`): as [`FRAME_TURN_V2`], but only the hashes of the
+/// request messages its pack does not hold (those stored on their own in `messages`). The others are
+/// the SHA-256 of their packed JSON, computed when the turn is read with its pack.
+pub const FRAME_TURN_V3: u8 = 0x03;
 const HEADER: usize = 5;
 /// A message whose canonical JSON is at least this long is stored on its own in `messages` (once,
 /// by hash, shared by every turn that sends it); shorter ones are packed into their turn's record.
@@ -93,7 +100,7 @@ pub fn frame(key: &[u8], payload: &[u8]) -> Vec<u8> {
     frame_as(FRAME_V1, key, payload)
 }
 
-fn frame_as(format: u8, key: &[u8], payload: &[u8]) -> Vec<u8> {
+pub(crate) fn frame_as(format: u8, key: &[u8], payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER + payload.len());
     out.push(format);
     out.extend_from_slice(&checksum(key, payload).to_be_bytes());
@@ -112,12 +119,12 @@ pub fn unframe<'a>(tree: &'static str, key: &[u8], bytes: &'a [u8]) -> Result<&'
     }
 }
 
-fn damaged(tree: &'static str, key: &[u8], detail: String) -> StoreError {
+pub(crate) fn damaged(tree: &'static str, key: &[u8], detail: String) -> StoreError {
     StoreError::Damaged { tree, key: hex_key(key), detail }
 }
 
 /// The payload after a frame header, its checksum verified.
-fn checked<'a>(tree: &'static str, key: &[u8], bytes: &'a [u8]) -> Result<&'a [u8], StoreError> {
+pub(crate) fn checked<'a>(tree: &'static str, key: &[u8], bytes: &'a [u8]) -> Result<&'a [u8], StoreError> {
     let Some(payload) = bytes.get(HEADER..) else {
         return Err(damaged(tree, key, format!("record of {} bytes is shorter than its header", bytes.len())));
     };
@@ -131,20 +138,39 @@ fn checked<'a>(tree: &'static str, key: &[u8], bytes: &'a [u8]) -> Result<&'a [u
 
 /// A turn record for storage under `key`, in the binary layout ([`FRAME_TURN_V2`]).
 pub fn encode_turn(key: &[u8], turn: &TurnRecord) -> Result<Vec<u8>, StoreError> {
+    turn_layout(FRAME_TURN_V2, key, turn, |_| true)
+}
+
+/// A turn record whose request messages are in its pack where `packed(i)` ([`FRAME_TURN_V3`]): only
+/// the other messages' hashes are written.
+pub fn encode_packed_turn(key: &[u8], turn: &TurnRecord, packed: impl Fn(usize) -> bool) -> Result<Vec<u8>, StoreError> {
+    turn_layout(FRAME_TURN_V3, key, turn, |i| !packed(i))
+}
+
+fn turn_layout(format: u8, key: &[u8], turn: &TurnRecord, keep: impl Fn(usize) -> bool) -> Result<Vec<u8>, StoreError> {
     let shell = TurnRecord { new_messages: Vec::new(), ..turn.clone() };
     let json = json(trees::TURNS, &shell)?;
     let mut payload = Vec::with_capacity(4 + json.len() + 32 * turn.new_messages.len());
     payload.extend_from_slice(&(json.len() as u32).to_be_bytes());
     payload.extend_from_slice(&json);
-    for hash in &turn.new_messages {
-        payload.extend_from_slice(hash);
+    for (i, hash) in turn.new_messages.iter().enumerate() {
+        if keep(i) {
+            payload.extend_from_slice(hash);
+        }
     }
-    Ok(frame_as(FRAME_TURN_V2, key, &payload))
+    Ok(frame_as(format, key, &payload))
 }
 
-/// A turn record read under `key`: the binary layout, or JSON (framed or from before framing).
-pub fn decode_turn(key: &[u8], bytes: &[u8]) -> Result<TurnRecord, StoreError> {
-    if bytes.first() != Some(&FRAME_TURN_V2) {
+/// Whether a stored turn record can only be read with its pack ([`FRAME_TURN_V3`]).
+pub fn needs_pack(bytes: &[u8]) -> bool {
+    bytes.first() == Some(&FRAME_TURN_V3)
+}
+
+/// A turn record read under `key`: the binary layouts, or JSON (framed or from before framing). A
+/// [`FRAME_TURN_V3`] record needs its turn's `pack`; without it, it is damage.
+pub fn decode_turn(key: &[u8], bytes: &[u8], pack: Option<&Pack>) -> Result<TurnRecord, StoreError> {
+    let format = bytes.first().copied();
+    if format != Some(FRAME_TURN_V2) && format != Some(FRAME_TURN_V3) {
         return decode(trees::TURNS, key, bytes);
     }
     let payload = checked(trees::TURNS, key, bytes)?;
@@ -158,50 +184,25 @@ pub fn decode_turn(key: &[u8], bytes: &[u8]) -> Result<TurnRecord, StoreError> {
     }
     let mut turn: TurnRecord =
         serde_json::from_slice(json).map_err(|source| StoreError::Decode { kind: trees::TURNS, key: hex_key(key), source })?;
-    turn.new_messages = hashes.chunks_exact(32).map(|c| Hash::try_from(c).unwrap_or_default()).collect();
+    let mut stored = hashes.chunks_exact(32).map(|c| Hash::try_from(c).unwrap_or_default());
+    if format == Some(FRAME_TURN_V2) {
+        turn.new_messages = stored.collect();
+        return Ok(turn);
+    }
+    let pack = pack.ok_or_else(|| bad("its pack is missing"))?;
+    let requested = pack.len().checked_sub(usize::from(turn.reply.is_some())).ok_or_else(|| bad("its pack holds no reply"))?;
+    let mut messages = Vec::with_capacity(requested);
+    for entry in pack.entries().take(requested) {
+        messages.push(match entry {
+            Some(json) => Sha256::digest(json).into(),
+            None => stored.next().ok_or_else(|| bad("fewer message hashes than its pack leaves out"))?,
+        });
+    }
+    if stored.next().is_some() {
+        return Err(bad("more message hashes than its pack leaves out"));
+    }
+    turn.new_messages = messages;
     Ok(turn)
-}
-
-/// A turn's pack for storage under `key`: the messages it added, in order, each as its length
-/// (LEB128) then its canonical JSON; an empty entry (`None`) is a message stored in `messages`.
-pub fn encode_pack(key: &[u8], entries: &[Option<&[u8]>]) -> Vec<u8> {
-    let mut payload = Vec::with_capacity(entries.iter().map(|e| e.map_or(1, |b| b.len() + 3)).sum());
-    for entry in entries {
-        let bytes = entry.unwrap_or_default();
-        let mut n = bytes.len();
-        while n >= 0x80 {
-            payload.push((n as u8) | 0x80);
-            n >>= 7;
-        }
-        payload.push(n as u8);
-        payload.extend_from_slice(bytes);
-    }
-    frame(key, &payload)
-}
-
-/// A pack read under `key`: its entries, checksum verified.
-pub fn decode_pack<'a>(key: &[u8], bytes: &'a [u8]) -> Result<Vec<Option<&'a [u8]>>, StoreError> {
-    if bytes.first() != Some(&FRAME_V1) {
-        return Err(damaged(trees::PACKS, key, "not a framed pack".into()));
-    }
-    let mut rest = checked(trees::PACKS, key, bytes)?;
-    let mut entries = Vec::new();
-    while !rest.is_empty() {
-        let (mut n, mut shift, mut used) = (0usize, 0, 0);
-        loop {
-            let Some(&b) = rest.get(used) else { return Err(damaged(trees::PACKS, key, "entry length cut short".into())) };
-            used += 1;
-            n |= usize::from(b & 0x7f) << shift;
-            shift += 7;
-            if b & 0x80 == 0 || shift > 35 {
-                break;
-            }
-        }
-        let Some(entry) = rest.get(used..used + n) else { return Err(damaged(trees::PACKS, key, "entry cut short".into())) };
-        entries.push((n > 0).then_some(entry));
-        rest = &rest[used + n..];
-    }
-    Ok(entries)
 }
 
 /// Whether a value is a record from before framing: bare JSON.
@@ -264,29 +265,36 @@ mod tests {
         let value = encode_turn(&id_key(7), &turn).unwrap();
         assert_eq!(value[0], FRAME_TURN_V2);
         assert_eq!(&value[value.len() - 96..], hashes.concat().as_slice());
-        assert_eq!(decode_turn(&id_key(7), &value).unwrap(), turn);
+        assert_eq!(decode_turn(&id_key(7), &value, None).unwrap(), turn);
         // The JSON layout (framed or bare) still reads.
-        assert_eq!(decode_turn(&id_key(7), &encode(trees::TURNS, &id_key(7), &turn).unwrap()).unwrap(), turn);
-        assert_eq!(decode_turn(&id_key(7), &json("turn", &turn).unwrap()).unwrap(), turn);
+        assert_eq!(decode_turn(&id_key(7), &encode(trees::TURNS, &id_key(7), &turn).unwrap(), None).unwrap(), turn);
+        assert_eq!(decode_turn(&id_key(7), &json("turn", &turn).unwrap(), None).unwrap(), turn);
         let mut bad = value.clone();
         bad[9] ^= 1;
-        assert!(matches!(decode_turn(&id_key(7), &bad), Err(StoreError::Damaged { tree: "turns", .. })));
-        assert!(matches!(decode_turn(&id_key(8), &value), Err(StoreError::Damaged { .. })));
+        assert!(matches!(decode_turn(&id_key(7), &bad, None), Err(StoreError::Damaged { tree: "turns", .. })));
+        assert!(matches!(decode_turn(&id_key(8), &value, None), Err(StoreError::Damaged { .. })));
     }
 
     #[test]
-    fn a_pack_round_trips_its_entries() {
-        let long = vec![b'x'; 300];
-        let entries = [Some(&b"{\"a\":1}"[..]), None, Some(long.as_slice())];
-        let value = encode_pack(&id_key(3), &entries);
-        assert_eq!(decode_pack(&id_key(3), &value).unwrap(), entries);
-        assert!(decode_pack(&id_key(3), &encode_pack(&id_key(3), &[])).unwrap().is_empty());
-        let mut bad = value.clone();
-        let at = bad.len() - 1;
-        bad[at] ^= 1;
-        assert!(matches!(decode_pack(&id_key(3), &bad), Err(StoreError::Damaged { tree: "packs", .. })));
-        // A length that runs past the end is damage, not a panic.
-        assert!(decode_pack(&id_key(3), &frame(&id_key(3), &[0x05, b'a'])).is_err());
+    fn a_packed_turn_leaves_its_packed_hashes_to_its_pack() {
+        let (a, b, reply) = (&b"{\"content\":\"a\"}"[..], &b"{\"content\":\"b\"}"[..], &b"{\"content\":\"r\"}"[..]);
+        let large: Hash = [9; 32];
+        let hashes: Vec<Hash> = vec![Sha256::digest(a).into(), large, Sha256::digest(b).into()];
+        let mut turn = crate::store_test_turn(7, 1, hashes.clone());
+        turn.reply = Some(crate::to_hex(&Sha256::digest(reply).into()));
+        let key = id_key(7);
+        let value = encode_packed_turn(&key, &turn, |i| i != 1).unwrap();
+        assert_eq!(value[0], FRAME_TURN_V3);
+        assert!(needs_pack(&value) && !needs_pack(&encode_turn(&key, &turn).unwrap()));
+        assert_eq!(&value[value.len() - 32..], &large[..], "only the hash the pack does not hold is written");
+        let pack = crate::pack::decode_pack(&key, &crate::pack::encode_pack(&key, &[Some(a), None, Some(b), Some(reply)])).unwrap();
+        assert_eq!(decode_turn(&key, &value, Some(&pack)).unwrap(), turn);
+        assert!(decode_turn(&key, &value, None).unwrap_err().to_string().contains("pack is missing"));
+        // A pack that disagrees with the record about what it leaves out.
+        let other = crate::pack::decode_pack(&key, &crate::pack::encode_pack(&key, &[Some(a), Some(b), Some(b), Some(reply)])).unwrap();
+        assert!(matches!(decode_turn(&key, &value, Some(&other)), Err(StoreError::Damaged { tree: "turns", .. })));
+        let short = crate::pack::decode_pack(&key, &crate::pack::encode_pack(&key, &[None, None, None, Some(reply)])).unwrap();
+        assert!(decode_turn(&key, &value, Some(&short)).unwrap_err().to_string().contains("fewer message hashes"));
     }
 
     #[test]

@@ -60,10 +60,9 @@ impl Store {
         let (turn, conversation) = (&draft.turn, &draft.conversation);
         debug_assert_eq!(turn.conversation, conversation.id, "a turn commits with its own conversation");
         let turn_key = id_key(turn.id);
-        let turn_value = codec::encode_turn(&turn_key, turn)?;
+        let (pack, messages, turn_value) = pack(draft, &turn_key)?;
         let conversation_key = id_key(conversation.id);
         let conversation_value = encode(trees::CONVERSATIONS, &conversation_key, conversation)?;
-        let (pack, messages) = pack(draft, &turn_key);
         let prefixes = prefix_entries(draft)?;
         let succeeded = (200..300).contains(&turn.status);
         let response_id = turn.responses.as_ref().and_then(|r| r.response_id.as_deref()).filter(|_| succeeded);
@@ -142,11 +141,12 @@ impl Store {
     }
 }
 
-/// The turn's pack (its short new messages, in one record; `None` when it added none) and the large
-/// messages stored on their own, framed.
-type Packed = (Option<Vec<u8>>, Vec<(Hash, Vec<u8>)>);
+/// The turn's pack (its short new messages, in one record; `None` when it added none), the large
+/// messages stored on their own, framed, and the turn record (leaving its packed messages' hashes to
+/// the pack).
+type Packed = (Option<Vec<u8>>, Vec<(Hash, Vec<u8>)>, Vec<u8>);
 
-fn pack(draft: &TurnDraft, turn_key: &[u8]) -> Packed {
+fn pack(draft: &TurnDraft, turn_key: &[u8]) -> Result<Packed, StoreError> {
     let turn = &draft.turn;
     debug_assert_eq!(
         draft.messages.iter().map(|(h, _)| *h).collect::<Vec<_>>(),
@@ -163,8 +163,11 @@ fn pack(draft: &TurnDraft, turn_key: &[u8]) -> Packed {
             large.push((*hash, codec::frame(hash, json)));
         }
     }
-    let pack = (!entries.is_empty()).then(|| codec::encode_pack(turn_key, &entries));
-    (pack, large)
+    if entries.is_empty() {
+        return Ok((None, large, codec::encode_turn(turn_key, turn)?));
+    }
+    let record = codec::encode_packed_turn(turn_key, turn, |i| entries[i].is_some())?;
+    Ok((Some(crate::pack::encode_pack(turn_key, &entries)), large, record))
 }
 
 /// The prefix entries a turn records (the lengths [`recorded_lengths`] picks past its base, its head

@@ -23,6 +23,7 @@ mod findings;
 mod fingerprint;
 mod listing;
 mod marks;
+pub mod pack;
 mod prefixes;
 mod read_only;
 mod replays;

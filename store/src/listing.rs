@@ -164,7 +164,7 @@ impl Store {
         let mut out = Vec::new();
         for item in self.turns.range(id_key(id.saturating_add(1))..).take(limit) {
             let (key, value) = item?;
-            out.push(crate::codec::decode_turn(&key, &value)?);
+            out.push(self.decode_turn(&key, &value)?);
         }
         Ok(out)
     }

@@ -1,7 +1,7 @@
 //! A turn's full message list and the messages' content. A turn stores only what it added past its
 //! base (`base` names an earlier turn and how many of its messages, reply included, come first), so
 //! its list is resolved by walking the base chain. A message's content is in the pack of the turn
-//! that added it (`codec::encode_pack`), or stored once by hash in `messages` (a large message, an
+//! that added it (`pack::encode_pack`), or stored once by hash in `messages` (a large message, an
 //! imported one, or one written before packs).
 
 use std::collections::{BTreeMap, HashMap};
@@ -77,13 +77,13 @@ impl<'s> Resolver<'s> {
         let Some(packed) = self.packed.as_mut() else { return Ok(()) };
         let key = id_key(turn.id);
         let Some(bytes) = self.store.packs.get(key)? else { return Ok(()) };
-        let entries = codec::decode_pack(&key, &bytes)?;
+        let pack = crate::pack::decode_pack(&key, &bytes)?;
         let hashes: Vec<Hash> = turn.new_messages.iter().copied().chain(turn.reply.as_deref().and_then(from_hex)).collect();
-        if entries.len() != hashes.len() {
-            let detail = format!("holds {} messages, its turn added {}", entries.len(), hashes.len());
+        if pack.len() != hashes.len() {
+            let detail = format!("holds {} messages, its turn added {}", pack.len(), hashes.len());
             return Err(StoreError::Damaged { tree: trees::PACKS, key: codec::hex_key(&key), detail });
         }
-        for (hash, entry) in hashes.into_iter().zip(entries) {
+        for (hash, entry) in hashes.into_iter().zip(pack.entries()) {
             if let Some(json) = entry {
                 packed.entry(hash).or_insert_with(|| json.to_vec());
             }

@@ -12,9 +12,11 @@ use crate::StoreError;
 /// Bumped whenever a record's meaning or encoding changes incompatibly. 2: values framed with a
 /// checksum (`codec`); a version 1 store opens and is marked 2 (its bare-JSON records still decode),
 /// while a release that knows only 1 refuses a version 2 store instead of misreading it. 3: turns in
-/// the binary layout with their messages packed (`codec::encode_turn`, `codec::encode_pack`) and
+/// the binary layout with their messages packed (`codec::encode_turn`, `codec::encode_pack` then) and
 /// prefix entries sampled (`prefixes`); older stores open and are marked 3, their records still read.
-pub const SCHEMA_VERSION: u32 = 3;
+/// 4: packs LZ4-compressed and turn records leaving their packed messages' hashes to the pack
+/// (`pack`, `codec::FRAME_TURN_V3`), formats a version 3 release would take for damage.
+pub const SCHEMA_VERSION: u32 = 4;
 /// The oldest schema this release opens (and upgrades in place).
 const OLDEST_READABLE: u32 = 1;
 
@@ -185,8 +187,11 @@ impl Store {
     /// Messages stored: those stored by hash, and those packed into their turns' records (a message
     /// packed by two turns counts twice).
     pub fn message_count(&self) -> usize {
-        let packed =
-            self.packs.iter().flatten().map(|(key, value)| codec::decode_pack(&key, &value).map_or(0, |e| e.iter().flatten().count()));
+        let packed = self
+            .packs
+            .iter()
+            .flatten()
+            .map(|(key, value)| crate::pack::decode_pack(&key, &value).map_or(0, |p| p.entries().flatten().count()));
         self.messages.len() + packed.sum::<usize>()
     }
 
@@ -200,7 +205,16 @@ impl Store {
 
     pub fn turn(&self, id: u64) -> Result<Option<TurnRecord>, StoreError> {
         let key = id_key(id);
-        self.turns.get(key)?.map(|bytes| codec::decode_turn(&key, &bytes)).transpose()
+        self.turns.get(key)?.map(|bytes| self.decode_turn(&key, &bytes)).transpose()
+    }
+
+    /// A turn record read from `turns`, with its pack when its layout leaves hashes to it.
+    pub(crate) fn decode_turn(&self, key: &[u8], bytes: &[u8]) -> Result<TurnRecord, StoreError> {
+        if !codec::needs_pack(bytes) {
+            return codec::decode_turn(key, bytes, None);
+        }
+        let pack = self.packs.get(key)?.map(|value| crate::pack::decode_pack(key, &value)).transpose()?;
+        codec::decode_turn(key, bytes, pack.as_ref())
     }
 
     pub fn put_conversation(&self, conversation: &ConversationRecord) -> Result<(), StoreError> {
@@ -302,7 +316,7 @@ impl Store {
         let mut live = std::collections::HashSet::new();
         for item in self.turns.iter() {
             let (key, value) = item?;
-            let turn = codec::decode_turn(&key, &value)?;
+            let turn = self.decode_turn(&key, &value)?;
             live.extend(turn.new_messages);
             live.extend(turn.reply.as_deref().and_then(crate::from_hex));
         }

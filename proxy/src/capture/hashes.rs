@@ -10,9 +10,10 @@ use std::hash::{BuildHasher, Hash as StdHash, Hasher};
 use ctxscope_store::{message_hash, Hash};
 use serde_json::Value;
 
-/// Entries kept before the memo is cleared: 131,072 (about 11 MB with the table's slack). It was a
-/// million (86 MB once full); a history longer than this is hashed again on each request instead.
-const MAX_ENTRIES: usize = 1 << 17;
+/// Entries kept before the memo is dropped: 65,536 (about 5.4 MB with the table's slack). It was a
+/// million (86 MB once full), then 131,072 (11 MB, held after large requests had filled it); the
+/// histories passing through at once longer than this are hashed again on each request instead.
+const MAX_ENTRIES: usize = 1 << 16;
 
 pub struct MessageHashes {
     keys: RandomState,
@@ -33,7 +34,8 @@ impl MessageHashes {
             return *hash;
         }
         if self.memo.len() >= MAX_ENTRIES {
-            self.memo.clear();
+            // A new table, not `clear`: that would keep the full one's allocation.
+            self.memo = HashMap::new();
         }
         let (hash, _) = message_hash(message);
         self.memo.insert(key, hash);

@@ -59,7 +59,7 @@ impl Scanned {
             }
             Some(detail) => s.damage(trees::MESSAGES, key, detail),
         });
-        s.each(&store.turns, trees::TURNS, |s, key, value| match s.turn(key, value) {
+        s.each(&store.turns, trees::TURNS, |s, key, value| match s.turn(store, key, value) {
             Some(mut turn) => {
                 turn.reply_text = String::new();
                 turn.params.clear();
@@ -179,12 +179,16 @@ impl Scanned {
         Some(record)
     }
 
-    /// A turn record (either layout), whose id must be its key.
-    fn turn(&mut self, key: &[u8], value: &[u8]) -> Option<TurnRecord> {
-        let turn = match codec::decode_turn(key, value) {
+    /// A turn record (any layout; one that leaves its hashes to its pack, read with it), whose id
+    /// must be its key.
+    fn turn(&mut self, store: &Store, key: &[u8], value: &[u8]) -> Option<TurnRecord> {
+        let turn = match store.decode_turn(key, value) {
             Ok(turn) => turn,
             Err(error) => {
                 let detail = match error {
+                    StoreError::Damaged { tree: trees::PACKS, detail, .. } => {
+                        format!("its message hashes are in its pack, which is damaged: {detail}")
+                    }
                     StoreError::Damaged { detail, .. } => detail,
                     other => format!("not a valid record: {}", error_detail(&other)),
                 };
@@ -206,8 +210,8 @@ impl Scanned {
             self.damage(trees::PACKS, key, format!("key of {} bytes is not a turn id", key.len()));
             return;
         };
-        let entries = match codec::decode_pack(key, value) {
-            Ok(entries) => entries,
+        let pack = match crate::pack::decode_pack(key, value) {
+            Ok(pack) => pack,
             Err(error) => {
                 let detail = match error {
                     StoreError::Damaged { detail, .. } => detail,
@@ -220,14 +224,14 @@ impl Scanned {
         self.packs.push((key.to_vec(), id));
         let Some(turn) = self.turns.get(&id) else { return };
         let hashes: Vec<Hash> = turn.new_messages.iter().copied().chain(turn.reply.as_deref().and_then(crate::from_hex)).collect();
-        if hashes.len() != entries.len() {
-            let detail = format!("holds {} messages, its turn added {}", entries.len(), hashes.len());
+        if hashes.len() != pack.len() {
+            let detail = format!("holds {} messages, its turn added {}", pack.len(), hashes.len());
             self.packs.pop();
             self.damage(trees::PACKS, key, detail);
             return;
         }
         let mut held = HashSet::new();
-        for (i, (hash, entry)) in hashes.iter().zip(&entries).enumerate() {
+        for (i, (hash, entry)) in hashes.iter().zip(pack.entries()).enumerate() {
             let Some(json) = entry else { continue };
             if Sha256::digest(json).as_slice() != hash {
                 self.packs.pop();

@@ -192,14 +192,15 @@ fn a_store_written_before_checksums_and_packs_checks_clean() {
         let (key, value) = item.unwrap();
         let turn = store.turn(crate::codec::key_id(&key).unwrap()).unwrap().unwrap();
         let hashes = turn.new_messages.iter().copied().chain(turn.reply.as_deref().and_then(crate::from_hex));
-        for (hash, json) in hashes.zip(crate::codec::decode_pack(&key, &value).unwrap()) {
+        for (hash, json) in hashes.zip(crate::pack::decode_pack(&key, &value).unwrap().entries()) {
             store.messages.insert(hash, json.unwrap()).unwrap();
         }
+        store.turns.insert(&key, crate::codec::json("turn", &turn).unwrap()).unwrap();
         store.packs.remove(&key).unwrap();
     }
     for item in store.turns.iter() {
         let (key, value) = item.unwrap();
-        let turn = crate::codec::decode_turn(&key, &value).unwrap();
+        let turn = store.decode_turn(&key, &value).unwrap();
         store.turns.insert(&key, crate::codec::json("turn", &turn).unwrap()).unwrap();
     }
     for name in [trees::CONVERSATIONS, trees::PREFIXES] {
@@ -221,7 +222,7 @@ fn a_store_written_before_checksums_and_packs_checks_clean() {
 fn a_pack_whose_turn_is_gone_is_dangling() {
     let dir = tempfile::tempdir().unwrap();
     let (store, _) = store_with_two_conversations(dir.path());
-    store.packs.insert(id_key(9), crate::codec::encode_pack(&id_key(9), &[Some(&b"{}"[..])])).unwrap();
+    store.packs.insert(id_key(9), crate::pack::encode_pack(&id_key(9), &[Some(&b"{}"[..])])).unwrap();
     let report = store.check().unwrap();
     assert!(report.problems.iter().any(|p| p.tree == "packs" && p.key == "9" && p.kind == ProblemKind::Dangling), "{:?}", report.problems);
     store.repair(report).unwrap();

@@ -108,6 +108,7 @@ impl Store {
         conversation.branch_of = None;
         conversation.turns = turns.len() as u32;
         let mut previous: Option<(u64, Vec<HashHex>)> = None;
+        let mut records = Vec::with_capacity(turns.len());
         for (index, view) in turns.into_iter().enumerate() {
             let mut turn = view.turn;
             let note = format!("{IMPORTED_NOTE} (turn {} of the exported store)", turn.id);
@@ -125,11 +126,14 @@ impl Store {
             };
             let mut with_reply = view.messages.clone();
             with_reply.extend(turn.reply.clone());
-            self.put_turn(&turn)?;
             conversation.last_turn = turn.id;
             previous = Some((turn.id, with_reply));
+            records.push(turn);
         }
-        self.put_conversation(&conversation)?;
+        // The turns and the conversation in one transaction: a crash or a full disk leaves either
+        // the whole conversation or none of it (its messages, stored as their lines came, are
+        // content-addressed and swept by retention if nothing uses them).
+        self.commit_import(&conversation, &records)?;
         self.flush()?;
         Ok(conversation.id)
     }

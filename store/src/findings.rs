@@ -81,19 +81,6 @@ impl Store {
         all.reverse();
         Ok(all)
     }
-
-    /// Removes a conversation's findings (their causes stay claimed: a deleted conversation's cause
-    /// is not raised again).
-    pub(crate) fn delete_conversation_findings(&self, conversation: u64) -> Result<(), StoreError> {
-        for item in self.conversation_findings.scan_prefix(id_key(conversation)) {
-            let (key, _) = item?;
-            if let Some(id) = key.get(8..16).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes) {
-                self.findings.remove(id_key(id))?;
-            }
-            self.conversation_findings.remove(key)?;
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]
@@ -134,7 +121,7 @@ mod tests {
         assert_eq!(kind.len(), 1);
         let since = store.findings(&FindingFilter { since_unix_ms: Some(25), limit: Some(1), ..Default::default() }).unwrap();
         assert_eq!(since.iter().map(|f| f.id).collect::<Vec<_>>(), vec![4]);
-        store.delete_conversation_findings(7).unwrap();
+        store.delete_conversation(7).unwrap();
         assert_eq!(store.findings(&FindingFilter::default()).unwrap().len(), 1);
         assert!(store.has_cause("engine_truncation/7").unwrap());
     }

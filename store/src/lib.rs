@@ -16,6 +16,7 @@ pub use hash::{canonical_message, chain_next, from_hex, message_hash, to_hex, Ha
 pub use records::*;
 pub use retention::{RetentionPolicy, RetentionReport};
 pub use store::{IdSpace, Store, StoreOptions, SCHEMA_VERSION};
+mod bulk;
 pub mod check;
 mod commit;
 pub mod export;

@@ -278,38 +278,6 @@ impl Store {
         }
     }
 
-    /// Removes a conversation's turns and index entries (messages are swept by retention).
-    pub fn delete_conversation(&self, id: u64) -> Result<usize, StoreError> {
-        let ids = self.conversation_turn_ids(id)?;
-        for turn_id in &ids {
-            self.turns.remove(id_key(*turn_id))?;
-            self.packs.remove(id_key(*turn_id))?;
-            self.conversation_turns.remove(pair_key(id, *turn_id))?;
-        }
-        if let Some(conv) = self.conversation(id)? {
-            if let Some(name) = conv.name {
-                self.names.remove(name.as_bytes())?;
-            }
-        }
-        if let Some(old) = self.conversations.remove(id_key(id))? {
-            self.unindex_updated(&id_key(id), &old)?;
-        }
-        let mut stale = Vec::new();
-        for item in self.prefixes.iter() {
-            let (key, value) = item?;
-            if decode::<PrefixEntry>(trees::PREFIXES, &key, &value)?.conversation == id {
-                stale.push(key);
-            }
-        }
-        for key in stale {
-            self.prefixes.remove(key)?;
-        }
-        unmark_all(&self.ends, id)?;
-        unmark_all(&self.replies, id)?;
-        self.delete_conversation_findings(id)?;
-        Ok(ids.len())
-    }
-
     /// Deletes every message stored by hash that no remaining turn references; returns how many went.
     /// (A turn's packed messages go with the turn.)
     pub fn sweep_messages(&self) -> Result<usize, StoreError> {
@@ -356,21 +324,6 @@ pub(crate) fn get<T: serde::de::DeserializeOwned>(tree: &sled::Tree, name: &'sta
 
 fn marked(tree: &sled::Tree, key: &Hash) -> Result<Option<u64>, StoreError> {
     Ok(tree.get(key)?.and_then(|v| codec::key_id(&v)))
-}
-
-/// Removes every mark of a deleted conversation.
-fn unmark_all(tree: &sled::Tree, conversation: u64) -> Result<(), StoreError> {
-    let mut stale = Vec::new();
-    for item in tree.iter() {
-        let (key, value) = item?;
-        if codec::key_id(&value) == Some(conversation) {
-            stale.push(key);
-        }
-    }
-    for key in stale {
-        tree.remove(key)?;
-    }
-    Ok(())
 }
 
 /// A directory that holds files but no sled database is someone else's: refuse it.

@@ -51,6 +51,8 @@ pub mod trees {
     pub const CONVERSATIONS_BY_UPDATED: &str = "conversations_by_updated";
     /// Responses API response id -> turn id.
     pub const RESPONSE_IDS: &str = "response_ids";
+    /// turn id -> the writes of a turn being committed (`intent`); empty between commits.
+    pub const INTENTS: &str = "intents";
     /// fingerprint hash (hex) -> Fingerprint.
     pub const FINGERPRINTS: &str = "fingerprints";
 }

@@ -1,15 +1,19 @@
-//! One captured turn, one write. [`Store::commit_turn`] lands everything a turn adds in a single sled
-//! transaction over the trees involved: its new messages (packed into one record, large ones on their
-//! own), the turn record and its place in the conversation, its Responses API id, prefix entries, the
-//! conversation record and the indexes the store keeps for it (listing order, name, open ends, latest
-//! reply). sled recovers a transaction whole or not at all, so a crash never leaves a conversation
-//! pointing at a turn that is not there. The records written do not grow with the number of messages
-//! (sled spends hundreds of bytes of disk and memory on each record, more than a short message).
+//! One captured turn, one write. [`Store::commit_turn`] lands everything a turn adds at once: its new
+//! messages (packed into one record, large ones on their own), the turn record and its place in the
+//! conversation, its Responses API id, prefix entries, the conversation record and the indexes the
+//! store keeps for it (listing order, name, open ends, latest reply). The writes are computed first,
+//! recorded as one intent (one sled insert, atomic on its own), applied, then the intent is removed;
+//! an intent found on open is applied again (`intent`), so a crash never leaves a conversation
+//! pointing at a turn that is not there. (A sled transaction did the same, but sealed sled's I/O
+//! buffer and woke its I/O threads on every turn: BENCHMARKS.md, "Proxy latency".) The records
+//! written do not grow with the number of messages (sled spends hundreds of bytes of disk and memory
+//! on each record, more than a short message).
 
-use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional, TransactionalTree};
+use sled::transaction::TransactionError;
 
 use crate::codec::{self, decode, encode, id_key, pair_key, trees};
 use crate::hash::{from_hex, Hash, ZERO_HASH};
+use crate::intent::{Op, Slot};
 use crate::prefixes::recorded_lengths;
 use crate::records::{ConversationRecord, PrefixEntry, TurnRecord};
 use crate::{Store, StoreError};
@@ -31,8 +35,6 @@ pub struct TurnDraft {
     pub conversation: ConversationRecord,
 }
 
-type Abortable<T> = Result<T, ConflictableTransactionError<StoreError>>;
-
 /// Free space kept beyond a write's own size: sled appends to its log in segments (512 KiB by
 /// default) and rewrites pages, so a write needs room past its own bytes.
 pub const ROOM_MARGIN: u64 = 1 << 20;
@@ -51,12 +53,18 @@ impl Store {
         }
     }
 
-    /// Writes a turn and everything it changes as one transaction. What the store derives itself:
-    /// the turn's entry in its conversation's turn list; the response id index, for a successful
-    /// (2xx) Responses turn; the listing index and name of the conversation; its open ends (the head
-    /// and tail of its latest turn, replacing the previous turn's) and its latest-reply mark.
+    /// Writes a turn and everything it changes, all or nothing (`intent`). What the store derives
+    /// itself: the turn's entry in its conversation's turn list; the response id index, for a
+    /// successful (2xx) Responses turn; the listing index and name of the conversation; its open ends
+    /// (the head and tail of its latest turn, replacing the previous turn's) and its latest-reply mark.
     pub fn commit_turn(&self, draft: &TurnDraft) -> Result<(), StoreError> {
         self.ensure_room(draft.messages.iter().map(|(_, json)| json.len() as u64 + 64).sum::<u64>() + 4096)?;
+        let ops = self.turn_ops(draft)?;
+        self.write_intended(&id_key(draft.turn.id), &ops)
+    }
+
+    /// The writes of a turn, decided against the store as it is.
+    pub(crate) fn turn_ops(&self, draft: &TurnDraft) -> Result<Vec<Op>, StoreError> {
         let (turn, conversation) = (&draft.turn, &draft.conversation);
         debug_assert_eq!(turn.conversation, conversation.id, "a turn commits with its own conversation");
         let turn_key = id_key(turn.id);
@@ -69,75 +77,54 @@ impl Store {
         let head = draft.chain.last().copied().unwrap_or(ZERO_HASH);
         let reply = conversation.last_reply.as_deref().and_then(from_hex);
 
-        let all = (
-            &self.messages,
-            &self.packs,
-            &self.turns,
-            &self.conversation_turns,
-            &self.response_ids,
-            &self.prefixes,
-            &self.conversations,
-            &self.by_updated,
-            &self.names,
-            &self.ends,
-            &self.replies,
-        );
-        let result = all.transaction(
-            |(
-                t_messages,
-                t_packs,
-                t_turns,
-                t_conversation_turns,
-                t_response_ids,
-                t_prefixes,
-                t_conversations,
-                t_by_updated,
-                t_names,
-                t_ends,
-                t_replies,
-            )| {
-                for (hash, value) in &messages {
-                    insert_if_absent(t_messages, hash, value)?;
+        let mut ops = Vec::with_capacity(messages.len() + prefixes.len() + 12);
+        for (hash, value) in messages {
+            if !self.messages.contains_key(hash)? {
+                ops.push(Op::put(Slot::Messages, hash, value));
+            }
+        }
+        if let Some(pack) = pack {
+            ops.push(Op::put(Slot::Packs, turn_key, pack));
+        }
+        ops.push(Op::put(Slot::Turns, turn_key, turn_value));
+        ops.push(Op::put(Slot::ConversationTurns, pair_key(conversation.id, turn.id), []));
+        if let Some(id) = response_id {
+            ops.push(Op::put(Slot::ResponseIds, id.as_bytes(), turn_key));
+        }
+        for (chain, value) in prefixes {
+            if !self.prefixes.contains_key(chain)? {
+                ops.push(Op::put(Slot::Prefixes, chain, value));
+            }
+        }
+        // The previous conversation record says which index entries move.
+        if let Some(old) = self.conversations.get(conversation_key)? {
+            let old: ConversationRecord = decode(trees::CONVERSATIONS, &conversation_key, &old)?;
+            ops.push(Op::remove(Slot::ByUpdated, pair_key(old.updated_unix_ms, old.id)));
+            let old_ends = [from_hex(&old.last_head), old.last_tail.as_deref().and_then(from_hex)];
+            for end in old_ends.iter().flatten() {
+                if self.ends.get(end)?.as_deref() == Some(&conversation_key[..]) {
+                    ops.push(Op::remove(Slot::Ends, end));
                 }
-                if let Some(pack) = &pack {
-                    t_packs.insert(&turn_key[..], pack.as_slice())?;
+            }
+            if let Some(old_reply) = old.last_reply.as_deref().and_then(from_hex) {
+                if self.replies.get(old_reply)?.as_deref() == Some(&conversation_key[..]) {
+                    ops.push(Op::remove(Slot::Replies, old_reply));
                 }
-                t_turns.insert(&turn_key[..], turn_value.as_slice())?;
-                t_conversation_turns.insert(&pair_key(conversation.id, turn.id)[..], &[][..])?;
-                if let Some(id) = response_id {
-                    t_response_ids.insert(id.as_bytes(), &turn_key[..])?;
-                }
-                for (chain, value) in &prefixes {
-                    insert_if_absent(t_prefixes, chain, value)?;
-                }
-                // The conversation last: its previous record says which index entries move.
-                if let Some(old) = t_conversations.insert(&conversation_key[..], conversation_value.as_slice())? {
-                    let old: ConversationRecord =
-                        decode(trees::CONVERSATIONS, &conversation_key, &old).map_err(ConflictableTransactionError::Abort)?;
-                    t_by_updated.remove(&pair_key(old.updated_unix_ms, old.id)[..])?;
-                    let old_ends = [from_hex(&old.last_head), old.last_tail.as_deref().and_then(from_hex)];
-                    for end in old_ends.iter().flatten() {
-                        unmark(t_ends, end, &conversation_key)?;
-                    }
-                    if let Some(old_reply) = old.last_reply.as_deref().and_then(from_hex) {
-                        unmark(t_replies, &old_reply, &conversation_key)?;
-                    }
-                }
-                t_by_updated.insert(&pair_key(conversation.updated_unix_ms, conversation.id)[..], &[][..])?;
-                if let Some(name) = &conversation.name {
-                    t_names.insert(name.as_bytes(), &conversation_key[..])?;
-                }
-                t_ends.insert(&head[..], &conversation_key[..])?;
-                if let Some(tail) = &draft.tail {
-                    t_ends.insert(&tail[..], &conversation_key[..])?;
-                }
-                if let Some(reply) = &reply {
-                    t_replies.insert(&reply[..], &conversation_key[..])?;
-                }
-                Ok(())
-            },
-        );
-        result.map_err(transaction_error)
+            }
+        }
+        ops.push(Op::put(Slot::Conversations, conversation_key, conversation_value));
+        ops.push(Op::put(Slot::ByUpdated, pair_key(conversation.updated_unix_ms, conversation.id), []));
+        if let Some(name) = &conversation.name {
+            ops.push(Op::put(Slot::Names, name.as_bytes(), conversation_key));
+        }
+        ops.push(Op::put(Slot::Ends, head, conversation_key));
+        if let Some(tail) = &draft.tail {
+            ops.push(Op::put(Slot::Ends, tail, conversation_key));
+        }
+        if let Some(reply) = &reply {
+            ops.push(Op::put(Slot::Replies, reply, conversation_key));
+        }
+        Ok(ops)
     }
 }
 
@@ -183,21 +170,6 @@ fn prefix_entries(draft: &TurnDraft) -> Result<Vec<(Hash, Vec<u8>)>, StoreError>
         entries.push((chain, encode(trees::PREFIXES, &chain, &entry(len))?));
     }
     Ok(entries)
-}
-
-fn insert_if_absent(tree: &TransactionalTree, key: &Hash, value: &[u8]) -> Abortable<()> {
-    if tree.get(&key[..])?.is_none() {
-        tree.insert(&key[..], value)?;
-    }
-    Ok(())
-}
-
-/// Removes a mark (`ends`, `replies`) only if it still belongs to this conversation.
-fn unmark(tree: &TransactionalTree, key: &Hash, conversation_key: &[u8; 8]) -> Abortable<()> {
-    if tree.get(&key[..])?.as_deref() == Some(&conversation_key[..]) {
-        tree.remove(&key[..])?;
-    }
-    Ok(())
 }
 
 /// A failed transaction as a store error: the closure's own, or sled's.
@@ -307,12 +279,12 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_transaction_that_fails_midway_leaves_nothing() {
+    fn a_commit_that_cannot_be_decided_writes_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
         store.commit_turn(&draft(1, 1, &["a"], "ra", None)).unwrap();
-        // Damage the conversation record: the next commit reads it last, after staging the messages,
-        // the turn, its list entry and prefixes, and must abort with all of them.
+        // Damage the conversation record: the next commit reads it last, after deciding the messages,
+        // the turn, its list entry and prefixes, and must write none of them.
         let key = id_key(1);
         let mut bytes = store.conversations.get(key).unwrap().unwrap().to_vec();
         let at = bytes.len() - 3;

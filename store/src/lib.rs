@@ -22,6 +22,7 @@ mod commit;
 pub mod export;
 mod findings;
 mod fingerprint;
+mod intent;
 mod listing;
 mod marks;
 pub mod pack;

@@ -56,6 +56,7 @@ pub struct Store {
     pub(crate) replays: sled::Tree,
     pub(crate) by_updated: sled::Tree,
     pub(crate) response_ids: sled::Tree,
+    pub(crate) intents: sled::Tree,
 }
 
 /// The kinds of record that number their own ids.
@@ -109,9 +110,11 @@ impl Store {
             replays: tree(trees::REPLAYS)?,
             by_updated: tree(trees::CONVERSATIONS_BY_UPDATED)?,
             response_ids: tree(trees::RESPONSE_IDS)?,
+            intents: tree(trees::INTENTS)?,
             db,
         };
         store.check_schema()?;
+        store.finish_intents()?;
         store.init_id_counters()?;
         store.backfill_updated_index()?;
         Ok(store)

@@ -49,6 +49,11 @@ impl Store {
     /// (messages stored by hash are swept by retention; its findings' causes stay claimed, so a
     /// deleted conversation's cause is not raised again); returns how many turns went.
     pub fn delete_conversation(&self, id: u64) -> Result<usize, StoreError> {
+        // A turn write that failed midway finishes first: applied later, it would bring back what
+        // this removes.
+        if !self.intents.is_empty() {
+            self.finish_intents()?;
+        }
         let doomed = self.doomed(id)?;
         let conversation_key = id_key(id);
         let trees = [

@@ -15,8 +15,27 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-/// A port that was free a moment ago.
+/// A loopback port that was free a moment ago, for a child process to listen on. Taken below Linux's
+/// default ephemeral range (32768-60999): a port the kernel handed out for port 0 could go to one of
+/// the tests' own outgoing connections before the child binds it ("Address already in use", seen in
+/// CI). Each call in a process steps through the range in a different order per process.
 pub fn free_port() -> u16 {
+    use std::hash::BuildHasher;
+    use std::sync::atomic::{AtomicU16, Ordering};
+    use std::sync::OnceLock;
+    const LOW: u16 = 20_000;
+    const SPAN: u16 = 12_768;
+    static START: OnceLock<u16> = OnceLock::new();
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let start = *START.get_or_init(|| (std::hash::RandomState::new().hash_one(std::process::id()) % u64::from(SPAN)) as u16);
+    for _ in 0..SPAN {
+        // 7919 is prime and does not divide SPAN, so the steps visit every port of the span once.
+        let step = u32::from(NEXT.fetch_add(1, Ordering::Relaxed));
+        let port = LOW + ((u32::from(start) + step * 7919) % u32::from(SPAN)) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("ephemeral port")
 }
 

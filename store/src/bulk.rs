@@ -51,9 +51,7 @@ impl Store {
     pub fn delete_conversation(&self, id: u64) -> Result<usize, StoreError> {
         // A turn write that failed midway finishes first: applied later, it would bring back what
         // this removes.
-        if !self.intents.is_empty() {
-            self.finish_intents()?;
-        }
+        self.finish_intents()?;
         let doomed = self.doomed(id)?;
         let conversation_key = id_key(id);
         let trees = [

@@ -135,9 +135,7 @@ impl Store {
     /// Records `ops` as the intent under `key`, applies them, and removes the intent (after
     /// finishing any an earlier write left).
     pub(crate) fn write_intended(&self, key: &[u8], ops: &[Op]) -> Result<(), StoreError> {
-        if !self.intents.is_empty() {
-            self.finish_intents()?;
-        }
+        self.finish_intents()?;
         self.intents.insert(key, encode(key, ops))?;
         self.apply(ops)?;
         self.intents.remove(key)?;
@@ -149,6 +147,9 @@ impl Store {
     /// had applied, if anything, is left for `store check` to judge.
     pub(crate) fn finish_intents(&self) -> Result<usize, StoreError> {
         let mut finished = 0;
+        if self.intents.is_empty() {
+            return Ok(finished);
+        }
         for item in self.intents.iter() {
             let (key, value) = item?;
             match decode(&key, &value) {

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{hash, msg, open};
+use common::{hash, msg, open, unlocked};
 use ctxscope_store::*;
 use serde_json::json;
 
@@ -15,11 +15,11 @@ fn schema_version_mismatch_is_a_clear_error() {
         store.flush().unwrap();
     }
     {
-        let db = sled::open(dir.path()).unwrap();
+        let db = unlocked(|| sled::open(dir.path())).unwrap();
         db.open_tree("meta").unwrap().insert("schema_version", &99u32.to_be_bytes()).unwrap();
         db.flush().unwrap();
     }
-    let err = Store::open(dir.path(), &StoreOptions::default()).err().expect("must refuse");
+    let err = unlocked(|| Store::open(dir.path(), &StoreOptions::default())).err().expect("must refuse");
     let text = err.to_string();
     assert!(text.contains("schema version 99"), "{text}");
 }
@@ -170,7 +170,7 @@ fn a_store_written_before_checksums_opens_reads_and_is_marked_current() {
     let mut turn = store_test_turn(1, 1, vec![hash]);
     turn.reply_text = "old reply".into();
     {
-        let db = sled::open(dir.path()).unwrap();
+        let db = unlocked(|| sled::open(dir.path())).unwrap();
         let meta = db.open_tree("meta").unwrap();
         meta.insert("schema_version", &1u32.to_be_bytes()).unwrap();
         db.open_tree("messages").unwrap().insert(hash, bytes).unwrap();
@@ -184,7 +184,7 @@ fn a_store_written_before_checksums_opens_reads_and_is_marked_current() {
     let old = store.turn(1).unwrap().unwrap();
     assert_eq!(store.turn_message_values(&old).unwrap(), vec![(hash, Some(json!({"content": "from before", "role": "user"})))]);
     drop(store);
-    let db = sled::open(dir.path()).unwrap();
+    let db = unlocked(|| sled::open(dir.path())).unwrap();
     let version = db.open_tree("meta").unwrap().get("schema_version").unwrap().unwrap();
     assert_eq!(version.as_ref(), &SCHEMA_VERSION.to_be_bytes());
     assert_eq!(SCHEMA_VERSION, 4);

@@ -6,6 +6,7 @@
 # then the end-to-end tests with the official openai client.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+echo "test.sh: disk before: $(df -h --output=avail . | tail -1 | tr -d ' ') free" >&2
 
 # Debian packages the tests drive: prometheus (promtool and the server, tests/deploy.rs) and chromium
 # (the replay HTML report rendered headless, replay/tests/html_report.rs).
@@ -55,6 +56,7 @@ step env CTXSCOPE_REQUIRE_NVRTC=1 LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+
 step cargo build --locked -p ctxscope-engine --features cuda --tests --examples
 step cargo clippy --locked -p ctxscope-engine -p ctxscope-kernels --features ctxscope-engine/cuda --all-targets -- -D warnings
 step env CTXSCOPE_BIN="$PWD/target/debug/ctxscope" python3 -m pytest -q tests/python
+echo "test.sh: disk after: $(df -h --output=avail . | tail -1 | tr -d ' ') free, target/ $(du -sh target | cut -f1)" >&2
 if [[ ${#failed[@]} -ne 0 ]]; then
     echo "test.sh: ${#failed[@]} step(s) failed:" >&2
     printf '  %s\n' "${failed[@]}" >&2

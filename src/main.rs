@@ -188,6 +188,9 @@ struct CaptureArgs {
     /// Store flush interval in milliseconds (the most a crash can lose, plus the queue).
     #[arg(long, default_value_t = 500)]
     flush_ms: u64,
+    /// Memory for the store's page cache, in MiB (records read or written recently stay there).
+    #[arg(long, value_name = "MIB", default_value_t = ctxscope_store::StoreOptions::default().cache_bytes >> 20)]
+    store_cache_mib: u64,
     /// POST each finding to this http:// URL (https is not supported: use a local relay or Alertmanager).
     #[arg(long, value_name = "URL")]
     alert_webhook: Option<String>,
@@ -260,6 +263,7 @@ impl CaptureArgs {
         config.data_dir = (!self.no_capture).then(|| self.data.clone());
         config.session_header = self.session_header.clone();
         config.flush_every_ms = self.flush_ms;
+        config.store_cache_bytes = self.store_cache_mib << 20;
         config.alert_webhook =
             self.alert_webhook.as_ref().map(|url| WebhookConfig { format: self.alert_webhook_format, ..WebhookConfig::new(url.clone()) });
         config.otlp = self.otlp_endpoint.as_ref().map(|url| OtlpConfig {

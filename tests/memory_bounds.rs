@@ -39,7 +39,9 @@ async fn large_requests_leave_memory_and_store_bounded() {
     let upstream = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let proxy = Proxy::builder(&upstream.url(), &data).start();
+    // Extra proxy flags for experiments (e.g. CTXSCOPE_MEM_PROXY_ARGS="--store-cache-mib 8").
+    let extra = std::env::var("CTXSCOPE_MEM_PROXY_ARGS").unwrap_or_default();
+    let proxy = extra.split_whitespace().fold(Proxy::builder(&upstream.url(), &data), |b, a| b.arg(a)).start();
     let url = format!("{}/v1/chat/completions", proxy.url());
     // Warm up: one small conversation, so the idle figure includes what every run loads.
     let small = json!({"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4});

@@ -33,6 +33,8 @@ pub struct ProxyConfig {
     pub retention: RetentionPolicy,
     pub retention_every: Duration,
     pub flush_every_ms: u64,
+    /// sled's page cache, in bytes: what the store keeps in memory of the records it has read or written.
+    pub store_cache_bytes: u64,
     /// Detector thresholds and phrase lists.
     pub detect: crate::detect::DetectConfig,
     /// Findings are also posted to this webhook when set.
@@ -176,6 +178,7 @@ impl ProxyConfig {
             retention: RetentionPolicy::default(),
             retention_every: Duration::from_secs(600),
             flush_every_ms: 500,
+            store_cache_bytes: ctxscope_store::StoreOptions::default().cache_bytes,
             detect: crate::detect::DetectConfig::default(),
             alert_webhook: None,
             otlp: None,

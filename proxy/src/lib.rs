@@ -177,7 +177,7 @@ fn open_store(config: &ProxyConfig) -> (Option<Store>, String) {
         tracing::error!(dir = %dir.display(), %error, "cannot create data directory; capture unavailable, traffic still flows");
         return (None, format!("unavailable: cannot create {}: {error}", dir.display()));
     }
-    let options = StoreOptions { flush_every_ms: config.flush_every_ms, ..StoreOptions::default() };
+    let options = StoreOptions { flush_every_ms: config.flush_every_ms, cache_bytes: config.store_cache_bytes };
     match Store::open(dir, &options) {
         Ok(store) => (Some(store), "on".into()),
         Err(error) => {

@@ -107,6 +107,9 @@ impl Store {
             Ok::<_, ConflictableTransactionError<StoreError>>(())
         });
         result.map_err(transaction_error)?;
+        for turn in &doomed.turns {
+            self.spill.discard(trees::PACKS, &id_key(*turn));
+        }
         Ok(doomed.turns.len())
     }
 

@@ -60,7 +60,7 @@ impl Store {
     pub fn commit_turn(&self, draft: &TurnDraft) -> Result<(), StoreError> {
         self.ensure_room(draft.messages.iter().map(|(_, json)| json.len() as u64 + 64).sum::<u64>() + 4096)?;
         let ops = self.turn_ops(draft)?;
-        self.write_intended(&id_key(draft.turn.id), &ops)
+        self.write_intended(&id_key(draft.turn.id), ops)
     }
 
     /// The writes of a turn, decided against the store as it is.
@@ -315,5 +315,62 @@ pub(crate) mod tests {
         store.commit_turn(&failed).unwrap();
         assert_eq!(store.turn_by_response_id("resp_1").unwrap().map(|t| t.id), Some(1));
         assert_eq!(store.turn_by_response_id("resp_2").unwrap(), None);
+    }
+
+    #[test]
+    fn large_packs_and_messages_live_in_files_sled_holding_markers() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        // 3,000 messages that compress poorly (hex), and one of 70 KB: both past SPILL_FROM.
+        let texts: Vec<String> = (0..3000).map(|i| format!("m{i} {}", to_hex(&message_hash(&json!(i)).0))).collect();
+        let big = "x".repeat(70_000);
+        let mut all: Vec<&str> = texts.iter().map(String::as_str).collect();
+        all.push(&big);
+        let turn = draft(1, 1, &all, "ra", None);
+        store.commit_turn(&turn).unwrap();
+        let pack = store.packs.get(id_key(1)).unwrap().unwrap();
+        assert!(crate::spill::is_spilled(&pack) && pack.len() < 64, "sled holds a marker of {} bytes", pack.len());
+        let (big_hash, _) = message_hash(&json!({"role": "user", "content": big}));
+        assert!(crate::spill::is_spilled(&store.messages.get(big_hash).unwrap().unwrap()));
+        let files = |tree: &str| std::fs::read_dir(dir.path().join("spill").join(tree)).map_or(0, |d| d.count());
+        assert_eq!((files("packs"), files("messages")), (1, 1));
+        let expect = |store: &Store| {
+            let values = store.turn_message_values(&store.turn(1).unwrap().unwrap()).unwrap();
+            assert_eq!(values.len(), 3001);
+            assert_eq!(values[7].1.as_ref().unwrap()["content"], texts[7].as_str());
+            assert_eq!(values[3000].1.as_ref().unwrap()["content"], big.as_str());
+        };
+        expect(&store);
+        assert_eq!(store.message_count(), 3002);
+        assert!(store.check().unwrap().problems.is_empty());
+        // Reopened, the same; a file no record names (a crash between file and marker) is swept.
+        std::fs::write(dir.path().join("spill/packs").join(crate::codec::hex_key(&id_key(9))), b"orphan").unwrap();
+        drop(store);
+        let store = reopen(dir.path());
+        expect(&store);
+        assert_eq!(files("packs"), 1, "the orphan went on open");
+        // A missing file is damage that check names, not a silent gap.
+        let pack_file = dir.path().join("spill/packs").join(crate::codec::hex_key(&id_key(1)));
+        let saved = std::fs::read(&pack_file).unwrap();
+        std::fs::remove_file(&pack_file).unwrap();
+        let report = store.check().unwrap();
+        assert!(report.problems.iter().any(|p| p.tree == "packs" && p.kind == crate::ProblemKind::Damaged), "{:?}", report.problems);
+        std::fs::write(&pack_file, saved).unwrap();
+        // Deleting the conversation removes its pack's file; retention's sweep the message's.
+        store.delete_conversation(1).unwrap();
+        assert_eq!(files("packs"), 0);
+        store.sweep_messages().unwrap();
+        assert_eq!(files("messages"), 0);
+    }
+
+    /// Opens `dir` again once sled has let go of its lock.
+    fn reopen(dir: &std::path::Path) -> Store {
+        for _ in 0..500 {
+            match Store::open(dir, &StoreOptions::default()) {
+                Err(e) if e.to_string().contains("could not acquire lock") => std::thread::sleep(std::time::Duration::from_millis(20)),
+                other => return other.unwrap(),
+            }
+        }
+        panic!("the store's lock was never released")
     }
 }

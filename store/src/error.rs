@@ -34,6 +34,9 @@ pub enum StoreError {
     /// the database until it is reopened, so writes stop while the disk is nearly full instead.
     #[error("disk nearly full at {path}: {free} bytes free, a turn of {needed} bytes is not written (free some space: capture resumes by itself)")]
     NoRoom { path: PathBuf, free: u64, needed: u64 },
+    /// A large value's own file (`spill`) could not be written or listed.
+    #[error("cannot write capture store file {path}: {source}")]
+    Spill { path: PathBuf, source: std::io::Error },
     #[error("bad import line {line}: {detail}")]
     Import { line: usize, detail: String },
 }

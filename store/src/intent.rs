@@ -121,6 +121,17 @@ impl Store {
         }
     }
 
+    fn spill_large(&self, op: Op) -> Result<Op, StoreError> {
+        let tree = match op.slot {
+            Slot::Packs => trees::PACKS,
+            Slot::Messages => trees::MESSAGES,
+            _ => return Ok(op),
+        };
+        let Op { slot, key, value } = op;
+        let value = value.map(|value| self.spill.put(tree, &key, value)).transpose()?;
+        Ok(Op { slot, key, value })
+    }
+
     fn apply(&self, ops: &[Op]) -> Result<(), StoreError> {
         for op in ops {
             let tree = self.slot_tree(op.slot);
@@ -133,11 +144,13 @@ impl Store {
     }
 
     /// Records `ops` as the intent under `key`, applies them, and removes the intent (after
-    /// finishing any an earlier write left).
-    pub(crate) fn write_intended(&self, key: &[u8], ops: &[Op]) -> Result<(), StoreError> {
+    /// finishing any an earlier write left). Large packs and messages go to their own files first
+    /// (`spill`); the intent and sled hold their markers.
+    pub(crate) fn write_intended(&self, key: &[u8], ops: Vec<Op>) -> Result<(), StoreError> {
         self.finish_intents()?;
-        self.intents.insert(key, encode(key, ops))?;
-        self.apply(ops)?;
+        let ops = ops.into_iter().map(|op| self.spill_large(op)).collect::<Result<Vec<_>, _>>()?;
+        self.intents.insert(key, encode(key, &ops))?;
+        self.apply(&ops)?;
         self.intents.remove(key)?;
         Ok(())
     }

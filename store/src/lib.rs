@@ -30,6 +30,7 @@ mod prefixes;
 mod read_only;
 mod replays;
 mod resolve;
+pub mod spill;
 
 pub use check::{CheckReport, ConversationFate, Fate, Problem, ProblemKind};
 pub use commit::TurnDraft;

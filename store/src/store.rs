@@ -15,8 +15,9 @@ use crate::StoreError;
 /// the binary layout with their messages packed (`codec::encode_turn`, `codec::encode_pack` then) and
 /// prefix entries sampled (`prefixes`); older stores open and are marked 3, their records still read.
 /// 4: packs LZ4-compressed and turn records leaving their packed messages' hashes to the pack
-/// (`pack`, `codec::FRAME_TURN_V3`), formats a version 3 release would take for damage.
-pub const SCHEMA_VERSION: u32 = 4;
+/// (`pack`, `codec::FRAME_TURN_V3`), formats a version 3 release would take for damage. 5: large
+/// packs and messages in files of their own, sled holding a marker (`spill`).
+pub const SCHEMA_VERSION: u32 = 5;
 /// The oldest schema this release opens (and upgrades in place).
 const OLDEST_READABLE: u32 = 1;
 
@@ -44,6 +45,8 @@ pub struct Store {
     pub(crate) messages: sled::Tree,
     pub(crate) turns: sled::Tree,
     pub(crate) packs: sled::Tree,
+    /// Large packs and messages, each in its own file (`spill`).
+    pub(crate) spill: crate::spill::Spill,
     pub(crate) conversations: sled::Tree,
     pub(crate) conversation_turns: sled::Tree,
     pub(crate) prefixes: sled::Tree,
@@ -98,6 +101,7 @@ impl Store {
             messages: tree(trees::MESSAGES)?,
             turns: tree(trees::TURNS)?,
             packs: tree(trees::PACKS)?,
+            spill: crate::spill::Spill::new(path),
             conversations: tree(trees::CONVERSATIONS)?,
             conversation_turns: tree(trees::CONVERSATION_TURNS)?,
             prefixes: tree(trees::PREFIXES)?,
@@ -115,6 +119,12 @@ impl Store {
         };
         store.check_schema()?;
         store.finish_intents()?;
+        for (name, tree) in [(trees::PACKS, &store.packs), (trees::MESSAGES, &store.messages)] {
+            let swept = store.spill.sweep(name, tree)?;
+            if swept > 0 {
+                tracing::info!(swept, tree = name, "removed spilled values no record names (an interrupted write or removal)");
+            }
+        }
         store.init_id_counters()?;
         store.backfill_updated_index()?;
         Ok(store)
@@ -179,22 +189,31 @@ impl Store {
 
     /// Stores a canonical message once; returns whether it was new.
     pub fn put_message(&self, hash: &Hash, canonical_json: &[u8]) -> Result<bool, StoreError> {
-        let previous = self.messages.compare_and_swap(hash, None as Option<&[u8]>, Some(codec::frame(hash, canonical_json)))?;
+        if self.messages.contains_key(hash)? {
+            return Ok(false);
+        }
+        let value = self.spill.put(trees::MESSAGES, hash, codec::frame(hash, canonical_json))?;
+        let previous = self.messages.compare_and_swap(hash, None as Option<&[u8]>, Some(value))?;
         Ok(previous.is_ok())
     }
 
     pub fn message(&self, hash: &Hash) -> Result<Option<Value>, StoreError> {
-        get(&self.messages, trees::MESSAGES, hash)
+        let Some(value) = self.value(&self.messages, trees::MESSAGES, hash)? else { return Ok(None) };
+        codec::decode(trees::MESSAGES, hash, &value).map(Some)
+    }
+
+    /// The value under `key` in `tree` (packs or messages), a spilled one read from its file.
+    pub(crate) fn value(&self, tree: &sled::Tree, name: &'static str, key: &[u8]) -> Result<Option<sled::IVec>, StoreError> {
+        tree.get(key)?.map(|value| self.spill.load(name, key, value)).transpose()
     }
 
     /// Messages stored: those stored by hash, and those packed into their turns' records (a message
     /// packed by two turns counts twice).
     pub fn message_count(&self) -> usize {
-        let packed = self
-            .packs
-            .iter()
-            .flatten()
-            .map(|(key, value)| crate::pack::decode_pack(&key, &value).map_or(0, |p| p.entries().flatten().count()));
+        let packed = self.packs.iter().flatten().map(|(key, value)| {
+            let value = self.spill.load(trees::PACKS, &key, value);
+            value.and_then(|value| crate::pack::decode_pack(&key, &value)).map_or(0, |p| p.entries().flatten().count())
+        });
         self.messages.len() + packed.sum::<usize>()
     }
 
@@ -216,7 +235,7 @@ impl Store {
         if !codec::needs_pack(bytes) {
             return codec::decode_turn(key, bytes, None);
         }
-        let pack = self.packs.get(key)?.map(|value| crate::pack::decode_pack(key, &value)).transpose()?;
+        let pack = self.value(&self.packs, trees::PACKS, key)?.map(|value| crate::pack::decode_pack(key, &value)).transpose()?;
         codec::decode_turn(key, bytes, pack.as_ref())
     }
 
@@ -293,9 +312,10 @@ impl Store {
         }
         let mut removed = 0;
         for item in self.messages.iter() {
-            let (key, _) = item?;
+            let (key, value) = item?;
             if !Hash::try_from(&key[..]).is_ok_and(|hash| live.contains(&hash)) {
-                self.messages.remove(key)?;
+                self.messages.remove(&key)?;
+                self.spill.remove(trees::MESSAGES, &key, &value);
                 removed += 1;
             }
         }
@@ -309,7 +329,7 @@ impl Store {
     }
 
     pub fn size_on_disk(&self) -> u64 {
-        self.db.size_on_disk().unwrap_or(0)
+        self.db.size_on_disk().unwrap_or(0) + self.spill.bytes()
     }
 
     /// Hex of a hash, re-exported for callers building records.

@@ -187,7 +187,7 @@ fn a_store_written_before_checksums_opens_reads_and_is_marked_current() {
     let db = unlocked(|| sled::open(dir.path())).unwrap();
     let version = db.open_tree("meta").unwrap().get("schema_version").unwrap().unwrap();
     assert_eq!(version.as_ref(), &SCHEMA_VERSION.to_be_bytes());
-    assert_eq!(SCHEMA_VERSION, 4);
+    assert_eq!(SCHEMA_VERSION, 5);
     // A record damaged in place is reported, naming its tree and key, never skipped.
     let turns = db.open_tree("turns").unwrap();
     let mut framed = turns.get(1u64.to_be_bytes()).unwrap().unwrap().to_vec();

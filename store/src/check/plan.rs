@@ -25,7 +25,11 @@ impl Plan {
     pub fn apply(&self, store: &Store) -> Result<(u64, u64), StoreError> {
         let mut removed = 0;
         for (tree, key) in &self.remove {
-            removed += u64::from(store.db_tree(tree.as_bytes())?.remove(key)?.is_some());
+            let gone = store.db_tree(tree.as_bytes())?.remove(key)?;
+            if let Some(value) = &gone {
+                store.spill.remove(tree, key, value);
+            }
+            removed += u64::from(gone.is_some());
         }
         for (tree, key, value) in &self.insert {
             store.db_tree(tree.as_bytes())?.insert(key, value.as_slice())?;

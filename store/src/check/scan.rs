@@ -51,6 +51,10 @@ pub(crate) struct Scanned {
 impl Scanned {
     pub fn read(store: &Store) -> Result<Scanned, StoreError> {
         let mut s = Scanned::default();
+        let message_problem = |key: &[u8], value: &[u8]| match unspilled(store, trees::MESSAGES, key, value) {
+            Ok(value) => message_problem(key, &value),
+            Err(detail) => Some(detail),
+        };
         s.each(&store.messages, trees::MESSAGES, |s, key, value| match message_problem(key, value) {
             None => {
                 if let Ok(hash) = Hash::try_from(key) {
@@ -69,7 +73,10 @@ impl Scanned {
                 s.damaged_turns.extend(key_id(key));
             }
         });
-        s.each(&store.packs, trees::PACKS, |s, key, value| s.pack(key, value));
+        s.each(&store.packs, trees::PACKS, |s, key, value| match unspilled(store, trees::PACKS, key, value) {
+            Ok(value) => s.pack(key, &value),
+            Err(detail) => s.damage(trees::PACKS, key, detail),
+        });
         s.each(&store.conversations, trees::CONVERSATIONS, |s, key, value| {
             match s.record::<ConversationRecord>(trees::CONVERSATIONS, key, value, |c| c.id) {
                 Some(conversation) => {
@@ -273,6 +280,19 @@ fn message_problem(key: &[u8], value: &[u8]) -> Option<String> {
         return Some("content does not match its hash".into());
     }
     None
+}
+
+/// A value as written: a spilled one read from its file (`spill`); a file missing or altered is the
+/// record's damage.
+fn unspilled<'a>(store: &Store, tree: &'static str, key: &[u8], value: &'a [u8]) -> Result<std::borrow::Cow<'a, [u8]>, String> {
+    if !crate::spill::is_spilled(value) {
+        return Ok(std::borrow::Cow::Borrowed(value));
+    }
+    match store.spill.load(tree, key, sled::IVec::from(value)) {
+        Ok(bytes) => Ok(std::borrow::Cow::Owned(bytes.to_vec())),
+        Err(StoreError::Damaged { detail, .. }) => Err(detail),
+        Err(error) => Err(error.to_string()),
+    }
 }
 
 /// A decode error's cause, without the advice the error's display adds.

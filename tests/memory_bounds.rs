@@ -78,6 +78,10 @@ async fn large_requests_leave_memory_and_store_bounded() {
             break;
         }
     }
+    // For diagnosis: CTXSCOPE_MEM_SMAPS=FILE keeps the settled proxy's memory map (/proc/PID/smaps).
+    if let Ok(path) = std::env::var("CTXSCOPE_MEM_SMAPS") {
+        let _ = std::fs::copy(format!("/proc/{}/smaps", proxy.pid()), path);
+    }
     let store = dir_bytes(&data) - store_before;
     let mib = |b: u64| b as f64 / 1048576.0;
     eprintln!(

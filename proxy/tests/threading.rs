@@ -161,23 +161,25 @@ fn failed_requests_are_recorded_with_the_engine_message() {
 
 #[test]
 fn a_fork_inside_a_long_request_branches_at_a_recorded_length() {
-    // One request of 300 messages records the first 64 prefix lengths, every 64th and its head and
-    // tail (not all 300): a fork early on is found exactly, one deep inside at the last recorded length.
+    // One request of 1,300 messages records the first PREFIX_RUN prefix lengths, every
+    // PREFIX_EVERY-th and its head and tail (not all 1,300): a fork early on is found exactly, one
+    // deep inside at the last recorded length.
     let mut h = Harness::new();
-    let long: Vec<Value> = (0..300).map(|i| if i % 2 == 0 { user(&format!("q{i}")) } else { assistant(&format!("a{i}")) }).collect();
+    let long: Vec<Value> = (0..1300).map(|i| if i % 2 == 0 { user(&format!("q{i}")) } else { assistant(&format!("a{i}")) }).collect();
     let first = h.turn(&long, "done");
-    assert!(h.store.message_count() >= 301);
+    assert!(h.store.message_count() >= 1301);
     let mut early = long[..40].to_vec();
     early.push(user("a different question"));
     let t = h.turn(&early, "x");
     assert_eq!(t.relation, Relation::Branch { conversation: first.conversation, turn: first.id, shared_messages: 40 });
-    let mut deep = long[..200].to_vec();
+    let mut deep = long[..1100].to_vec();
     deep.push(user("another different question"));
     let t = h.turn(&deep, "y");
-    let recorded = 200 / ctxscope_store::PREFIX_EVERY * ctxscope_store::PREFIX_EVERY;
+    let recorded = (1100 / ctxscope_store::PREFIX_EVERY * ctxscope_store::PREFIX_EVERY).max(ctxscope_store::PREFIX_RUN);
+    assert!(recorded > ctxscope_store::PREFIX_RUN, "the fork is past a recorded multiple");
     assert_eq!(t.relation, Relation::Branch { conversation: first.conversation, turn: first.id, shared_messages: recorded as u32 });
     // Its own delta holds the rest, so the full list still resolves.
-    assert_eq!(h.store.turn_messages(&t).unwrap().len(), 201);
+    assert_eq!(h.store.turn_messages(&t).unwrap().len(), 1101);
     let values = h.store.turn_message_values(&t).unwrap();
-    assert_eq!(values[199].1.as_ref().unwrap()["content"], "a199");
+    assert_eq!(values[1099].1.as_ref().unwrap()["content"], "a1099");
 }

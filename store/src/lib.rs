@@ -38,7 +38,7 @@ pub use findings::FindingFilter;
 pub use fingerprint::{FieldChange, Fingerprint};
 pub use listing::{ConversationPage, Cursor, PageQuery};
 pub use marks::MARKS_FILE;
-pub use prefixes::PREFIX_EVERY;
+pub use prefixes::{PREFIX_EVERY, PREFIX_RUN};
 pub use read_only::ReadOnlyStore;
 
 /// A minimal turn for tests in this crate and its dependents.

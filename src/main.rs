@@ -258,7 +258,7 @@ struct CaptureArgs {
 impl CaptureArgs {
     /// Applies the capture flags to a proxy configuration.
     fn apply(&self, config: &mut ProxyConfig) -> Result<(), String> {
-        ctxscope_proxy::ui::auth::check_bind(self.admin, self.admin_token.as_deref()).map_err(|e| e.to_string())?;
+        ctxscope_proxy::admin::ui::auth::check_bind(self.admin, self.admin_token.as_deref()).map_err(|e| e.to_string())?;
         config.admin_token = self.admin_token.clone();
         config.data_dir = (!self.no_capture).then(|| self.data.clone());
         config.session_header = self.session_header.clone();

@@ -45,6 +45,8 @@ pub mod cubin;
 pub mod device;
 pub mod entry;
 #[cfg(feature = "cuda")]
+pub mod error;
+#[cfg(feature = "cuda")]
 pub mod launch;
 #[cfg(feature = "cuda")]
 pub mod loader;

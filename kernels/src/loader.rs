@@ -14,8 +14,8 @@ use cudarc::nvrtc::Ptx;
 
 use crate::cache::{DirStore, KernelCache, Origin};
 use crate::cubin::{compile_cubin, nvrtc_version};
-use crate::device::DeviceError;
 use crate::entry::{decode, Key};
+use crate::error::DeviceError;
 use crate::settings::KernelSettings;
 use crate::{full_source, SOURCES};
 

@@ -16,7 +16,7 @@ use hyper_util::rt::TokioExecutor;
 pub use ctxscope_common::describe_error;
 
 use crate::body::{json_error, ProxyBody};
-use crate::config::Upstream;
+use crate::upstream::Upstream;
 
 /// Response extension set when the upstream could not be reached.
 #[derive(Debug, Clone)]

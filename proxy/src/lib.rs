@@ -14,14 +14,13 @@ pub mod detect;
 pub mod fingerprint;
 pub mod forward;
 pub mod health;
-pub mod import;
 pub mod limits;
 pub mod metrics;
 pub mod otlp;
 pub mod parse;
 pub mod responses_state;
 pub mod server;
-pub mod ui;
+pub mod upstream;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -125,8 +124,8 @@ pub async fn run(config: ProxyConfig, proxy: TcpListener, admin: TcpListener, sh
         health,
         upstream: config.upstream.display.clone(),
         token: config.admin_token.clone(),
-        live: ui::live::Live::new(stop_rx.clone()),
-        launcher: ui::launch::Launcher::new(config.replay_engine.clone()),
+        live: admin::ui::live::Live::new(stop_rx.clone()),
+        launcher: admin::ui::launch::Launcher::new(config.replay_engine.clone()),
     });
     let settings = CaptureSettings {
         session_header: config.session_header.as_deref().and_then(|h| http::HeaderName::from_bytes(h.as_bytes()).ok()),

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use ctxscope_proxy::ui::api::{conversation_page, list_filter};
+use ctxscope_proxy::admin::ui::api::{conversation_page, list_filter};
 use ctxscope_store::{ConversationRecord, FindingKind, FindingRecord, Severity, Store, StoreOptions};
 
 const CONVERSATIONS: u64 = 100_000;

@@ -15,7 +15,6 @@ use serde::{de::DeserializeOwned, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::hash::Hash;
-use crate::pack::Pack;
 use crate::records::TurnRecord;
 use crate::StoreError;
 
@@ -169,8 +168,12 @@ pub fn needs_pack(bytes: &[u8]) -> bool {
 }
 
 /// A turn record read under `key`: the binary layouts, or JSON (framed or from before framing). A
-/// [`FRAME_TURN_V3`] record needs its turn's `pack`; without it, it is damage.
-pub fn decode_turn(key: &[u8], bytes: &[u8], pack: Option<&Pack>) -> Result<TurnRecord, StoreError> {
+/// [`FRAME_TURN_V3`] record needs the entries of its turn's pack (`pack::Pack::entries`); without
+/// them, it is damage.
+pub fn decode_turn<'a, E>(key: &[u8], bytes: &[u8], pack: Option<E>) -> Result<TurnRecord, StoreError>
+where
+    E: ExactSizeIterator<Item = Option<&'a [u8]>>,
+{
     let format = bytes.first().copied();
     if format != Some(FRAME_TURN_V2) && format != Some(FRAME_TURN_V3) {
         return decode(trees::TURNS, key, bytes);
@@ -194,7 +197,7 @@ pub fn decode_turn(key: &[u8], bytes: &[u8], pack: Option<&Pack>) -> Result<Turn
     let pack = pack.ok_or_else(|| bad("its pack is missing"))?;
     let requested = pack.len().checked_sub(usize::from(turn.reply.is_some())).ok_or_else(|| bad("its pack holds no reply"))?;
     let mut messages = Vec::with_capacity(requested);
-    for entry in pack.entries().take(requested) {
+    for entry in pack.take(requested) {
         messages.push(match entry {
             Some(json) => Sha256::digest(json).into(),
             None => stored.next().ok_or_else(|| bad("fewer message hashes than its pack leaves out"))?,
@@ -236,6 +239,8 @@ pub fn hex_key(key: &[u8]) -> String {
 mod tests {
     use super::*;
 
+    const NO_PACK: Option<std::iter::Empty<Option<&[u8]>>> = None;
+
     #[test]
     fn id_keys_sort_numerically() {
         assert!(id_key(2) < id_key(10));
@@ -267,14 +272,14 @@ mod tests {
         let value = encode_turn(&id_key(7), &turn).unwrap();
         assert_eq!(value[0], FRAME_TURN_V2);
         assert_eq!(&value[value.len() - 96..], hashes.concat().as_slice());
-        assert_eq!(decode_turn(&id_key(7), &value, None).unwrap(), turn);
+        assert_eq!(decode_turn(&id_key(7), &value, NO_PACK).unwrap(), turn);
         // The JSON layout (framed or bare) still reads.
-        assert_eq!(decode_turn(&id_key(7), &encode(trees::TURNS, &id_key(7), &turn).unwrap(), None).unwrap(), turn);
-        assert_eq!(decode_turn(&id_key(7), &json("turn", &turn).unwrap(), None).unwrap(), turn);
+        assert_eq!(decode_turn(&id_key(7), &encode(trees::TURNS, &id_key(7), &turn).unwrap(), NO_PACK).unwrap(), turn);
+        assert_eq!(decode_turn(&id_key(7), &json("turn", &turn).unwrap(), NO_PACK).unwrap(), turn);
         let mut bad = value.clone();
         bad[9] ^= 1;
-        assert!(matches!(decode_turn(&id_key(7), &bad, None), Err(StoreError::Damaged { tree: "turns", .. })));
-        assert!(matches!(decode_turn(&id_key(8), &value, None), Err(StoreError::Damaged { .. })));
+        assert!(matches!(decode_turn(&id_key(7), &bad, NO_PACK), Err(StoreError::Damaged { tree: "turns", .. })));
+        assert!(matches!(decode_turn(&id_key(8), &value, NO_PACK), Err(StoreError::Damaged { .. })));
     }
 
     #[test]
@@ -290,13 +295,13 @@ mod tests {
         assert!(needs_pack(&value) && !needs_pack(&encode_turn(&key, &turn).unwrap()));
         assert_eq!(&value[value.len() - 32..], &large[..], "only the hash the pack does not hold is written");
         let pack = crate::pack::decode_pack(&key, &crate::pack::encode_pack(&key, &[Some(a), None, Some(b), Some(reply)])).unwrap();
-        assert_eq!(decode_turn(&key, &value, Some(&pack)).unwrap(), turn);
-        assert!(decode_turn(&key, &value, None).unwrap_err().to_string().contains("pack is missing"));
+        assert_eq!(decode_turn(&key, &value, Some(pack.entries())).unwrap(), turn);
+        assert!(decode_turn(&key, &value, NO_PACK).unwrap_err().to_string().contains("pack is missing"));
         // A pack that disagrees with the record about what it leaves out.
         let other = crate::pack::decode_pack(&key, &crate::pack::encode_pack(&key, &[Some(a), Some(b), Some(b), Some(reply)])).unwrap();
-        assert!(matches!(decode_turn(&key, &value, Some(&other)), Err(StoreError::Damaged { tree: "turns", .. })));
+        assert!(matches!(decode_turn(&key, &value, Some(other.entries())), Err(StoreError::Damaged { tree: "turns", .. })));
         let short = crate::pack::decode_pack(&key, &crate::pack::encode_pack(&key, &[None, None, None, Some(reply)])).unwrap();
-        assert!(decode_turn(&key, &value, Some(&short)).unwrap_err().to_string().contains("fewer message hashes"));
+        assert!(decode_turn(&key, &value, Some(short.entries())).unwrap_err().to_string().contains("fewer message hashes"));
     }
 
     #[test]

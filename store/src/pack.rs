@@ -33,7 +33,7 @@ impl Pack {
         self.spans.is_empty()
     }
 
-    pub fn entries(&self) -> impl Iterator<Item = Option<&[u8]>> + '_ {
+    pub fn entries(&self) -> impl ExactSizeIterator<Item = Option<&[u8]>> + '_ {
         self.spans.iter().map(|span| span.map(|(at, len)| &self.bytes[at..at + len]))
     }
 }

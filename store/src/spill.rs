@@ -153,7 +153,7 @@ impl Spill {
 }
 
 fn from_hex(name: &str) -> Option<Vec<u8>> {
-    if name.len() % 2 != 0 {
+    if !name.len().is_multiple_of(2) {
         return None;
     }
     (0..name.len()).step_by(2).map(|i| u8::from_str_radix(name.get(i..i + 2)?, 16).ok()).collect()

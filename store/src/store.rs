@@ -233,10 +233,10 @@ impl Store {
     /// A turn record read from `turns`, with its pack when its layout leaves hashes to it.
     pub(crate) fn decode_turn(&self, key: &[u8], bytes: &[u8]) -> Result<TurnRecord, StoreError> {
         if !codec::needs_pack(bytes) {
-            return codec::decode_turn(key, bytes, None);
+            return codec::decode_turn(key, bytes, None::<std::iter::Empty<_>>);
         }
         let pack = self.value(&self.packs, trees::PACKS, key)?.map(|value| crate::pack::decode_pack(key, &value)).transpose()?;
-        codec::decode_turn(key, bytes, pack.as_ref())
+        codec::decode_turn(key, bytes, pack.as_ref().map(crate::pack::Pack::entries))
     }
 
     pub fn put_conversation(&self, conversation: &ConversationRecord) -> Result<(), StoreError> {

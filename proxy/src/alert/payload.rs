@@ -4,7 +4,14 @@
 use ctxscope_store::FindingRecord;
 use serde_json::{json, Value};
 
-use super::webhook::WebhookFormat;
+/// The payload shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WebhookFormat {
+    /// `{"source": "ctxscope", "finding": {...}}`, one document per finding.
+    Json,
+    /// `[{"labels", "annotations", "startsAt"}]`, as Alertmanager's `POST /api/v2/alerts` accepts.
+    Alertmanager,
+}
 
 /// The request body for one finding.
 pub fn render(format: WebhookFormat, finding: &FindingRecord) -> Result<Vec<u8>, serde_json::Error> {

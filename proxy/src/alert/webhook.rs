@@ -19,6 +19,7 @@ use tokio::sync::{watch, Semaphore};
 
 use super::gate::{Gate, Refused};
 use super::payload::render;
+pub use super::payload::WebhookFormat;
 use super::AlertSink;
 use crate::forward::describe_error;
 use crate::metrics::{ALERTS_DROPPED_TOTAL, ALERTS_SENT_TOTAL};
@@ -31,15 +32,6 @@ const RETRY_AFTER_CAP: Duration = Duration::from_secs(60);
 /// Response bodies are read (so the connection can be reused) up to this size, then ignored.
 const MAX_RESPONSE_BYTES: usize = 64 << 10;
 const USER_AGENT: &str = concat!("ctxscope/", env!("CARGO_PKG_VERSION"));
-
-/// The payload shape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WebhookFormat {
-    /// `{"source": "ctxscope", "finding": {...}}`, one document per finding.
-    Json,
-    /// `[{"labels", "annotations", "startsAt"}]`, as Alertmanager's `POST /api/v2/alerts` accepts.
-    Alertmanager,
-}
 
 impl FromStr for WebhookFormat {
     type Err = WebhookError;

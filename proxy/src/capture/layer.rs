@@ -15,7 +15,8 @@ use ctxscope_store::Endpoint;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 
-use super::exchange::{Captured, Exchange, ExchangeGuard, Outcome};
+use super::exchange::{Captured, Exchange, Outcome};
+use super::guard::ExchangeGuard;
 use super::queue::CaptureSender;
 use super::tee::{RequestCopy, Tee};
 use crate::body::{json_error, ProxyBody};

@@ -2,11 +2,13 @@
 //! pipeline that turns them into stored, threaded, token-counted turns.
 
 pub mod exchange;
+pub mod guard;
 pub mod hashes;
 pub mod layer;
 pub mod pipeline;
 pub mod queue;
 pub mod responses;
+pub mod sink;
 pub mod tee;
 pub mod thread;
 pub mod tokens;

@@ -9,7 +9,8 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 
-use super::exchange::{Captured, ExchangeGuard, Outcome};
+use super::exchange::{Captured, Outcome};
+use super::guard::ExchangeGuard;
 use crate::body::ProxyBody;
 
 /// What a tee tells its observer.

@@ -27,8 +27,8 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 
-use crate::config::Upstream;
 use crate::metrics as m;
+use crate::upstream::Upstream;
 
 /// Which engine's endpoints the upstream offers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use std::time::Duration;
 use ctxscope_store::{Fingerprint, HashHex, Store};
 use tokio::sync::{watch, Notify};
 
-use crate::config::Upstream;
+use crate::upstream::Upstream;
 pub use probe::{ProbeError, Prober};
 
 /// How the fingerprint task runs.

@@ -14,7 +14,7 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use serde_json::{json, Value};
 
 use super::flatten::flatten;
-use crate::config::Upstream;
+use crate::upstream::Upstream;
 
 /// Largest answer read from one endpoint.
 const MAX_ANSWER: usize = 1 << 20;

@@ -27,8 +27,8 @@ use tokio::task::JoinHandle;
 pub use span::{attributes, operation, provider, Origin, FINDING_EVENT};
 pub use summary::TurnSummary;
 
-use crate::alert::AlertSink;
 use crate::capture::exchange::Exchange;
+use crate::capture::sink::AlertSink;
 use crate::metrics::{OTLP_DROPPED_TOTAL, OTLP_EXPORTED_TOTAL};
 
 /// Where and how turns are exported; [`OtlpConfig::new`] gives the defaults.

@@ -2,6 +2,9 @@
 //! while a proxy holds the store (`/api/conversations`, `/api/conversations/{id}`, `.../export`,
 //! `POST /api/import`, `/api/findings`, `/api/replays`). Documented in docs/api.md.
 
+pub mod import;
+pub mod ui;
+
 use std::convert::Infallible;
 use std::sync::Arc;
 
@@ -30,13 +33,13 @@ pub struct AdminState {
     /// `--admin-token`: required on every route but `/healthz` and `/metrics` when set (see `ui::auth`).
     pub token: Option<String>,
     /// The UI's live event streams.
-    pub live: crate::ui::live::Live,
+    pub live: ui::live::Live,
     /// Replays started from the UI.
-    pub launcher: crate::ui::launch::Launcher,
+    pub launcher: ui::launch::Launcher,
 }
 
 pub async fn handle(state: Arc<AdminState>, request: Request<Incoming>) -> Result<Response<ProxyBody>, Infallible> {
-    let request = match crate::ui::intercept(&state, request).await {
+    let request = match ui::intercept(&state, request).await {
         Ok(response) => return Ok(response),
         Err(request) => request,
     };
@@ -75,7 +78,7 @@ pub async fn handle(state: Arc<AdminState>, request: Request<Incoming>) -> Resul
             let (id, missing) = (id.to_string(), StoreError::NotFound(format!("response {id}")));
             with_store(&state, move |s| s.turn_by_response_id(&id)?.ok_or(missing).map(|t| to_json(&t))).await
         }
-        (&Method::POST, ["api", "import"]) => crate::import::import(&state, request).await,
+        (&Method::POST, ["api", "import"]) => import::import(&state, request).await,
         (&Method::GET, ["api", "replays"]) => with_store(&state, |s| s.replays().map(|r| to_json(&r))).await,
         (&Method::GET, ["api", "replays", id]) => match id.parse::<u64>() {
             Ok(id) => {

@@ -104,6 +104,8 @@ async fn start_engine(settings: &EngineSettings) -> Result<Started, String> {
         .map_err(|e| format!("loading the model: {e}"))?
         .map_err(|e| e.to_string())?;
     let mut options = EngineOptions::for_model(&model);
+    // The CUDA backend's tuning variables, read here once (ctxscope_engine::tuning).
+    options.device = ctxscope_engine::tuning::DeviceTuning::from_env();
     if let Some(ctx) = settings.ctx {
         if ctx < 2 || ctx > model.config.ctx_len {
             return Err(format!("--ctx {ctx} is out of range: this model's context is {} tokens (use 2..={0})", model.config.ctx_len));

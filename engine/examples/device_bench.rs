@@ -351,6 +351,7 @@ fn run(dir: &FsPath, rep: &mut Report) {
     }
 
     let mut options = EngineOptions::for_model(&model);
+    options.device = ctxscope_engine::tuning::DeviceTuning::from_env();
     options.ctx = options.ctx.min(env_usize("BENCH_CTX", 1024));
     options.max_batch = 8;
     options.step_tokens = options.step_tokens.max(PERF_PROMPT);

@@ -16,6 +16,7 @@ pub mod path;
 pub mod sample;
 pub mod scheduler;
 pub mod server;
+pub mod tuning;
 
 pub use backend::{Backend, BackendError, BackendKind};
 pub use cpu::CpuBackend;

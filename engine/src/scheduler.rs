@@ -20,6 +20,7 @@ use crate::kv::PrefixCache;
 use crate::model::Model;
 use crate::patch::{PatchSet, WEAK_HASH_BLOCK};
 use crate::sample::{Sampled, Sampler, SamplingParams};
+use crate::tuning::DeviceTuning;
 
 /// Limits of the scheduler.
 #[derive(Debug, Clone)]
@@ -32,11 +33,19 @@ pub struct EngineOptions {
     pub step_tokens: usize,
     /// Tokens of finished sequences kept for prefix reuse.
     pub prefix_cache_tokens: usize,
+    /// How the CUDA backend runs (read once at the edge: [`DeviceTuning::from_env`]).
+    pub device: DeviceTuning,
 }
 
 impl EngineOptions {
     pub fn for_model(model: &Model) -> EngineOptions {
-        EngineOptions { ctx: model.config.ctx_len, max_batch: 16, step_tokens: 512, prefix_cache_tokens: 32_768 }
+        EngineOptions {
+            ctx: model.config.ctx_len,
+            max_batch: 16,
+            step_tokens: 512,
+            prefix_cache_tokens: 32_768,
+            device: DeviceTuning::default(),
+        }
     }
 }
 

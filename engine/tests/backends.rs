@@ -50,7 +50,8 @@ on_every_backend!(
 /// Engine limits for every test; a backend is built with these (bodies change only the prefix cache,
 /// which is the scheduler's, not the backend's).
 fn options(model: &Model) -> EngineOptions {
-    EngineOptions { ctx: model.config.ctx_len.min(512), max_batch: 8, ..EngineOptions::for_model(model) }
+    let device = ctxscope_engine::tuning::DeviceTuning::from_env();
+    EngineOptions { ctx: model.config.ctx_len.min(512), max_batch: 8, device, ..EngineOptions::for_model(model) }
 }
 
 fn cpu_backend() -> impl Fn() -> Result<CpuBackend, BackendError> + Send + Clone + 'static {

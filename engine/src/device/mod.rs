@@ -97,7 +97,8 @@ impl DeviceBackend {
         let rope_table = device.rope_table(c.rope_base, c.head_dim).map_err(&fail)?;
         let ws = Workspace::new(&device.stream, &c, options.step_tokens.max(max_seqs), max_seqs, rope_table).map_err(&fail)?;
         device.stream.synchronize().map_err(|e| fail(e.into()))?;
-        let gemv_rows = env_usize("CTXSCOPE_CUDA_GEMV_ROWS", default_gemv_rows(&c)).clamp(1, GEMV_MAX_ROWS);
+        let tuning = &options.device;
+        let gemv_rows = tuning.gemv_rows.unwrap_or_else(|| default_gemv_rows(&c)).clamp(1, GEMV_MAX_ROWS);
         Ok(DeviceBackend {
             ordinal,
             device,
@@ -107,17 +108,17 @@ impl DeviceBackend {
             ws,
             ctx: options.ctx,
             graphs: HashMap::new(),
-            use_graphs: env_flag("CTXSCOPE_CUDA_GRAPHS"),
-            speculate: env_flag("CTXSCOPE_CUDA_SPECULATE"),
+            use_graphs: tuning.graphs,
+            speculate: tuning.speculate,
             speculation: None,
             continuation: true,
             gemv_rows,
-            stream_gemv: env_flag("CTXSCOPE_CUDA_STREAM_GEMV"),
-            attn_splits: env_usize("CTXSCOPE_CUDA_ATTN_SPLITS", 0).min(MAX_SPLITS),
+            stream_gemv: tuning.stream_gemv,
+            attn_splits: tuning.attn_splits.min(MAX_SPLITS),
             attn_cluster: 0,
-            persistent: env_usize("CTXSCOPE_CUDA_PERSISTENT", 0) != 0,
+            persistent: tuning.persistent,
         }
-        .with_attn_cluster(env_usize("CTXSCOPE_CUDA_ATTN_CLUSTER", DEFAULT_ATTN_CLUSTER)))
+        .with_attn_cluster(tuning.attn_cluster))
     }
 
     /// Turns decode-graph replay on or off (off: every pass launches its kernels one by one).
@@ -367,18 +368,6 @@ fn default_gemv_rows(c: &ModelConfig) -> usize {
     } else {
         DEFAULT_GEMV_ROWS
     }
-}
-/// Decode attention's cluster size unless `CTXSCOPE_CUDA_ATTN_CLUSTER` says otherwise (measured on the H200: BENCHMARKS.md).
-const DEFAULT_ATTN_CLUSTER: usize = 16;
-
-/// A numeric setting from the environment (`CTXSCOPE_CUDA_GEMV_ROWS`, `CTXSCOPE_CUDA_ATTN_SPLITS`, `CTXSCOPE_CUDA_ATTN_CLUSTER`), else `default`.
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// A switch that is on unless the variable is set to "0".
-fn env_flag(name: &str) -> bool {
-    std::env::var(name).map_or(true, |v| v != "0")
 }
 
 /// A greedy decode step already running on the device: the graph of the pass before it, launched

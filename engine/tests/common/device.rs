@@ -23,7 +23,7 @@ pub fn gpu_backend(test: &str, ctx: usize) -> Option<(Arc<Model>, DeviceBackend)
         return None;
     }
     let model = Arc::new(Model::load(&ctxscope_formats::test_model_path().unwrap_or_else(|e| panic!("{e}"))).expect("model loads"));
-    let options = EngineOptions { ctx, ..EngineOptions::for_model(&model) };
+    let options = EngineOptions { ctx, device: ctxscope_engine::tuning::DeviceTuning::from_env(), ..EngineOptions::for_model(&model) };
     let backend = DeviceBackend::new(model.clone(), 0, &options).expect("a GPU is present, so the backend must start");
     Some((model, backend))
 }

@@ -135,11 +135,10 @@ pub async fn run(config: ProxyConfig, proxy: TcpListener, admin: TcpListener, sh
     };
     // Box the incoming body, tee LLM exchanges into capture, expand Responses chains (with
     // --responses-state), forward to the upstream.
+    let forward = forward::Forward::new(config.upstream.clone(), config.connect_timeout);
     let proxy_service = ServiceBuilder::new()
         .map_request(|request: http::Request<Incoming>| request.map(|b| b.boxed_unsync()))
-        .layer(CaptureLayer::new(settings, sender))
-        .layer(state_layer)
-        .service(forward::Forward::new(config.upstream.clone(), config.connect_timeout));
+        .service(stack(settings, sender, state_layer, forward));
     let admin_service = hyper::service::service_fn(move |request| admin::handle(admin_state.clone(), request));
 
     tracing::info!(proxy = ?proxy.local_addr().ok(), admin = ?admin.local_addr().ok(), upstream = %config.upstream.display, max_connections = proxy_limits.max_connections, open_files = nofile, "ctxscope proxy serving");
@@ -167,6 +166,26 @@ pub async fn run(config: ProxyConfig, proxy: TcpListener, admin: TcpListener, sh
         otlp.shutdown(config.shutdown_grace).await;
     }
     Ok(())
+}
+
+/// The proxy's request path over `upstream`: each LLM exchange teed into `capture` (and refused when
+/// it announces more than the limit), then Responses chains expanded with `state`. [`run`] puts it
+/// over [`forward::Forward`]; tests can put it over any service, with no socket.
+pub fn stack<S>(
+    settings: CaptureSettings,
+    capture: CaptureSender,
+    state: responses_state::ResponsesStateLayer,
+    upstream: S,
+) -> capture::layer::Capture<responses_state::ResponsesState<S>>
+where
+    S: tower::Service<http::Request<body::ProxyBody>, Response = http::Response<body::ProxyBody>, Error = std::convert::Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    use tower::Layer;
+    CaptureLayer::new(settings, capture).layer(state.layer(upstream))
 }
 
 /// Opens the store, or explains why capture is off; the proxy serves either way.

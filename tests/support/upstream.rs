@@ -1,21 +1,17 @@
-//! A scripted OpenAI/Anthropic-compatible upstream on a real loopback socket. Replies are
-//! deterministic; request headers pick misbehaviours: `x-script: reset | status400 | hang`,
-//! `x-script-chunks: N`, `x-script-delay-ms: N`. It records what it received and whether a stream
-//! it was writing lost its reader (client cancellation reaching the upstream).
+//! The suite's scripted OpenAI/Anthropic-compatible upstream: `ctxscope_testkit::FakeUpstream` (a
+//! real loopback socket) with this script. Replies are deterministic; request headers pick
+//! misbehaviours: `x-script: reset | status400 | hang`, `x-script-chunks: N`, `x-script-delay-ms: N`.
+//! It records what it received and whether a stream it was writing lost its reader (client
+//! cancellation reaching the upstream).
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
-use hyper::body::{Frame, Incoming};
-use hyper::server::conn::http1;
-use hyper_util::rt::TokioIo;
+use ctxscope_testkit::{Body, FakeUpstream, Options, Received};
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
 
 #[derive(Default)]
 pub struct State {
@@ -29,27 +25,17 @@ pub struct State {
 pub struct Upstream {
     pub addr: SocketAddr,
     pub state: Arc<State>,
+    _fake: FakeUpstream,
 }
 
 impl Upstream {
     pub async fn start() -> Upstream {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let state = Arc::new(State::default());
         let shared = state.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let state = shared.clone();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| handle(state.clone(), req));
-                    let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
-                });
-            }
-        });
-        Upstream { addr, state }
+        let fake =
+            FakeUpstream::start_with(Options { record: false, ..Options::default() }, move |received| handle(shared.clone(), received))
+                .await;
+        Upstream { addr: fake.addr, state, _fake: fake }
     }
 
     pub fn url(&self) -> String {
@@ -57,44 +43,45 @@ impl Upstream {
     }
 }
 
-type Body = BoxBody<Bytes, std::io::Error>;
-
-fn full(bytes: impl Into<Bytes>) -> Body {
-    Full::new(bytes.into()).map_err(|never| match never {}).boxed()
+fn with_id(mut response: http::Response<Body>) -> http::Response<Body> {
+    response.headers_mut().insert("x-upstream-id", "scripted".parse().unwrap());
+    response
 }
 
-fn header<'a>(req: &'a http::HeaderMap, name: &str) -> Option<&'a str> {
-    req.get(name).and_then(|v| v.to_str().ok())
+fn raw_response(status: u16, content_type: &str, body: &str) -> http::Response<Body> {
+    with_id(ctxscope_testkit::raw(status, content_type, body.to_string()))
 }
 
-async fn handle(state: Arc<State>, req: http::Request<Incoming>) -> Result<http::Response<Body>, Infallible> {
+fn json_response(status: u16, value: Value) -> http::Response<Body> {
+    with_id(ctxscope_testkit::json(status, &value))
+}
+
+async fn handle(state: Arc<State>, req: Received) -> http::Response<Body> {
     // The proxy's engine fingerprint probes are not traffic: like an upstream without
     // self-description endpoints, answer 404 and record nothing.
-    if header(req.headers(), "user-agent") == Some("ctxscope-fingerprint") {
-        return Ok(raw_response(404, "application/json", r#"{"error":"not found"}"#));
+    if req.header("user-agent") == Some("ctxscope-fingerprint") {
+        return raw_response(404, "application/json", r#"{"error":"not found"}"#);
     }
     state.requests.fetch_add(1, Ordering::SeqCst);
-    let (parts, body) = req.into_parts();
-    let bytes = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-    state.headers.lock().unwrap().push(parts.headers.clone());
-    state.bodies.lock().unwrap().push(bytes.clone());
-    let path = parts.uri.path().to_string();
-    if parts.method == http::Method::GET && path == "/v1/models" {
-        return Ok(json_response(200, json!({"object": "list", "data": [{"id": "scripted", "object": "model"}]})));
+    state.headers.lock().unwrap().push(req.headers.clone());
+    state.bodies.lock().unwrap().push(req.body.clone());
+    let path = req.path.clone();
+    if req.method == http::Method::GET && path == "/v1/models" {
+        return json_response(200, json!({"object": "list", "data": [{"id": "scripted", "object": "model"}]}));
     }
-    let script = header(&parts.headers, "x-script").unwrap_or("").to_string();
+    let script = req.header("x-script").unwrap_or("").to_string();
     if script == "status400" {
         let body = r#"{"error":{"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error","code":400}}"#;
-        return Ok(raw_response(400, "application/json", body));
+        return raw_response(400, "application/json", body);
     }
-    let Ok(request) = serde_json::from_slice::<Value>(&bytes) else {
-        return Ok(raw_response(400, "application/json", r#"{"error":{"message":"invalid JSON body","code":400}}"#));
+    let Some(request) = req.json() else {
+        return raw_response(400, "application/json", r#"{"error":{"message":"invalid JSON body","code":400}}"#);
     };
-    let chunks = header(&parts.headers, "x-script-chunks").and_then(|v| v.parse().ok()).unwrap_or(0usize);
-    let delay = Duration::from_millis(header(&parts.headers, "x-script-delay-ms").and_then(|v| v.parse().ok()).unwrap_or(0));
+    let chunks = req.header("x-script-chunks").and_then(|v| v.parse().ok()).unwrap_or(0usize);
+    let delay = Duration::from_millis(req.header("x-script-delay-ms").and_then(|v| v.parse().ok()).unwrap_or(0));
     let anthropic = path.ends_with("/v1/messages");
     let reply = reply_text(&request, chunks);
-    let prompt_tokens = (bytes.len() / 4) as u64;
+    let prompt_tokens = (req.body.len() / 4) as u64;
     let stream = request["stream"].as_bool().unwrap_or(false);
     if !stream {
         let body = if anthropic {
@@ -106,10 +93,10 @@ async fn handle(state: Arc<State>, req: http::Request<Incoming>) -> Result<http:
                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 3, "total_tokens": prompt_tokens + 3,
                              "prompt_tokens_details": {"cached_tokens": 0}}})
         };
-        return Ok(json_response(200, body));
+        return json_response(200, body);
     }
     let events = if anthropic { anthropic_events(&reply, prompt_tokens) } else { openai_events(&request, &reply, prompt_tokens) };
-    Ok(stream_response(state, events, delay, &script))
+    stream_response(state, events, delay, &script)
 }
 
 /// Deterministic reply: echoes the last user text; with `chunks` > 0 it has exactly that many words.
@@ -166,68 +153,29 @@ fn anthropic_events(reply: &str, prompt_tokens: u64) -> Vec<String> {
 }
 
 fn stream_response(state: Arc<State>, events: Vec<String>, delay: Duration, script: &str) -> http::Response<Body> {
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
+    let (writer, mut response) = ctxscope_testkit::stream(200, "text/event-stream");
     let script = script.to_string();
     tokio::spawn(async move {
         for (i, event) in events.into_iter().enumerate() {
             if script == "reset" && i == 2 {
-                let _ = tx.send(Err(std::io::Error::other("scripted reset"))).await;
+                writer.reset().await;
                 return;
             }
             if script == "hang" && i == 1 {
                 // Wait until the reader goes away, then note the cancellation.
-                tx.closed().await;
+                writer.closed().await;
                 state.cancelled.store(true, Ordering::SeqCst);
                 return;
             }
             if i > 0 && !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
-            if tx.send(Ok(Frame::data(Bytes::from(event)))).await.is_err() {
+            if !writer.send(event).await {
                 state.cancelled.store(true, Ordering::SeqCst);
                 return;
             }
         }
     });
-    let stream = tokio_stream_from(rx);
-    let mut response = http::Response::new(StreamBody::new(stream).boxed());
-    response.headers_mut().insert("content-type", "text/event-stream".parse().unwrap());
     response.headers_mut().insert("cache-control", "no-cache".parse().unwrap());
-    response.headers_mut().insert("x-upstream-id", "scripted".parse().unwrap());
-    response
-}
-
-/// An mpsc receiver as a `Stream` without pulling in tokio-stream.
-fn tokio_stream_from<T>(mut rx: tokio::sync::mpsc::Receiver<T>) -> impl futures_core::Stream<Item = T> {
-    futures_util_stream::poll_fn(move |cx| rx.poll_recv(cx))
-}
-
-mod futures_util_stream {
-    use std::pin::Pin;
-    use std::task::{Context, Poll};
-
-    pub struct PollFn<F>(F);
-
-    pub fn poll_fn<T, F: FnMut(&mut Context<'_>) -> Poll<Option<T>>>(f: F) -> PollFn<F> {
-        PollFn(f)
-    }
-
-    impl<T, F: FnMut(&mut Context<'_>) -> Poll<Option<T>> + Unpin> futures_core::Stream for PollFn<F> {
-        type Item = T;
-        fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
-            (self.0)(cx)
-        }
-    }
-}
-
-fn json_response(status: u16, value: Value) -> http::Response<Body> {
-    raw_response(status, "application/json", &value.to_string())
-}
-
-fn raw_response(status: u16, content_type: &str, body: &str) -> http::Response<Body> {
-    let mut response = http::Response::new(full(body.to_string()));
-    *response.status_mut() = http::StatusCode::from_u16(status).unwrap();
-    response.headers_mut().insert("content-type", content_type.parse().unwrap());
-    response.headers_mut().insert("x-upstream-id", "scripted".parse().unwrap());
-    response
+    with_id(response)
 }

@@ -1,27 +1,21 @@
-//! Replay end to end against a fake OpenAI-compatible server on a loopback socket: teacher forcing,
+//! Replay end to end against a fake OpenAI-compatible server on a loopback socket
+//! (`ctxscope_testkit::FakeUpstream` with the script below): teacher forcing,
 //! per-turn failures, timeouts, logprob fallback, cancel, resume, probes and bisection. The fake
 //! answers deterministically from the last user message, with logprobs; it diverges when the
 //! `x-ctxscope-patches` header lists its fault patch, and can reject or hang on chosen turns.
 
-use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use ctxscope_replay::{
     bisect, replay, replay_test_conversation, BisectError, Endpoints, Metric, Observer, Outcome, Plan, ProbeSpec, Quiet, ReplayReport,
     TargetSpec, TurnResult,
 };
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper_util::rt::TokioIo;
+use ctxscope_testkit::{Body, FakeUpstream, Received};
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-/// How the fake misbehaves; changeable while it runs.
+/// How the fake misbehaves.
 #[derive(Default, Clone)]
 struct Script {
     /// 400 when the last user message contains this.
@@ -38,43 +32,24 @@ struct Script {
     delay_ms: u64,
 }
 
-struct Received {
-    headers: http::HeaderMap,
-    body: Value,
-}
-
 #[derive(Default)]
 struct Shared {
     script: Mutex<Script>,
-    received: Mutex<Vec<Received>>,
 }
 
 struct Fake {
-    addr: SocketAddr,
-    shared: Arc<Shared>,
+    upstream: FakeUpstream,
 }
 
 impl Fake {
     async fn start(script: Script) -> Fake {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let shared = Arc::new(Shared { script: Mutex::new(script), received: Mutex::new(Vec::new()) });
-        let state = shared.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
-                let state = state.clone();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| handle(state.clone(), req));
-                    let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
-                });
-            }
-        });
-        Fake { addr, shared }
+        let shared = Arc::new(Shared { script: Mutex::new(script) });
+        let upstream = FakeUpstream::start(move |received| handle(shared.clone(), received)).await;
+        Fake { upstream }
     }
 
     fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        self.upstream.url()
     }
 
     fn endpoints(&self) -> Endpoints {
@@ -82,35 +57,25 @@ impl Fake {
     }
 
     fn count(&self) -> usize {
-        self.shared.received.lock().unwrap().len()
+        self.upstream.received().len()
     }
 
     /// (patch header, body) of every request received.
     fn requests(&self) -> Vec<(String, Value)> {
-        let received = self.shared.received.lock().unwrap();
-        received
+        self.upstream
+            .received()
             .iter()
-            .map(|r| {
-                let patches = r.headers.get("x-ctxscope-patches").map_or("<none>", |v| v.to_str().unwrap()).to_string();
-                (patches, r.body.clone())
-            })
+            .map(|r| (r.header("x-ctxscope-patches").unwrap_or("<none>").to_string(), r.json().unwrap_or(Value::Null)))
             .collect()
     }
 }
 
-fn response(status: u16, body: Value) -> http::Response<Full<Bytes>> {
-    http::Response::builder()
-        .status(status)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap()
+fn response(status: u16, body: Value) -> http::Response<Body> {
+    ctxscope_testkit::json(status, &body)
 }
 
-async fn handle(shared: Arc<Shared>, req: http::Request<Incoming>) -> Result<http::Response<Full<Bytes>>, Infallible> {
-    let (parts, body) = req.into_parts();
-    let bytes = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-    let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    shared.received.lock().unwrap().push(Received { headers: parts.headers.clone(), body: body.clone() });
+async fn handle(shared: Arc<Shared>, req: Received) -> http::Response<Body> {
+    let body: Value = req.json().unwrap_or(Value::Null);
     let script = shared.script.lock().unwrap().clone();
     tokio::time::sleep(Duration::from_millis(script.delay_ms)).await;
     let last_user = body["messages"]
@@ -119,28 +84,23 @@ async fn handle(shared: Arc<Shared>, req: http::Request<Incoming>) -> Result<htt
         .and_then(|m| m["content"].as_str())
         .unwrap_or("")
         .to_string();
-    let patches: Vec<String> = parts
-        .headers
-        .get("x-ctxscope-patches")
-        .and_then(|v| v.to_str().ok())
-        .map(|v| v.split(',').map(str::to_string).collect())
-        .unwrap_or_default();
+    let patches: Vec<String> = req.header("x-ctxscope-patches").map(|v| v.split(',').map(str::to_string).collect()).unwrap_or_default();
     let listed = |name: &Option<String>| name.as_ref().is_some_and(|n| patches.contains(n));
     if listed(&script.unknown_patch) {
-        return Ok(response(400, json!({"error": {"message": "unknown patch `typo`", "type": "invalid_request_error"}})));
+        return response(400, json!({"error": {"message": "unknown patch `typo`", "type": "invalid_request_error"}}));
     }
     if script.reject.as_ref().is_some_and(|r| last_user.contains(r.as_str())) {
-        return Ok(response(400, json!({"error": {"message": "turn rejected by the fake", "type": "invalid_request_error"}})));
+        return response(400, json!({"error": {"message": "turn rejected by the fake", "type": "invalid_request_error"}}));
     }
     if script.hang.as_ref().is_some_and(|h| last_user.contains(h.as_str())) {
         tokio::time::sleep(Duration::from_secs(3600)).await;
     }
     let logprobs = body["logprobs"].as_bool().unwrap_or(false);
     if logprobs && script.no_logprobs {
-        return Ok(response(400, json!({"error": {"message": "logprobs is not supported by this model"}})));
+        return response(400, json!({"error": {"message": "logprobs is not supported by this model"}}));
     }
     let tokens = reply_tokens(&last_user, listed(&script.fault));
-    Ok(response(200, completion(&body, tokens, logprobs)))
+    response(200, completion(&body, tokens, logprobs))
 }
 
 /// "Reply to question k" (the secret word for a probe); the fault changes everything after two tokens.

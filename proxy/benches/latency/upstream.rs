@@ -1,4 +1,5 @@
-//! The bench's upstream: a fast in-process OpenAI-compatible engine on 127.0.0.1:0. A non-streaming
+//! The bench's upstream: a fast in-process OpenAI-compatible engine on 127.0.0.1:0
+//! (`ctxscope_testkit::FakeUpstream`, not recording, `TCP_NODELAY`, with the script below). A non-streaming
 //! chat request gets a small fixed JSON body; `"stream": true` gets [`STREAM_EVENTS`] SSE events, each
 //! its own body frame, paced by a real-time thread on absolute deadlines [`STREAM_PACING`] apart.
 //! The instant each event was handed to hyper is recorded under the request's `x-bench-id`, so the
@@ -6,18 +7,15 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{combinators::BoxBody, BodyExt, Full};
-use hyper::body::{Body, Frame, Incoming};
-use hyper::server::conn::http1;
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use ctxscope_testkit::{FakeUpstream, Options, Received};
+use http_body_util::BodyExt;
+use hyper::body::{Body, Frame};
 use tokio::sync::mpsc;
 
 use crate::error::BenchError;
@@ -47,8 +45,9 @@ impl Emissions {
 }
 
 pub struct Upstream {
-    pub addr: SocketAddr,
+    pub addr: std::net::SocketAddr,
     pub emissions: Arc<Emissions>,
+    _fake: FakeUpstream,
 }
 
 struct State {
@@ -58,22 +57,15 @@ struct State {
 
 impl Upstream {
     pub async fn start() -> Result<Upstream, BenchError> {
-        let listener = TcpListener::bind("127.0.0.1:0").await.map_err(|e| BenchError::io("bind the bench upstream", e))?;
-        let addr = listener.local_addr().map_err(|e| BenchError::io("bench upstream address", e))?;
         let emissions = Arc::new(Emissions::default());
         let state = Arc::new(State { emissions: emissions.clone(), events: stream_events() });
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
-                let _ = stream.set_nodelay(true);
-                let state = state.clone();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| handle(state.clone(), req));
-                    let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
-                });
-            }
-        });
-        Ok(Upstream { addr, emissions })
+        let options = Options { record: false, nodelay: true };
+        let fake = FakeUpstream::start_with(options, move |received| {
+            let state = state.clone();
+            async move { handle(&state, received) }
+        })
+        .await;
+        Ok(Upstream { addr: fake.addr, emissions, _fake: fake })
     }
 }
 
@@ -93,22 +85,20 @@ pub fn text(seed: u64, len: usize) -> String {
     out
 }
 
-type Reply = http::Response<BoxBody<Bytes, Infallible>>;
+type Reply = http::Response<ctxscope_testkit::Body>;
 
-async fn handle(state: Arc<State>, req: http::Request<Incoming>) -> Result<Reply, Infallible> {
-    let (parts, body) = req.into_parts();
-    let Ok(bytes) = body.collect().await.map(|c| c.to_bytes()) else { return Ok(plain(400, "bad body")) };
-    if parts.method != http::Method::POST || !parts.uri.path().ends_with("/chat/completions") {
-        return Ok(plain(404, "not found"));
+fn handle(state: &State, req: Received) -> Reply {
+    if req.method != http::Method::POST || !req.path.ends_with("/chat/completions") {
+        return ctxscope_testkit::raw(404, "text/plain", "not found");
     }
-    let number = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    let number = |name: &str| req.header(name).and_then(|v| v.parse::<u64>().ok());
     if let Some(seed) = number("x-bench-reply-seed") {
-        return Ok(json(long_reply(seed)));
+        return ctxscope_testkit::raw(200, "application/json", long_reply(seed));
     }
-    if contains(&bytes, b"\"stream\":true") {
-        return Ok(stream(&state, number("x-bench-id").unwrap_or(0)));
+    if contains(&req.body, b"\"stream\":true") {
+        return stream(state, number("x-bench-id").unwrap_or(0));
     }
-    Ok(json(Bytes::from_static(SMALL_REPLY.as_bytes())))
+    ctxscope_testkit::raw(200, "application/json", Bytes::from_static(SMALL_REPLY.as_bytes()))
 }
 
 fn long_reply(seed: u64) -> Bytes {
@@ -144,7 +134,7 @@ fn stream(state: &State, id: u64) -> Reply {
             }
         }
     });
-    let mut response = http::Response::new(ChannelBody(rx).boxed());
+    let mut response = http::Response::new(ChannelBody(rx).map_err(|never| match never {}).boxed());
     response.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("text/event-stream"));
     response
 }
@@ -166,18 +156,6 @@ fn stream_events() -> Vec<Bytes> {
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
-}
-
-fn json(body: Bytes) -> Reply {
-    let mut response = http::Response::new(Full::new(body).boxed());
-    response.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
-    response
-}
-
-fn plain(status: u16, text: &'static str) -> Reply {
-    let mut response = http::Response::new(Full::new(Bytes::from_static(text.as_bytes())).boxed());
-    *response.status_mut() = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_REQUEST);
-    response
 }
 
 /// A response body fed frame by frame from the pacing thread.

@@ -155,10 +155,11 @@ fn captured_reply(detail: &ConversationDetail, view: &TurnView) -> Option<Value>
     (record.reply.is_some() || !record.reply_text.is_empty()).then(|| json!({"role": "assistant", "content": record.reply_text}))
 }
 
-/// Captured conversation `id` of `turns` chat turns, for tests here and in dependents: turn k sends
-/// system + (user i, assistant "captured i") for i < k + user "question k"; its captured reply is
-/// "captured k", with temperature 0.7, max_tokens 32 and stop ["\n\n"].
-#[doc(hidden)]
+/// Captured conversation `id` of `turns` chat turns, for tests here and in dependents (feature
+/// `test-support`): turn k sends system + (user i, assistant "captured i") for i < k + user
+/// "question k"; its captured reply is "captured k", with temperature 0.7, max_tokens 32 and stop
+/// ["\n\n"].
+#[cfg(any(test, feature = "test-support"))]
 pub fn replay_test_conversation(id: u64, turns: u32) -> ConversationDetail {
     use ctxscope_store::{store_test_turn, ConversationRecord};
     let mut messages = std::collections::BTreeMap::new();

@@ -21,7 +21,9 @@ pub mod target;
 pub use bisect::{bisect, BisectError};
 pub use client::{ChatRequest, ClientError, TargetClient};
 pub use compare::{divergence, text_match, DEFAULT_NEAR_TIE};
-pub use conversation::{replay_test_conversation, Conversation, TurnRequest};
+#[cfg(any(test, feature = "test-support"))]
+pub use conversation::replay_test_conversation;
+pub use conversation::{Conversation, TurnRequest};
 pub use metric::{score, Metric, MetricError};
 pub use model::*;
 pub use progress::StderrProgress;

@@ -41,8 +41,8 @@ pub use marks::MARKS_FILE;
 pub use prefixes::{PREFIX_EVERY, PREFIX_RUN};
 pub use read_only::ReadOnlyStore;
 
-/// A minimal turn for tests in this crate and its dependents.
-#[doc(hidden)]
+/// A minimal turn for tests in this crate and its dependents (feature `test-support`).
+#[cfg(any(test, feature = "test-support"))]
 pub fn store_test_turn(id: u64, conversation: u64, new_messages: Vec<Hash>) -> TurnRecord {
     TurnRecord {
         id,

@@ -11,7 +11,9 @@ pub mod tokenizer;
 
 pub use counter::{CounterError, Segments, TokenCounter};
 pub use gguf::{Gguf, GgufError};
-pub use model_path::{default_model_path, test_model_path, DEFAULT_MODEL_FILE};
+#[cfg(any(test, feature = "test-support"))]
+pub use model_path::test_model_path;
+pub use model_path::{default_model_path, DEFAULT_MODEL_FILE};
 pub use safetensors::{SafeTensors, SafetensorsError};
 pub use template::{ChatTemplate, RenderOptions, TemplateError};
 pub use tokenizer::{TokenKind, Tokenizer, TokenizerError};

@@ -24,7 +24,8 @@ pub fn default_model_path() -> Result<PathBuf, NoHomeError> {
 
 /// The model tests and benchmarks run on: `$CTXSCOPE_MODEL` when set (a GGUF file, or a Hugging Face
 /// checkpoint directory with a config.json), else the default path. Fails with the fix when the model
-/// is not there (tests never skip silently).
+/// is not there (tests never skip silently). Feature `test-support`.
+#[cfg(any(test, feature = "test-support"))]
 pub fn test_model_path() -> Result<PathBuf, String> {
     let path = match std::env::var_os("CTXSCOPE_MODEL").filter(|v| !v.is_empty()) {
         Some(p) => PathBuf::from(p),

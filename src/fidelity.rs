@@ -119,7 +119,7 @@ pub async fn run(args: FidelityArgs) -> Result<(), String> {
             responses_store: None,
         };
         eprintln!("starting the engine in-process ({})", settings.model);
-        Some(InProcessEngine::start(&settings).await?)
+        Some(InProcessEngine::start(&settings).await.map_err(|e| e.to_string())?)
     } else {
         None
     };

@@ -3,6 +3,7 @@
 //! `render`, engine and serve wiring in `serve`, model names and fetching in `models` and `fetch`.
 
 mod alloc;
+mod error;
 mod fetch;
 mod fidelity;
 mod inspect;
@@ -11,6 +12,8 @@ mod render;
 mod replay;
 mod serve;
 mod store_check;
+
+use error::CliError;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -257,8 +260,8 @@ struct CaptureArgs {
 
 impl CaptureArgs {
     /// Applies the capture flags to a proxy configuration.
-    fn apply(&self, config: &mut ProxyConfig) -> Result<(), String> {
-        ctxscope_proxy::admin::ui::auth::check_bind(self.admin, self.admin_token.as_deref()).map_err(|e| e.to_string())?;
+    fn apply(&self, config: &mut ProxyConfig) -> Result<(), CliError> {
+        ctxscope_proxy::admin::ui::auth::check_bind(self.admin, self.admin_token.as_deref())?;
         config.admin_token = self.admin_token.clone();
         config.data_dir = (!self.no_capture).then(|| self.data.clone());
         config.session_header = self.session_header.clone();
@@ -274,18 +277,20 @@ impl CaptureArgs {
             ..OtlpConfig::new(url.clone())
         });
         if let Some(path) = &self.amnesia_phrases {
-            config.detect.add_amnesia_phrases(path).map_err(|e| e.to_string())?;
+            config.detect.add_amnesia_phrases(path)?;
         }
         config.detect.enabled = !self.no_detect;
         config.findings_header = self.findings_header;
         config.responses_state = self.responses_state;
         config.count_with = self.count_with;
         if !(self.fingerprint_every.is_finite() && self.fingerprint_every >= 0.0) {
-            return Err(format!("--fingerprint-every {} must be a number of seconds, 0 or more", self.fingerprint_every));
+            let value = self.fingerprint_every.to_string();
+            return Err(CliError::Flag { flag: "--fingerprint-every", value, expected: "a number of seconds, 0 or more" });
         }
         config.fingerprint_every = (self.fingerprint_every > 0.0).then(|| Duration::from_secs_f64(self.fingerprint_every));
         if !(self.header_timeout.is_finite() && self.header_timeout > 0.0) {
-            return Err(format!("--header-timeout {} must be a positive number of seconds", self.header_timeout));
+            let value = self.header_timeout.to_string();
+            return Err(CliError::Flag { flag: "--header-timeout", value, expected: "a positive number of seconds" });
         }
         config.header_timeout = Duration::from_secs_f64(self.header_timeout);
         config.max_connections = self.max_connections.map(|n| n.max(1));
@@ -386,7 +391,7 @@ fn main() -> ExitCode {
     let result: Result<(), CliError> = runtime.block_on(async move {
         match cli.command {
             Command::Serve(args) => {
-                let mut config = ProxyConfig::new(Upstream::parse("http://127.0.0.1:0").map_err(|e| e.to_string())?);
+                let mut config = ProxyConfig::new(Upstream::parse("http://127.0.0.1:0")?);
                 args.capture.apply(&mut config)?;
                 let front = serve::FrontSettings { proxy: args.proxy, admin: args.capture.admin, config };
                 Ok(serve::run_serve(args.engine.into(), front, shutdown_signal()).await?)
@@ -420,23 +425,8 @@ fn main() -> ExitCode {
     }
 }
 
-/// Why a command failed: the inspection commands' typed errors, or a message from the others.
-#[derive(Debug, thiserror::Error)]
-enum CliError {
-    #[error(transparent)]
-    Inspect(#[from] inspect::InspectError),
-    #[error("{0}")]
-    Message(String),
-}
-
-impl From<String> for CliError {
-    fn from(message: String) -> Self {
-        CliError::Message(message)
-    }
-}
-
-async fn run_proxy(args: ProxyArgs) -> Result<(), String> {
-    let upstream = Upstream::parse(&args.upstream).map_err(|e| e.to_string())?;
+async fn run_proxy(args: ProxyArgs) -> Result<(), CliError> {
+    let upstream = Upstream::parse(&args.upstream)?;
     let mut config = ProxyConfig::new(upstream);
     args.capture.apply(&mut config)?;
     config.tokenizer = args.tokenizer;
@@ -446,13 +436,9 @@ async fn run_proxy(args: ProxyArgs) -> Result<(), String> {
     config.max_capture_bytes = args.max_capture_bytes;
     config.retention.max_age = args.retain_days.map(|d| Duration::from_secs_f64(d * 86400.0));
     config.retention.max_bytes = args.retain_bytes;
-    let proxy = bind(args.listen).await?;
-    let admin = bind(args.capture.admin).await?;
-    ctxscope_proxy::run(config, proxy, admin, shutdown_signal()).await.map_err(|e| e.to_string())
-}
-
-async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, String> {
-    tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))
+    let proxy = error::bind(args.listen).await?;
+    let admin = error::bind(args.capture.admin).await?;
+    Ok(ctxscope_proxy::run(config, proxy, admin, shutdown_signal()).await?)
 }
 
 async fn shutdown_signal() {

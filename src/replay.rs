@@ -123,7 +123,7 @@ async fn start_engine_if_needed(plan: &Plan, settings: &EngineSettings) -> Resul
         return Ok(None);
     }
     eprintln!("starting the engine in-process ({})", settings.model);
-    InProcessEngine::start(settings).await.map(Some)
+    InProcessEngine::start(settings).await.map(Some).map_err(|e| e.to_string())
 }
 
 /// A watch that turns true on Ctrl-C (the replay stops launching, finishes what is in flight).

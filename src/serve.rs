@@ -12,7 +12,6 @@ use std::time::Duration;
 use ctxscope_engine::scheduler::{self, EngineHandle, EngineOptions};
 use ctxscope_engine::{BackendKind, Model, Path, ServerConfig};
 use ctxscope_proxy::{ProxyConfig, Upstream};
-use tokio::net::TcpListener;
 
 use crate::models;
 
@@ -39,7 +38,7 @@ pub struct FrontSettings {
 }
 
 /// `ctxscope engine`.
-pub async fn run_engine(settings: EngineSettings, shutdown: impl Future<Output = ()>) -> Result<(), String> {
+pub async fn run_engine(settings: EngineSettings, shutdown: impl Future<Output = ()>) -> Result<(), CliError> {
     tokio::pin!(shutdown);
     let listener = bind(settings.listen).await?;
     let started = tokio::select! {
@@ -53,18 +52,18 @@ pub async fn run_engine(settings: EngineSettings, shutdown: impl Future<Output =
 }
 
 /// `ctxscope serve`: the engine plus the capture proxy in front of it.
-pub async fn run_serve(settings: EngineSettings, front: FrontSettings, shutdown: impl Future<Output = ()>) -> Result<(), String> {
+pub async fn run_serve(settings: EngineSettings, front: FrontSettings, shutdown: impl Future<Output = ()>) -> Result<(), CliError> {
     tokio::pin!(shutdown);
     let engine_listener = bind(settings.listen).await?;
     let proxy_listener = bind(front.proxy).await?;
     let admin_listener = bind(front.admin).await?;
-    let engine_addr = engine_listener.local_addr().map_err(|e| format!("engine listener: {e}"))?;
+    let engine_addr = engine_listener.local_addr().map_err(|source| CliError::Listen { addr: settings.listen, source })?;
     let started = tokio::select! {
         started = start_engine(&settings) => started?,
         _ = &mut shutdown => return Ok(()),
     };
 
-    let upstream = Upstream::parse(&format!("http://{engine_addr}")).map_err(|e| e.to_string())?;
+    let upstream = Upstream::parse(&format!("http://{engine_addr}"))?;
     let mut config = front.config;
     config.upstream = upstream;
     config.replay_engine = Some(format!("http://{engine_addr}"));
@@ -74,7 +73,7 @@ pub async fn run_serve(settings: EngineSettings, front: FrontSettings, shutdown:
     let engine = tokio::spawn(ctxscope_engine::server::run(started.handle, server_config(&settings), engine_listener, async move {
         let _ = engine_stopped.await;
     }));
-    let proxied = ctxscope_proxy::run(config, proxy_listener, admin_listener, shutdown).await.map_err(|e| e.to_string());
+    let proxied = ctxscope_proxy::run(config, proxy_listener, admin_listener, shutdown).await.map_err(CliError::from);
     let _ = stop_engine.send(());
     let _ = engine.await;
     join_scheduler(started.thread).await;
@@ -158,7 +157,7 @@ pub struct InProcessEngine {
 
 impl InProcessEngine {
     /// Loads the model and serves it on 127.0.0.1 (the port `settings.listen` names, 0 for any).
-    pub async fn start(settings: &EngineSettings) -> Result<InProcessEngine, String> {
+    pub async fn start(settings: &EngineSettings) -> Result<InProcessEngine, CliError> {
         let listener = bind(settings.listen).await?;
         let addr = listener.local_addr().map_err(|e| format!("engine listener: {e}"))?;
         let started = start_engine(settings).await?;
@@ -193,6 +192,4 @@ async fn join_scheduler(thread: std::thread::JoinHandle<()>) {
     }
 }
 
-async fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
-    TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))
-}
+use crate::error::{bind, CliError};

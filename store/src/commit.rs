@@ -346,7 +346,13 @@ pub(crate) mod tests {
         // Reopened, the same; a file no record names (a crash between file and marker) is swept.
         std::fs::write(dir.path().join("spill/packs").join(crate::codec::hex_key(&id_key(9))), b"orphan").unwrap();
         drop(store);
-        let store = reopen(dir.path());
+        // Inspected read-only (a private copy, spilled files linked or copied): the same, and the
+        // original keeps its files (the copy's open swept only its own orphan).
+        let copy = unlocked(|| Store::open_read_only(dir.path(), &StoreOptions::default()));
+        expect(&copy);
+        drop(copy);
+        assert_eq!(files("packs"), 2, "the original untouched by the copy's sweep");
+        let store = unlocked(|| Store::open(dir.path(), &StoreOptions::default()));
         expect(&store);
         assert_eq!(files("packs"), 1, "the orphan went on open");
         // A missing file is damage that check names, not a silent gap.
@@ -363,11 +369,13 @@ pub(crate) mod tests {
         assert_eq!(files("messages"), 0);
     }
 
-    /// Opens `dir` again once sled has let go of its lock.
-    fn reopen(dir: &std::path::Path) -> Store {
+    /// Opens a store again once sled has let go of its lock.
+    fn unlocked<T>(open: impl Fn() -> Result<T, StoreError>) -> T {
         for _ in 0..500 {
-            match Store::open(dir, &StoreOptions::default()) {
-                Err(e) if e.to_string().contains("could not acquire lock") => std::thread::sleep(std::time::Duration::from_millis(20)),
+            match open() {
+                Err(e) if e.to_string().contains("could not acquire lock") || matches!(e, StoreError::Locked { .. }) => {
+                    std::thread::sleep(std::time::Duration::from_millis(20))
+                }
                 other => return other.unwrap(),
             }
         }

@@ -78,14 +78,21 @@ fn lock_shared(_file: &File) -> bool {
     true
 }
 
+/// Copies a store directory. Spilled values (`spill/`) are linked where the filesystem allows: they
+/// are never modified in place (written under another name and renamed, later unlinked), so a link
+/// reads the same bytes as a copy without copying large files.
 fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    copy_tree(from, to, false)
+}
+
+fn copy_tree(from: &Path, to: &Path, immutable: bool) -> std::io::Result<()> {
     std::fs::create_dir_all(to)?;
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;
         let target = to.join(entry.file_name());
         if entry.file_type()?.is_dir() {
-            copy_dir(&entry.path(), &target)?;
-        } else {
+            copy_tree(&entry.path(), &target, immutable || entry.file_name() == "spill")?;
+        } else if !(immutable && std::fs::hard_link(entry.path(), &target).is_ok()) {
             std::fs::copy(entry.path(), &target)?;
         }
     }

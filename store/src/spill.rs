@@ -63,7 +63,11 @@ impl Spill {
         let path = self.file(tree, key);
         let folder = path.parent().expect("a spill file has a folder");
         std::fs::create_dir_all(folder).map_err(|e| self.io_error(folder, e))?;
-        let partial = path.with_extension(PARTIAL.trim_start_matches('.'));
+        // A name of its own per write: two writers of one content-addressed message (capture and
+        // an import) must not interleave in one partial file.
+        static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let partial = path.with_extension(format!("{}-{n}{PARTIAL}", std::process::id()));
         let write = || -> std::io::Result<()> {
             let mut file = File::create(&partial)?;
             file.write_all(&value)?;

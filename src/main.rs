@@ -384,7 +384,7 @@ fn main() -> ExitCode {
     alloc::release_freed_memory_at_once();
     init_tracing();
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().on_thread_park(alloc::collect_when_idle).build() {
         Ok(rt) => rt,
         Err(e) => return fail(&format!("cannot start the async runtime: {e}")),
     };

@@ -235,6 +235,14 @@ pub fn hex_key(key: &[u8]) -> String {
     key.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The key [`hex_key`] wrote as `text` (None: not even-length lowercase or uppercase hex).
+pub fn key_from_hex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -334,6 +334,9 @@ pub(crate) mod tests {
         assert!(crate::spill::is_spilled(&store.messages.get(big_hash).unwrap().unwrap()));
         let files = |tree: &str| std::fs::read_dir(dir.path().join("spill").join(tree)).map_or(0, |d| d.count());
         assert_eq!((files("packs"), files("messages")), (1, 1));
+        // Retention by size counts a spilled value at its file's length, not its marker's.
+        let pack_file = std::fs::metadata(dir.path().join("spill/packs").join(crate::codec::hex_key(&id_key(1)))).unwrap().len();
+        assert!(store.logical_size().unwrap() > pack_file + 70_000, "{} bytes counted", store.logical_size().unwrap());
         let expect = |store: &Store| {
             let values = store.turn_message_values(&store.turn(1).unwrap().unwrap()).unwrap();
             assert_eq!(values.len(), 3001);

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crate::codec::trees;
 use crate::{Store, StoreError};
 
 /// What to keep. `None` means no limit.
@@ -54,14 +55,20 @@ impl Store {
         Ok(report)
     }
 
-    /// Bytes of keys and values held in all trees (sled's files shrink later, on its own schedule).
+    /// Bytes of keys and values held in all trees, a spilled value counted at its file's length
+    /// (sled's files shrink later, on its own schedule).
     pub fn logical_size(&self) -> Result<u64, StoreError> {
         let mut total = 0u64;
         for name in self.db_tree_names() {
             let tree = self.db_tree(&name)?;
+            let spilled = [trees::PACKS, trees::MESSAGES].into_iter().find(|tree_name| tree_name.as_bytes() == &name[..]);
             for item in tree.iter() {
                 let (k, v) = item?;
-                total += (k.len() + v.len()) as u64;
+                let value = match spilled {
+                    Some(tree_name) => crate::spill::value_len(tree_name, &k, &v)?,
+                    None => v.len() as u64,
+                };
+                total += k.len() as u64 + value;
             }
         }
         Ok(total)

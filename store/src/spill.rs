@@ -87,23 +87,18 @@ impl Spill {
 
     /// A value read from sled under `tree`/`key`, with a marker replaced by its file's bytes (length
     /// and checksum verified: a missing or altered file is damage to the record).
-    pub fn load(&self, tree: &'static str, key: &[u8], value: IVec) -> Result<IVec, StoreError> {
+    pub fn load(&self, tree: &'static str, key: &[u8], value: IVec) -> Result<Value, StoreError> {
         if !is_spilled(&value) {
-            return Ok(value);
+            return Ok(Value::Stored(value));
         }
-        let payload = codec::checked(tree, key, &value)?;
-        let Some((len, crc)) =
-            payload.split_first_chunk::<8>().and_then(|(len, rest)| Some((u64::from_be_bytes(*len), rest.first_chunk::<4>()?)))
-        else {
-            return Err(codec::damaged(tree, key, "spill marker cut short".into()));
-        };
+        let (len, crc) = marker(tree, key, &value)?;
         let path = self.file(tree, key);
         let bytes = std::fs::read(&path)
             .map_err(|e| codec::damaged(tree, key, format!("its spilled value {} cannot be read: {e}", path.display())))?;
-        if bytes.len() as u64 != len || crc32fast::hash(&bytes) != u32::from_be_bytes(*crc) {
+        if bytes.len() as u64 != len || crc32fast::hash(&bytes) != crc {
             return Err(codec::damaged(tree, key, format!("its spilled value {} is not the one written", path.display())));
         }
-        Ok(IVec::from(bytes))
+        Ok(Value::Spilled(bytes))
     }
 
     /// Removes the file of a value whose record was removed (`marker`: the value the record held).
@@ -137,7 +132,7 @@ impl Spill {
         for entry in entries {
             let entry = entry.map_err(|e| self.io_error(&folder, e))?;
             let name = entry.file_name();
-            let named = name.to_str().and_then(from_hex).map(|key| records.get(key)).transpose()?.flatten();
+            let named = name.to_str().and_then(codec::key_from_hex).map(|key| records.get(key)).transpose()?.flatten();
             if !named.is_some_and(|value| is_spilled(&value)) {
                 std::fs::remove_file(entry.path()).map_err(|e| self.io_error(&entry.path(), e))?;
                 removed += 1;
@@ -156,11 +151,39 @@ impl Spill {
     }
 }
 
-fn from_hex(name: &str) -> Option<Vec<u8>> {
-    if !name.len().is_multiple_of(2) {
-        return None;
+/// The length of the value a stored one stands for: a spilled value's file length (from its marker),
+/// else its own.
+pub fn value_len(tree: &'static str, key: &[u8], value: &[u8]) -> Result<u64, StoreError> {
+    match is_spilled(value) {
+        true => marker(tree, key, value).map(|(len, _)| len),
+        false => Ok(value.len() as u64),
     }
-    (0..name.len()).step_by(2).map(|i| u8::from_str_radix(name.get(i..i + 2)?, 16).ok()).collect()
+}
+
+/// A marker's file length and CRC32, its own checksum verified.
+fn marker(tree: &'static str, key: &[u8], value: &[u8]) -> Result<(u64, u32), StoreError> {
+    let payload = codec::checked(tree, key, value)?;
+    payload
+        .split_first_chunk::<8>()
+        .and_then(|(len, rest)| Some((u64::from_be_bytes(*len), u32::from_be_bytes(*rest.first_chunk::<4>()?))))
+        .ok_or_else(|| codec::damaged(tree, key, "spill marker cut short".into()))
+}
+
+/// A value as written: sled's own bytes, or a spilled value's file read whole (not copied again).
+pub enum Value {
+    Stored(IVec),
+    Spilled(Vec<u8>),
+}
+
+impl std::ops::Deref for Value {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Value::Stored(bytes) => bytes,
+            Value::Spilled(bytes) => bytes,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -180,6 +203,7 @@ mod tests {
         assert!(is_spilled(&marker) && marker.len() < 64);
         tree.insert(b"k2", marker.clone()).unwrap();
         assert_eq!(&spill.load("packs", b"k2", IVec::from(marker.clone())).unwrap()[..], &large[..]);
+        assert_eq!(value_len("packs", b"k2", &marker).unwrap(), large.len() as u64, "the marker stands for the file's length");
         // A file altered or gone is damage, named by tree and key.
         let file = dir.path().join("spill/packs").join(hex_key(b"k2"));
         std::fs::write(&file, &large[..100]).unwrap();

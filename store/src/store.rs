@@ -203,7 +203,7 @@ impl Store {
     }
 
     /// The value under `key` in `tree` (packs or messages), a spilled one read from its file.
-    pub(crate) fn value(&self, tree: &sled::Tree, name: &'static str, key: &[u8]) -> Result<Option<sled::IVec>, StoreError> {
+    pub(crate) fn value(&self, tree: &sled::Tree, name: &'static str, key: &[u8]) -> Result<Option<crate::spill::Value>, StoreError> {
         tree.get(key)?.map(|value| self.spill.load(name, key, value)).transpose()
     }
 

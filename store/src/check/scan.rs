@@ -289,7 +289,8 @@ fn unspilled<'a>(store: &Store, tree: &'static str, key: &[u8], value: &'a [u8])
         return Ok(std::borrow::Cow::Borrowed(value));
     }
     match store.spill.load(tree, key, sled::IVec::from(value)) {
-        Ok(bytes) => Ok(std::borrow::Cow::Owned(bytes.to_vec())),
+        Ok(crate::spill::Value::Spilled(bytes)) => Ok(std::borrow::Cow::Owned(bytes)),
+        Ok(crate::spill::Value::Stored(_)) => Ok(std::borrow::Cow::Borrowed(value)),
         Err(StoreError::Damaged { detail, .. }) => Err(detail),
         Err(error) => Err(error.to_string()),
     }

@@ -11,8 +11,6 @@ pub enum CliError {
     #[error(transparent)]
     Proxy(Box<ctxscope_proxy::RunError>),
     #[error(transparent)]
-    Config(Box<ctxscope_proxy::ConfigError>),
-    #[error(transparent)]
     Upstream(#[from] ctxscope_proxy::upstream::UpstreamError),
     #[error(transparent)]
     AdminBind(#[from] ctxscope_proxy::admin::ui::auth::BindError),
@@ -32,12 +30,6 @@ pub enum CliError {
 impl From<ctxscope_proxy::RunError> for CliError {
     fn from(error: ctxscope_proxy::RunError) -> Self {
         CliError::Proxy(Box::new(error))
-    }
-}
-
-impl From<ctxscope_proxy::ConfigError> for CliError {
-    fn from(error: ctxscope_proxy::ConfigError) -> Self {
-        CliError::Config(Box::new(error))
     }
 }
 

@@ -1,4 +1,4 @@
-//! The global allocator, mimalloc, and its two settings. Memory freed after a large request goes back
+//! The global allocator, mimalloc, its two settings and a heap for scratch scopes. Memory freed after a large request goes back
 //! to the operating system at once: mimalloc otherwise purges a freed page only on the owning
 //! thread's next trip through the allocator after a delay; the capture worker and the connection
 //! threads then sit idle holding it (4 requests of 20,000 messages: 180 MiB resident 5 s after the
@@ -7,10 +7,82 @@
 //! default, which put the idle proxy at 55 MiB resident instead of 15 (BENCHMARKS.md, "Memory and
 //! store size").
 
+use std::alloc::{GlobalAlloc, Layout};
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use libmimalloc_sys::mi_heap_t;
+
 /// mimalloc: a captured turn (tokenizer, parsing, store) allocates many small strings; see
 /// BENCHMARKS.md, "Detection cost".
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: Allocator = Allocator;
+
+/// mimalloc, with the blocks a thread makes inside a [`ctxscope_common::scratch`] scope taken from
+/// one heap of their own. A request's parse tree (about 100 MB of small blocks for 100,000 messages)
+/// then fills pages that nothing long-lived shares and that empty completely when the turn ends.
+/// Freeing and growing outside a scope work on any block, whichever heap it came from.
+pub struct Allocator;
+
+/// The scratch heap, made on first use (mimalloc v3 heaps serve every thread).
+static SCRATCH: AtomicPtr<mi_heap_t> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The scratch heap when this thread is in a scratch scope.
+#[inline]
+fn scratch() -> Option<*mut mi_heap_t> {
+    if !ctxscope_common::scratch::active() {
+        return None;
+    }
+    let heap = SCRATCH.load(Ordering::Acquire);
+    if !heap.is_null() {
+        return Some(heap);
+    }
+    // SAFETY: mi_heap_new allocates its metadata inside mimalloc, not through this allocator.
+    let made = unsafe { libmimalloc_sys::mi_heap_new() };
+    if made.is_null() {
+        return None;
+    }
+    match SCRATCH.compare_exchange(std::ptr::null_mut(), made, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => Some(made),
+        Err(theirs) => {
+            // SAFETY: `made` is empty and was never published.
+            unsafe { libmimalloc_sys::mi_heap_delete(made) };
+            Some(theirs)
+        }
+    }
+}
+
+// SAFETY: every path returns a block from mimalloc of at least the layout's size and alignment, or
+// null; mi_free and mi_realloc_aligned accept blocks of any mimalloc heap.
+unsafe impl GlobalAlloc for Allocator {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        match scratch() {
+            Some(heap) => libmimalloc_sys::mi_heap_malloc_aligned(heap, layout.size(), layout.align()).cast(),
+            None => mimalloc::MiMalloc.alloc(layout),
+        }
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        match scratch() {
+            Some(heap) => libmimalloc_sys::mi_heap_zalloc_aligned(heap, layout.size(), layout.align()).cast(),
+            None => mimalloc::MiMalloc.alloc_zeroed(layout),
+        }
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        mimalloc::MiMalloc.dealloc(ptr, layout)
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        match scratch() {
+            Some(heap) => libmimalloc_sys::mi_heap_realloc_aligned(heap, ptr.cast(), new_size, layout.align()).cast(),
+            None => mimalloc::MiMalloc.realloc(ptr, layout, new_size),
+        }
+    }
+}
 
 /// `mi_option_purge_delay`: 15 in the mimalloc headers (v2 and v3) that `libmimalloc-sys` builds;
 /// its Rust bindings do not name it. The test below checks that the setting takes.
@@ -72,6 +144,27 @@ fn option(option: libmimalloc_sys::mi_option_t) -> std::ffi::c_long {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn scratch_scopes_allocate_from_the_scratch_heap() {
+        let inside = ctxscope_common::scratch::scope(|| Box::new([7u8; 100]));
+        let outside = Box::new([7u8; 100]);
+        let heap = super::SCRATCH.load(std::sync::atomic::Ordering::Acquire);
+        assert!(!heap.is_null(), "made on first use");
+        extern "C" {
+            // mimalloc v3 (its Rust bindings name only v2's `mi_heap_contains_block`).
+            fn mi_heap_contains(heap: *const libmimalloc_sys::mi_heap_t, p: *const std::ffi::c_void) -> bool;
+        }
+        // SAFETY: both pointers are live mimalloc blocks; the heap is never deleted.
+        let contains = |p: *const u8| unsafe { mi_heap_contains(heap, p.cast()) };
+        assert!(contains(inside.as_ptr()));
+        assert!(!contains(outside.as_ptr()));
+        // Grown outside its scope, a scratch block may move to the main heap; freed anywhere.
+        let mut grown = ctxscope_common::scratch::scope(|| vec![1u32; 16]);
+        grown.extend(0..10_000);
+        assert_eq!(grown.len(), 10_016);
+        drop(inside);
+    }
+
     #[test]
     fn freed_memory_is_purged_at_once() {
         // Set before main by the constructor (Linux), and by the call from main elsewhere.

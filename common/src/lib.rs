@@ -1,8 +1,9 @@
 //! Plumbing every ctxscope crate shares, with no dependencies of its own: the wire names the engine,
-//! the proxy and replay agree on ([`wire`]), one-line error chains ([`describe_error`]) and UTC
-//! calendar time without a time-zone crate ([`civil`]).
+//! the proxy and replay agree on ([`wire`]), one-line error chains ([`describe_error`]), UTC
+//! calendar time without a time-zone crate ([`civil`]) and scratch-allocation scopes ([`scratch`]).
 
 pub mod civil;
+pub mod scratch;
 pub mod wire;
 
 /// The error and its causes in one line ("client error (Connect): tcp connect error: Connection refused").

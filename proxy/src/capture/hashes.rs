@@ -10,10 +10,11 @@ use std::hash::{BuildHasher, Hash as StdHash, Hasher};
 use ctxscope_store::{message_hash, Hash};
 use serde_json::Value;
 
-/// Entries kept before the memo is dropped: 65,536 (about 5.4 MB with the table's slack). It was a
-/// million (86 MB once full), then 131,072 (11 MB, held after large requests had filled it); the
-/// histories passing through at once longer than this are hashed again on each request instead.
-const MAX_ENTRIES: usize = 1 << 16;
+/// Entries kept before the memo is dropped: 57,344, seven eighths of 65,536, the most a table of
+/// 65,536 slots holds before it doubles (2.7 MB; one more entry made it 5.4 MB). It was a million
+/// (86 MB once full), then 131,072 (11 MB, held after large requests had filled it); the histories
+/// passing through at once longer than this are hashed again on each request instead.
+const MAX_ENTRIES: usize = (1 << 16) / 8 * 7;
 
 pub struct MessageHashes {
     keys: RandomState,
@@ -86,6 +87,19 @@ fn walk<H: Hasher>(value: &Value, h: &mut H) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_full_memo_stays_in_one_table_size() {
+        let mut memo = MessageHashes::default();
+        for i in 0..MAX_ENTRIES + 10 {
+            memo.hash(&serde_json::json!({"role": "user", "content": i}));
+        }
+        // Replaced once full, never grown past the table that holds MAX_ENTRIES.
+        assert_eq!(memo.memo.len(), 10);
+        let mut full: HashMap<u64, Hash> = HashMap::new();
+        full.extend((0..MAX_ENTRIES as u64).map(|k| (k, [0; 32])));
+        assert!(full.capacity() < 2 * MAX_ENTRIES, "{} slots usable for {MAX_ENTRIES} entries", full.capacity());
+    }
 
     #[test]
     fn memoised_hashes_equal_the_content_address() {

@@ -156,7 +156,8 @@ impl Pipeline {
             // The upstream never read the body: nothing to record beyond the 502 already counted.
             return Err(CaptureError::NothingSent);
         }
-        let mut request = parse::request(exchange.endpoint, &body)?;
+        // The parse tree dies with the turn: its blocks are scratch (ctxscope_common::scratch).
+        let mut request = ctxscope_common::scratch::scope(|| parse::request(exchange.endpoint, &body))?;
         let mut notes = Vec::new();
         if !complete {
             notes.push("request body did not finish".to_string());
@@ -327,7 +328,10 @@ impl Pipeline {
             return ParsedResponse::default();
         }
         let body = exchange.response.to_vec();
-        parse::response(exchange.endpoint, exchange.response_content_type.as_deref(), status, &body, streaming)
+        // Like the request's, the parse of a long stream's events is scratch.
+        ctxscope_common::scratch::scope(|| {
+            parse::response(exchange.endpoint, exchange.response_content_type.as_deref(), status, &body, streaming)
+        })
     }
 }
 

@@ -1,6 +1,4 @@
-//! The binary's errors, typed up to `main`, which prints them (each message names its cause). Commands whose
-//! libraries report in text (replay, fidelity, model download, engine start-up) still carry a
-//! message.
+//! The binary's errors, typed up to `main`, which prints them (each message names its cause).
 
 use std::net::SocketAddr;
 
@@ -23,8 +21,42 @@ pub enum CliError {
     /// A flag whose value parsed but is out of range.
     #[error("{flag} {value} must be {expected}")]
     Flag { flag: &'static str, value: String, expected: &'static str },
+    #[error(transparent)]
+    Engine(#[from] ctxscope_engine::StartError),
+    #[error(transparent)]
+    Fetch(#[from] crate::fetch::FetchError),
+    #[error("cannot load {path}: {source}")]
+    Model { path: std::path::PathBuf, source: ctxscope_engine::ModelError },
+    /// A blocking task that panicked or was cancelled.
+    #[error("{what}: {detail}")]
+    Task { what: &'static str, detail: String },
+    /// A replay target that does not parse (`flag` names where it came from).
+    #[error("{flag}: {source}")]
+    Target { flag: &'static str, source: ctxscope_replay::TargetError },
+    #[error(transparent)]
+    Replay(#[from] ctxscope_replay::PlanError),
+    #[error(transparent)]
+    Bisect(#[from] ctxscope_replay::BisectError),
+    #[error(transparent)]
+    Sweep(#[from] ctxscope_replay::fidelity::SweepError),
+    #[error("cannot {what} {path}: {source}")]
+    Io { what: &'static str, path: std::path::PathBuf, source: std::io::Error },
+    #[error("--probes {path}: {source} (expected a JSON list of {{\"after_turn\": N, \"question\": \"...\", \"expected\": \"...\"}})")]
+    Probes { path: std::path::PathBuf, source: serde_json::Error },
+    #[error("replay {id} is not a report this version reads: {source}")]
+    StoredReport { id: u64, source: serde_json::Error },
+    #[error("cannot encode JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error(transparent)]
+    Lengths(#[from] LengthsError),
+    /// clap could not build a command's defaults (a bug: the defaults are in this binary).
+    #[error("internal: {0}")]
+    Defaults(String),
+    /// Flags that do not go together, or a command without what it needs.
     #[error("{0}")]
-    Message(String),
+    Usage(&'static str),
+    #[error(transparent)]
+    Check(#[from] crate::store_check::CheckError),
 }
 
 impl From<ctxscope_proxy::RunError> for CliError {
@@ -33,11 +65,10 @@ impl From<ctxscope_proxy::RunError> for CliError {
     }
 }
 
-impl From<String> for CliError {
-    fn from(message: String) -> Self {
-        CliError::Message(message)
-    }
-}
+/// A `--lengths` item that is not a token count.
+#[derive(Debug, thiserror::Error)]
+#[error("--lengths: `{0}` is not a token count (write e.g. 512,1k,2k)")]
+pub struct LengthsError(pub String);
 
 /// Binds a listener, naming the address when it cannot.
 pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, CliError> {

@@ -6,6 +6,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::error::{CliError, LengthsError};
+use crate::replay::write_file;
+
 use ctxscope_replay::fidelity::{self, report, SweepOptions};
 use ctxscope_replay::{TargetKind, TargetSpec};
 
@@ -64,18 +67,18 @@ pub struct FidelityArgs {
 
 impl FidelityArgs {
     /// The flags as `ctxscope fidelity` alone would set them (every default).
-    pub fn defaults() -> Result<FidelityArgs, String> {
+    pub fn defaults() -> Result<FidelityArgs, CliError> {
         #[derive(clap::Parser)]
         struct Bare {
             #[command(flatten)]
             args: FidelityArgs,
         }
-        <Bare as clap::Parser>::try_parse_from(["fidelity"]).map(|b| b.args).map_err(|e| e.to_string())
+        <Bare as clap::Parser>::try_parse_from(["fidelity"]).map(|b| b.args).map_err(|e| CliError::Defaults(e.to_string()))
     }
 }
 
 /// `512`, `1k`, `2K`, `1.5k` -> tokens.
-pub fn parse_lengths(text: &str) -> Result<Vec<usize>, String> {
+pub fn parse_lengths(text: &str) -> Result<Vec<usize>, LengthsError> {
     text.split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
@@ -86,17 +89,21 @@ pub fn parse_lengths(text: &str) -> Result<Vec<usize>, String> {
             };
             match number.parse::<f64>() {
                 Ok(n) if n > 0.0 && n.is_finite() => Ok((n * scale).round() as usize),
-                _ => Err(format!("--lengths: `{item}` is not a token count (write e.g. 512,1k,2k)")),
+                _ => Err(LengthsError(item.to_string())),
             }
         })
         .collect()
 }
 
-pub async fn run(args: FidelityArgs) -> Result<(), String> {
-    let golden = TargetSpec::parse(&args.golden).map_err(|e| format!("--golden: {e}"))?;
-    let targets = args.targets.iter().map(|t| TargetSpec::parse(t).map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?;
+pub async fn run(args: FidelityArgs) -> Result<(), CliError> {
+    let golden = TargetSpec::parse(&args.golden).map_err(|source| CliError::Target { flag: "--golden", source })?;
+    let targets = args
+        .targets
+        .iter()
+        .map(|t| TargetSpec::parse(t).map_err(|source| CliError::Target { flag: "--target", source }))
+        .collect::<Result<Vec<_>, _>>()?;
     if args.depths.iter().any(|d| !(0.0..=1.0).contains(d)) {
-        return Err(format!("--depths must lie between 0 and 1, got {:?}", args.depths));
+        return Err(CliError::Flag { flag: "--depths", value: format!("{:?}", args.depths), expected: "between 0 and 1" });
     }
     let options = SweepOptions {
         seed: args.seed,
@@ -119,7 +126,7 @@ pub async fn run(args: FidelityArgs) -> Result<(), String> {
             responses_store: None,
         };
         eprintln!("starting the engine in-process ({})", settings.model);
-        Some(InProcessEngine::start(&settings).await.map_err(|e| e.to_string())?)
+        Some(InProcessEngine::start(&settings).await?)
     } else {
         None
     };
@@ -136,12 +143,9 @@ pub async fn run(args: FidelityArgs) -> Result<(), String> {
         if let Some(engine) = engine {
             engine.stop().await;
         }
-        let (golden_report, found) = result.map_err(|e| e.to_string())?;
+        let (golden_report, found) = result?;
         if args.json {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&serde_json::json!({"golden": golden_report, "bisect": found})).map_err(|e| e.to_string())?
-            );
+            println!("{}", serde_json::to_string_pretty(&serde_json::json!({"golden": golden_report, "bisect": found}))?);
         } else {
             for step in &found.steps {
                 let mark = if step.diverges { "diverges" } else { "ok" };
@@ -161,12 +165,12 @@ pub async fn run(args: FidelityArgs) -> Result<(), String> {
     if let Some(engine) = engine {
         engine.stop().await;
     }
-    let report = result.map_err(|e| e.to_string())?;
+    let report = result?;
     if let Some(dir) = &args.save {
         save(dir, &report.conversations)?;
     }
     if let Some(path) = &args.html {
-        std::fs::write(path, report::html(&report)).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        write_file(path, report::html(&report))?;
         eprintln!("wrote {}", path.display());
     }
     if args.json {
@@ -178,14 +182,13 @@ pub async fn run(args: FidelityArgs) -> Result<(), String> {
 }
 
 /// Writes every conversation as export JSONL and its probes beside it.
-fn save(dir: &std::path::Path, conversations: &[fidelity::SweepConversation]) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+fn save(dir: &std::path::Path, conversations: &[fidelity::SweepConversation]) -> Result<(), CliError> {
+    std::fs::create_dir_all(dir).map_err(|source| CliError::Io { what: "create", path: dir.to_path_buf(), source })?;
     for conv in conversations {
         let stem = format!("fidelity-s{}-l{}-t{}-d{}", conv.seed, conv.length, conv.turns, conv.depth);
-        let write = |path: PathBuf, text: String| std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()));
-        write(dir.join(format!("{stem}.jsonl")), fidelity::export::export_jsonl(conv))?;
-        let probes = serde_json::to_string_pretty(&fidelity::export::replay_probes(conv)).map_err(|e| e.to_string())?;
-        write(dir.join(format!("{stem}.probes.json")), probes)?;
+        write_file(&dir.join(format!("{stem}.jsonl")), fidelity::export::export_jsonl(conv))?;
+        let probes = serde_json::to_string_pretty(&fidelity::export::replay_probes(conv))?;
+        write_file(&dir.join(format!("{stem}.probes.json")), probes)?;
     }
     eprintln!(
         "wrote {} conversations to {} (ctxscope import FILE.jsonl; ctxscope replay ID --probes FILE.probes.json)",

@@ -74,10 +74,10 @@ pub fn ensure(name_or_path: &str) -> Result<PathBuf, FetchError> {
 }
 
 /// `ctxscope models fetch [NAME]`: fetches (or re-verifies) a known model.
-pub fn fetch_command(name: Option<&str>) -> Result<(), String> {
+pub fn fetch_command(name: Option<&str>) -> Result<(), FetchError> {
     let name = name.unwrap_or(DEFAULT_MODEL);
-    let spec = find_known(name).ok_or_else(|| FetchError::UnknownModel { name: name.to_string(), known: known_names() }.to_string())?;
-    let path = known_path(spec).map_err(|e| e.to_string())?;
+    let spec = find_known(name).ok_or_else(|| FetchError::UnknownModel { name: name.to_string(), known: known_names() })?;
+    let path = known_path(spec)?;
     if path.is_file() {
         match fetch::verify_file(spec, &path) {
             Ok(()) => {
@@ -87,14 +87,14 @@ pub fn fetch_command(name: Option<&str>) -> Result<(), String> {
             Err(e) => eprintln!("ctxscope: {} exists but is not valid ({e}); fetching it again", path.display()),
         }
     }
-    fetch::fetch(spec, &path).map_err(|e| e.to_string())?;
+    fetch::fetch(spec, &path)?;
     println!("installed {} at {}", spec.name, path.display());
     Ok(())
 }
 
 /// `ctxscope models list`: the known models and whether they are on disk, then other GGUF files there.
-pub fn list_command() -> Result<(), String> {
-    let home = ctxscope_home().map_err(|e| e.to_string())?;
+pub fn list_command() -> Result<(), FetchError> {
+    let home = ctxscope_home()?;
     let dir = home.join("models");
     println!("{:<34} {:<16} PATH", "MODEL", "STATUS");
     for spec in KNOWN {

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ctxscope_replay::{report, Endpoints, Metric, Plan, ProbeSpec, ReplayOptions, ReplayReport, StderrProgress, TargetKind, TargetSpec};
 
+use crate::error::CliError;
 use crate::inspect::{self, Records};
 use crate::serve::{EngineSettings, InProcessEngine};
 
@@ -22,13 +23,16 @@ pub struct RunSettings {
 }
 
 /// `ctxscope replay CONV --target SPEC ...`.
-pub async fn replay(conversation: u64, targets: &[String], resume: Option<u64>, run: RunSettings) -> Result<(), String> {
+pub async fn replay(conversation: u64, targets: &[String], resume: Option<u64>, run: RunSettings) -> Result<(), CliError> {
     let previous = match resume {
         Some(id) => Some(stored_report(&*run.source, id).await?),
         None => None,
     };
     let mut plan = plan(conversation, &run).await?;
-    plan.targets = targets.iter().map(|t| TargetSpec::parse(t).map_err(|e| e.to_string())).collect::<Result<_, _>>()?;
+    plan.targets = targets
+        .iter()
+        .map(|t| TargetSpec::parse(t).map_err(|source| CliError::Target { flag: "--target", source }))
+        .collect::<Result<_, _>>()?;
     plan.id = resume.unwrap_or_else(new_id);
     let engine = start_engine_if_needed(&plan, &run.engine).await?;
     let endpoints = Endpoints { engine_url: engine.as_ref().map(|e| e.url.clone()) };
@@ -38,16 +42,16 @@ pub async fn replay(conversation: u64, targets: &[String], resume: Option<u64>, 
     if let Some(engine) = engine {
         engine.stop().await;
     }
-    finish(result.map_err(|e| e.to_string())?, &run).await
+    finish(result?, &run).await
 }
 
 /// `ctxscope bisect CONV --patches LIST`.
-pub async fn bisect(conversation: u64, patches: &str, metric: Metric, threshold: f64, run: RunSettings) -> Result<(), String> {
+pub async fn bisect(conversation: u64, patches: &str, metric: Metric, threshold: f64, run: RunSettings) -> Result<(), CliError> {
     let mut plan = plan(conversation, &run).await?;
     plan.id = new_id();
     let patches: Vec<String> = split_patches(patches);
     if patches.is_empty() {
-        return Err("--patches needs at least one patch (see `ctxscope patches`)".into());
+        return Err(CliError::Usage("--patches needs at least one patch (see `ctxscope patches`)"));
     }
     let engine = start_engine_if_needed(&plan, &run.engine).await?;
     let endpoints = Endpoints { engine_url: engine.as_ref().map(|e| e.url.clone()) };
@@ -57,15 +61,15 @@ pub async fn bisect(conversation: u64, patches: &str, metric: Metric, threshold:
     if let Some(engine) = engine {
         engine.stop().await;
     }
-    finish(result.map_err(|e| e.to_string())?, &run).await
+    finish(result?, &run).await
 }
 
 /// `ctxscope replays [ID]`: the stored runs, or one run's report.
-pub async fn replays(source: &dyn Records, id: Option<u64>, json: bool, html: Option<&Path>) -> Result<(), String> {
+pub async fn replays(source: &dyn Records, id: Option<u64>, json: bool, html: Option<&Path>) -> Result<(), CliError> {
     let Some(id) = id else {
-        let list = source.replays().await.map_err(|e| e.to_string())?;
+        let list = source.replays().await?;
         if json {
-            println!("{}", serde_json::to_string_pretty(&list).map_err(|e| e.to_string())?);
+            println!("{}", serde_json::to_string_pretty(&list)?);
         } else {
             print!("{}", crate::render::replays(&list));
         }
@@ -80,9 +84,9 @@ fn split_patches(list: &str) -> Vec<String> {
     list.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::to_string).collect()
 }
 
-async fn plan(conversation: u64, run: &RunSettings) -> Result<Plan, String> {
-    let detail = inspect::detail(&*run.source, conversation).await.map_err(|e| e.to_string())?;
-    let golden = TargetSpec::parse(&run.golden).map_err(|e| format!("--golden: {e}"))?;
+async fn plan(conversation: u64, run: &RunSettings) -> Result<Plan, CliError> {
+    let detail = inspect::detail(&*run.source, conversation).await?;
+    let golden = TargetSpec::parse(&run.golden).map_err(|source| CliError::Target { flag: "--golden", source })?;
     let mut plan = Plan::new(detail, golden);
     plan.options = run.options.clone();
     if let Some(path) = &run.probes {
@@ -106,24 +110,19 @@ async fn plan(conversation: u64, run: &RunSettings) -> Result<Plan, String> {
 }
 
 /// A JSON list of `{"after_turn": N, "question": "...", "expected": "..."}`.
-fn read_probes(path: &Path) -> Result<Vec<ProbeSpec>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("--probes {}: {e}", path.display()))?;
-    serde_json::from_str(&text).map_err(|e| {
-        format!(
-            "--probes {}: {e} (expected a JSON list of {{\"after_turn\": N, \"question\": \"...\", \"expected\": \"...\"}})",
-            path.display()
-        )
-    })
+fn read_probes(path: &Path) -> Result<Vec<ProbeSpec>, CliError> {
+    let text = std::fs::read_to_string(path).map_err(|source| CliError::Io { what: "read --probes", path: path.to_path_buf(), source })?;
+    serde_json::from_str(&text).map_err(|source| CliError::Probes { path: path.to_path_buf(), source })
 }
 
 /// Starts this engine when a target (the golden included) is an engine target without a URL.
-async fn start_engine_if_needed(plan: &Plan, settings: &EngineSettings) -> Result<Option<InProcessEngine>, String> {
+async fn start_engine_if_needed(plan: &Plan, settings: &EngineSettings) -> Result<Option<InProcessEngine>, CliError> {
     let needs = plan.all_targets().iter().any(|t| matches!(&t.kind, TargetKind::Engine { url: None, .. }));
     if !needs {
         return Ok(None);
     }
     eprintln!("starting the engine in-process ({})", settings.model);
-    InProcessEngine::start(settings).await.map(Some).map_err(|e| e.to_string())
+    InProcessEngine::start(settings).await.map(Some)
 }
 
 /// A watch that turns true on Ctrl-C (the replay stops launching, finishes what is in flight).
@@ -139,8 +138,8 @@ fn cancel_on_ctrl_c() -> (tokio::task::JoinHandle<()>, tokio::sync::watch::Recei
 }
 
 /// Stores the run, then prints it.
-async fn finish(report: ReplayReport, run: &RunSettings) -> Result<(), String> {
-    let entry = report::entry(&report).map_err(|e| e.to_string())?;
+async fn finish(report: ReplayReport, run: &RunSettings) -> Result<(), CliError> {
+    let entry = report::entry(&report)?;
     match run.source.put_replay(&entry).await {
         Ok(()) => eprintln!("stored as replay {} ({})", report.id, entry.summary),
         Err(e) => eprintln!("warning: the replay could not be stored: {e}"),
@@ -148,9 +147,9 @@ async fn finish(report: ReplayReport, run: &RunSettings) -> Result<(), String> {
     output(&report, run.json, run.html.as_deref())
 }
 
-fn output(report: &ReplayReport, json: bool, html: Option<&Path>) -> Result<(), String> {
+fn output(report: &ReplayReport, json: bool, html: Option<&Path>) -> Result<(), CliError> {
     if let Some(path) = html {
-        std::fs::write(path, report::html(report)).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        write_file(path, report::html(report))?;
         eprintln!("wrote {}", path.display());
     }
     if json {
@@ -161,9 +160,14 @@ fn output(report: &ReplayReport, json: bool, html: Option<&Path>) -> Result<(), 
     Ok(())
 }
 
-async fn stored_report(source: &dyn Records, id: u64) -> Result<ReplayReport, String> {
-    let entry = source.replay(id).await.map_err(|e| e.to_string())?;
-    serde_json::from_value(entry.report).map_err(|e| format!("replay {id} is not a report this version reads: {e}"))
+async fn stored_report(source: &dyn Records, id: u64) -> Result<ReplayReport, CliError> {
+    let entry = source.replay(id).await?;
+    serde_json::from_value(entry.report).map_err(|source| CliError::StoredReport { id, source })
+}
+
+/// Writes a file the user asked for (`--html`, `--save`), naming it when it cannot.
+pub fn write_file(path: &Path, text: String) -> Result<(), CliError> {
+    std::fs::write(path, text).map_err(|source| CliError::Io { what: "write", path: path.to_path_buf(), source })
 }
 
 /// Replay ids are Unix milliseconds: unique per machine, ordered by time.
@@ -246,30 +250,30 @@ impl std::str::FromStr for BisectMetric {
 
 impl BisectArgs {
     /// Runs the bisection the metric asks for.
-    pub async fn run(self) -> Result<(), String> {
+    pub async fn run(self) -> Result<(), CliError> {
         match (self.metric, self.conversation) {
             (BisectMetric::Replay(metric), Some(conversation)) => {
                 if self.lengths.is_some() || self.depths.is_some() || self.seed.is_some() {
-                    return Err("--lengths, --depths and --seed belong to --metric fidelity".into());
+                    return Err(CliError::Usage("--lengths, --depths and --seed belong to --metric fidelity"));
                 }
                 bisect(conversation, &self.patches, metric, self.threshold, self.run.settings()).await
             }
             (BisectMetric::Replay(_), None) => {
-                Err("bisect needs a captured conversation id (see `ctxscope conversations`), or --metric fidelity".into())
+                Err(CliError::Usage("bisect needs a captured conversation id (see `ctxscope conversations`), or --metric fidelity"))
             }
             (BisectMetric::Fidelity, Some(_)) => {
-                Err("--metric fidelity generates its own conversations: drop the conversation id (or use --metric probes)".into())
+                Err(CliError::Usage("--metric fidelity generates its own conversations: drop the conversation id (or use --metric probes)"))
             }
             (BisectMetric::Fidelity, None) => crate::fidelity::run(self.fidelity_args()?).await,
         }
     }
 
     /// `ctxscope fidelity --bisect` with these flags, the sweep's own defaults where none was given.
-    fn fidelity_args(self) -> Result<crate::fidelity::FidelityArgs, String> {
+    fn fidelity_args(self) -> Result<crate::fidelity::FidelityArgs, CliError> {
         let mut args = crate::fidelity::FidelityArgs::defaults()?;
         let run = self.run;
         if run.probes.is_some() {
-            return Err("--probes does not apply to --metric fidelity: the sweep plants and asks its own".into());
+            return Err(CliError::Usage("--probes does not apply to --metric fidelity: the sweep plants and asks its own"));
         }
         args.bisect = Some(self.patches);
         args.threshold = self.threshold;

@@ -1,16 +1,15 @@
 //! `ctxscope engine` and `ctxscope serve`: load the model (fetching the default one on first use),
-//! start the scheduler and the OpenAI-compatible server, and for `serve` put the capture proxy in
-//! front of it in the same process. Shutdown stops the proxy first (it drains capture), then the engine.
+//! start it with `ctxscope_engine::run` (scheduler and OpenAI-compatible server), and for `serve` put
+//! the capture proxy in front of it in the same process. Shutdown stops the proxy first (it drains capture), then the engine.
 //! `--device` picks the backend: the CPU, or a GPU in a build with the `cuda` feature.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
-use ctxscope_engine::scheduler::{self, EngineHandle, EngineOptions};
-use ctxscope_engine::{BackendKind, Model, Path, ServerConfig};
+use ctxscope_engine::scheduler::EngineOptions;
+use ctxscope_engine::{BackendKind, Engine, Model, Path, ServerConfig};
 use ctxscope_proxy::{ProxyConfig, Upstream};
 
 use crate::models;
@@ -41,13 +40,11 @@ pub struct FrontSettings {
 pub async fn run_engine(settings: EngineSettings, shutdown: impl Future<Output = ()>) -> Result<(), CliError> {
     tokio::pin!(shutdown);
     let listener = bind(settings.listen).await?;
-    let started = tokio::select! {
-        started = start_engine(&settings) => started?,
+    let loaded = tokio::select! {
+        loaded = load(&settings) => loaded?,
         _ = &mut shutdown => return Ok(()),
     };
-    let config = server_config(&settings);
-    ctxscope_engine::server::run(started.handle, config, listener, shutdown).await;
-    join_scheduler(started.thread).await;
+    ctxscope_engine::run(loaded.model, loaded.options, settings.device, server_config(&settings), listener, shutdown).await?;
     Ok(())
 }
 
@@ -58,8 +55,8 @@ pub async fn run_serve(settings: EngineSettings, front: FrontSettings, shutdown:
     let proxy_listener = bind(front.proxy).await?;
     let admin_listener = bind(front.admin).await?;
     let engine_addr = engine_listener.local_addr().map_err(|source| CliError::Listen { addr: settings.listen, source })?;
-    let started = tokio::select! {
-        started = start_engine(&settings) => started?,
+    let (engine, model_path) = tokio::select! {
+        started = start(&settings) => started?,
         _ = &mut shutdown => return Ok(()),
     };
 
@@ -67,84 +64,57 @@ pub async fn run_serve(settings: EngineSettings, front: FrontSettings, shutdown:
     let mut config = front.config;
     config.upstream = upstream;
     config.replay_engine = Some(format!("http://{engine_addr}"));
-    config.tokenizer = Some(started.model_path.clone());
+    config.tokenizer = Some(model_path);
 
     let (stop_engine, engine_stopped) = tokio::sync::oneshot::channel::<()>();
-    let engine = tokio::spawn(ctxscope_engine::server::run(started.handle, server_config(&settings), engine_listener, async move {
+    let engine = tokio::spawn(engine.serve(server_config(&settings), engine_listener, async move {
         let _ = engine_stopped.await;
     }));
     let proxied = ctxscope_proxy::run(config, proxy_listener, admin_listener, shutdown).await.map_err(CliError::from);
     let _ = stop_engine.send(());
     let _ = engine.await;
-    join_scheduler(started.thread).await;
     proxied
 }
 
-struct Started {
-    handle: EngineHandle,
-    thread: std::thread::JoinHandle<()>,
-    model_path: PathBuf,
+/// A model loaded for serving, with the options its flags asked for.
+struct Loaded {
+    model: Arc<Model>,
+    options: EngineOptions,
+    path: PathBuf,
 }
 
-async fn start_engine(settings: &EngineSettings) -> Result<Started, String> {
+/// Fetches (a known model, on first use) and loads the model `--model` names.
+async fn load(settings: &EngineSettings) -> Result<Loaded, CliError> {
     // Before fetching or loading anything: a device this build cannot drive is a start-up error.
-    if !cfg!(feature = "cuda") && matches!(settings.device, BackendKind::Cuda { .. }) {
-        return Err(NO_CUDA.into());
-    }
+    ctxscope_engine::run::check_device(settings.device)?;
     let name = settings.model.clone();
-    let model_path = tokio::task::spawn_blocking(move || models::ensure(&name))
+    let path = tokio::task::spawn_blocking(move || models::ensure(&name))
         .await
-        .map_err(|e| format!("fetching the model: {e}"))?
-        .map_err(|e| e.to_string())?;
-    tracing::info!(model = %model_path.display(), "loading model");
-    let load_path = model_path.clone();
+        .map_err(|e| CliError::Task { what: "fetching the model", detail: e.to_string() })??;
+    tracing::info!(model = %path.display(), "loading model");
+    let load_path = path.clone();
     let model = tokio::task::spawn_blocking(move || Model::load(&load_path))
         .await
-        .map_err(|e| format!("loading the model: {e}"))?
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| CliError::Task { what: "loading the model", detail: e.to_string() })?
+        .map_err(|source| CliError::Model { path: path.clone(), source })?;
     let mut options = EngineOptions::for_model(&model);
     // The CUDA backend's tuning variables, read here once (ctxscope_engine::tuning).
     options.device = ctxscope_engine::tuning::DeviceTuning::from_env();
     if let Some(ctx) = settings.ctx {
-        if ctx < 2 || ctx > model.config.ctx_len {
-            return Err(format!("--ctx {ctx} is out of range: this model's context is {} tokens (use 2..={0})", model.config.ctx_len));
-        }
         options.ctx = ctx;
     }
-    if settings.max_batch == 0 {
-        return Err("--max-batch must be at least 1".into());
-    }
     options.max_batch = settings.max_batch;
-    let device = settings.device;
-    let (handle, thread) = tokio::task::spawn_blocking(move || start_scheduler(Arc::new(model), options, device))
-        .await
-        .map_err(|e| format!("starting the engine: {e}"))??;
-    tracing::info!(backend = %handle.backend, "engine started");
-    Ok(Started { handle, thread, model_path })
+    Ok(Loaded { model: Arc::new(model), options, path })
 }
 
-const NO_CUDA: &str = "this ctxscope was built without CUDA support; rebuild with `cargo build --release --features cuda`";
-
-/// Starts the scheduler on `device`; blocks while a GPU backend uploads the model.
-fn start_scheduler(
-    model: Arc<Model>,
-    options: EngineOptions,
-    device: BackendKind,
-) -> Result<(EngineHandle, std::thread::JoinHandle<()>), String> {
-    match device {
-        BackendKind::Cpu => Ok(scheduler::start(model, options)),
-        #[cfg(feature = "cuda")]
-        BackendKind::Cuda { ordinal } => {
-            let device_model = model.clone();
-            let device_options = options.clone();
-            scheduler::start_backend(model, options, move || {
-                ctxscope_engine::device::DeviceBackend::new(device_model, ordinal, &device_options)
-            })
-            .map_err(|e| format!("cannot start the engine on {device}: {e}"))
-        }
-        #[cfg(not(feature = "cuda"))]
-        BackendKind::Cuda { .. } => Err(NO_CUDA.into()),
-    }
+/// Loads the model and starts its scheduler (off the runtime: a GPU backend uploads the model).
+async fn start(settings: &EngineSettings) -> Result<(Engine, PathBuf), CliError> {
+    let loaded = load(settings).await?;
+    let device = settings.device;
+    let engine = tokio::task::spawn_blocking(move || Engine::start(loaded.model, loaded.options, device))
+        .await
+        .map_err(|e| CliError::Task { what: "starting the engine", detail: e.to_string() })??;
+    Ok((engine, loaded.path))
 }
 
 /// An engine served on a loopback port inside this process (replay's engine targets).
@@ -152,26 +122,25 @@ pub struct InProcessEngine {
     pub url: String,
     stop: tokio::sync::oneshot::Sender<()>,
     server: tokio::task::JoinHandle<()>,
-    thread: std::thread::JoinHandle<()>,
 }
 
 impl InProcessEngine {
     /// Loads the model and serves it on 127.0.0.1 (the port `settings.listen` names, 0 for any).
     pub async fn start(settings: &EngineSettings) -> Result<InProcessEngine, CliError> {
         let listener = bind(settings.listen).await?;
-        let addr = listener.local_addr().map_err(|e| format!("engine listener: {e}"))?;
-        let started = start_engine(settings).await?;
+        let addr = listener.local_addr().map_err(|source| CliError::Listen { addr: settings.listen, source })?;
+        let (engine, _) = start(settings).await?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(ctxscope_engine::server::run(started.handle, server_config(settings), listener, async move {
+        let server = tokio::spawn(engine.serve(server_config(settings), listener, async move {
             let _ = stopped.await;
         }));
-        Ok(InProcessEngine { url: format!("http://{addr}"), stop, server, thread: started.thread })
+        Ok(InProcessEngine { url: format!("http://{addr}"), stop, server })
     }
 
+    /// Stops serving and waits for the engine's thread.
     pub async fn stop(self) {
         let _ = self.stop.send(());
         let _ = self.server.await;
-        join_scheduler(self.thread).await;
     }
 }
 
@@ -181,14 +150,6 @@ fn server_config(settings: &EngineSettings) -> ServerConfig {
         default_patches: settings.patches.clone(),
         responses_store: settings.responses_store.clone(),
         ..ServerConfig::default()
-    }
-}
-
-/// Waits (bounded) for the scheduler thread, which ends once every handle is gone.
-async fn join_scheduler(thread: std::thread::JoinHandle<()>) {
-    let joined = tokio::task::spawn_blocking(move || thread.join());
-    if tokio::time::timeout(Duration::from_secs(10), joined).await.is_err() {
-        tracing::warn!("the engine thread did not stop within 10 s");
     }
 }
 

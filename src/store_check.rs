@@ -24,28 +24,48 @@ pub struct CheckArgs {
     data: PathBuf,
 }
 
-pub fn run(args: &CheckArgs) -> Result<(), String> {
+/// Why `store check` did not pass.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    #[error("no capture store at {} (pass --data DIR)", .0.display())]
+    NoStore(PathBuf),
+    #[error("{} is in use by a running ctxscope process (or cannot be opened: {source}); stop the process, then check", dir.display())]
+    InUse { dir: PathBuf, source: StoreError },
+    #[error("{}: {source}", dir.display())]
+    Store { dir: PathBuf, source: StoreError },
+    #[error("repair of {} failed: {source}", dir.display())]
+    Repair { dir: PathBuf, source: StoreError },
+    #[error("{}: damage left that repair cannot remove (see above)", .0.display())]
+    DamageLeft(PathBuf),
+    #[error("{}: damage found; nothing was changed. `ctxscope store check --repair --data {}` removes it (stop the proxy first)", .0.display(), .0.display())]
+    Damaged(PathBuf),
+    #[error("cannot encode JSON: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
     let dir = &args.data;
     if !dir.join("db").exists() {
-        return Err(format!("no capture store at {} (pass --data DIR)", dir.display()));
+        return Err(CheckError::NoStore(dir.clone()));
     }
+    let failed = |source| CheckError::Store { dir: dir.clone(), source };
     let (report, after) = if args.repair {
         let store = Store::open(dir, &StoreOptions::default()).map_err(|e| refusal(dir, e))?;
-        let report = store.check().map_err(|e| e.to_string())?;
+        let report = store.check().map_err(failed)?;
         if report.is_clean() {
             (report, None)
         } else {
-            let report = store.repair(report).map_err(|e| format!("repair of {} failed: {e}", dir.display()))?;
-            let after = store.check().map_err(|e| e.to_string())?;
+            let report = store.repair(report).map_err(|source| CheckError::Repair { dir: dir.clone(), source })?;
+            let after = store.check().map_err(failed)?;
             (report, Some(after))
         }
     } else {
         let store = Store::open_read_only(dir, &StoreOptions::default()).map_err(|e| refusal(dir, e))?;
-        (store.check().map_err(|e| e.to_string())?, None)
+        (store.check().map_err(failed)?, None)
     };
     if args.json {
         let value = serde_json::json!({"report": report, "after_repair": after});
-        println!("{}", serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?);
+        println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
         print!("{}", render(dir, &report));
         if let Some(after) = &after {
@@ -59,25 +79,16 @@ pub fn run(args: &CheckArgs) -> Result<(), String> {
     match (report.is_clean(), &after) {
         (true, _) => Ok(()),
         (false, Some(after)) if after.is_clean() => Ok(()),
-        (false, Some(_)) => Err(format!("{}: damage left that repair cannot remove (see above)", dir.display())),
-        (false, None) => Err(format!(
-            "{}: damage found; nothing was changed. `ctxscope store check --repair --data {}` removes it (stop the proxy first)",
-            dir.display(),
-            dir.display()
-        )),
+        (false, Some(_)) => Err(CheckError::DamageLeft(dir.clone())),
+        (false, None) => Err(CheckError::Damaged(dir.clone())),
     }
 }
 
 /// Why a store could not be opened for checking, with what to do.
-fn refusal(dir: &Path, error: StoreError) -> String {
+fn refusal(dir: &Path, error: StoreError) -> CheckError {
     match error {
-        StoreError::Locked { .. } | StoreError::Open { .. } => {
-            format!(
-                "{} is in use by a running ctxscope process (or cannot be opened: {error}); stop the process, then check",
-                dir.display()
-            )
-        }
-        other => other.to_string(),
+        StoreError::Locked { .. } | StoreError::Open { .. } => CheckError::InUse { dir: dir.to_path_buf(), source: error },
+        other => CheckError::Store { dir: dir.to_path_buf(), source: other },
     }
 }
 

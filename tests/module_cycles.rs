@@ -9,7 +9,21 @@ use std::path::{Path, PathBuf};
 type Module = Vec<String>;
 
 /// The crates' source folders, from the workspace root.
-const CRATES: &[&str] = &["src", "proxy/src", "store/src", "engine/src", "engine/formats/src", "replay/src", "kernels/src", "common/src"];
+const CRATES: &[&str] = &[
+    "src",
+    "proxy/src",
+    "store/src",
+    "engine/src",
+    "engine/formats/src",
+    "replay/src",
+    "kernels/src",
+    "common/src",
+    "serve/src",
+    "testkit/src",
+];
+
+/// Crates whose modules name no sibling (a root over leaves): no arrows is their true answer.
+const FLAT: &[&str] = &["common/src", "serve/src", "testkit/src"];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap().flatten() {
@@ -143,7 +157,7 @@ fn no_module_cycles_inside_any_crate() {
     let mut report = Vec::new();
     for krate in CRATES {
         let arrows = arrows(&workspace.join(krate));
-        assert!(!arrows.is_empty() || *krate == "common/src", "{krate}: no arrows found at all; is the scan broken?");
+        assert!(!arrows.is_empty() || FLAT.contains(krate), "{krate}: no arrows found at all; is the scan broken?");
         for cycle in cycles(&arrows) {
             let names: Vec<String> = cycle.iter().map(|m| m.join("::")).collect();
             let inside: Vec<String> = cycle

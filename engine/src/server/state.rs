@@ -22,6 +22,8 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// How long shutdown waits for open connections.
     pub shutdown_grace: Duration,
+    /// How long a connection may take to send a request head (idle keep-alive connections too).
+    pub header_timeout: Duration,
     /// Where `/v1/responses` keeps responses for `previous_response_id` (`--responses-store`);
     /// `None`: stateless.
     pub responses_store: Option<std::path::PathBuf>,
@@ -35,6 +37,7 @@ impl Default for ServerConfig {
             max_in_flight: 4096,
             max_body_bytes: 64 << 20,
             shutdown_grace: Duration::from_secs(5),
+            header_timeout: Duration::from_secs(30),
             responses_store: None,
         }
     }

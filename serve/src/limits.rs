@@ -1,6 +1,6 @@
-//! Connection limits for the proxy and admin listeners: how long a client may take to send a request
-//! head (which also bounds idle keep-alive connections), how many connections each listener holds,
-//! the refusal sent beyond that, and raising the soft open-file limit at start.
+//! Connection limits for the proxy, admin and engine listeners: how long a client may take to send a
+//! request head (which also bounds idle keep-alive connections), how many connections each listener
+//! holds, the refusal sent beyond that, and raising the soft open-file limit at start.
 
 use std::time::Duration;
 
@@ -35,6 +35,12 @@ impl ConnLimits {
     pub fn admin(header_timeout: Duration, nofile: u64) -> ConnLimits {
         let fit = (nofile / 8).max(8) as usize;
         ConnLimits { header_timeout, max_connections: ADMIN_MAX.min(fit) }
+    }
+
+    /// The engine listener's limits: a connection holds one descriptor; at most 10,000.
+    pub fn engine(header_timeout: Duration, nofile: u64) -> ConnLimits {
+        let fit = nofile.saturating_sub(RESERVED_FDS).max(16) as usize;
+        ConnLimits { header_timeout, max_connections: fit.min(10_000) }
     }
 }
 
@@ -141,6 +147,7 @@ mod tests {
         assert_eq!(ConnLimits::proxy(t, None, 1 << 20).max_connections, 10_000);
         assert_eq!(ConnLimits::proxy(t, Some(5), 256).max_connections, 5);
         assert_eq!(ConnLimits::admin(t, 256).max_connections, 32);
+        assert_eq!(ConnLimits::engine(t, 256).max_connections, 192);
     }
 
     #[test]

@@ -1,7 +1,9 @@
-//! Serving: accept loops for the proxy and admin listeners, one hyper HTTP/1 connection task each,
-//! and graceful shutdown (stop accepting, let exchanges finish within the grace period, drain capture).
-//! Each listener enforces its [`ConnLimits`]: a request-head timeout, a connection cap (503 beyond
-//! it), and a backoff when accepting fails (out of file descriptors) while open connections go on.
+//! The HTTP/1 serving loop the engine and the proxy share: accept with a backoff while accepting
+//! fails (out of file descriptors), one hyper connection task each under the listener's
+//! [`ConnLimits`] (a request-head timeout, a connection cap answered 503 beyond it), and graceful
+//! shutdown: stop accepting, let exchanges finish within the grace period, abort the rest.
+
+pub mod limits;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,15 +15,18 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
-use crate::limits::{self, Backoff, ConnLimits};
+pub use limits::{raise_nofile, Backoff, ConnLimits};
 
 /// Serves `service` on `listener` until `stop` turns true, then shuts connections down gracefully,
 /// aborting those still open after `grace`.
-pub async fn serve<S>(listener: TcpListener, service: S, mut stop: watch::Receiver<bool>, grace: Duration, limits: ConnLimits)
+pub async fn serve<S, B>(listener: TcpListener, service: S, mut stop: watch::Receiver<bool>, grace: Duration, limits: ConnLimits)
 where
-    S: hyper::service::Service<http::Request<Incoming>, Response = http::Response<crate::body::ProxyBody>> + Clone + Send + 'static,
+    S: hyper::service::Service<http::Request<Incoming>, Response = http::Response<B>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: std::error::Error + Send + Sync + 'static,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: std::error::Error + Send + Sync + 'static,
 {
     let mut connections = JoinSet::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections));

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use ctxscope_engine::scheduler::{self, EngineOptions};
 use ctxscope_engine::{Model, PatchSet, ServerConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 struct Reply {
     status: u16,
@@ -55,12 +55,7 @@ fn patches_header_and_body_round_trip() {
     let config = ServerConfig { default_patches: PatchSet::parse("act_q8").unwrap(), ..ServerConfig::default() };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(async move {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
-        let addr = listener.local_addr().expect("addr");
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(ctxscope_engine::server::run(engine, config, listener, async move {
-            let _ = stopped.await;
-        }));
+        let (addr, stop, server) = common::serve(engine, config).await;
         let chat = r#"{"messages":[{"role":"user","content":"Hi"}],"max_tokens":2,"temperature":0}"#;
 
         // The process default applies and is echoed.

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use ctxscope_engine::scheduler::{self, EngineOptions};
 use ctxscope_engine::{Model, ServerConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 #[test]
 fn silent_connections_are_closed_after_the_head_timeout() {
@@ -20,12 +20,7 @@ fn silent_connections_are_closed_after_the_head_timeout() {
     let config = ServerConfig { header_timeout: Duration::from_millis(500), ..ServerConfig::default() };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(async move {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
-        let addr = listener.local_addr().expect("addr");
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(ctxscope_engine::server::run(engine, config, listener, async move {
-            let _ = stopped.await;
-        }));
+        let (addr, stop, server) = common::serve(engine, config).await;
 
         // Silent, then half a request head: both closed once the timeout passes.
         let mut silent = TcpStream::connect(addr).await.expect("connects");

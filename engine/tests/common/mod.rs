@@ -35,6 +35,21 @@ pub fn start_engine(model: Arc<Model>) -> EngineHandle {
     scheduler::start(model, options).0
 }
 
+/// The engine's HTTP server over `engine` on a loopback port: its address, the sender that stops it,
+/// and its task. Call from inside a Tokio runtime.
+pub async fn serve(
+    engine: EngineHandle,
+    config: ctxscope_engine::ServerConfig,
+) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binds");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(ctxscope_engine::server::run(engine, config, listener, async move {
+        let _ = stopped.await;
+    }));
+    (addr, stop, server)
+}
+
 /// Token ids of `messages` rendered with the model's chat template and a generation prompt.
 pub fn chat_prompt(model: &Model, messages: &[Value]) -> Vec<u32> {
     let opts = RenderOptions { add_generation_prompt: true, bos_token: "", eos_token: "", tools: None };

@@ -18,12 +18,12 @@ const CRATES: &[&str] = &[
     "replay/src",
     "kernels/src",
     "common/src",
-    "serve/src",
+    "http/src",
     "testkit/src",
 ];
 
 /// Crates whose modules name no sibling (a root over leaves): no arrows is their true answer.
-const FLAT: &[&str] = &["common/src", "serve/src", "testkit/src"];
+const FLAT: &[&str] = &["common/src", "http/src", "testkit/src"];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap().flatten() {

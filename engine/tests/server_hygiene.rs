@@ -1,4 +1,4 @@
-//! The engine's listener runs the proxy's serving loop (`ctxscope_serve`): a connection that never
+//! The engine's listener runs the proxy's serving loop (`ctxscope_http`): a connection that never
 //! sends a request head is closed after the head timeout instead of holding a descriptor for ever,
 //! and the server goes on answering others.
 

@@ -64,6 +64,11 @@ fn run(detect: bool, tokenizer: Option<&str>) -> Vec<f64> {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let tokenizer = args.iter().position(|a| a == "--tokenizer").and_then(|i| args.get(i + 1)).map(String::as_str);
+    // For a profiler: PROFILE_RUNS=N repeats the detectors-on run N more times first.
+    let repeat: usize = std::env::var("PROFILE_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    for _ in 0..repeat {
+        run(true, tokenizer);
+    }
     let runs = [("detectors off", run(false, tokenizer)), ("detectors on", run(true, tokenizer))];
     println!("| turns | {} p50 µs | {} p50 µs | difference |", runs[0].0, runs[1].0);
     println!("|---|---|---|---|");

@@ -11,7 +11,6 @@ use std::task::{Context, Poll};
 use http::{header, HeaderMap, HeaderName, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
 
 pub use ctxscope_common::describe_error;
 
@@ -31,13 +30,11 @@ pub struct Forward {
 
 impl Forward {
     pub fn new(upstream: Upstream, connect_timeout: std::time::Duration) -> Forward {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(connect_timeout));
-        connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
+        // Longer-lived pooled connections than other callers, and header case kept as sent.
+        let client = ctxscope_http::client::builder()
             .pool_idle_timeout(std::time::Duration::from_secs(60))
             .http1_preserve_header_case(true)
-            .build(connector);
+            .build(ctxscope_http::client::connector(connect_timeout));
         Forward { client, upstream: Arc::new(upstream) }
     }
 }

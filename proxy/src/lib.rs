@@ -49,9 +49,9 @@ pub enum RunError {
 /// Runs the proxy on `proxy` and the admin API on `admin` until `shutdown` resolves.
 pub async fn run(config: ProxyConfig, proxy: TcpListener, admin: TcpListener, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
     let config = config.validate()?;
-    let nofile = ctxscope_serve::raise_nofile();
-    let proxy_limits = ctxscope_serve::ConnLimits::proxy(config.header_timeout, config.max_connections, nofile);
-    let admin_limits = ctxscope_serve::ConnLimits::admin(config.header_timeout, nofile);
+    let nofile = ctxscope_http::raise_nofile();
+    let proxy_limits = ctxscope_http::ConnLimits::proxy(config.header_timeout, config.max_connections, nofile);
+    let admin_limits = ctxscope_http::ConnLimits::admin(config.header_timeout, nofile);
     let handle = metrics::install();
     let webhook = match &config.alert_webhook {
         Some(c) => Some(alert::webhook::WebhookSink::start(c.clone(), tokio::runtime::Handle::current()).map_err(ConfigError::from)?),
@@ -140,14 +140,14 @@ pub async fn run(config: ProxyConfig, proxy: TcpListener, admin: TcpListener, sh
     let admin_service = hyper::service::service_fn(move |request| admin::handle(admin_state.clone(), request));
 
     tracing::info!(proxy = ?proxy.local_addr().ok(), admin = ?admin.local_addr().ok(), upstream = %config.upstream.display, max_connections = proxy_limits.max_connections, open_files = nofile, "ctxscope proxy serving");
-    let proxy_task = tokio::spawn(ctxscope_serve::serve(
+    let proxy_task = tokio::spawn(ctxscope_http::serve(
         proxy,
         TowerToHyperService::new(proxy_service),
         stop_rx.clone(),
         config.shutdown_grace,
         proxy_limits,
     ));
-    let admin_task = tokio::spawn(ctxscope_serve::serve(admin, admin_service, stop_rx, config.shutdown_grace, admin_limits));
+    let admin_task = tokio::spawn(ctxscope_http::serve(admin, admin_service, stop_rx, config.shutdown_grace, admin_limits));
     shutdown.await;
     tracing::info!("shutting down: finishing in-flight exchanges");
     let _ = stop_tx.send(true);

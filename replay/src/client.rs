@@ -10,7 +10,6 @@ use bytes::Bytes;
 use http::{header, HeaderName, HeaderValue, Request, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Map, Value};
 
 use crate::model::{Outcome, Reply, TargetKind, TargetSpec, TokenStep};
@@ -83,9 +82,6 @@ impl TargetClient {
         // User information in the URL goes as Basic auth, never in the URI (nor in logs).
         let (base, basic) = split_credentials(&base);
         let uri = chat_url(&base).parse::<Uri>().map_err(|e| url_error(TargetError::BadUrl { url: base, reason: e.to_string() }))?;
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(timeout));
-        connector.set_nodelay(true);
         let mut headers = request_headers(target)?;
         if let Some(basic) = basic.filter(|_| !headers.iter().any(|(n, _)| n == http::header::AUTHORIZATION)) {
             headers.push((http::header::AUTHORIZATION, basic));
@@ -95,7 +91,7 @@ impl TargetClient {
             uri,
             headers,
             model: target.model.clone(),
-            http: Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector),
+            http: ctxscope_http::client::client(timeout),
             timeout,
             logprobs: AtomicU8::new(LOGPROBS_UNKNOWN),
         })

@@ -4,11 +4,12 @@
 use bytes::Bytes;
 use ctxscope_store::{ConversationDetail, ConversationRecord, FindingFilter, FindingRecord, ReplayEntry};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde::de::DeserializeOwned;
 
 use super::records::{InspectError, Pending, Records};
+
+/// How long connecting to the admin API may take.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 pub struct AdminApi {
     pub url: String,
@@ -35,7 +36,7 @@ impl AdminApi {
         let url = format!("{}{path}", self.url.trim_end_matches('/'));
         let uri: http::Uri =
             url.parse().map_err(|e: http::uri::InvalidUri| InspectError::AdminUrl { url: self.url.clone(), reason: e.to_string() })?;
-        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+        let client = ctxscope_http::client::client::<Full<Bytes>>(CONNECT_TIMEOUT);
         let mut builder = http::Request::builder().method(method).uri(uri);
         if let Some(token) = &self.token {
             builder = builder.header(http::header::AUTHORIZATION, format!("Bearer {token}"));

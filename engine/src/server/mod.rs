@@ -1,6 +1,6 @@
 //! The OpenAI-compatible HTTP server in front of the scheduler (hyper 1, HTTP/1.1): chat and text
 //! completions, streaming or not, plus models, tokenize and health. [`run`] serves a listener through
-//! the loop the proxy also uses (`ctxscope_serve`: head timeout, connection cap) until shutdown, then
+//! the loop the proxy also uses (`ctxscope_http`: head timeout, connection cap) until shutdown, then
 //! lets open connections finish within the grace period.
 
 mod body;
@@ -46,11 +46,11 @@ pub async fn run(engine: EngineHandle, config: ServerConfig, listener: TcpListen
         path = config.default_path.as_str(),
         "ctxscope engine serving"
     );
-    let limits = ctxscope_serve::ConnLimits::engine(config.header_timeout, ctxscope_serve::raise_nofile());
+    let limits = ctxscope_http::ConnLimits::engine(config.header_timeout, ctxscope_http::raise_nofile());
     let state = Arc::new(State::new(engine, config));
     let (stop_tx, stop_rx) = watch::channel(false);
     let service = hyper::service::service_fn(move |request| routes::handle(state.clone(), request));
-    let accept = tokio::spawn(ctxscope_serve::serve(listener, service, stop_rx, grace, limits));
+    let accept = tokio::spawn(ctxscope_http::serve(listener, service, stop_rx, grace, limits));
     shutdown.await;
     tracing::info!("engine shutting down: finishing open requests");
     let _ = stop_tx.send(true);

@@ -13,7 +13,6 @@ use ctxscope_store::FindingRecord;
 use http::{header, HeaderMap, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio::sync::{watch, Semaphore};
 
@@ -347,10 +346,7 @@ struct Poster {
 
 impl Poster {
     fn new(uri: Uri, config: &WebhookConfig) -> Poster {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(config.timeout));
-        connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector);
+        let client = ctxscope_http::client::client(config.timeout);
         let host = uri.authority().map_or_else(String::new, |a| a.to_string());
         Poster { client, uri, host, format: config.format, retries: config.retries, timeout: config.timeout }
     }

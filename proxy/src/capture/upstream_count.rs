@@ -24,7 +24,6 @@ use ctxscope_store::{chain_next, message_hash, Endpoint, Hash, LocalTokens};
 use http::{header, HeaderValue, Method};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 
 use crate::metrics as m;
@@ -154,10 +153,7 @@ pub struct UpstreamCounter {
 
 impl UpstreamCounter {
     pub fn new(upstream: Upstream, settings: CountSettings) -> UpstreamCounter {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(settings.timeout));
-        connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector);
+        let client = ctxscope_http::client::client(settings.timeout);
         UpstreamCounter {
             upstream,
             settings,

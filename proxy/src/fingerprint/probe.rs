@@ -47,9 +47,7 @@ pub struct Prober {
 
 impl Prober {
     pub fn new(upstream: Upstream, timeout: Duration) -> Prober {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(timeout));
-        let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector);
+        let client = ctxscope_http::client::client(timeout);
         Prober { client, upstream, timeout }
     }
 

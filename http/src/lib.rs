@@ -1,8 +1,10 @@
-//! The HTTP/1 serving loop the engine and the proxy share: accept with a backoff while accepting
-//! fails (out of file descriptors), one hyper connection task each under the listener's
-//! [`ConnLimits`] (a request-head timeout, a connection cap answered 503 beyond it), and graceful
-//! shutdown: stop accepting, let exchanges finish within the grace period, abort the rest.
+//! HTTP plumbing the crates share. [`serve`]: the HTTP/1 serving loop of the engine and the proxy:
+//! accept with a backoff while accepting fails (out of file descriptors), one hyper connection task
+//! each under the listener's [`ConnLimits`] (a request-head timeout, a connection cap answered 503
+//! beyond it), and graceful shutdown: stop accepting, let exchanges finish within the grace period,
+//! abort the rest. [`client`]: the outbound client and its settings.
 
+pub mod client;
 pub mod limits;
 
 use std::sync::Arc;

@@ -5,7 +5,8 @@
 //! hands each request, body read whole, to the test's script, records what it received, and sends
 //! the script's response: a whole body ([`json`], [`raw`]) or a stream the script writes frame by
 //! frame, pacing, breaking or abandoning it ([`stream`]). What the upstream *says* is the test's; how
-//! it is served is here, once.
+//! it is served is here, once. The `scripted-upstream` binary serves one fixed OpenAI-compatible
+//! script on it in a process of its own, for the `openai`-client tests in tests/python.
 
 pub mod upstream;
 

@@ -87,6 +87,15 @@ impl FakeUpstream {
         Fut: Future<Output = http::Response<Body>> + Send + 'static,
     {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind a loopback port for the fake upstream");
+        FakeUpstream::serve(listener, options, script)
+    }
+
+    /// As [`FakeUpstream::start_with`], on a listener the caller bound (any address and port).
+    pub fn serve<F, Fut>(listener: TcpListener, options: Options, script: F) -> FakeUpstream
+    where
+        F: Fn(Received) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = http::Response<Body>> + Send + 'static,
+    {
         let addr = listener.local_addr().expect("the fake upstream's address");
         let script: Box<Script> = Box::new(move |received| Box::pin(script(received)));
         let shared = Arc::new(Shared { script, options, requests: AtomicU64::new(0), received: Mutex::new(Vec::new()) });

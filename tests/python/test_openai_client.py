@@ -1,15 +1,15 @@
 """The official `openai` Python client driving the real `ctxscope` proxy.
 
-A scripted upstream (scripted_upstream.py, its own process) sits behind the real proxy binary (its own
-process). Every test sends the same calls through the proxy and straight to the upstream and requires
+A scripted upstream (the `scripted-upstream` binary of testkit/, its own process) sits behind the real
+proxy binary (its own process). Every test sends the same calls through the proxy and straight to the upstream and requires
 the client to see exactly the same thing; the capture tests then read the proxy's admin API.
 
 Ports: the upstream and the proxy both bind port 0 and report the ports they got (the upstream on its
 first stdout line, the proxy in its "ctxscope proxy serving" log line), so there is no window in which
 another process can take a port picked in advance.
 
-    cargo build && python3 -m pytest -q tests/python
-    CTXSCOPE_BIN=/path/to/ctxscope python3 -m pytest -q tests/python
+    cargo build --workspace && python3 -m pytest -q tests/python
+    CTXSCOPE_BIN=/path/to/ctxscope python3 -m pytest -q tests/python   (scripted-upstream beside it)
 """
 
 import json
@@ -18,7 +18,6 @@ import re
 import select
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -30,7 +29,6 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
-UPSTREAM_SCRIPT = HERE / "scripted_upstream.py"
 API_KEY = "sk-test-secret-xyz"
 MODEL = "scripted-model"
 START_TIMEOUT_S = 20.0
@@ -109,7 +107,7 @@ def stop_process(proc, name, tail=None, timeout=STOP_TIMEOUT_S):
 class Upstream:
     def __init__(self):
         self.proc = subprocess.Popen(
-            [sys.executable, str(UPSTREAM_SCRIPT), "0", "--require-key", API_KEY],
+            [str(built_binary("scripted-upstream")), "0", "--require-key", API_KEY],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
@@ -139,16 +137,22 @@ class Upstream:
         self.proc.stdout.close()
 
 
-def proxy_binary():
+def built_binary(name):
+    """`ctxscope` (CTXSCOPE_BIN, default target/debug/ctxscope) or another binary of the workspace beside it."""
     configured = Path(os.environ.get("CTXSCOPE_BIN", "target/debug/ctxscope"))
-    path = configured if configured.is_absolute() else REPO_ROOT / configured
+    proxy = configured if configured.is_absolute() else REPO_ROOT / configured
+    path = proxy if name == "ctxscope" else proxy.with_name(name)
     if not (path.is_file() and os.access(path, os.X_OK)):
         pytest.fail(
-            f"ctxscope binary not found or not executable at {path}. "
-            f"Build it with `cargo build` in {REPO_ROOT}, or point CTXSCOPE_BIN at it.",
+            f"{name} binary not found or not executable at {path}. "
+            f"Build it with `cargo build --workspace` in {REPO_ROOT}, or point CTXSCOPE_BIN at ctxscope.",
             pytrace=False,
         )
     return path
+
+
+def proxy_binary():
+    return built_binary("ctxscope")
 
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

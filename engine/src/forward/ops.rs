@@ -5,22 +5,8 @@ use rayon::prelude::*;
 
 use crate::patch::round::bf16;
 
-/// Fixed-order dot product with 8 partial sums (vectorizable, and the same result every run).
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let chunks = a.len() / 8;
-    for i in 0..chunks {
-        let (x, y) = (&a[i * 8..i * 8 + 8], &b[i * 8..i * 8 + 8]);
-        for j in 0..8 {
-            acc[j] += x[j] * y[j];
-        }
-    }
-    let mut tail = 0f32;
-    for i in chunks * 8..a.len() {
-        tail += a[i] * b[i];
-    }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
-}
+/// The golden path's fixed-order dot product (`ctxscope_numerics`, shared with the kernel checks).
+pub use ctxscope_numerics::dot;
 
 /// Rows from which the row-wise operations below are spread over the thread pool (each row is
 /// computed the same way on any thread).
@@ -52,18 +38,7 @@ pub fn rmsnorm_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 pub fn rmsnorm_rows_bf16(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let dim = weight.len();
     rows_of(x, dim, out, dim, |row, o| {
-        let mut lanes = [0f32; 32];
-        for (i, v) in row.iter().enumerate() {
-            lanes[i % 32] = bf16(lanes[i % 32] + bf16(v * v));
-        }
-        let mut width = 32;
-        while width > 1 {
-            width /= 2;
-            for i in 0..width {
-                lanes[i] = bf16(lanes[i] + lanes[i + width]);
-            }
-        }
-        let mean = lanes[0] / dim as f32;
+        let mean = ctxscope_numerics::mean_square_bf16(row);
         let scale = 1.0 / (mean + eps).sqrt();
         for ((o, x), w) in o.iter_mut().zip(row).zip(weight) {
             *o = x * scale * w;

@@ -22,7 +22,8 @@
 //!   (32 elements, d = amax/127 in f16, q rounded half to even), then multiplied on the chosen path.
 
 pub mod registry;
-pub mod round;
+/// The rounding the patches emulate, from the crate the kernel checks share it with.
+pub use ctxscope_numerics::round;
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -3,7 +3,6 @@
 
 use ctxscope_kernels::device::Device;
 
-use crate::reference::bf16;
 use crate::report::{compare, nan_buf, read, to_f64, Report, Res, Row, F32_LIMIT, TAIL};
 use crate::rng::Rng;
 
@@ -14,21 +13,9 @@ fn rmsnorm_f64(x: &[f32], w: &[f32], eps: f32) -> Vec<f64> {
     x.iter().zip(w).map(|(&v, &w)| f64::from(v) * scale * f64::from(w)).collect()
 }
 
-/// The rmsnorm_bf16 patch on one row: engine/src/forward/ops.rs `rmsnorm_rows_bf16` (32 strided lanes,
-/// each add rounded to bf16, then a pairwise bf16 tree of widths 16, 8, 4, 2, 1).
+/// The rmsnorm_bf16 patch on one row, as the engine computes it (`ctxscope_numerics::mean_square_bf16`).
 fn rmsnorm_bf16_row(row: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
-    let mut lanes = [0f32; 32];
-    for (i, v) in row.iter().enumerate() {
-        lanes[i % 32] = bf16(lanes[i % 32] + bf16(v * v));
-    }
-    let mut width = 32;
-    while width > 1 {
-        width /= 2;
-        for i in 0..width {
-            lanes[i] = bf16(lanes[i] + lanes[i + width]);
-        }
-    }
-    let mean = lanes[0] / weight.len() as f32;
+    let mean = ctxscope_numerics::mean_square_bf16(row);
     let scale = 1.0 / (mean + eps).sqrt();
     row.iter().zip(weight).map(|(x, w)| x * scale * w).collect()
 }

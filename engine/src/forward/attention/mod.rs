@@ -15,7 +15,7 @@ use super::fast::Kernel;
 use super::ops::dot;
 use crate::kv::KvCache;
 use crate::model::ModelConfig;
-use crate::patch::round::bf16;
+use ctxscope_numerics::splitk_bf16;
 
 /// What the patches change in attention (both `None`: plain causal attention).
 #[derive(Debug, Clone, Copy, Default)]
@@ -62,41 +62,6 @@ pub fn attention(q: &[f32], kv: &KvCache, layer: usize, positions: &[usize], c: 
         out.chunks_mut(hd).enumerate().for_each(|pair| work(pair, &mut scores));
     } else {
         out.par_chunks_mut(hd).enumerate().for_each_init(Vec::new, |scores, pair| work(pair, scores));
-    }
-}
-
-/// Split-K attention of one query: per chunk of `chunk` scores, the max m, the exp-sum s and the
-/// normalised output are rounded to bf16; the merge rescales by exp(m - M) in f32.
-fn splitk_bf16<'v>(scores: &[f32], value: impl Fn(usize) -> &'v [f32], chunk: usize, out: &mut [f32]) {
-    let mut parts: Vec<(f32, f32, Vec<f32>)> = Vec::with_capacity(scores.len().div_ceil(chunk));
-    for (c, block) in scores.chunks(chunk).enumerate() {
-        let m = block.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut s = 0f32;
-        let mut o = vec![0f32; out.len()];
-        for (j, score) in block.iter().enumerate() {
-            let p = (score - m).exp();
-            s += p;
-            for (o, v) in o.iter_mut().zip(value(c * chunk + j)) {
-                *o += p * v;
-            }
-        }
-        for v in o.iter_mut() {
-            *v = bf16(*v / s);
-        }
-        parts.push((bf16(m), bf16(s), o));
-    }
-    let max = parts.iter().map(|p| p.0).fold(f32::NEG_INFINITY, f32::max);
-    let mut total = 0f32;
-    out.fill(0.0);
-    for (m, s, o) in &parts {
-        let w = s * (m - max).exp();
-        total += w;
-        for (acc, v) in out.iter_mut().zip(o) {
-            *acc += w * v;
-        }
-    }
-    for v in out.iter_mut() {
-        *v /= total;
     }
 }
 

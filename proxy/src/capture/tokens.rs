@@ -10,8 +10,17 @@ use ctxscope_formats::{CounterError, TokenCounter};
 use ctxscope_store::{Endpoint, Hash, LocalTokens};
 use serde_json::Value;
 
-/// Bound on cached segment tokens; the cache is cleared when full (tokens are cheap to redo).
-const MAX_CACHED_TOKENS: usize = 16 << 20;
+/// Bound on the cache's memory, ids and entries (about 120 bytes beside the ids of each); the cache
+/// is cleared when full (tokens are cheap to redo). It was 16 M tokens: up to 160 MB held.
+const MAX_CACHED_BYTES: usize = 32 << 20;
+
+/// What an entry costs beside its ids: the key, the `Arc`'s header and pointer, the table's slack.
+const ENTRY_BYTES: usize = 112;
+
+/// The rendering a request may spend on splitting its uncounted messages, in messages rendered:
+/// segment i costs two renders of messages 0..=i, so splitting is quadratic in the uncounted run
+/// (20,000 new messages took minutes). Past this the prompt is counted whole, in one render.
+const MAX_SPLIT_WORK: usize = 4_000_000;
 
 /// A counted prompt: the stored counts and the token ids the detectors compare across prompts.
 pub struct Counted {
@@ -26,7 +35,7 @@ pub struct TokenCache {
     counter: Arc<TokenCounter>,
     /// Chain hash of messages 0..=i -> token ids of message i's rendered segment.
     segments: HashMap<Hash, Arc<[u32]>>,
-    cached_tokens: usize,
+    cached_bytes: usize,
     /// Ids of the generation prompt the template appends (`<|im_start|>assistant\n`), for formats
     /// that do not give it per conversation.
     generation: Vec<u32>,
@@ -43,7 +52,7 @@ impl TokenCache {
         let counter = TokenCounter::open_with(path, format)?;
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let generation = generation_ids(&counter);
-        Ok(TokenCache { counter: Arc::new(counter), segments: HashMap::new(), cached_tokens: 0, generation, name })
+        Ok(TokenCache { counter: Arc::new(counter), segments: HashMap::new(), cached_bytes: 0, generation, name })
     }
 
     /// Token ids of free text (a reply), without BOS or special-token parsing.
@@ -66,9 +75,15 @@ impl TokenCache {
                 segment_ends,
             });
         }
-        if self.cached_tokens > MAX_CACHED_TOKENS {
-            self.segments.clear();
-            self.cached_tokens = 0;
+        if self.cached_bytes > MAX_CACHED_BYTES {
+            self.segments = HashMap::new();
+            self.cached_bytes = 0;
+        }
+        // Too many uncounted messages for their split's renders: the whole prompt once instead,
+        // exact in total, without the per-message counts.
+        let uncounted = chain.iter().take(messages.len()).filter(|link| !self.segments.contains_key(*link)).count();
+        if uncounted.saturating_mul(2 * messages.len()) > MAX_SPLIT_WORK {
+            return self.whole(messages);
         }
         let mut ids = bos;
         let mut counts = Vec::with_capacity(messages.len());
@@ -79,7 +94,7 @@ impl TokenCache {
                 None => match self.counter.segment(messages, i).ok()? {
                     Some(text) => {
                         let s: Arc<[u32]> = self.counter.tokenizer().encode(&text, true).into();
-                        self.cached_tokens += s.len();
+                        self.cached_bytes += 4 * s.len() + ENTRY_BYTES;
                         self.segments.insert(*link, s.clone());
                         s
                     }
@@ -177,5 +192,23 @@ mod tests {
             let next_chain = chain(&messages);
             cache.count(Endpoint::ChatCompletions, &messages, &next_chain, messages.len() - 1).unwrap();
         }
+    }
+
+    #[test]
+    fn many_uncounted_messages_are_counted_whole_not_split() {
+        let mut cache = TokenCache::open(&model()).unwrap();
+        let counter = cache.counter.clone();
+        let n = (MAX_SPLIT_WORK as f64 / 2.0).sqrt() as usize + 10;
+        let messages: Vec<Value> =
+            (0..n).map(|i| json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": format!("message {i}")})).collect();
+        let counted = cache.count(Endpoint::ChatCompletions, &messages, &chain(&messages), 0).unwrap();
+        assert_eq!(counted.local.prompt as usize, counter.count_prompt(&messages).unwrap());
+        assert!(counted.local.new_messages.is_empty() && counted.segment_ends.is_empty(), "no per-message split");
+        assert!(cache.segments.is_empty(), "nothing rendered per message");
+        // Fewer are split per message, and cached.
+        let few = &messages[..64];
+        let counted = cache.count(Endpoint::ChatCompletions, few, &chain(few), 0).unwrap();
+        assert_eq!(counted.local.new_messages.len(), 64);
+        assert_eq!(cache.segments.len(), 64);
     }
 }

@@ -286,10 +286,9 @@ impl Detectors {
             }
         }
         if let Some(ids) = obs.prompt_ids {
-            let mut held: Vec<u32> = ids.to_vec();
-            held.extend(obs.reply_ids.iter().flatten());
+            let held = ids.iter().chain(obs.reply_ids.iter().flatten()).copied();
             self.recent.push(Recent {
-                ids: Arc::from(held),
+                fingerprints: cache::fingerprints(held),
                 time_unix_ms: turn.time_unix_ms,
                 conversation: turn.conversation,
                 turn: turn.id,

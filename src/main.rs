@@ -389,21 +389,23 @@ fn main() -> ExitCode {
         Err(e) => return fail(&format!("cannot start the async runtime: {e}")),
     };
     let result: Result<(), CliError> = runtime.block_on(async move {
+        // Installed before anything starts, so that a signal during start-up stops it cleanly.
+        let shutdown = shutdown_signal();
         match cli.command {
             Command::Serve(args) => {
                 let mut config = ProxyConfig::new(Upstream::parse("http://127.0.0.1:0")?);
                 args.capture.apply(&mut config)?;
                 let front = serve::FrontSettings { proxy: args.proxy, admin: args.capture.admin, config };
-                Ok(serve::run_serve(args.engine.into(), front, shutdown_signal()).await?)
+                Ok(serve::run_serve(args.engine.into(), front, shutdown).await?)
             }
-            Command::Engine(args) => Ok(serve::run_engine(args.into(), shutdown_signal()).await?),
+            Command::Engine(args) => Ok(serve::run_engine(args.into(), shutdown).await?),
             Command::Patches => {
                 print!("{}", ctxscope_engine::patch::describe());
                 Ok(())
             }
             Command::Models { command: ModelsCommand::Fetch { name } } => Ok(models::fetch_command(name.as_deref())?),
             Command::Models { command: ModelsCommand::List } => Ok(models::list_command()?),
-            Command::Proxy(args) => Ok(run_proxy(args).await?),
+            Command::Proxy(args) => Ok(run_proxy(args, shutdown).await?),
             Command::Conversations { source, json } => Ok(inspect::conversations(&*source.open(), json).await?),
             Command::Show { id, source, json } => Ok(inspect::show(&*source.open(), id, json).await?),
             Command::Findings { kind, conversation, limit, source, json } => {
@@ -425,7 +427,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run_proxy(args: ProxyArgs) -> Result<(), CliError> {
+async fn run_proxy(args: ProxyArgs, shutdown: impl std::future::Future<Output = ()>) -> Result<(), CliError> {
     let upstream = Upstream::parse(&args.upstream)?;
     let mut config = ProxyConfig::new(upstream);
     args.capture.apply(&mut config)?;
@@ -438,24 +440,35 @@ async fn run_proxy(args: ProxyArgs) -> Result<(), CliError> {
     config.retention.max_bytes = args.retain_bytes;
     let proxy = error::bind(args.listen).await?;
     let admin = error::bind(args.capture.admin).await?;
-    Ok(ctxscope_proxy::run(config, proxy, admin, shutdown_signal()).await?)
+    Ok(ctxscope_proxy::run(config, proxy, admin, shutdown).await?)
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Resolves on SIGINT or SIGTERM. The handlers are installed when this is called, not when the
+/// future is first polled (after the store has opened and the ports are bound): a signal that arrives
+/// during start-up then stops the process cleanly instead of killing it.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => return ctrl_c.await.unwrap_or(()),
-        };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+        use tokio::signal::unix::{signal, SignalKind};
+        let (term, interrupt) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()));
+        async move {
+            match (term, interrupt) {
+                (Ok(mut term), Ok(mut interrupt)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = interrupt.recv() => {}
+                    }
+                }
+                _ => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
         }
     }
     #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
 
 fn init_tracing() {

@@ -4,7 +4,7 @@
 //! check` then finds the store whole (no record damaged, no index naming what is not there).
 //! Restarted on the same directory, it opens the store cleanly, reports healthy, and holds every
 //! request answered more than one flush interval (plus the capture queue's drain allowance) before
-//! the kill, each with its turn readable.
+//! the kill, each with its turn readable. And SIGTERM during start-up stops it cleanly.
 
 mod support;
 
@@ -94,4 +94,35 @@ async fn kill_9_under_load_loses_at_most_the_last_flush_interval() {
         assert_eq!(turns.len() as u64, c["turns"].as_u64().unwrap(), "conversation {id}: {detail}");
     }
     proxy.stop();
+}
+
+/// SIGTERM during start-up (here while the tokenizer loads, before any port serves) stops the proxy
+/// cleanly: the handler is installed first, so the signal is not the default action that kills it.
+#[test]
+fn sigterm_during_start_up_exits_cleanly() {
+    let model = ctxscope_formats::test_model_path().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
+    for delay_ms in [40u64, 150] {
+        let mut child = std::process::Command::new(bin())
+            .args(["proxy", "--upstream", "http://127.0.0.1:9", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .arg("--data")
+            .arg(dir.path().join(format!("data-{delay_ms}")))
+            .arg("--tokenizer")
+            .arg(&model)
+            .env("CTXSCOPE_LOG", "warn")
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start the proxy");
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let _ = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "the proxy did not exit within 30 s of SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "SIGTERM {delay_ms} ms after start: {status}");
+    }
 }

@@ -3,6 +3,7 @@
 //! directory (config.json + safetensors + tokenizer.json).
 
 mod config;
+pub mod deepseek_v4;
 pub mod hf;
 mod weights;
 

@@ -1,0 +1,312 @@
+//! DeepSeek-V4's configuration, as transformers writes `config.json` (`model_type` "deepseek_v4"),
+//! checked at the edge, and the tensors a checkpoint of it holds under DeepSeek's own names (the ones
+//! its releases use and `save_pretrained` writes back). The first piece of issue 27: the forward pass
+//! (mHC, hash and top-k MoE, sliding / compressed sparse / heavily compressed attention) reads what
+//! [`DeepseekV4Config::tensors`] names.
+
+use serde_json::Value;
+
+/// The attention of one layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionKind {
+    /// Sliding-window attention over the raw keys only.
+    Sliding,
+    /// Compressed sparse attention: blocks of `csa_rate` tokens compressed (two overlapping series),
+    /// the lightning indexer picking the top `index_topk` per query, beside the sliding window.
+    CompressedSparse,
+    /// Heavily compressed attention: blocks of `hca_rate` tokens, every one attended, beside the window.
+    HeavilyCompressed,
+}
+
+/// The feed-forward block of one layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MlpKind {
+    /// Experts chosen by a fixed token-id table (`tid2eid`).
+    HashMoe,
+    /// Experts chosen by the router's top-k (scores plus a correction bias).
+    Moe,
+}
+
+/// A checkpoint's hyperparameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeepseekV4Config {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_heads: usize,
+    pub head_dim: usize,
+    /// Leading dimensions of a head that RoPE turns (`qk_rope_head_dim`).
+    pub rope_dim: usize,
+    pub q_lora_rank: usize,
+    pub o_groups: usize,
+    pub o_lora_rank: usize,
+    pub layers: Vec<(AttentionKind, MlpKind)>,
+    pub csa_rate: usize,
+    pub hca_rate: usize,
+    pub sliding_window: usize,
+    pub index_heads: usize,
+    pub index_head_dim: usize,
+    pub index_topk: usize,
+    pub experts: usize,
+    pub experts_per_token: usize,
+    pub shared_experts: usize,
+    pub expert_dim: usize,
+    pub scoring_func: String,
+    pub norm_topk_prob: bool,
+    pub routed_scaling_factor: f32,
+    pub swiglu_limit: f32,
+    pub hc_mult: usize,
+    pub hc_sinkhorn_iters: usize,
+    pub hc_eps: f32,
+    pub rms_norm_eps: f32,
+    pub rope_theta: f64,
+    pub compress_rope_theta: f64,
+    pub tie_word_embeddings: bool,
+}
+
+/// A config.json this module cannot take, with the key at fault.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ConfigError {
+    #[error("config.json is not DeepSeek-V4's (model_type {0:?})")]
+    NotDeepseekV4(String),
+    #[error("config.json has no usable {0}")]
+    Missing(&'static str),
+    #[error("config.json: {0}")]
+    Invalid(String),
+}
+
+impl DeepseekV4Config {
+    /// Reads and checks a config.json value.
+    pub fn from_json(c: &Value) -> Result<DeepseekV4Config, ConfigError> {
+        let model_type = c.get("model_type").and_then(Value::as_str).unwrap_or("");
+        if model_type != "deepseek_v4" {
+            return Err(ConfigError::NotDeepseekV4(model_type.to_string()));
+        }
+        let u = |k: &'static str| c.get(k).and_then(Value::as_u64).map(|v| v as usize).ok_or(ConfigError::Missing(k));
+        let f = |k: &'static str| c.get(k).and_then(Value::as_f64).ok_or(ConfigError::Missing(k));
+        let n_layers = u("num_hidden_layers")?;
+        let kinds = |k: &'static str| -> Result<Vec<String>, ConfigError> {
+            let list = c.get(k).and_then(Value::as_array).ok_or(ConfigError::Missing(k))?;
+            let names: Vec<String> = list.iter().filter_map(Value::as_str).map(str::to_string).collect();
+            if names.len() != n_layers {
+                return Err(ConfigError::Invalid(format!("{k} has {} entries for {n_layers} layers", names.len())));
+            }
+            Ok(names)
+        };
+        let attention = kinds("layer_types")?
+            .iter()
+            .map(|name| match name.as_str() {
+                "sliding_attention" => Ok(AttentionKind::Sliding),
+                "compressed_sparse_attention" => Ok(AttentionKind::CompressedSparse),
+                "heavily_compressed_attention" => Ok(AttentionKind::HeavilyCompressed),
+                other => Err(ConfigError::Invalid(format!("unknown layer type {other:?}"))),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mlp = kinds("mlp_layer_types")?
+            .iter()
+            .map(|name| match name.as_str() {
+                "hash_moe" => Ok(MlpKind::HashMoe),
+                "moe" => Ok(MlpKind::Moe),
+                other => Err(ConfigError::Invalid(format!("unknown MLP layer type {other:?}"))),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let rates = c.get("compress_rates").ok_or(ConfigError::Missing("compress_rates"))?;
+        let rate = |k: &'static str| rates.get(k).and_then(Value::as_u64).map(|v| v as usize).ok_or(ConfigError::Missing(k));
+        let head_dim = u("head_dim")?;
+        let rope_dim = match c.get("qk_rope_head_dim").and_then(Value::as_u64) {
+            Some(d) => d as usize,
+            None => (head_dim as f64 * f("partial_rotary_factor")?).round() as usize,
+        };
+        let theta = |label: &str, fallback: &'static str| -> Result<f64, ConfigError> {
+            let nested = c.pointer(&format!("/rope_parameters/{label}"));
+            if let Some(kind) = nested.and_then(|r| r.get("rope_type")).and_then(Value::as_str).filter(|t| *t != "default") {
+                return Err(ConfigError::Invalid(format!("{label} RoPE of type {kind} is not implemented yet")));
+            }
+            nested.and_then(|r| r.get("rope_theta")).and_then(Value::as_f64).map_or_else(|| f(fallback), Ok)
+        };
+        let config = DeepseekV4Config {
+            vocab_size: u("vocab_size")?,
+            hidden_size: u("hidden_size")?,
+            num_heads: u("num_attention_heads")?,
+            head_dim,
+            rope_dim,
+            q_lora_rank: u("q_lora_rank")?,
+            o_groups: u("o_groups")?,
+            o_lora_rank: u("o_lora_rank")?,
+            layers: attention.into_iter().zip(mlp).collect(),
+            csa_rate: rate("compressed_sparse_attention")?,
+            hca_rate: rate("heavily_compressed_attention")?,
+            sliding_window: u("sliding_window")?,
+            index_heads: u("index_n_heads")?,
+            index_head_dim: u("index_head_dim")?,
+            index_topk: u("index_topk")?,
+            experts: u("n_routed_experts")?,
+            experts_per_token: u("num_experts_per_tok")?,
+            shared_experts: u("n_shared_experts")?,
+            expert_dim: u("moe_intermediate_size")?,
+            scoring_func: c.get("scoring_func").and_then(Value::as_str).unwrap_or("sqrtsoftplus").to_string(),
+            norm_topk_prob: c.get("norm_topk_prob").and_then(Value::as_bool).unwrap_or(true),
+            routed_scaling_factor: f("routed_scaling_factor")? as f32,
+            swiglu_limit: f("swiglu_limit")? as f32,
+            hc_mult: u("hc_mult")?,
+            hc_sinkhorn_iters: u("hc_sinkhorn_iters")?,
+            hc_eps: f("hc_eps")? as f32,
+            rms_norm_eps: f("rms_norm_eps")? as f32,
+            rope_theta: theta("main", "rope_theta")?,
+            compress_rope_theta: theta("compress", "compress_rope_theta")?,
+            tie_word_embeddings: c.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
+        };
+        config.check()?;
+        Ok(config)
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        let bad = |what: String| Err(ConfigError::Invalid(what));
+        if self.num_heads == 0 || self.o_groups == 0 || !self.num_heads.is_multiple_of(self.o_groups) {
+            return bad(format!("{} heads do not split into {} output groups", self.num_heads, self.o_groups));
+        }
+        if self.rope_dim > self.head_dim || self.rope_dim % 2 != 0 {
+            return bad(format!("a RoPE part of {} in heads of {}", self.rope_dim, self.head_dim));
+        }
+        if self.experts_per_token == 0 || self.experts_per_token > self.experts {
+            return bad(format!("{} experts per token of {}", self.experts_per_token, self.experts));
+        }
+        if self.csa_rate == 0 || self.hca_rate == 0 || self.hc_mult == 0 {
+            return bad("a compression rate or hc_mult of 0".into());
+        }
+        if !matches!(self.scoring_func.as_str(), "sqrtsoftplus" | "softmax" | "sigmoid") {
+            return bad(format!("scoring_func {:?}", self.scoring_func));
+        }
+        Ok(())
+    }
+
+    /// Every tensor a checkpoint of this configuration holds: name, shape, dtype (safetensors'
+    /// names: "F32" for weights as saved here, "I64" for the hash layers' token-to-expert tables).
+    pub fn tensors(&self) -> Vec<(String, Vec<usize>, &'static str)> {
+        let (d, hc, hd) = (self.hidden_size, self.hc_mult, self.head_dim);
+        let mut out: Vec<(String, Vec<usize>, &'static str)> = Vec::new();
+        let mut push = |name: String, shape: Vec<usize>| out.push((name, shape, "F32"));
+        push("model.embed_tokens.weight".into(), vec![self.vocab_size, d]);
+        if !self.tie_word_embeddings {
+            push("head.weight".into(), vec![self.vocab_size, d]);
+        }
+        push("model.norm.weight".into(), vec![d]);
+        push("model.hc_head.hc_fn".into(), vec![hc, hc * d]);
+        push("model.hc_head.hc_base".into(), vec![hc]);
+        push("model.hc_head.hc_scale".into(), vec![1]);
+        // mHC per sub-block: pre (hc) + post (hc) + comb (hc x hc) weights from the hc x d streams.
+        let mix = 2 * hc + hc * hc;
+        let mut tables = Vec::new();
+        for (i, (attention, mlp)) in self.layers.iter().enumerate() {
+            let l = format!("model.layers.{i}");
+            push(format!("{l}.attn_norm.weight"), vec![d]);
+            push(format!("{l}.ffn_norm.weight"), vec![d]);
+            for part in ["attn", "ffn"] {
+                push(format!("{l}.hc_{part}_fn"), vec![mix, hc * d]);
+                push(format!("{l}.hc_{part}_base"), vec![mix]);
+                push(format!("{l}.hc_{part}_scale"), vec![3]);
+            }
+            let a = format!("{l}.attn");
+            push(format!("{a}.attn_sink"), vec![self.num_heads]);
+            push(format!("{a}.wq_a.weight"), vec![self.q_lora_rank, d]);
+            push(format!("{a}.q_norm.weight"), vec![self.q_lora_rank]);
+            push(format!("{a}.wq_b.weight"), vec![self.num_heads * hd, self.q_lora_rank]);
+            push(format!("{a}.wkv.weight"), vec![hd, d]);
+            push(format!("{a}.norm.weight"), vec![hd]);
+            push(format!("{a}.wo_a.weight"), vec![self.o_groups * self.o_lora_rank, self.num_heads * hd / self.o_groups]);
+            push(format!("{a}.wo_b.weight"), vec![d, self.o_groups * self.o_lora_rank]);
+            // A compressor: projections of `width` per token, a per-slot bias over `rate` slots.
+            let mut compressor = |prefix: String, rate: usize, head: usize, width: usize| {
+                push(format!("{prefix}.wkv.weight"), vec![width, d]);
+                push(format!("{prefix}.wgate.weight"), vec![width, d]);
+                push(format!("{prefix}.ape"), vec![rate, width]);
+                push(format!("{prefix}.norm.weight"), vec![head]);
+            };
+            match attention {
+                AttentionKind::Sliding => {}
+                AttentionKind::HeavilyCompressed => compressor(format!("{a}.compressor"), self.hca_rate, hd, hd),
+                AttentionKind::CompressedSparse => {
+                    // Two overlapping series (the previous window's and this one's): twice the width.
+                    compressor(format!("{a}.compressor"), self.csa_rate, hd, 2 * hd);
+                    let ihd = self.index_head_dim;
+                    compressor(format!("{a}.indexer.compressor"), self.csa_rate, ihd, 2 * ihd);
+                    push(format!("{a}.indexer.wq_b.weight"), vec![self.index_heads * ihd, self.q_lora_rank]);
+                    push(format!("{a}.indexer.weights_proj.weight"), vec![self.index_heads, d]);
+                }
+            }
+            let f = format!("{l}.ffn");
+            push(format!("{f}.gate.weight"), vec![self.experts, d]);
+            match mlp {
+                MlpKind::Moe => push(format!("{f}.gate.bias"), vec![self.experts]),
+                MlpKind::HashMoe => tables.push((format!("{f}.gate.tid2eid"), vec![self.vocab_size, self.experts_per_token], "I64")),
+            }
+            for e in 0..self.experts {
+                push(format!("{f}.experts.{e}.w1.weight"), vec![self.expert_dim, d]);
+                push(format!("{f}.experts.{e}.w2.weight"), vec![d, self.expert_dim]);
+                push(format!("{f}.experts.{e}.w3.weight"), vec![self.expert_dim, d]);
+            }
+            let shared = self.expert_dim * self.shared_experts;
+            if shared > 0 {
+                push(format!("{f}.shared_experts.w1.weight"), vec![shared, d]);
+                push(format!("{f}.shared_experts.w2.weight"), vec![d, shared]);
+                push(format!("{f}.shared_experts.w3.weight"), vec![shared, d]);
+            }
+        }
+        out.extend(tables);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+    use std::path::PathBuf;
+
+    fn tiny_dir() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/deepseek_v4/tiny")
+    }
+
+    fn tiny_config() -> Value {
+        serde_json::from_str(&std::fs::read_to_string(tiny_dir().join("config.json")).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn the_tiny_checkpoint_holds_exactly_the_tensors_its_config_implies() {
+        let config = DeepseekV4Config::from_json(&tiny_config()).unwrap();
+        assert_eq!(config.layers.len(), 4);
+        assert_eq!((config.rope_dim, config.csa_rate, config.hca_rate), (8, 4, 16));
+        let file = ctxscope_formats::SafeTensors::open_dir(&tiny_dir()).unwrap();
+        let found: BTreeMap<String, (Vec<usize>, String)> =
+            file.names().map(|n| (n.to_string(), file.entry(n).map(|e| (e.shape.clone(), e.dtype.clone())).unwrap())).collect();
+        let expected: BTreeMap<String, (Vec<usize>, String)> =
+            config.tensors().into_iter().map(|(n, s, t)| (n, (s, t.to_string()))).collect();
+        let missing: Vec<_> = expected.keys().filter(|k| !found.contains_key(*k)).collect();
+        let extra: Vec<_> = found.keys().filter(|k| !expected.contains_key(*k)).collect();
+        assert!(missing.is_empty() && extra.is_empty(), "missing {missing:?}, not expected {extra:?}");
+        for (name, want) in &expected {
+            assert_eq!(&found[name], want, "{name}");
+        }
+    }
+
+    #[test]
+    fn configs_it_cannot_serve_are_refused_naming_the_key() {
+        let mut c = tiny_config();
+        c["model_type"] = "llama".into();
+        assert_eq!(DeepseekV4Config::from_json(&c), Err(ConfigError::NotDeepseekV4("llama".into())));
+        let mut c = tiny_config();
+        c["layer_types"][1] = "full_attention".into();
+        assert!(matches!(DeepseekV4Config::from_json(&c), Err(ConfigError::Invalid(m)) if m.contains("full_attention")));
+        let mut c = tiny_config();
+        c["mlp_layer_types"] = serde_json::json!(["moe"]);
+        assert!(matches!(DeepseekV4Config::from_json(&c), Err(ConfigError::Invalid(m)) if m.contains("1 entries for 4 layers")));
+        let mut c = tiny_config();
+        c["o_groups"] = 3.into();
+        assert!(DeepseekV4Config::from_json(&c).is_err());
+        let mut c = tiny_config();
+        c["rope_parameters"]["compress"]["rope_type"] = "yarn".into();
+        assert!(matches!(DeepseekV4Config::from_json(&c), Err(ConfigError::Invalid(m)) if m.contains("yarn")));
+        let mut c = tiny_config();
+        c.as_object_mut().unwrap().remove("q_lora_rank");
+        assert_eq!(DeepseekV4Config::from_json(&c), Err(ConfigError::Missing("q_lora_rank")));
+    }
+}

@@ -164,7 +164,7 @@ impl DeepseekV4Config {
         if self.num_heads == 0 || self.o_groups == 0 || !self.num_heads.is_multiple_of(self.o_groups) {
             return bad(format!("{} heads do not split into {} output groups", self.num_heads, self.o_groups));
         }
-        if self.rope_dim > self.head_dim || self.rope_dim % 2 != 0 {
+        if self.rope_dim > self.head_dim || !self.rope_dim.is_multiple_of(2) {
             return bad(format!("a RoPE part of {} in heads of {}", self.rope_dim, self.head_dim));
         }
         if self.experts_per_token == 0 || self.experts_per_token > self.experts {

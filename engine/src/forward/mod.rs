@@ -8,6 +8,7 @@ mod attention;
 mod fast;
 mod golden;
 mod matmul;
+pub mod mhc;
 mod ops;
 #[cfg(test)]
 mod testutil;

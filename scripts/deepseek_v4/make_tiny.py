@@ -66,6 +66,12 @@ def randomise_zero_initialised(model, generator):
     so that a reader that skipped one (a bias, a sink, a norm weight) cannot match by accident."""
     with torch.no_grad():
         for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+            if name.endswith("tid2eid"):
+                # The hash layers' token -> experts table: distinct random experts per token.
+                experts = model.config.n_routed_experts
+                picks = torch.stack([torch.randperm(experts, generator=generator)[: tensor.shape[1]] for _ in range(tensor.shape[0])])
+                tensor.copy_(picks)
+                continue
             if not tensor.is_floating_point() or tensor.numel() == 0:
                 continue
             if torch.all(tensor == tensor.flatten()[0]):

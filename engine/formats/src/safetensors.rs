@@ -144,6 +144,28 @@ impl SafeTensors {
             _ => data.chunks_exact(2).map(|b| bf16_to_f32(u16::from_le_bytes([b[0], b[1]]))).collect(),
         })
     }
+
+    /// An integer tensor (I64 or I32) as i64, row-major in its shape (DeepSeek-V4's `tid2eid`).
+    pub fn i64(&self, name: &str) -> Result<Vec<i64>, SafetensorsError> {
+        let e = self.tensors.get(name).ok_or_else(|| SafetensorsError::Missing(name.into()))?;
+        let data = &self.files[e.file][e.start..e.end];
+        let elements: usize = e.shape.iter().product();
+        let size = match e.dtype.as_str() {
+            "I64" => 8,
+            "I32" => 4,
+            other => return Err(SafetensorsError::Dtype { name: name.into(), dtype: other.into() }),
+        };
+        if data.len() != elements * size {
+            return Err(SafetensorsError::Dtype {
+                name: name.into(),
+                dtype: format!("{} with {} bytes for {elements} elements", e.dtype, data.len()),
+            });
+        }
+        Ok(match size {
+            8 => data.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes"))).collect(),
+            _ => data.chunks_exact(4).map(|b| i64::from(i32::from_le_bytes(b.try_into().expect("4 bytes")))).collect(),
+        })
+    }
 }
 
 /// Writes F32 tensors as one safetensors file (names sorted, as the reference writer does).

@@ -9,6 +9,7 @@ mod fast;
 mod golden;
 mod matmul;
 pub mod mhc;
+pub mod moe;
 mod ops;
 #[cfg(test)]
 mod testutil;

@@ -1,0 +1,194 @@
+//! DeepSeek-V4's mixture of experts, golden f32, one token at a time: router scores
+//! (`sqrtsoftplus`, `sigmoid` or `softmax` of the gate's logits), the experts picked either by the
+//! router's top-k of score plus correction bias (`moe` layers) or by the fixed token-to-experts table
+//! (`hash_moe` layers), their weights normalised and scaled, each expert a SwiGLU with clamped
+//! pre-activations, plus the shared expert. As transformers' `DeepseekV4SparseMoeBlock` computes it.
+
+use ctxscope_numerics::dot;
+
+/// One SwiGLU expert: `w1` (gate) and `w3` (up) rows of the width, `w2` (down) rows of the expert width.
+pub struct Expert<'a> {
+    pub w1: &'a [f32],
+    pub w2: &'a [f32],
+    pub w3: &'a [f32],
+}
+
+/// How a layer picks its experts.
+pub enum Routing<'a> {
+    /// Top-k of score + `bias` (the `moe` layers).
+    TopK { bias: &'a [f32] },
+    /// `table[token * k .. (token + 1) * k]` (the `hash_moe` layers' `tid2eid`).
+    Hash { table: &'a [i64] },
+}
+
+/// The router's scoring function (`scoring_func`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scoring {
+    SqrtSoftplus,
+    Sigmoid,
+    Softmax,
+}
+
+impl Scoring {
+    pub fn parse(name: &str) -> Option<Scoring> {
+        match name {
+            "sqrtsoftplus" => Some(Scoring::SqrtSoftplus),
+            "sigmoid" => Some(Scoring::Sigmoid),
+            "softmax" => Some(Scoring::Softmax),
+            _ => None,
+        }
+    }
+
+    fn scores(self, logits: &[f32]) -> Vec<f32> {
+        match self {
+            // torch's softplus: log(1 + e^x), and x itself above 20.
+            Scoring::SqrtSoftplus => logits.iter().map(|&x| if x > 20.0 { x } else { x.exp().ln_1p() }.sqrt()).collect(),
+            Scoring::Sigmoid => logits.iter().map(|&x| 1.0 / (1.0 + (-x).exp())).collect(),
+            Scoring::Softmax => {
+                let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let exps: Vec<f32> = logits.iter().map(|x| (x - max).exp()).collect();
+                let sum: f32 = exps.iter().sum();
+                exps.iter().map(|e| e / sum).collect()
+            }
+        }
+    }
+}
+
+/// A MoE layer's weights.
+pub struct MoeWeights<'a> {
+    /// The router's rows, one per expert, of the width.
+    pub gate: &'a [f32],
+    pub routing: Routing<'a>,
+    pub experts: Vec<Expert<'a>>,
+    pub shared: Option<Expert<'a>>,
+}
+
+/// A model's MoE settings.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeSettings {
+    pub top_k: usize,
+    pub scoring: Scoring,
+    pub routed_scaling: f32,
+    /// Gate pre-activations are clamped above at this, up pre-activations to ± it.
+    pub swiglu_limit: f32,
+}
+
+/// The experts `x` (token `token`) goes to and their weights.
+pub fn route(x: &[f32], token: u32, w: &MoeWeights<'_>, s: MoeSettings) -> Vec<(usize, f32)> {
+    let logits: Vec<f32> = w.gate.chunks(x.len()).map(|row| dot(row, x)).collect();
+    let scores = s.scoring.scores(&logits);
+    let picked: Vec<usize> = match &w.routing {
+        Routing::Hash { table } => {
+            let start = token as usize * s.top_k;
+            table[start..start + s.top_k].iter().map(|&e| e as usize).collect()
+        }
+        Routing::TopK { bias } => {
+            let mut order: Vec<usize> = (0..scores.len()).collect();
+            // Highest biased score first; ties to the lower index.
+            order.sort_by(|&a, &b| (scores[b] + bias[b]).total_cmp(&(scores[a] + bias[a])).then(a.cmp(&b)));
+            order.truncate(s.top_k);
+            order
+        }
+    };
+    let sum: f32 = picked.iter().map(|&e| scores[e]).sum::<f32>() + 1e-20;
+    picked.into_iter().map(|e| (e, scores[e] / sum * s.routed_scaling)).collect()
+}
+
+/// One SwiGLU expert on `x`, its pre-activations clamped.
+fn expert(x: &[f32], e: &Expert<'_>, limit: f32) -> Vec<f32> {
+    let hidden: Vec<f32> =
+        e.w1.chunks(x.len())
+            .zip(e.w3.chunks(x.len()))
+            .map(|(g, u)| {
+                let gate = dot(g, x).min(limit);
+                let up = dot(u, x).clamp(-limit, limit);
+                gate / (1.0 + (-gate).exp()) * up
+            })
+            .collect();
+    e.w2.chunks(hidden.len()).map(|row| dot(row, &hidden)).collect()
+}
+
+/// The MoE block's output for `x` (token `token`): the routed experts' weighted sum plus the shared one.
+pub fn moe(x: &[f32], token: u32, w: &MoeWeights<'_>, s: MoeSettings) -> Vec<f32> {
+    let mut out = match &w.shared {
+        Some(shared) => expert(x, shared, s.swiglu_limit),
+        None => vec![0f32; x.len()],
+    };
+    let mut routed = vec![0f32; x.len()];
+    for (e, weight) in route(x, token, w, s) {
+        for (r, v) in routed.iter_mut().zip(expert(x, &w.experts[e], s.swiglu_limit)) {
+            *r += weight * v;
+        }
+    }
+    for (o, r) in out.iter_mut().zip(routed) {
+        *o = r + *o;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+    use std::path::PathBuf;
+
+    fn tiny() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/deepseek_v4/tiny")
+    }
+
+    fn floats(v: &Value) -> Vec<f32> {
+        v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+    }
+
+    #[test]
+    fn matches_transformers_on_the_tiny_checkpoint() {
+        let fixture: Value = serde_json::from_str(&std::fs::read_to_string(tiny().join("moe.json")).unwrap()).unwrap();
+        let config_json = serde_json::from_str(&std::fs::read_to_string(tiny().join("config.json")).unwrap()).unwrap();
+        let config = crate::model::deepseek_v4::DeepseekV4Config::from_json(&config_json).unwrap();
+        let st = ctxscope_formats::SafeTensors::open_dir(&tiny()).unwrap();
+        let s = MoeSettings {
+            top_k: config.experts_per_token,
+            scoring: Scoring::parse(&config.scoring_func).unwrap(),
+            routed_scaling: config.routed_scaling_factor,
+            swiglu_limit: config.swiglu_limit,
+        };
+        let x = floats(&fixture["x"]);
+        let ids: Vec<u32> = fixture["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        for layer in [0usize, 1] {
+            let f = format!("model.layers.{layer}.ffn");
+            let t = |name: String| st.f32(&name).unwrap();
+            let gate = t(format!("{f}.gate.weight"));
+            let (bias, table) = (st.f32(&format!("{f}.gate.bias")).ok(), st.i64(&format!("{f}.gate.tid2eid")).ok());
+            let routing = match (&table, &bias) {
+                (Some(table), _) => Routing::Hash { table },
+                (None, Some(bias)) => Routing::TopK { bias },
+                (None, None) => panic!("{f}: neither a hash table nor a bias"),
+            };
+            let owned: Vec<[Vec<f32>; 3]> =
+                (0..config.experts).map(|e| ["w1", "w2", "w3"].map(|m| t(format!("{f}.experts.{e}.{m}.weight")))).collect();
+            let shared = ["w1", "w2", "w3"].map(|m| t(format!("{f}.shared_experts.{m}.weight")));
+            let w = MoeWeights {
+                gate: &gate,
+                routing,
+                experts: owned.iter().map(|[w1, w2, w3]| Expert { w1, w2, w3 }).collect(),
+                shared: Some(Expert { w1: &shared[0], w2: &shared[1], w3: &shared[2] }),
+            };
+            let want = &fixture[format!("layer{layer}")];
+            let mut ours = Vec::new();
+            for (i, (token_x, &id)) in x.chunks(config.hidden_size).zip(&ids).enumerate() {
+                let mut routed: Vec<usize> = route(token_x, id, &w, s).into_iter().map(|(e, _)| e).collect();
+                let mut expected: Vec<usize> =
+                    want["experts"][i].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+                routed.sort_unstable();
+                expected.sort_unstable();
+                assert_eq!(routed, expected, "layer {layer} token {i}: experts");
+                ours.extend(moe(token_x, id, &w, s));
+            }
+            let reference = floats(&want["out"]);
+            let diff: f32 = ours.iter().zip(&reference).map(|(a, b)| (a - b) * (a - b)).sum();
+            let err = (diff / reference.iter().map(|b| b * b).sum::<f32>()).sqrt();
+            eprintln!("moe layer {layer}: rel L2 {err:.1e} against transformers");
+            assert!(err < 1e-5, "layer {layer}: rel L2 {err:e}");
+        }
+    }
+}

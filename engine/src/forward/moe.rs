@@ -121,7 +121,7 @@ pub fn moe(x: &[f32], token: u32, w: &MoeWeights<'_>, s: MoeSettings) -> Vec<f32
         }
     }
     for (o, r) in out.iter_mut().zip(routed) {
-        *o = r + *o;
+        *o += r;
     }
     out
 }

@@ -2,7 +2,8 @@
 """transformers' DeepSeek-V4 attention on the tiny checkpoint (tests/fixtures/deepseek_v4/tiny), no
 cache, fp32, for engine/src/forward/dsv4_attention.rs to match: layer 0's sliding-window attention
 on 20 tokens of random input (past the window of 8) into attention_sliding.json, layer 2's heavily
-compressed attention on 40 (two closed blocks of 16) into attention_hca.json.
+compressed attention on 40 (two closed blocks of 16) into attention_hca.json, layer 1's compressed
+sparse attention on 40 (ten blocks of 4, the indexer keeping 4) into attention_csa.json.
 
     python3 scripts/deepseek_v4/make_attention_fixture.py tests/fixtures/deepseek_v4/tiny
 """
@@ -60,6 +61,7 @@ def main(argv=None):
     for name, index, kind, seq, seed in (
         ("attention_sliding.json", 0, "sliding_attention", 20, 13),
         ("attention_hca.json", 2, "heavily_compressed_attention", 40, 17),
+        ("attention_csa.json", 1, "compressed_sparse_attention", 40, 19),
     ):
         (tiny / name).write_text(json.dumps(capture(model, index, kind, seq, seed)))
 

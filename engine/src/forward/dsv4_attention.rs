@@ -6,8 +6,12 @@
 //! low-rank output projection (`wo_a` per group of heads, then `wo_b`). An HCA layer's compressor
 //! turns each closed block of `rate` tokens into one more key-and-value entry (a per-channel softmax
 //! of the gates, plus a per-slot bias, over the block; RMS norm; RoPE at the block's first position),
-//! which a query sees once the block has closed by its position. As transformers'
-//! `DeepseekV4Attention` and `DeepseekV4HCACompressor` compute them.
+//! which a query sees once the block has closed by its position. A compressed sparse attention (CSA)
+//! layer's entries each span two blocks (the previous block's first series and this block's second,
+//! `2 * rate` slots in one softmax), and a lightning indexer (a smaller compressor of its own, queries
+//! from the low-rank query path, a score `sum_h w_h * ReLU(q_h . k)`) keeps the `topk` closed entries
+//! each query scores highest. As transformers' `DeepseekV4Attention`, `DeepseekV4HCACompressor`,
+//! `DeepseekV4CSACompressor` and `DeepseekV4Indexer` compute them.
 
 use ctxscope_numerics::dot;
 
@@ -31,6 +35,17 @@ pub struct Compressor<'a> {
     pub ape: &'a [f32],
     pub norm: &'a [f32],
     pub rate: usize,
+}
+
+/// A compressed sparse attention layer's lightning indexer.
+pub struct Indexer<'a> {
+    /// Its compressor (two series of `head_dim` channels, like the layer's own).
+    pub compressor: Compressor<'a>,
+    pub wq_b: &'a [f32],
+    pub weights_proj: &'a [f32],
+    pub heads: usize,
+    pub head_dim: usize,
+    pub topk: usize,
 }
 
 /// The attention's shape and constants.
@@ -72,52 +87,104 @@ fn rope(head: &mut [f32], pos: usize, s: &AttentionShape, inverse: bool) {
     }
 }
 
-/// One entry per closed block of `c.rate` rows of `x`, RoPE'd at the block's first position.
-fn compress(x: &[f32], width: usize, c: &Compressor<'_>, s: &AttentionShape) -> Vec<Vec<f32>> {
-    let hd = s.head_dim;
+/// One entry of `hd` channels per closed block of `c.rate` rows of `x`, RoPE'd at the block's first
+/// position. With `overlap` (CSA) each row projects to two series of `hd`: entry w softmaxes, channel
+/// by channel, the previous block's first series with this block's second (`2 * rate` slots; block
+/// 0 has only its own); without (HCA), the block's one series.
+fn compress(x: &[f32], width: usize, c: &Compressor<'_>, hd: usize, overlap: bool, s: &AttentionShape) -> Vec<Vec<f32>> {
+    let series = if overlap { 2 } else { 1 };
     let rows: Vec<&[f32]> = x.chunks(width).collect();
-    rows.chunks_exact(c.rate)
-        .enumerate()
-        .map(|(block, rows)| {
-            let kv: Vec<Vec<f32>> = rows.iter().map(|r| matvec(c.wkv, r)).collect();
-            let gate: Vec<Vec<f32>> = rows
+    // Per row: its kv and gate (gate plus the slot's bias), `series * hd` wide.
+    let blocks: Vec<Vec<(Vec<f32>, Vec<f32>)>> = rows
+        .chunks_exact(c.rate)
+        .map(|block| {
+            block
                 .iter()
                 .enumerate()
-                .map(|(slot, r)| matvec(c.wgate, r).iter().zip(&c.ape[slot * hd..(slot + 1) * hd]).map(|(g, b)| g + b).collect())
-                .collect();
+                .map(|(slot, r)| {
+                    let bias = &c.ape[slot * series * hd..(slot + 1) * series * hd];
+                    (matvec(c.wkv, r), matvec(c.wgate, r).iter().zip(bias).map(|(g, b)| g + b).collect())
+                })
+                .collect()
+        })
+        .collect();
+    (0..blocks.len())
+        .map(|b| {
+            // (kv, gate) slices of hd channels taking part in entry b.
+            let mut slots: Vec<(&[f32], &[f32])> = Vec::new();
+            if overlap && b > 0 {
+                slots.extend(blocks[b - 1].iter().map(|(kv, g)| (&kv[..hd], &g[..hd])));
+            }
+            let own = if overlap { hd..2 * hd } else { 0..hd };
+            slots.extend(blocks[b].iter().map(|(kv, g)| (&kv[own.clone()], &g[own.clone()])));
             let mut entry = vec![0f32; hd];
             for (ch, e) in entry.iter_mut().enumerate() {
-                let max = gate.iter().map(|g| g[ch]).fold(f32::NEG_INFINITY, f32::max);
-                let exps: Vec<f32> = gate.iter().map(|g| (g[ch] - max).exp()).collect();
+                let max = slots.iter().map(|(_, g)| g[ch]).fold(f32::NEG_INFINITY, f32::max);
+                let exps: Vec<f32> = slots.iter().map(|(_, g)| (g[ch] - max).exp()).collect();
                 let sum: f32 = exps.iter().sum();
-                *e = exps.iter().zip(&kv).map(|(p, k)| p / sum * k[ch]).sum();
+                *e = exps.iter().zip(&slots).map(|(p, (kv, _))| p / sum * kv[ch]).sum();
             }
             let mut entry = rms_norm(&entry, Some(c.norm), s.eps);
-            rope(&mut entry, block * c.rate, s, false);
+            rope(&mut entry, b * c.rate, s, false);
             entry
         })
         .collect()
 }
 
+/// The closed entries the indexer keeps for the query at `t` (`q_res`: its low-rank query, `row`:
+/// its input): the `topk` highest `sum_h w_h * ReLU(q_h . k) / sqrt(head_dim)`, `w = weights_proj .
+/// row / sqrt(heads)`; ties (exact zeros from ReLU) to the lower index.
+fn select(t: usize, row: &[f32], q_res: &[f32], keys: &[Vec<f32>], closed: usize, ix: &Indexer<'_>, s: &AttentionShape) -> Vec<usize> {
+    let mut q = matvec(ix.wq_b, q_res);
+    for head in q.chunks_mut(ix.head_dim) {
+        rope(head, t, s, false);
+    }
+    let weights: Vec<f32> = matvec(ix.weights_proj, row).iter().map(|w| w * (ix.heads as f32).powf(-0.5)).collect();
+    let scale = (ix.head_dim as f32).powf(-0.5);
+    let scores: Vec<f32> =
+        keys[..closed].iter().map(|k| q.chunks(ix.head_dim).zip(&weights).map(|(qh, w)| dot(qh, k).max(0.0) * scale * w).sum()).collect();
+    let mut order: Vec<usize> = (0..closed).collect();
+    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+    order.truncate(ix.topk);
+    order
+}
+
+/// What a layer attends to beside its window.
+pub enum Long<'a> {
+    /// Nothing (`sliding_attention`).
+    None,
+    /// Every closed block (`heavily_compressed_attention`).
+    Heavy(Compressor<'a>),
+    /// The closed overlapping entries the indexer keeps (`compressed_sparse_attention`).
+    Sparse(Compressor<'a>, Indexer<'a>),
+}
+
 /// The sliding-window attention of `x` (`seq` rows of the model width, at positions `0..seq`).
 pub fn sliding_attention(x: &[f32], width: usize, w: &AttentionWeights<'_>, s: &AttentionShape) -> Vec<f32> {
-    attention(x, width, w, s, None)
+    attention(x, width, w, s, &Long::None)
 }
 
-/// The attention of an HCA layer: the window plus every block closed by the query's position.
-pub fn heavily_compressed_attention(x: &[f32], width: usize, w: &AttentionWeights<'_>, c: &Compressor<'_>, s: &AttentionShape) -> Vec<f32> {
-    attention(x, width, w, s, Some(c))
-}
-
-fn attention(x: &[f32], width: usize, w: &AttentionWeights<'_>, s: &AttentionShape, compressor: Option<&Compressor<'_>>) -> Vec<f32> {
+/// A layer's attention of `x` (`seq` rows of the model width, at positions `0..seq`): the window
+/// plus what `long` adds.
+pub fn attention(x: &[f32], width: usize, w: &AttentionWeights<'_>, s: &AttentionShape, long: &Long<'_>) -> Vec<f32> {
     let hd = s.head_dim;
     let seq = x.len() / width;
-    let blocks = compressor.map(|c| compress(x, width, c, s)).unwrap_or_default();
+    let (blocks, index_keys) = match long {
+        Long::None => (Vec::new(), Vec::new()),
+        Long::Heavy(c) => (compress(x, width, c, hd, false, s), Vec::new()),
+        Long::Sparse(c, ix) => (compress(x, width, c, hd, true, s), compress(x, width, &ix.compressor, ix.head_dim, true, s)),
+    };
+    let rate = match long {
+        Long::None => usize::MAX,
+        Long::Heavy(c) | Long::Sparse(c, _) => c.rate,
+    };
+    let mut q_residuals = Vec::with_capacity(seq);
     let mut queries = Vec::with_capacity(seq);
     let mut kvs = Vec::with_capacity(seq);
     for (pos, row) in x.chunks(width).enumerate() {
         let q_res = rms_norm(&matvec(w.wq_a, row), Some(w.q_norm), s.eps);
         let mut q = matvec(w.wq_b, &q_res);
+        q_residuals.push(q_res);
         for head in q.chunks_mut(hd) {
             let normed = rms_norm(head, None, s.eps);
             head.copy_from_slice(&normed);
@@ -133,9 +200,14 @@ fn attention(x: &[f32], width: usize, w: &AttentionWeights<'_>, s: &AttentionSha
     let mut out = Vec::with_capacity(x.len());
     for (t, q) in queries.iter().enumerate() {
         let first = (t + 1).saturating_sub(s.window);
-        // The window's raw entries, then the compressed blocks closed by position t.
-        let closed = compressor.map_or(0, |c| ((t + 1) / c.rate).min(blocks.len()));
-        let keys: Vec<&[f32]> = kvs[first..=t].iter().chain(&blocks[..closed]).map(Vec::as_slice).collect();
+        // The window's raw entries, then the compressed entries closed by position t (those the
+        // indexer keeps, in a CSA layer).
+        let closed = ((t + 1) / rate).min(blocks.len());
+        let picked: Vec<usize> = match long {
+            Long::Sparse(_, ix) => select(t, &x[t * width..(t + 1) * width], &q_residuals[t], &index_keys, closed, ix, s),
+            _ => (0..closed).collect(),
+        };
+        let keys: Vec<&[f32]> = kvs[first..=t].iter().chain(picked.iter().map(|&b| &blocks[b])).map(Vec::as_slice).collect();
         let mut heads = vec![0f32; s.heads * hd];
         for (h, (qh, oh)) in q.chunks(hd).zip(heads.chunks_mut(hd)).enumerate() {
             let logits: Vec<f32> = keys.iter().map(|k| dot(qh, k) * scale).collect();
@@ -213,15 +285,37 @@ mod tests {
             eps: c.rms_norm_eps,
         };
         let x = floats(&fixture["x_normed"]);
+        // Compressor tensors, read once and kept for the borrow.
+        let names = ["compressor", "indexer.compressor"];
+        let owned: Vec<[Vec<f32>; 4]> = names
+            .iter()
+            .map(|p| {
+                ["wkv.weight", "wgate.weight", "ape", "norm.weight"]
+                    .map(|n| st.f32(&format!("model.layers.{layer}.attn.{p}.{n}")).unwrap_or_default())
+            })
+            .collect();
+        let compressor = |prefix: &str, rate: usize| {
+            let [wkv, wgate, ape, norm] = &owned[names.iter().position(|p| *p == prefix).unwrap()];
+            Compressor { wkv, wgate, ape, norm, rate }
+        };
         let ours = match kind {
             AttentionKind::Sliding => sliding_attention(&x, c.hidden_size, &w, &s),
             AttentionKind::HeavilyCompressed => {
-                let (ckv, cgate, ape, cnorm) =
-                    (t("compressor.wkv.weight"), t("compressor.wgate.weight"), t("compressor.ape"), t("compressor.norm.weight"));
-                let comp = Compressor { wkv: &ckv, wgate: &cgate, ape: &ape, norm: &cnorm, rate: c.hca_rate };
-                heavily_compressed_attention(&x, c.hidden_size, &w, &comp, &s)
+                let comp = compressor("compressor", c.hca_rate);
+                attention(&x, c.hidden_size, &w, &s, &Long::Heavy(comp))
             }
-            AttentionKind::CompressedSparse => unimplemented!("compressed sparse attention is not implemented yet"),
+            AttentionKind::CompressedSparse => {
+                let (iwq_b, iweights) = (t("indexer.wq_b.weight"), t("indexer.weights_proj.weight"));
+                let ix = Indexer {
+                    compressor: compressor("indexer.compressor", c.csa_rate),
+                    wq_b: &iwq_b,
+                    weights_proj: &iweights,
+                    heads: c.index_heads,
+                    head_dim: c.index_head_dim,
+                    topk: c.index_topk,
+                };
+                attention(&x, c.hidden_size, &w, &s, &Long::Sparse(compressor("compressor", c.csa_rate), ix))
+            }
         };
         let reference = floats(&fixture["out"]);
         let rows = reference.len() / c.hidden_size;
@@ -242,5 +336,10 @@ mod tests {
     #[test]
     fn heavily_compressed_layer_matches_transformers_on_the_tiny_checkpoint() {
         check("attention_hca.json");
+    }
+
+    #[test]
+    fn compressed_sparse_layer_matches_transformers_on_the_tiny_checkpoint() {
+        check("attention_csa.json");
     }
 }

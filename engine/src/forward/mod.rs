@@ -5,6 +5,7 @@
 //! documents (the empty set takes exactly the unpatched code).
 
 mod attention;
+pub mod deepseek_v4;
 pub mod dsv4_attention;
 mod fast;
 mod golden;

@@ -115,16 +115,7 @@ impl DeepseekV4Model {
                 wo_b: self.t(&format!("{a}.wo_b.weight")),
                 sinks: self.t(&format!("{a}.attn_sink")),
             };
-            let theta = if kind == AttentionKind::Sliding { c.rope_theta } else { c.compress_rope_theta };
-            let shape = AttentionShape {
-                heads: c.num_heads,
-                head_dim: c.head_dim,
-                rope_dim: c.rope_dim,
-                o_groups: c.o_groups,
-                window: c.sliding_window,
-                rope_theta: theta as f32,
-                eps: c.rms_norm_eps,
-            };
+            let shape = AttentionShape::for_layer(c, kind);
             let long = match kind {
                 AttentionKind::Sliding => Long::None,
                 AttentionKind::HeavilyCompressed => Long::Heavy(self.compressor(&format!("{a}.compressor"), c.hca_rate)),
@@ -185,21 +176,18 @@ impl DeepseekV4Model {
 
 /// `weight * x / sqrt(mean(x^2) + eps)`.
 fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
-    let scale = 1.0 / (x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32 + eps).sqrt();
-    x.iter().zip(weight).map(|(v, w)| w * (v * scale)).collect()
+    super::dsv4_attention::rms_norm(x, Some(weight), eps)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::Value;
-    use std::path::PathBuf;
+    use crate::forward::testutil::tiny;
 
     #[test]
     fn golden_logits_match_transformers_on_the_tiny_checkpoint() {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/deepseek_v4/tiny");
-        let model = DeepseekV4Model::load(&dir).unwrap();
-        let reference: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+        let model = DeepseekV4Model::load(&tiny::dir()).unwrap();
+        let reference = tiny::json("reference.json");
         let ids: Vec<u32> = ["prompt_ids", "decode_ids"]
             .iter()
             .flat_map(|k| reference[*k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect::<Vec<_>>())
@@ -211,10 +199,7 @@ mod tests {
         let ours = model.logits(&ids);
         let mut worst = 0f32;
         for (step, want) in reference["logits"].as_array().unwrap().iter().enumerate() {
-            let want: Vec<f32> = want.as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
-            let got = &ours[prompt - 1 + step];
-            let diff: f32 = got.iter().zip(&want).map(|(a, b)| (a - b) * (a - b)).sum();
-            let err = (diff / want.iter().map(|b| b * b).sum::<f32>()).sqrt();
+            let err = tiny::rel_l2(&ours[prompt - 1 + step], &tiny::floats(want));
             worst = worst.max(err);
             assert!(err < 1e-4, "step {step}: rel L2 {err:e} against transformers");
         }

@@ -15,6 +15,8 @@
 
 use ctxscope_numerics::dot;
 
+use crate::model::deepseek_v4::{AttentionKind, DeepseekV4Config};
+
 /// One attention layer's weights (row-major, rows as the checkpoint stores them).
 pub struct AttentionWeights<'a> {
     pub wq_a: &'a [f32],
@@ -60,12 +62,30 @@ pub struct AttentionShape {
     pub eps: f32,
 }
 
+impl AttentionShape {
+    /// A layer of `kind` in model `c`: sliding layers turn by the main RoPE base, compressed ones
+    /// (and their blocks) by the compress one.
+    pub fn for_layer(c: &DeepseekV4Config, kind: AttentionKind) -> AttentionShape {
+        let theta = if kind == AttentionKind::Sliding { c.rope_theta } else { c.compress_rope_theta };
+        AttentionShape {
+            heads: c.num_heads,
+            head_dim: c.head_dim,
+            rope_dim: c.rope_dim,
+            o_groups: c.o_groups,
+            window: c.sliding_window,
+            rope_theta: theta as f32,
+            eps: c.rms_norm_eps,
+        }
+    }
+}
+
 fn matvec(rows: &[f32], x: &[f32]) -> Vec<f32> {
     rows.chunks(x.len()).map(|row| dot(row, x)).collect()
 }
 
-/// RMS norm of `x`, times `weight` when given.
-fn rms_norm(x: &[f32], weight: Option<&[f32]>, eps: f32) -> Vec<f32> {
+/// RMS norm of `x`, times `weight` when given (transformers' `DeepseekV4RMSNorm` and
+/// `DeepseekV4UnweightedRMSNorm`).
+pub(super) fn rms_norm(x: &[f32], weight: Option<&[f32]>, eps: f32) -> Vec<f32> {
     let scale = 1.0 / (x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32 + eps).sqrt();
     match weight {
         Some(w) => x.iter().zip(w).map(|(v, w)| w * (v * scale)).collect(),
@@ -233,24 +253,11 @@ pub fn attention(x: &[f32], width: usize, w: &AttentionWeights<'_>, s: &Attentio
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::deepseek_v4::AttentionKind;
-    use serde_json::Value;
-    use std::path::PathBuf;
-
-    fn tiny() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/deepseek_v4/tiny")
-    }
-
-    fn floats(v: &Value) -> Vec<f32> {
-        v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
-    }
+    use crate::forward::testutil::tiny::{self, floats};
 
     fn check(fixture_name: &str) {
-        let fixture: Value = serde_json::from_str(&std::fs::read_to_string(tiny().join(fixture_name)).unwrap()).unwrap();
-        let config_json = serde_json::from_str(&std::fs::read_to_string(tiny().join("config.json")).unwrap()).unwrap();
-        let c = crate::model::deepseek_v4::DeepseekV4Config::from_json(&config_json).unwrap();
+        let (fixture, c, st) = (tiny::json(fixture_name), tiny::config(), tiny::tensors());
         let layer = fixture["layer"].as_u64().unwrap() as usize;
-        let st = ctxscope_formats::SafeTensors::open_dir(&tiny()).unwrap();
         let t = |name: &str| st.f32(&format!("model.layers.{layer}.attn.{name}")).unwrap();
         let (wq_a, q_norm, wq_b, wkv, kv_norm, wo_a, wo_b, sinks) = (
             t("wq_a.weight"),
@@ -273,17 +280,7 @@ mod tests {
             sinks: &sinks,
         };
         let kind = c.layers[layer].0;
-        // Sliding layers turn by the main RoPE base, compressed ones (and their blocks) by the compress one.
-        let theta = if kind == AttentionKind::Sliding { c.rope_theta } else { c.compress_rope_theta };
-        let s = AttentionShape {
-            heads: c.num_heads,
-            head_dim: c.head_dim,
-            rope_dim: c.rope_dim,
-            o_groups: c.o_groups,
-            window: c.sliding_window,
-            rope_theta: theta as f32,
-            eps: c.rms_norm_eps,
-        };
+        let s = AttentionShape::for_layer(&c, kind);
         let x = floats(&fixture["x_normed"]);
         // Compressor tensors, read once and kept for the borrow.
         let names = ["compressor", "indexer.compressor"];
@@ -320,12 +317,10 @@ mod tests {
         let reference = floats(&fixture["out"]);
         let rows = reference.len() / c.hidden_size;
         for (i, (a, b)) in ours.chunks(c.hidden_size).zip(reference.chunks(c.hidden_size)).enumerate() {
-            let diff: f32 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
-            let err = (diff / b.iter().map(|y| y * y).sum::<f32>()).sqrt();
+            let err = tiny::rel_l2(a, b);
             assert!(err < 1e-5, "{fixture_name}: position {i} of {rows}: rel L2 {err:e}");
         }
-        let diff: f32 = ours.iter().zip(&reference).map(|(x, y)| (x - y) * (x - y)).sum();
-        eprintln!("{fixture_name}: rel L2 {:.1e} against transformers", (diff / reference.iter().map(|y| y * y).sum::<f32>()).sqrt());
+        eprintln!("{fixture_name}: rel L2 {:.1e} against transformers", tiny::rel_l2(&ours, &reference));
     }
 
     #[test]

@@ -37,9 +37,7 @@ pub struct HcSettings {
 
 /// `x / sqrt(mean(x^2) + eps)`, without a weight (`DeepseekV4UnweightedRMSNorm`).
 fn unweighted_rms_norm(x: &[f32], eps: f32) -> Vec<f32> {
-    let mean = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
-    let scale = 1.0 / (mean + eps).sqrt();
-    x.iter().map(|v| v * scale).collect()
+    super::dsv4_attention::rms_norm(x, None, eps)
 }
 
 /// `rows` (each `x.len()` long) times `x`.
@@ -123,37 +121,18 @@ pub fn head(streams: &[f32], fn_rows: &[f32], base: &[f32], scale: f32, s: HcSet
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::Value;
-    use std::path::PathBuf;
-
-    fn tiny() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/deepseek_v4/tiny")
-    }
-
-    fn floats(v: &Value) -> Vec<f32> {
-        v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
-    }
-
-    fn rel_l2(ours: &[f32], reference: &[f32]) -> f32 {
-        let diff: f32 = ours.iter().zip(reference).map(|(a, b)| (a - b) * (a - b)).sum();
-        let norm: f32 = reference.iter().map(|b| b * b).sum();
-        (diff / norm).sqrt()
-    }
+    use crate::forward::testutil::tiny;
 
     #[test]
     fn matches_transformers_on_the_tiny_checkpoint() {
-        let fixture: Value = serde_json::from_str(&std::fs::read_to_string(tiny().join("mhc.json")).unwrap()).unwrap();
-        let config_json = serde_json::from_str(&std::fs::read_to_string(tiny().join("config.json")).unwrap()).unwrap();
-        let config = crate::model::deepseek_v4::DeepseekV4Config::from_json(&config_json).unwrap();
-        let st = ctxscope_formats::SafeTensors::open_dir(&tiny()).unwrap();
+        let (fixture, config, st) = (tiny::json("mhc.json"), tiny::config(), tiny::tensors());
         let t = |name: &str| st.f32(name).unwrap();
         let (fn_rows, base, scale) = (t("model.layers.0.hc_attn_fn"), t("model.layers.0.hc_attn_base"), t("model.layers.0.hc_attn_scale"));
         let weights = HcWeights { fn_rows: &fn_rows, base: &base, scale: [scale[0], scale[1], scale[2]] };
         let s =
             HcSettings { hc: config.hc_mult, sinkhorn_iters: config.hc_sinkhorn_iters, eps: config.hc_eps, norm_eps: config.rms_norm_eps };
         let (hc, d) = (config.hc_mult, config.hidden_size);
-        let streams = floats(&fixture["streams"]);
-        let block_out = floats(&fixture["block_out"]);
+        let (streams, block_out) = (tiny::floats(&fixture["streams"]), tiny::floats(&fixture["block_out"]));
         let (mut post, mut comb, mut collapsed, mut updated, mut heads) = (vec![], vec![], vec![], vec![], vec![]);
         let (head_fn, head_base, head_scale) = (t("model.hc_head.hc_fn"), t("model.hc_head.hc_base"), t("model.hc_head.hc_scale"));
         for (token, out) in streams.chunks(hc * d).zip(block_out.chunks(d)) {
@@ -173,7 +152,7 @@ mod tests {
             updated.extend(folded);
         }
         for (name, ours) in [("post", &post), ("comb", &comb), ("collapsed", &collapsed), ("updated", &updated), ("head", &heads)] {
-            let err = rel_l2(ours, &floats(&fixture[name]));
+            let err = tiny::rel_l2(ours, &tiny::floats(&fixture[name]));
             eprintln!("mhc {name}: rel L2 {err:.1e} against transformers");
             assert!(err < 1e-5, "{name}: rel L2 {err:e} against transformers");
         }

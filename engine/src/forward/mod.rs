@@ -14,7 +14,7 @@ pub mod mhc;
 pub mod moe;
 mod ops;
 #[cfg(test)]
-mod testutil;
+pub(crate) mod testutil;
 
 use std::borrow::Cow;
 

@@ -129,23 +129,11 @@ pub fn moe(x: &[f32], token: u32, w: &MoeWeights<'_>, s: MoeSettings) -> Vec<f32
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::Value;
-    use std::path::PathBuf;
-
-    fn tiny() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/deepseek_v4/tiny")
-    }
-
-    fn floats(v: &Value) -> Vec<f32> {
-        v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
-    }
+    use crate::forward::testutil::tiny::{self, floats};
 
     #[test]
     fn matches_transformers_on_the_tiny_checkpoint() {
-        let fixture: Value = serde_json::from_str(&std::fs::read_to_string(tiny().join("moe.json")).unwrap()).unwrap();
-        let config_json = serde_json::from_str(&std::fs::read_to_string(tiny().join("config.json")).unwrap()).unwrap();
-        let config = crate::model::deepseek_v4::DeepseekV4Config::from_json(&config_json).unwrap();
-        let st = ctxscope_formats::SafeTensors::open_dir(&tiny()).unwrap();
+        let (fixture, config, st) = (tiny::json("moe.json"), tiny::config(), tiny::tensors());
         let s = MoeSettings {
             top_k: config.experts_per_token,
             scoring: Scoring::parse(&config.scoring_func).unwrap(),
@@ -184,9 +172,7 @@ mod tests {
                 assert_eq!(routed, expected, "layer {layer} token {i}: experts");
                 ours.extend(moe(token_x, id, &w, s));
             }
-            let reference = floats(&want["out"]);
-            let diff: f32 = ours.iter().zip(&reference).map(|(a, b)| (a - b) * (a - b)).sum();
-            let err = (diff / reference.iter().map(|b| b * b).sum::<f32>()).sqrt();
+            let err = tiny::rel_l2(&ours, &floats(&want["out"]));
             eprintln!("moe layer {layer}: rel L2 {err:.1e} against transformers");
             assert!(err < 1e-5, "layer {layer}: rel L2 {err:e}");
         }

@@ -64,3 +64,41 @@ pub fn matrix(ggml_type: u32, rows: usize, cols: usize, seed: u64) -> Matrix {
     let f32 = dequantize("w", t, &bytes, (rows * cols) as u64).unwrap();
     Matrix { name: "w".into(), rows, cols, f32, quant: QuantMatrix { ggml_type: t, row_bytes: bytes.len() / rows, bytes } }
 }
+
+/// The DeepSeek-V4 `tiny` checkpoint and its transformers references (tests/fixtures/deepseek_v4/tiny).
+pub mod tiny {
+    use std::path::PathBuf;
+
+    use ctxscope_formats::SafeTensors;
+    use serde_json::Value;
+
+    use crate::model::deepseek_v4::DeepseekV4Config;
+
+    pub fn dir() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/deepseek_v4/tiny")
+    }
+
+    /// A JSON file of the directory.
+    pub fn json(name: &str) -> Value {
+        serde_json::from_str(&std::fs::read_to_string(dir().join(name)).unwrap()).unwrap()
+    }
+
+    pub fn config() -> DeepseekV4Config {
+        DeepseekV4Config::from_json(&json("config.json")).unwrap()
+    }
+
+    pub fn tensors() -> SafeTensors {
+        SafeTensors::open_dir(&dir()).unwrap()
+    }
+
+    /// A JSON array of numbers as f32.
+    pub fn floats(v: &Value) -> Vec<f32> {
+        v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+    }
+
+    /// ‖ours − reference‖ / ‖reference‖.
+    pub fn rel_l2(ours: &[f32], reference: &[f32]) -> f32 {
+        let diff: f32 = ours.iter().zip(reference).map(|(a, b)| (a - b) * (a - b)).sum();
+        (diff / reference.iter().map(|b| b * b).sum::<f32>()).sqrt()
+    }
+}

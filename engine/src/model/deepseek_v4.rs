@@ -259,15 +259,11 @@ impl DeepseekV4Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::forward::testutil::tiny;
     use std::collections::BTreeMap;
-    use std::path::PathBuf;
-
-    fn tiny_dir() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/deepseek_v4/tiny")
-    }
 
     fn tiny_config() -> Value {
-        serde_json::from_str(&std::fs::read_to_string(tiny_dir().join("config.json")).unwrap()).unwrap()
+        tiny::json("config.json")
     }
 
     #[test]
@@ -275,7 +271,7 @@ mod tests {
         let config = DeepseekV4Config::from_json(&tiny_config()).unwrap();
         assert_eq!(config.layers.len(), 4);
         assert_eq!((config.rope_dim, config.csa_rate, config.hca_rate), (8, 4, 16));
-        let file = ctxscope_formats::SafeTensors::open_dir(&tiny_dir()).unwrap();
+        let file = tiny::tensors();
         let found: BTreeMap<String, (Vec<usize>, String)> =
             file.names().map(|n| (n.to_string(), file.entry(n).map(|e| (e.shape.clone(), e.dtype.clone())).unwrap())).collect();
         let expected: BTreeMap<String, (Vec<usize>, String)> =

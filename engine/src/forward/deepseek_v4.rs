@@ -11,7 +11,7 @@ use std::path::Path;
 use ctxscope_formats::{SafeTensors, SafetensorsError};
 use ctxscope_numerics::dot;
 
-use super::dsv4_attention::{attention, AttentionShape, AttentionWeights, Compressor, Indexer, Long};
+use super::dsv4_attention::{attention, AttentionShape, AttentionWeights, Compressor, Indexer, LayerCache, Long};
 use super::mhc::{fold, head, hyper_connection, HcSettings, HcWeights};
 use super::moe::{moe, Expert, MoeSettings, MoeWeights, Routing, Scoring};
 use crate::model::deepseek_v4::{AttentionKind, ConfigError, DeepseekV4Config, MlpKind};
@@ -84,94 +84,158 @@ impl DeepseekV4Model {
         }
     }
 
-    /// The logits of every position of `ids` (positions `0..ids.len()`).
-    pub fn logits(&self, ids: &[u32]) -> Vec<Vec<f32>> {
+    /// Everything layer `layer` reads.
+    fn parts(&self, layer: usize) -> LayerParts<'_> {
         let c = &self.config;
-        let (d, hc) = (c.hidden_size, c.hc_mult);
-        let hs = HcSettings { hc, sinkhorn_iters: c.hc_sinkhorn_iters, eps: c.hc_eps, norm_eps: c.rms_norm_eps };
-        let embed = self.t("model.embed_tokens.weight");
-        let mut streams: Vec<Vec<f32>> = ids.iter().map(|&id| embed[id as usize * d..(id as usize + 1) * d].repeat(hc)).collect();
-        let moe_settings = MoeSettings {
-            top_k: c.experts_per_token,
-            scoring: Scoring::parse(&c.scoring_func).unwrap_or(Scoring::SqrtSoftplus),
-            routed_scaling: c.routed_scaling_factor,
-            swiglu_limit: c.swiglu_limit,
+        let (kind, mlp_kind) = c.layers[layer];
+        let (l, a, f) = (format!("model.layers.{layer}"), format!("model.layers.{layer}.attn"), format!("model.layers.{layer}.ffn"));
+        let attn = AttentionWeights {
+            wq_a: self.t(&format!("{a}.wq_a.weight")),
+            q_norm: self.t(&format!("{a}.q_norm.weight")),
+            wq_b: self.t(&format!("{a}.wq_b.weight")),
+            wkv: self.t(&format!("{a}.wkv.weight")),
+            kv_norm: self.t(&format!("{a}.norm.weight")),
+            wo_a: self.t(&format!("{a}.wo_a.weight")),
+            wo_b: self.t(&format!("{a}.wo_b.weight")),
+            sinks: self.t(&format!("{a}.attn_sink")),
         };
-        for (layer, &(kind, mlp_kind)) in c.layers.iter().enumerate() {
-            let l = format!("model.layers.{layer}");
-            // Attention.
-            let hc_attn = self.hc(layer, "attn");
-            let mixes: Vec<_> = streams.iter().map(|s| hyper_connection(s, &hc_attn, hs)).collect();
-            let attn_norm = self.t(&format!("{l}.attn_norm.weight"));
-            let input: Vec<f32> = mixes.iter().flat_map(|m| rms_norm(&m.collapsed, attn_norm, c.rms_norm_eps)).collect();
-            let a = format!("{l}.attn");
-            let w = AttentionWeights {
-                wq_a: self.t(&format!("{a}.wq_a.weight")),
-                q_norm: self.t(&format!("{a}.q_norm.weight")),
-                wq_b: self.t(&format!("{a}.wq_b.weight")),
-                wkv: self.t(&format!("{a}.wkv.weight")),
-                kv_norm: self.t(&format!("{a}.norm.weight")),
-                wo_a: self.t(&format!("{a}.wo_a.weight")),
-                wo_b: self.t(&format!("{a}.wo_b.weight")),
-                sinks: self.t(&format!("{a}.attn_sink")),
-            };
-            let shape = AttentionShape::for_layer(c, kind);
-            let long = match kind {
-                AttentionKind::Sliding => Long::None,
-                AttentionKind::HeavilyCompressed => Long::Heavy(self.compressor(&format!("{a}.compressor"), c.hca_rate)),
-                AttentionKind::CompressedSparse => Long::Sparse(
-                    self.compressor(&format!("{a}.compressor"), c.csa_rate),
-                    Indexer {
-                        compressor: self.compressor(&format!("{a}.indexer.compressor"), c.csa_rate),
-                        wq_b: self.t(&format!("{a}.indexer.wq_b.weight")),
-                        weights_proj: self.t(&format!("{a}.indexer.weights_proj.weight")),
-                        heads: c.index_heads,
-                        head_dim: c.index_head_dim,
-                        topk: c.index_topk,
-                    },
-                ),
-            };
-            let out = attention(&input, d, &w, &shape, &long);
-            for ((s, m), o) in streams.iter_mut().zip(&mixes).zip(out.chunks(d)) {
-                fold(s, m, o);
-            }
-            // MoE.
-            let hc_ffn = self.hc(layer, "ffn");
-            let ffn_norm = self.t(&format!("{l}.ffn_norm.weight"));
-            let f = format!("{l}.ffn");
-            let routing = match mlp_kind {
-                MlpKind::HashMoe => Routing::Hash { table: &self.tables[&format!("{f}.gate.tid2eid")] },
-                MlpKind::Moe => Routing::TopK { bias: self.t(&format!("{f}.gate.bias")) },
-            };
-            let expert = |p: String| Expert {
-                w1: self.t(&format!("{p}.w1.weight")),
-                w2: self.t(&format!("{p}.w2.weight")),
-                w3: self.t(&format!("{p}.w3.weight")),
-            };
-            let moe_weights = MoeWeights {
+        let long = match kind {
+            AttentionKind::Sliding => Long::None,
+            AttentionKind::HeavilyCompressed => Long::Heavy(self.compressor(&format!("{a}.compressor"), c.hca_rate)),
+            AttentionKind::CompressedSparse => Long::Sparse(
+                self.compressor(&format!("{a}.compressor"), c.csa_rate),
+                Indexer {
+                    compressor: self.compressor(&format!("{a}.indexer.compressor"), c.csa_rate),
+                    wq_b: self.t(&format!("{a}.indexer.wq_b.weight")),
+                    weights_proj: self.t(&format!("{a}.indexer.weights_proj.weight")),
+                    heads: c.index_heads,
+                    head_dim: c.index_head_dim,
+                    topk: c.index_topk,
+                },
+            ),
+        };
+        let routing = match mlp_kind {
+            MlpKind::HashMoe => Routing::Hash { table: &self.tables[&format!("{f}.gate.tid2eid")] },
+            MlpKind::Moe => Routing::TopK { bias: self.t(&format!("{f}.gate.bias")) },
+        };
+        let expert = |p: String| Expert {
+            w1: self.t(&format!("{p}.w1.weight")),
+            w2: self.t(&format!("{p}.w2.weight")),
+            w3: self.t(&format!("{p}.w3.weight")),
+        };
+        LayerParts {
+            attn,
+            shape: AttentionShape::for_layer(c, kind),
+            long,
+            hc_attn: self.hc(layer, "attn"),
+            hc_ffn: self.hc(layer, "ffn"),
+            attn_norm: self.t(&format!("{l}.attn_norm.weight")),
+            ffn_norm: self.t(&format!("{l}.ffn_norm.weight")),
+            moe: MoeWeights {
                 gate: self.t(&format!("{f}.gate.weight")),
                 routing,
                 experts: (0..c.experts).map(|e| expert(format!("{f}.experts.{e}"))).collect(),
                 shared: (c.shared_experts > 0).then(|| expert(format!("{f}.shared_experts"))),
-            };
-            for (s, &id) in streams.iter_mut().zip(ids) {
-                let m = hyper_connection(s, &hc_ffn, hs);
-                let out = moe(&rms_norm(&m.collapsed, ffn_norm, c.rms_norm_eps), id, &moe_weights, moe_settings);
-                fold(s, &m, &out);
-            }
+            },
         }
+    }
+
+    fn hc_settings(&self) -> HcSettings {
+        let c = &self.config;
+        HcSettings { hc: c.hc_mult, sinkhorn_iters: c.hc_sinkhorn_iters, eps: c.hc_eps, norm_eps: c.rms_norm_eps }
+    }
+
+    fn moe_settings(&self) -> MoeSettings {
+        let c = &self.config;
+        MoeSettings {
+            top_k: c.experts_per_token,
+            scoring: Scoring::parse(&c.scoring_func).unwrap_or(Scoring::SqrtSoftplus),
+            routed_scaling: c.routed_scaling_factor,
+            swiglu_limit: c.swiglu_limit,
+        }
+    }
+
+    /// A token's residual streams: its embedding in each.
+    fn streams(&self, id: u32) -> Vec<f32> {
+        let d = self.config.hidden_size;
+        self.t("model.embed_tokens.weight")[id as usize * d..(id as usize + 1) * d].repeat(self.config.hc_mult)
+    }
+
+    /// The MoE sub-block on one token's streams, in place.
+    fn ffn(&self, parts: &LayerParts<'_>, streams: &mut [f32], id: u32) {
+        let m = hyper_connection(streams, &parts.hc_ffn, self.hc_settings());
+        let out = moe(&rms_norm(&m.collapsed, parts.ffn_norm, self.config.rms_norm_eps), id, &parts.moe, self.moe_settings());
+        fold(streams, &m, &out);
+    }
+
+    /// The logits from one token's final streams.
+    fn output(&self, streams: &[f32]) -> Vec<f32> {
+        let c = &self.config;
         let (head_fn, head_base, head_scale) =
             (self.t("model.hc_head.hc_fn"), self.t("model.hc_head.hc_base"), self.t("model.hc_head.hc_scale"));
-        let norm = self.t("model.norm.weight");
-        let output = if c.tie_word_embeddings { embed } else { self.t("head.weight") };
-        streams
-            .iter()
-            .map(|s| {
-                let x = rms_norm(&head(s, head_fn, head_base, head_scale[0], hs), norm, c.rms_norm_eps);
-                output.chunks(d).map(|row| dot(row, &x)).collect()
-            })
-            .collect()
+        let x =
+            rms_norm(&head(streams, head_fn, head_base, head_scale[0], self.hc_settings()), self.t("model.norm.weight"), c.rms_norm_eps);
+        let output = if c.tie_word_embeddings { self.t("model.embed_tokens.weight") } else { self.t("head.weight") };
+        output.chunks(c.hidden_size).map(|row| dot(row, &x)).collect()
     }
+
+    /// The logits of every position of `ids` (positions `0..ids.len()`), in one pass.
+    pub fn logits(&self, ids: &[u32]) -> Vec<Vec<f32>> {
+        let d = self.config.hidden_size;
+        let mut streams: Vec<Vec<f32>> = ids.iter().map(|&id| self.streams(id)).collect();
+        for layer in 0..self.config.layers.len() {
+            let parts = self.parts(layer);
+            let mixes: Vec<_> = streams.iter().map(|s| hyper_connection(s, &parts.hc_attn, self.hc_settings())).collect();
+            let input: Vec<f32> = mixes.iter().flat_map(|m| rms_norm(&m.collapsed, parts.attn_norm, self.config.rms_norm_eps)).collect();
+            let out = attention(&input, d, &parts.attn, &parts.shape, &parts.long);
+            for ((s, m), o) in streams.iter_mut().zip(&mixes).zip(out.chunks(d)) {
+                fold(s, m, o);
+            }
+            for (s, &id) in streams.iter_mut().zip(ids) {
+                self.ffn(&parts, s, id);
+            }
+        }
+        streams.iter().map(|s| self.output(s)).collect()
+    }
+
+    /// A fresh decoding state (nothing seen).
+    pub fn state(&self) -> DeepseekV4State {
+        DeepseekV4State { layers: (0..self.config.layers.len()).map(|_| LayerCache::default()).collect(), position: 0 }
+    }
+
+    /// Feeds one token after what `state` has seen; returns its logits.
+    pub fn step(&self, state: &mut DeepseekV4State, id: u32) -> Vec<f32> {
+        let pos = state.position;
+        let mut streams = self.streams(id);
+        for (layer, cache) in state.layers.iter_mut().enumerate() {
+            let parts = self.parts(layer);
+            let mix = hyper_connection(&streams, &parts.hc_attn, self.hc_settings());
+            let input = rms_norm(&mix.collapsed, parts.attn_norm, self.config.rms_norm_eps);
+            let out = cache.step(&input, pos, &parts.attn, &parts.shape, &parts.long);
+            fold(&mut streams, &mix, &out);
+            self.ffn(&parts, &mut streams, id);
+        }
+        state.position += 1;
+        self.output(&streams)
+    }
+}
+
+/// What decoding token by token keeps: each layer's attention cache and the next position.
+pub struct DeepseekV4State {
+    layers: Vec<LayerCache>,
+    position: usize,
+}
+
+/// One layer's weights, borrowed from the model.
+struct LayerParts<'a> {
+    attn: AttentionWeights<'a>,
+    shape: AttentionShape,
+    long: Long<'a>,
+    hc_attn: HcWeights<'a>,
+    hc_ffn: HcWeights<'a>,
+    attn_norm: &'a [f32],
+    ffn_norm: &'a [f32],
+    moe: MoeWeights<'a>,
 }
 
 /// `weight * x / sqrt(mean(x^2) + eps)`.
@@ -184,25 +248,50 @@ mod tests {
     use super::*;
     use crate::forward::testutil::tiny;
 
-    #[test]
-    fn golden_logits_match_transformers_on_the_tiny_checkpoint() {
-        let model = DeepseekV4Model::load(&tiny::dir()).unwrap();
+    /// The tiny model, the reference's tokens (prompt then forced) and the prompt's length.
+    fn tiny_case() -> (DeepseekV4Model, Vec<u32>, usize) {
         let reference = tiny::json("reference.json");
         let ids: Vec<u32> = ["prompt_ids", "decode_ids"]
             .iter()
             .flat_map(|k| reference[*k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect::<Vec<_>>())
             .collect();
         let prompt = reference["prompt_ids"].as_array().unwrap().len();
-        // One pass over prompt and forced tokens: row prompt-1 is the prefill's last position, the
-        // rows after it the teacher-forced decode steps (the reference's cached steps equal a
-        // one-pass run within 4e-7).
-        let ours = model.logits(&ids);
+        (DeepseekV4Model::load(&tiny::dir()).unwrap(), ids, prompt)
+    }
+
+    /// The worst rel L2 of `rows` (logits by position) against the reference's 17 steps: the
+    /// prefill's last position, then each teacher-forced decode step.
+    fn worst_against_reference(rows: &[Vec<f32>], prompt: usize) -> f32 {
+        let reference = tiny::json("reference.json");
         let mut worst = 0f32;
         for (step, want) in reference["logits"].as_array().unwrap().iter().enumerate() {
-            let err = tiny::rel_l2(&ours[prompt - 1 + step], &tiny::floats(want));
-            worst = worst.max(err);
+            let err = tiny::rel_l2(&rows[prompt - 1 + step], &tiny::floats(want));
             assert!(err < 1e-4, "step {step}: rel L2 {err:e} against transformers");
+            worst = worst.max(err);
         }
+        worst
+    }
+
+    #[test]
+    fn golden_logits_match_transformers_on_the_tiny_checkpoint() {
+        let (model, ids, prompt) = tiny_case();
+        // One pass over prompt and forced tokens (the reference's cached steps equal a one-pass run
+        // within 4e-7).
+        let worst = worst_against_reference(&model.logits(&ids), prompt);
         eprintln!("DeepSeek-V4 tiny golden logits: worst rel L2 {worst:.1e} over 17 steps");
+    }
+
+    #[test]
+    fn decoding_token_by_token_matches_transformers_cached_steps() {
+        let (model, ids, prompt) = tiny_case();
+        let mut state = model.state();
+        let steps: Vec<Vec<f32>> = ids.iter().map(|&id| model.step(&mut state, id)).collect();
+        // Every step equals the one-pass logits at its position (the caches hold what a pass computes) ...
+        for (pos, (a, b)) in steps.iter().zip(&model.logits(&ids)).enumerate() {
+            assert!(tiny::rel_l2(a, b) < 1e-6, "position {pos}: {:e}", tiny::rel_l2(a, b));
+        }
+        // ... and transformers' cached decode.
+        let worst = worst_against_reference(&steps, prompt);
+        eprintln!("DeepSeek-V4 tiny, token by token through the caches: worst rel L2 {worst:.1e} over 17 steps");
     }
 }

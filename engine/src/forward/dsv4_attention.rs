@@ -112,43 +112,49 @@ fn rope(head: &mut [f32], pos: usize, s: &AttentionShape, inverse: bool) {
 /// by channel, the previous block's first series with this block's second (`2 * rate` slots; block
 /// 0 has only its own); without (HCA), the block's one series.
 fn compress(x: &[f32], width: usize, c: &Compressor<'_>, hd: usize, overlap: bool, s: &AttentionShape) -> Vec<Vec<f32>> {
-    let series = if overlap { 2 } else { 1 };
     let rows: Vec<&[f32]> = x.chunks(width).collect();
+    let blocks: Vec<&[&[f32]]> = rows.chunks_exact(c.rate).collect();
+    (0..blocks.len()).map(|b| compress_block(b.checked_sub(1).map(|p| blocks[p]), blocks[b], b, c, hd, overlap, s)).collect()
+}
+
+/// Entry `b` from its block's rows (and, with `overlap`, the previous block's).
+fn compress_block(
+    previous: Option<&[&[f32]]>,
+    rows: &[&[f32]],
+    b: usize,
+    c: &Compressor<'_>,
+    hd: usize,
+    overlap: bool,
+    s: &AttentionShape,
+) -> Vec<f32> {
+    let series = if overlap { 2 } else { 1 };
     // Per row: its kv and gate (gate plus the slot's bias), `series * hd` wide.
-    let blocks: Vec<Vec<(Vec<f32>, Vec<f32>)>> = rows
-        .chunks_exact(c.rate)
-        .map(|block| {
-            block
-                .iter()
-                .enumerate()
-                .map(|(slot, r)| {
-                    let bias = &c.ape[slot * series * hd..(slot + 1) * series * hd];
-                    (matvec(c.wkv, r), matvec(c.wgate, r).iter().zip(bias).map(|(g, b)| g + b).collect())
-                })
-                .collect()
-        })
-        .collect();
-    (0..blocks.len())
-        .map(|b| {
-            // (kv, gate) slices of hd channels taking part in entry b.
-            let mut slots: Vec<(&[f32], &[f32])> = Vec::new();
-            if overlap && b > 0 {
-                slots.extend(blocks[b - 1].iter().map(|(kv, g)| (&kv[..hd], &g[..hd])));
-            }
-            let own = if overlap { hd..2 * hd } else { 0..hd };
-            slots.extend(blocks[b].iter().map(|(kv, g)| (&kv[own.clone()], &g[own.clone()])));
-            let mut entry = vec![0f32; hd];
-            for (ch, e) in entry.iter_mut().enumerate() {
-                let max = slots.iter().map(|(_, g)| g[ch]).fold(f32::NEG_INFINITY, f32::max);
-                let exps: Vec<f32> = slots.iter().map(|(_, g)| (g[ch] - max).exp()).collect();
-                let sum: f32 = exps.iter().sum();
-                *e = exps.iter().zip(&slots).map(|(p, (kv, _))| p / sum * kv[ch]).sum();
-            }
-            let mut entry = rms_norm(&entry, Some(c.norm), s.eps);
-            rope(&mut entry, b * c.rate, s, false);
-            entry
-        })
-        .collect()
+    let project = |block: &[&[f32]]| -> Vec<(Vec<f32>, Vec<f32>)> {
+        block
+            .iter()
+            .enumerate()
+            .map(|(slot, r)| {
+                let bias = &c.ape[slot * series * hd..(slot + 1) * series * hd];
+                (matvec(c.wkv, r), matvec(c.wgate, r).iter().zip(bias).map(|(g, b)| g + b).collect())
+            })
+            .collect()
+    };
+    let before = previous.filter(|_| overlap).map(project).unwrap_or_default();
+    let own = project(rows);
+    // (kv, gate) slices of hd channels taking part in the entry.
+    let mut slots: Vec<(&[f32], &[f32])> = before.iter().map(|(kv, g)| (&kv[..hd], &g[..hd])).collect();
+    let range = if overlap { hd..2 * hd } else { 0..hd };
+    slots.extend(own.iter().map(|(kv, g)| (&kv[range.clone()], &g[range.clone()])));
+    let mut entry = vec![0f32; hd];
+    for (ch, e) in entry.iter_mut().enumerate() {
+        let max = slots.iter().map(|(_, g)| g[ch]).fold(f32::NEG_INFINITY, f32::max);
+        let exps: Vec<f32> = slots.iter().map(|(_, g)| (g[ch] - max).exp()).collect();
+        let sum: f32 = exps.iter().sum();
+        *e = exps.iter().zip(&slots).map(|(p, (kv, _))| p / sum * kv[ch]).sum();
+    }
+    let mut entry = rms_norm(&entry, Some(c.norm), s.eps);
+    rope(&mut entry, b * c.rate, s, false);
+    entry
 }
 
 /// The closed entries the indexer keeps for the query at `t` (`q_res`: its low-rank query, `row`:
@@ -188,7 +194,6 @@ pub fn sliding_attention(x: &[f32], width: usize, w: &AttentionWeights<'_>, s: &
 /// plus what `long` adds.
 pub fn attention(x: &[f32], width: usize, w: &AttentionWeights<'_>, s: &AttentionShape, long: &Long<'_>) -> Vec<f32> {
     let hd = s.head_dim;
-    let seq = x.len() / width;
     let (blocks, index_keys) = match long {
         Long::None => (Vec::new(), Vec::new()),
         Long::Heavy(c) => (compress(x, width, c, hd, false, s), Vec::new()),
@@ -198,56 +203,126 @@ pub fn attention(x: &[f32], width: usize, w: &AttentionWeights<'_>, s: &Attentio
         Long::None => usize::MAX,
         Long::Heavy(c) | Long::Sparse(c, _) => c.rate,
     };
-    let mut q_residuals = Vec::with_capacity(seq);
-    let mut queries = Vec::with_capacity(seq);
-    let mut kvs = Vec::with_capacity(seq);
-    for (pos, row) in x.chunks(width).enumerate() {
-        let q_res = rms_norm(&matvec(w.wq_a, row), Some(w.q_norm), s.eps);
-        let mut q = matvec(w.wq_b, &q_res);
-        q_residuals.push(q_res);
-        for head in q.chunks_mut(hd) {
-            let normed = rms_norm(head, None, s.eps);
-            head.copy_from_slice(&normed);
-            rope(head, pos, s, false);
-        }
-        let mut kv = rms_norm(&matvec(w.wkv, row), Some(w.kv_norm), s.eps);
-        rope(&mut kv, pos, s, false);
-        queries.push(q);
-        kvs.push(kv);
-    }
-    let scale = (hd as f32).powf(-0.5);
-    let group_in = s.heads * hd / s.o_groups;
+    let projected: Vec<Projected> = x.chunks(width).enumerate().map(|(pos, row)| project(row, pos, w, s)).collect();
+    let kvs: Vec<Vec<f32>> = projected.iter().map(|p| p.kv.clone()).collect();
     let mut out = Vec::with_capacity(x.len());
-    for (t, q) in queries.iter().enumerate() {
+    for (t, p) in projected.iter().enumerate() {
         let first = (t + 1).saturating_sub(s.window);
-        // The window's raw entries, then the compressed entries closed by position t (those the
-        // indexer keeps, in a CSA layer).
         let closed = ((t + 1) / rate).min(blocks.len());
-        let picked: Vec<usize> = match long {
-            Long::Sparse(_, ix) => select(t, &x[t * width..(t + 1) * width], &q_residuals[t], &index_keys, closed, ix, s),
-            _ => (0..closed).collect(),
-        };
-        let keys: Vec<&[f32]> = kvs[first..=t].iter().chain(picked.iter().map(|&b| &blocks[b])).map(Vec::as_slice).collect();
-        let mut heads = vec![0f32; s.heads * hd];
-        for (h, (qh, oh)) in q.chunks(hd).zip(heads.chunks_mut(hd)).enumerate() {
-            let logits: Vec<f32> = keys.iter().map(|k| dot(qh, k) * scale).collect();
-            // The sink joins the softmax and takes its share, then is dropped.
-            let max = logits.iter().copied().fold(w.sinks[h], f32::max);
-            let exps: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
-            let total: f32 = exps.iter().sum::<f32>() + (w.sinks[h] - max).exp();
-            for (e, k) in exps.iter().zip(&keys) {
-                let p = e / total;
-                for (o, v) in oh.iter_mut().zip(k.iter()) {
-                    *o += p * v;
-                }
-            }
-            rope(oh, t, s, true);
-        }
-        let low: Vec<f32> =
-            heads.chunks(group_in).zip(w.wo_a.chunks(w.wo_a.len() / s.o_groups)).flat_map(|(group, rows)| matvec(rows, group)).collect();
-        out.extend(matvec(w.wo_b, &low));
+        let row = &x[t * width..(t + 1) * width];
+        out.extend(attend(t, row, p, &kvs[first..=t], &blocks[..closed], &index_keys, w, s, long));
     }
     out
+}
+
+/// A position's query (RoPE'd, per-head normed), low-rank query and key-and-value.
+struct Projected {
+    q: Vec<f32>,
+    q_res: Vec<f32>,
+    kv: Vec<f32>,
+}
+
+fn project(row: &[f32], pos: usize, w: &AttentionWeights<'_>, s: &AttentionShape) -> Projected {
+    let q_res = rms_norm(&matvec(w.wq_a, row), Some(w.q_norm), s.eps);
+    let mut q = matvec(w.wq_b, &q_res);
+    for head in q.chunks_mut(s.head_dim) {
+        let normed = rms_norm(head, None, s.eps);
+        head.copy_from_slice(&normed);
+        rope(head, pos, s, false);
+    }
+    let mut kv = rms_norm(&matvec(w.wkv, row), Some(w.kv_norm), s.eps);
+    rope(&mut kv, pos, s, false);
+    Projected { q, q_res, kv }
+}
+
+/// The output at position `t` (input `row`, projections `p`): attention over the `window` raw
+/// entries and the `closed` compressed ones (those the indexer keeps, in a CSA layer), sink in the
+/// softmax, RoPE undone, then the grouped output projection.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    t: usize,
+    row: &[f32],
+    p: &Projected,
+    window: &[Vec<f32>],
+    closed: &[Vec<f32>],
+    index_keys: &[Vec<f32>],
+    w: &AttentionWeights<'_>,
+    s: &AttentionShape,
+    long: &Long<'_>,
+) -> Vec<f32> {
+    let hd = s.head_dim;
+    let picked: Vec<usize> = match long {
+        Long::Sparse(_, ix) => select(t, row, &p.q_res, index_keys, closed.len(), ix, s),
+        _ => (0..closed.len()).collect(),
+    };
+    let keys: Vec<&[f32]> = window.iter().chain(picked.iter().map(|&b| &closed[b])).map(Vec::as_slice).collect();
+    let scale = (hd as f32).powf(-0.5);
+    let mut heads = vec![0f32; s.heads * hd];
+    for (h, (qh, oh)) in p.q.chunks(hd).zip(heads.chunks_mut(hd)).enumerate() {
+        let logits: Vec<f32> = keys.iter().map(|k| dot(qh, k) * scale).collect();
+        // The sink joins the softmax and takes its share, then is dropped.
+        let max = logits.iter().copied().fold(w.sinks[h], f32::max);
+        let exps: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
+        let total: f32 = exps.iter().sum::<f32>() + (w.sinks[h] - max).exp();
+        for (e, k) in exps.iter().zip(&keys) {
+            let p = e / total;
+            for (o, v) in oh.iter_mut().zip(k.iter()) {
+                *o += p * v;
+            }
+        }
+        rope(oh, t, s, true);
+    }
+    let group_in = s.heads * hd / s.o_groups;
+    let low: Vec<f32> =
+        heads.chunks(group_in).zip(w.wo_a.chunks(w.wo_a.len() / s.o_groups)).flat_map(|(group, rows)| matvec(rows, group)).collect();
+    matvec(w.wo_b, &low)
+}
+
+/// One layer's attention state for decoding token by token: the window's raw entries, the closed
+/// compressed entries (and the indexer's), and the inputs of the blocks still needed (the open one,
+/// and the last closed one, whose first series the next CSA entry takes).
+#[derive(Default)]
+pub struct LayerCache {
+    window: std::collections::VecDeque<Vec<f32>>,
+    rows: std::collections::VecDeque<Vec<f32>>,
+    blocks: Vec<Vec<f32>>,
+    index_keys: Vec<Vec<f32>>,
+}
+
+impl LayerCache {
+    /// The attention output for `row` at position `pos`, after every earlier position went through
+    /// this cache in order.
+    pub fn step(&mut self, row: &[f32], pos: usize, w: &AttentionWeights<'_>, s: &AttentionShape, long: &Long<'_>) -> Vec<f32> {
+        let p = project(row, pos, w, s);
+        self.window.push_back(p.kv.clone());
+        if self.window.len() > s.window {
+            self.window.pop_front();
+        }
+        if let Long::Heavy(c) | Long::Sparse(c, _) = long {
+            self.rows.push_back(row.to_vec());
+            if (pos + 1).is_multiple_of(c.rate) {
+                // Block `b` closed: its rows are the last `rate`, the previous block's before them.
+                let b = pos / c.rate;
+                let rows: Vec<&[f32]> = self.rows.iter().map(Vec::as_slice).collect();
+                let (previous, own) = rows.split_at(rows.len() - c.rate);
+                let previous = (b > 0 && previous.len() == c.rate).then_some(previous);
+                match long {
+                    Long::Heavy(c) => self.blocks.push(compress_block(None, own, b, c, s.head_dim, false, s)),
+                    Long::Sparse(c, ix) => {
+                        self.blocks.push(compress_block(previous, own, b, c, s.head_dim, true, s));
+                        self.index_keys.push(compress_block(previous, own, b, &ix.compressor, ix.head_dim, true, s));
+                    }
+                    Long::None => {}
+                }
+                // Keep this block's rows for the next entry's overlap.
+                while self.rows.len() > c.rate {
+                    self.rows.pop_front();
+                }
+            }
+        }
+        let window: Vec<Vec<f32>> = self.window.iter().cloned().collect();
+        attend(pos, row, &p, &window, &self.blocks, &self.index_keys, w, s, long)
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
-//! The global allocator, mimalloc, its two settings and a heap for scratch scopes. Memory freed after a large request goes back
-//! to the operating system at once: mimalloc otherwise purges a freed page only on the owning
-//! thread's next trip through the allocator after a delay; the capture worker and the connection
+//! The global allocator, mimalloc, its two settings and a heap for scratch scopes. Memory freed
+//! after a large request goes back to the operating system at once: mimalloc otherwise purges a
+//! freed page only on the owning thread's next trip through the allocator after a delay; the capture worker and the connection
 //! threads then sit idle holding it (4 requests of 20,000 messages: 180 MiB resident 5 s after the
 //! traffic, 100 MiB with immediate purging). And its arenas are committed as they are used, not
 //! all at once: on Linux (an overcommitting system) mimalloc commits a whole arena eagerly by

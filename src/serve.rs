@@ -1,7 +1,8 @@
 //! `ctxscope engine` and `ctxscope serve`: load the model (fetching the default one on first use),
 //! start it with `ctxscope_engine::run` (scheduler and OpenAI-compatible server), and for `serve` put
-//! the capture proxy in front of it in the same process. Shutdown stops the proxy first (it drains capture), then the engine.
-//! `--device` picks the backend: the CPU, or a GPU in a build with the `cuda` feature.
+//! the capture proxy in front of it in the same process. Shutdown stops the proxy first (it drains
+//! capture), then the engine. `--device` picks the backend: the CPU, or a GPU in a build with the
+//! `cuda` feature.
 
 use std::future::Future;
 use std::net::SocketAddr;

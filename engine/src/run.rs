@@ -68,10 +68,6 @@ impl Engine {
         Ok(Engine { handle, thread })
     }
 
-    pub fn handle(&self) -> &EngineHandle {
-        &self.handle
-    }
-
     /// Serves the engine on `listener` until `shutdown`, then waits (bounded) for the scheduler.
     pub async fn serve(self, config: ServerConfig, listener: TcpListener, shutdown: impl Future<Output = ()>) {
         server::run(self.handle, config, listener, shutdown).await;

@@ -203,8 +203,9 @@ pub fn attention(x: &[f32], width: usize, w: &AttentionWeights<'_>, s: &Attentio
         Long::None => usize::MAX,
         Long::Heavy(c) | Long::Sparse(c, _) => c.rate,
     };
-    let projected: Vec<Projected> = x.chunks(width).enumerate().map(|(pos, row)| project(row, pos, w, s)).collect();
-    let kvs: Vec<Vec<f32>> = projected.iter().map(|p| p.kv.clone()).collect();
+    let mut projected: Vec<Projected> = x.chunks(width).enumerate().map(|(pos, row)| project(row, pos, w, s)).collect();
+    // The entries move out (attending reads only the queries).
+    let kvs: Vec<Vec<f32>> = projected.iter_mut().map(|p| std::mem::take(&mut p.kv)).collect();
     let mut out = Vec::with_capacity(x.len());
     for (t, p) in projected.iter().enumerate() {
         let first = (t + 1).saturating_sub(s.window);
@@ -293,8 +294,8 @@ impl LayerCache {
     /// The attention output for `row` at position `pos`, after every earlier position went through
     /// this cache in order.
     pub fn step(&mut self, row: &[f32], pos: usize, w: &AttentionWeights<'_>, s: &AttentionShape, long: &Long<'_>) -> Vec<f32> {
-        let p = project(row, pos, w, s);
-        self.window.push_back(p.kv.clone());
+        let mut p = project(row, pos, w, s);
+        self.window.push_back(std::mem::take(&mut p.kv));
         if self.window.len() > s.window {
             self.window.pop_front();
         }
@@ -320,8 +321,7 @@ impl LayerCache {
                 }
             }
         }
-        let window: Vec<Vec<f32>> = self.window.iter().cloned().collect();
-        attend(pos, row, &p, &window, &self.blocks, &self.index_keys, w, s, long)
+        attend(pos, row, &p, self.window.make_contiguous(), &self.blocks, &self.index_keys, w, s, long)
     }
 }
 

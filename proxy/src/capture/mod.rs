@@ -4,6 +4,7 @@
 pub mod exchange;
 pub mod guard;
 pub mod hashes;
+pub mod known;
 pub mod layer;
 pub mod pipeline;
 pub mod queue;

@@ -13,6 +13,7 @@ use ctxscope_store::{
 
 use super::exchange::{Exchange, Outcome};
 use super::hashes::MessageHashes;
+use super::known::KnownRequests;
 use super::queue::Sink;
 use super::responses::{self, Chained};
 use super::sink::AlertSink;
@@ -21,7 +22,7 @@ use super::tokens::{Counted, TokenCache};
 use super::upstream_count::{Prompt, UpstreamCounter};
 use crate::detect::{DetectConfig, Detectors, Draft, Observation};
 use crate::metrics::{self as m, DropReason};
-use crate::parse::{self, ParseError, ParsedResponse};
+use crate::parse::{self, message, ParseError, ParsedResponse};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
@@ -56,6 +57,7 @@ pub struct Pipeline {
     retention: RetentionPolicy,
     warnings: Throttle,
     hashes: MessageHashes,
+    known: KnownRequests,
     detectors: Detectors,
     sinks: Vec<Box<dyn AlertSink>>,
     /// The upstream's engine fingerprint, stamped on every turn (and re-checked when it was unreachable).
@@ -99,6 +101,7 @@ impl Pipeline {
             retention,
             warnings,
             hashes: MessageHashes::default(),
+            known: KnownRequests::default(),
             detectors,
             sinks: Vec::new(),
             fingerprints: None,
@@ -156,8 +159,19 @@ impl Pipeline {
             // The upstream never read the body: nothing to record beyond the 502 already counted.
             return Err(CaptureError::NothingSent);
         }
+        let body = bytes::Bytes::from(body);
         // The parse tree dies with the turn: its blocks are scratch (ctxscope_common::scratch).
-        let mut request = ctxscope_common::scratch::scope(|| parse::request(exchange.endpoint, &body))?;
+        let parsed = ctxscope_common::scratch::scope(|| self.known.parse(exchange.endpoint, &body))?;
+        let (mut hashes, mut chain) = (parsed.hashes.clone(), parsed.chain.clone());
+        let new_from = hashes.len();
+        hashes.extend(parsed.request.messages[new_from..].iter().map(|m| self.hashes.hash(m)));
+        let mut h = chain.last().copied().unwrap_or(ZERO_HASH);
+        for hash in &hashes[new_from..] {
+            h = chain_next(&h, hash);
+            chain.push(h);
+        }
+        self.known.remember(&body, &parsed, &hashes, &chain);
+        let mut request = parsed.request;
         let mut notes = Vec::new();
         if !complete {
             notes.push("request body did not finish".to_string());
@@ -166,12 +180,10 @@ impl Pipeline {
         let chained = responses::expand(&self.store, &mut request, &mut notes)?;
         let response = self.response(exchange, request.stream, &mut notes);
 
-        let hashes: Vec<Hash> = request.messages.iter().map(|m| self.hashes.hash(m)).collect();
-        let mut chain = Vec::with_capacity(hashes.len());
-        let mut h = ZERO_HASH;
-        for hash in &hashes {
-            h = chain_next(&h, hash);
-            chain.push(h);
+        if request.messages.len() != hashes.len() {
+            // A Responses chain's messages went in front of the request's own: hashed again whole.
+            hashes = request.messages.iter().map(|m| self.hashes.hash(m)).collect();
+            chain = chain_of(&hashes);
         }
         let threading = thread::Request { messages: &request.messages, hashes: &hashes, chain: &chain };
         let decision = match &chained {
@@ -182,7 +194,7 @@ impl Pipeline {
         let base_len = decision.base.map_or(0, |b| b.len as usize).min(hashes.len());
 
         // Only the messages this turn adds are stored (the rest are in its base).
-        let mut new_messages: Vec<(Hash, Vec<u8>)> = request.messages[base_len..].iter().map(message_hash).collect();
+        let mut new_messages: Vec<(Hash, Vec<u8>)> = request.messages[base_len..].iter().map(|m| message_hash(m)).collect();
         let ok = exchange.status.is_some_and(|s| (200..300).contains(&s));
         let reply = match (&response.reply_message, ok) {
             (Some(message), true) => {
@@ -194,7 +206,10 @@ impl Pipeline {
         };
         let head = chain.last().copied().unwrap_or(ZERO_HASH);
         let tail = reply.map(|r| chain_next(&head, &r));
-        let mut counted = self.tokens.as_mut().and_then(|t| t.count(exchange.endpoint, &request.messages, &chain, base_len));
+        // Templates render JSON values: with a counter, every message is parsed (and copied once).
+        let counting = self.tokens.is_some() || self.upstream_counter.is_some();
+        let values = if counting { message::values(&request.messages) } else { Vec::new() };
+        let mut counted = self.tokens.as_mut().and_then(|t| t.count(exchange.endpoint, &values, &chain, base_len));
         let mut local_tokens = counted.as_ref().map(|c| c.local.clone());
         if let (None, Some(counter)) = (&self.tokens, self.upstream_counter.as_mut()) {
             // Responses turns are counted as the chat they map to (their tools are not: another shape).
@@ -203,7 +218,7 @@ impl Pipeline {
             let prompt = Prompt {
                 endpoint: if responses { Endpoint::ChatCompletions } else { exchange.endpoint },
                 model: request.model.as_deref(),
-                messages: &request.messages,
+                messages: &values,
                 head: chain.last().copied().unwrap_or(ZERO_HASH),
                 tools_hash,
                 body: &body,
@@ -333,6 +348,18 @@ impl Pipeline {
             parse::response(exchange.endpoint, exchange.response_content_type.as_deref(), status, &body, streaming)
         })
     }
+}
+
+/// The prefix chain of `hashes` (`chain[i]` covers messages `0..=i`).
+fn chain_of(hashes: &[Hash]) -> Vec<Hash> {
+    let mut h = ZERO_HASH;
+    hashes
+        .iter()
+        .map(|hash| {
+            h = chain_next(&h, hash);
+            h
+        })
+        .collect()
 }
 
 /// The conversation record after `turn`: the decided conversation moved on to it, or a new one.

@@ -6,6 +6,7 @@ use ctxscope_store::{to_hex, BaseRef, BranchRef, Hash, Relation, ResponsesInfo, 
 use serde_json::Value;
 
 use super::thread::Decision;
+use crate::parse::message::Message;
 use crate::parse::ParsedRequest;
 
 /// A Responses request after expansion: its record fields and the turn it chains to.
@@ -51,7 +52,7 @@ pub fn expand(store: &Store, request: &mut ParsedRequest, notes: &mut Vec<String
             let at = usize::from(sent.instructions).min(request.messages.len());
             info.parent_turn = Some(parent.id);
             info.chain_messages = context.len() as u32;
-            request.messages.splice(at..at, context);
+            request.messages.splice(at..at, context.into_iter().map(Message::new));
             Ok(Some(Chained { info, parent: Some(parent) }))
         }
         None => {

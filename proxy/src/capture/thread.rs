@@ -8,8 +8,8 @@
 //! history (a harness that compacted or dropped earlier turns): marked diverged. A conversation named
 //! by header is used as named, and a request that does not extend its last turn is marked diverged.
 
+use crate::parse::message::Message;
 use ctxscope_store::{to_hex, BaseRef, BranchRef, ConversationRecord, Hash, Relation, Store, StoreError};
-use serde_json::Value;
 
 /// Where a request belongs.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,7 +24,7 @@ pub struct Decision {
 
 /// The request as threading sees it: messages, their hashes, and the chain (`chain[i]` covers `0..=i`).
 pub struct Request<'a> {
-    pub messages: &'a [Value],
+    pub messages: &'a [Message],
     pub hashes: &'a [Hash],
     pub chain: &'a [Hash],
 }
@@ -62,7 +62,7 @@ pub fn decide(store: &Store, request: &Request<'_>, name: Option<&str>) -> Resul
         return Ok(Decision { conversation: None, relation: Relation::New, base: None, branch_of: None });
     };
     let base = Some(BaseRef { turn: entry.turn, len: len as u32 });
-    let beyond_system = messages[..len].iter().any(|m| m.get("role").and_then(Value::as_str) != Some("system"));
+    let beyond_system = messages[..len].iter().any(|m| m.role() != Some("system"));
     if !beyond_system {
         return Ok(Decision { conversation: None, relation: Relation::New, base, branch_of: None });
     }
@@ -92,7 +92,7 @@ const REPLY_LOOKBACK: usize = 8;
 
 /// The conversation whose latest reply is among this request's last assistant messages.
 fn carries_latest_reply(store: &Store, request: &Request<'_>) -> Result<Option<Decision>, StoreError> {
-    let assistants = request.messages.iter().enumerate().rev().filter(|(_, m)| m.get("role").and_then(Value::as_str) == Some("assistant"));
+    let assistants = request.messages.iter().enumerate().rev().filter(|(_, m)| m.role() == Some("assistant"));
     for (i, _) in assistants.take(REPLY_LOOKBACK) {
         let Some(id) = store.reply_of(&request.hashes[i])? else { continue };
         let Some(conversation) = store.conversation(id)? else { continue };

@@ -16,8 +16,7 @@ use denial::Method;
 
 pub(crate) fn amnesia(cx: &Context<'_>) -> Option<Draft> {
     let turn = cx.obs.turn;
-    let role = |m: &Value| m.get("role").and_then(Value::as_str).map(str::to_string);
-    let earlier_replies = cx.obs.messages.iter().filter(|m| role(m).as_deref() == Some("assistant")).count();
+    let earlier_replies = cx.obs.messages.iter().filter(|m| m.role() == Some("assistant")).count();
     if earlier_replies == 0 || turn.reply_text.is_empty() {
         return None;
     }

@@ -13,7 +13,7 @@ pub(crate) fn compare_history(store: &Store, previous: &TurnRecord, obs: &Observ
     let hashes: Vec<String> = history.iter().map(|(hash, _)| ctxscope_store::to_hex(hash)).collect();
     let values: Vec<Value> = history.into_iter().map(|(_, value)| value.unwrap_or(Value::Null)).collect();
     let request_hex: Vec<String> = obs.hashes.iter().map(ctxscope_store::to_hex).collect();
-    let request_canonical: Vec<Value> = obs.messages.iter().map(ctxscope_store::canonical_message).collect();
+    let request_canonical: Vec<Value> = obs.messages.iter().map(|m| ctxscope_store::canonical_message(m)).collect();
     let before: Vec<_> = hashes.iter().zip(&values).map(|(hash, value)| history::Message { hash, value }).collect();
     let after: Vec<_> = request_hex.iter().zip(&request_canonical).map(|(hash, value)| history::Message { hash, value }).collect();
     Ok(history::compare(&before, &after))

@@ -31,7 +31,7 @@ use rate::{Rates, Sample};
 pub struct Observation<'a> {
     pub turn: &'a TurnRecord,
     /// The request's messages as sent, their hashes.
-    pub messages: &'a [Value],
+    pub messages: &'a [crate::parse::message::Message],
     pub hashes: &'a [Hash],
     /// The prompt's token ids and where each message's segment ends in them (with a tokenizer).
     pub prompt_ids: Option<&'a [u32]>,

@@ -5,55 +5,11 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use serde_json::Value;
+use crate::parse::message::Message;
 
-/// Text bytes of the request's messages as a template renders them: string contents, the text
-/// parts of a content array, tool calls' names and arguments. Images, audio and files are left
-/// out (their bytes are not the model's text tokens).
-pub(crate) fn text_bytes(messages: &[Value]) -> u64 {
-    messages.iter().map(message_text_bytes).sum()
-}
-
-fn message_text_bytes(message: &Value) -> u64 {
-    let content = match message.get("content") {
-        Some(Value::String(text)) => text.len() as u64,
-        Some(Value::Array(parts)) => parts.iter().map(part_text_bytes).sum(),
-        _ => 0,
-    };
-    let calls: u64 = message
-        .get("tool_calls")
-        .and_then(Value::as_array)
-        .map(|calls| {
-            calls
-                .iter()
-                .map(|c| {
-                    let f = c.get("function");
-                    let field =
-                        |name: &str| f.and_then(|f| f.get(name)).map_or(0, |v| v.as_str().map_or_else(|| v.to_string().len(), str::len));
-                    (field("name") + field("arguments")) as u64
-                })
-                .sum()
-        })
-        .unwrap_or(0);
-    let reasoning = message.get("reasoning_content").and_then(Value::as_str).map_or(0, |r| r.len() as u64);
-    content + calls + reasoning
-}
-
-fn part_text_bytes(part: &Value) -> u64 {
-    match part {
-        Value::String(text) => text.len() as u64,
-        Value::Object(o) => match o.get("type").and_then(Value::as_str) {
-            Some("text" | "input_text" | "output_text") => o.get("text").and_then(Value::as_str).map_or(0, |t| t.len() as u64),
-            // A tool result's content blocks (Anthropic) hold text too.
-            Some("tool_result") => match o.get("content") {
-                Some(Value::String(t)) => t.len() as u64,
-                Some(Value::Array(inner)) => inner.iter().map(part_text_bytes).sum(),
-                _ => 0,
-            },
-            _ => 0,
-        },
-        _ => 0,
-    }
+/// Text bytes of the request's messages as a template renders them ([`crate::parse::message::text_bytes`]).
+pub(crate) fn text_bytes(messages: &[Message]) -> u64 {
+    messages.iter().map(Message::text_bytes).sum()
 }
 
 /// One observed turn: its text bytes, its messages and the engine's prompt count.
@@ -242,11 +198,14 @@ mod tests {
 
     #[test]
     fn text_bytes_counts_text_and_skips_media() {
-        let messages = [
+        let messages: Vec<Message> = [
             json!({"role": "system", "content": "abcd"}),
             json!({"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAAAAAAAAAAAAAAAAAA"}}]}),
             json!({"role": "assistant", "content": null, "tool_calls": [{"function": {"name": "f", "arguments": "{\"a\":1}"}}]}),
-        ];
+        ]
+        .into_iter()
+        .map(Message::new)
+        .collect();
         assert_eq!(text_bytes(&messages), 4 + 5 + 1 + 7);
     }
 

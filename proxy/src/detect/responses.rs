@@ -88,7 +88,7 @@ fn dropped_items(cx: &Context<'_>, missing: u64) -> Value {
     let start = if first == 0 { 0 } else { ends[0] };
     let mut items = Vec::new();
     for (i, end) in ends.iter().enumerate().skip(first) {
-        let role = cx.obs.messages[i].get("role").and_then(Value::as_str).unwrap_or("");
+        let role = cx.obs.messages[i].role().unwrap_or("");
         items.push(json!({"index": i, "role": role}));
         if (end - start) as u64 >= missing {
             break;

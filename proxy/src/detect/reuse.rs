@@ -40,7 +40,7 @@ fn reusable_bound(cx: &Context<'_>, shared: Option<&[Shared]>) -> (u64, &'static
         }
         _ => {
             let upto = (shared_messages + 1).min(obs.messages.len());
-            let bytes: usize = obs.messages[..upto].iter().map(|m| text_bytes(m) + 16).sum();
+            let bytes: usize = obs.messages[..upto].iter().map(|m| m.bound_bytes() as usize + 16).sum();
             ((bytes + 64) as u64, "bytes", None)
         }
     }
@@ -154,15 +154,6 @@ fn prefix_break(cx: &Context<'_>) -> Option<Break> {
     }
     let previous = cx.previous()?;
     history::compare_tools(previous.tools.as_ref(), cx.obs.turn.tools.as_ref())
-}
-
-/// Bytes of a message's text as a template renders it (content; anything else as JSON): a token
-/// covers at least one byte, so this bounds its tokens, with the per-message wrapping added apart.
-fn text_bytes(message: &Value) -> usize {
-    match (message.get("content"), message.get("tool_calls")) {
-        (Some(Value::String(text)), None) => text.len(),
-        _ => message.to_string().len(),
-    }
 }
 
 fn draft(summary: String, evidence: Value, cause: String) -> Draft {

@@ -11,7 +11,7 @@ use super::summary::Content;
 pub fn input_messages(endpoint: Endpoint, content: &Content) -> Option<String> {
     let body: Vec<u8> = content.request.concat();
     let request = crate::parse::request(endpoint, &body).ok()?;
-    let messages: Vec<Value> = request.messages.iter().map(message).collect();
+    let messages: Vec<Value> = request.messages.iter().map(|m| message(m)).collect();
     serde_json::to_string(&messages).ok()
 }
 

@@ -2,14 +2,18 @@
 //! responses, streamed or not (reply text and message, finish reason, usage in every engine's form).
 
 pub mod anthropic;
+pub mod message;
 pub mod ollama;
 pub mod openai;
 pub mod responses;
+pub mod skim;
 pub mod sse;
 pub mod usage;
 
 use ctxscope_store::{Endpoint, ToolsDigest, Usage};
 use serde_json::{Map, Value};
+
+use message::Message;
 
 /// Request fields the capture needs.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -17,7 +21,7 @@ pub struct ParsedRequest {
     pub model: Option<String>,
     /// Chat messages in OpenAI shape (Anthropic's `system` becomes a leading system message;
     /// a completions prompt becomes one `{"role":"prompt"}` message).
-    pub messages: Vec<Value>,
+    pub messages: Vec<Message>,
     pub params: Map<String, Value>,
     pub stream: bool,
     /// Tool definitions in brief (OpenAI `tools`, Anthropic `tools`).
@@ -80,6 +84,23 @@ const PARAMS: [&str; 14] = [
 pub fn request(endpoint: Endpoint, body: &[u8]) -> Result<ParsedRequest, ParseError> {
     let mut value: Value = serde_json::from_slice(body).map_err(|e| ParseError::NotJson(e.to_string()))?;
     let object = value.as_object_mut().ok_or(ParseError::NotJson("not an object".into()))?;
+    let mut parsed = head(endpoint, object);
+    let messages = match endpoint {
+        Endpoint::ChatCompletions | Endpoint::OllamaChat => openai::request_messages(object)?,
+        Endpoint::Completions => openai::prompt_messages(object)?,
+        Endpoint::AnthropicMessages => anthropic::request_messages(object)?,
+        Endpoint::Responses => {
+            let (messages, info) = responses::request_messages(object)?;
+            parsed.responses = Some(info);
+            messages
+        }
+    };
+    parsed.messages = messages.into_iter().map(Message::new).collect();
+    Ok(parsed)
+}
+
+/// A request's fields besides its messages (and, for the Responses API, besides its input).
+pub fn head(endpoint: Endpoint, object: &Map<String, Value>) -> ParsedRequest {
     let mut parsed = ParsedRequest {
         model: object.get("model").and_then(Value::as_str).map(str::to_string),
         stream: object.get("stream").and_then(Value::as_bool).unwrap_or(endpoint == Endpoint::OllamaChat),
@@ -92,17 +113,7 @@ pub fn request(endpoint: Endpoint, body: &[u8]) -> Result<ParsedRequest, ParseEr
         let extra = RESPONSES_PARAMS.iter().filter_map(|k| object.get(*k).filter(|v| !v.is_null()).map(|v| (k.to_string(), v.clone())));
         parsed.params.extend(extra.collect::<Vec<_>>());
     }
-    parsed.messages = match endpoint {
-        Endpoint::ChatCompletions | Endpoint::OllamaChat => openai::request_messages(object)?,
-        Endpoint::Completions => openai::prompt_messages(object)?,
-        Endpoint::AnthropicMessages => anthropic::request_messages(object)?,
-        Endpoint::Responses => {
-            let (messages, info) = responses::request_messages(object)?;
-            parsed.responses = Some(info);
-            messages
-        }
-    };
-    Ok(parsed)
+    parsed
 }
 
 /// Parses a response body; `streaming` is the request's `stream` flag (content type decides when known).

@@ -2,7 +2,7 @@
 //! compute on the host, and what the CUDA kernels' checks (kernels/examples/check) compare the
 //! device against. [`round`]: the low-precision formats the patches emulate; [`dot`]: the fixed-order
 //! dot product of the golden path; [`splitk_bf16`] and [`mean_square_bf16`]: the bf16 reductions of
-//! the `attn_splitk_bf16` and `rmsnorm_bf16` patches. No dependencies.
+//! the `attn_splitk_bf16` and `rmsnorm_bf16` patches; [`matvec_bf16`]: a bf16 GEMV. No dependencies.
 
 pub mod round;
 
@@ -24,6 +24,20 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
         tail += a[i] * b[i];
     }
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+/// A bf16 GEMV with an f32 accumulator (the `mhc_bf16` mixing GEMM, the `moe_router_bf16` gate): `x`
+/// and each of `rows` (each `x.len()` long) rounded to bf16, multiplied in f32 in [`dot`]'s order, each
+/// output rounded to bf16.
+pub fn matvec_bf16(rows: &[f32], x: &[f32]) -> Vec<f32> {
+    let x: Vec<f32> = x.iter().map(|v| bf16(*v)).collect();
+    let mut row_bf16 = vec![0f32; x.len()];
+    rows.chunks(x.len())
+        .map(|row| {
+            row_bf16.iter_mut().zip(row).for_each(|(r, w)| *r = bf16(*w));
+            bf16(dot(&row_bf16, &x))
+        })
+        .collect()
 }
 
 /// Split-K attention of one query (`attn_splitk_bf16`): per chunk of `chunk` scores, the max m, the
@@ -95,6 +109,15 @@ mod tests {
         let mut out = [0f32; 2];
         splitk_bf16(&[0.0, 0.0], |j| &values[j], 8, &mut out);
         assert_eq!(out, [0.5, 0.5]);
+    }
+
+    #[test]
+    fn matvec_bf16_rounds_inputs_weights_and_outputs() {
+        // A weight of 1 + 2^-10 is 1 in bf16, and so is an input of 1 + 2^-8 (a tie, to even).
+        assert_eq!(matvec_bf16(&[1.0 + 2f32.powi(-10), 0.0, 3.0, 0.0], &[1.0, 5.0]), vec![1.0, 3.0]);
+        assert_eq!(matvec_bf16(&[3.0], &[1.0 + 2f32.powi(-8)]), vec![3.0]);
+        // Exact bf16 inputs whose f32 sum, 1 + 2^-8, is not a bf16: the output rounds to 1.
+        assert_eq!(matvec_bf16(&[1.0, 1.0], &[1.0, 2f32.powi(-8)]), vec![1.0]);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The low-precision number formats the numerical patches emulate on CPU: bf16 (round to nearest
-//! even, keep the top 16 bits of the f32), FP8 e4m3 (3 mantissa bits, saturating at ±448) and
-//! llama.cpp's 8-bit activation blocks. Each function returns the f32 value of the rounded number.
+//! even, keep the top 16 bits of the f32), FP8 e4m3 (3 mantissa bits, saturating at ±448; with a
+//! per-tensor or a per-block scale) and llama.cpp's 8-bit activation blocks. Each function returns
+//! the f32 value of the rounded number.
 
 /// Rounds to the nearest bf16 (ties to even): add the rounding bias, keep the top 16 bits.
 #[inline]
@@ -49,6 +50,21 @@ pub fn fp8_scaled_slice(x: &mut [f32], scale: f32) {
     }
 }
 
+/// DeepSeek's `act_quant` of one row, in place: per block of `block` elements, scale s = amax/448
+/// (f32, not rounded), each element becomes fp8_e4m3(x / s) · s; an all-zero block stays zero.
+pub fn fp8_e4m3_blocks(x: &mut [f32], block: usize) {
+    for chunk in x.chunks_mut(block) {
+        let amax = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
+        if amax == 0.0 {
+            continue;
+        }
+        let scale = amax / FP8_E4M3_MAX;
+        for v in chunk.iter_mut() {
+            *v = fp8_e4m3(*v / scale) * scale;
+        }
+    }
+}
+
 /// llama.cpp's Q8_0 activation rounding of one row, in place: per block of 32, d = amax/127 stored
 /// as f16, q = round_half_even(x · 127/amax), x becomes q · d. `f16` rounds an f32 to f16 precision.
 pub fn q8_blocks(x: &mut [f32], f16: impl Fn(f32) -> f32) {
@@ -86,6 +102,21 @@ mod tests {
         assert_eq!(fp8_e4m3(2f32.powi(-9)), 2f32.powi(-9));
         assert_eq!(fp8_e4m3(2f32.powi(-11)), 0.0);
         assert_eq!(fp8_e4m3(460.0), 448.0);
+    }
+
+    #[test]
+    fn fp8_blocks_scale_each_block_to_its_maximum() {
+        let mut x: Vec<f32> = (0..256).map(|i| if i < 128 { i as f32 / 1000.0 } else { (i - 128) as f32 * 10.0 }).collect();
+        let before = x.clone();
+        fp8_e4m3_blocks(&mut x, 128);
+        // Each block's maximum maps to 448 (back to itself, up to the f32 scale), every element keeps
+        // three mantissa bits.
+        assert!([127, 255].iter().all(|&i| (x[i] - before[i]).abs() <= before[i] * 1e-6));
+        assert!(x.iter().zip(&before).all(|(a, b)| (a - b).abs() <= b.abs() / 16.0 + 1e-9));
+        assert_ne!(x, before);
+        let mut zeros = [0f32; 4];
+        fp8_e4m3_blocks(&mut zeros, 128);
+        assert_eq!(zeros, [0.0; 4]);
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! attention (sliding, HCA or CSA) on the collapsed and RMS-normed streams, folded back, then the
 //! same around the MoE block; the hyper-head, the final norm and the output head. Built from
 //! [`super::mhc`], [`super::moe`] and [`super::dsv4_attention`], each matched to transformers on its
-//! own; this pass is matched end to end (tests/fixtures/deepseek_v4/tiny/reference.json).
+//! own; this pass is matched end to end (tests/fixtures/deepseek_v4/tiny/reference.json). A
+//! [`PatchSet`] reaches every block through `parts` and the settings, the same in `logits` and `step`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -11,10 +12,11 @@ use std::path::Path;
 use ctxscope_formats::{SafeTensors, SafetensorsError};
 use ctxscope_numerics::dot;
 
-use super::dsv4_attention::{attention, AttentionShape, AttentionWeights, Compressor, Indexer, LayerCache, Long};
+use super::dsv4_attention::{attention, AttentionShape, AttentionWeights, Compressor, Indexer, LayerCache, Long, Storage};
 use super::mhc::{fold, head, hyper_connection, HcSettings, HcWeights};
 use super::moe::{moe, Expert, MoeSettings, MoeWeights, Routing, Scoring};
 use crate::model::deepseek_v4::{AttentionKind, ConfigError, DeepseekV4Config, MlpKind};
+use crate::patch::PatchSet;
 
 /// Why a DeepSeek-V4 checkpoint could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -65,13 +67,14 @@ impl DeepseekV4Model {
         self.tensors.get(name).map(Vec::as_slice).unwrap_or_else(|| panic!("tensor {name} was not loaded"))
     }
 
-    fn compressor(&self, prefix: &str, rate: usize) -> Compressor<'_> {
+    fn compressor(&self, prefix: &str, rate: usize, storage: Storage) -> Compressor<'_> {
         Compressor {
             wkv: self.t(&format!("{prefix}.wkv.weight")),
             wgate: self.t(&format!("{prefix}.wgate.weight")),
             ape: self.t(&format!("{prefix}.ape")),
             norm: self.t(&format!("{prefix}.norm.weight")),
             rate,
+            storage,
         }
     }
 
@@ -84,8 +87,8 @@ impl DeepseekV4Model {
         }
     }
 
-    /// Everything layer `layer` reads.
-    fn parts(&self, layer: usize) -> LayerParts<'_> {
+    /// Everything layer `layer` reads, with what `patches` changes in it.
+    fn parts(&self, layer: usize, patches: &PatchSet) -> LayerParts<'_> {
         let c = &self.config;
         let (kind, mlp_kind) = c.layers[layer];
         let (l, a, f) = (format!("model.layers.{layer}"), format!("model.layers.{layer}.attn"), format!("model.layers.{layer}.ffn"));
@@ -99,23 +102,32 @@ impl DeepseekV4Model {
             wo_b: self.t(&format!("{a}.wo_b.weight")),
             sinks: self.t(&format!("{a}.attn_sink")),
         };
+        // kv_fp8 stores the layer's own entries in FP8 (not the indexer's keys: indexer_fp8 does).
+        let kv = if patches.kv_fp8 { Storage::Fp8Tensor } else { Storage::F32 };
+        let index_keys = if patches.indexer_fp8 { Storage::Fp8Blocks } else { Storage::F32 };
         let long = match kind {
             AttentionKind::Sliding => Long::None,
-            AttentionKind::HeavilyCompressed => Long::Heavy(self.compressor(&format!("{a}.compressor"), c.hca_rate)),
+            AttentionKind::HeavilyCompressed => Long::Heavy(self.compressor(&format!("{a}.compressor"), c.hca_rate, kv)),
             AttentionKind::CompressedSparse => Long::Sparse(
-                self.compressor(&format!("{a}.compressor"), c.csa_rate),
+                self.compressor(&format!("{a}.compressor"), c.csa_rate, kv),
                 Indexer {
-                    compressor: self.compressor(&format!("{a}.indexer.compressor"), c.csa_rate),
+                    compressor: self.compressor(&format!("{a}.indexer.compressor"), c.csa_rate, index_keys),
                     wq_b: self.t(&format!("{a}.indexer.wq_b.weight")),
                     weights_proj: self.t(&format!("{a}.indexer.weights_proj.weight")),
                     heads: c.index_heads,
                     head_dim: c.index_head_dim,
-                    topk: c.index_topk,
+                    topk: patches.index_topk.unwrap_or(c.index_topk),
+                    fp8: patches.indexer_fp8,
                 },
             ),
         };
+        let shape = AttentionShape {
+            window: patches.swa_window.unwrap_or(c.sliding_window),
+            kv_fp8: patches.kv_fp8,
+            ..AttentionShape::for_layer(c, kind)
+        };
         let routing = match mlp_kind {
-            MlpKind::HashMoe => Routing::Hash { table: &self.tables[&format!("{f}.gate.tid2eid")] },
+            MlpKind::HashMoe => Routing::Hash { table: &self.tables[&format!("{f}.gate.tid2eid")], width: c.experts_per_token },
             MlpKind::Moe => Routing::TopK { bias: self.t(&format!("{f}.gate.bias")) },
         };
         let expert = |p: String| Expert {
@@ -125,7 +137,7 @@ impl DeepseekV4Model {
         };
         LayerParts {
             attn,
-            shape: AttentionShape::for_layer(c, kind),
+            shape,
             long,
             hc_attn: self.hc(layer, "attn"),
             hc_ffn: self.hc(layer, "ffn"),
@@ -140,18 +152,25 @@ impl DeepseekV4Model {
         }
     }
 
-    fn hc_settings(&self) -> HcSettings {
+    fn hc_settings(&self, patches: &PatchSet) -> HcSettings {
         let c = &self.config;
-        HcSettings { hc: c.hc_mult, sinkhorn_iters: c.hc_sinkhorn_iters, eps: c.hc_eps, norm_eps: c.rms_norm_eps }
+        HcSettings {
+            hc: c.hc_mult,
+            sinkhorn_iters: patches.mhc_sinkhorn_iters.unwrap_or(c.hc_sinkhorn_iters),
+            eps: c.hc_eps,
+            norm_eps: c.rms_norm_eps,
+            bf16: patches.mhc_bf16,
+        }
     }
 
-    fn moe_settings(&self) -> MoeSettings {
+    fn moe_settings(&self, patches: &PatchSet) -> MoeSettings {
         let c = &self.config;
         MoeSettings {
-            top_k: c.experts_per_token,
+            top_k: patches.moe_topk.unwrap_or(c.experts_per_token),
             scoring: Scoring::parse(&c.scoring_func).unwrap_or(Scoring::SqrtSoftplus),
             routed_scaling: c.routed_scaling_factor,
             swiglu_limit: c.swiglu_limit,
+            router_bf16: patches.moe_router_bf16,
         }
     }
 
@@ -162,68 +181,78 @@ impl DeepseekV4Model {
     }
 
     /// The MoE sub-block on one token's streams, in place.
-    fn ffn(&self, parts: &LayerParts<'_>, streams: &mut [f32], id: u32) {
-        let m = hyper_connection(streams, &parts.hc_ffn, self.hc_settings());
-        let out = moe(&rms_norm(&m.collapsed, parts.ffn_norm, self.config.rms_norm_eps), id, &parts.moe, self.moe_settings());
+    fn ffn(&self, parts: &LayerParts<'_>, streams: &mut [f32], id: u32, patches: &PatchSet) {
+        let m = hyper_connection(streams, &parts.hc_ffn, self.hc_settings(patches));
+        let out = moe(&rms_norm(&m.collapsed, parts.ffn_norm, self.config.rms_norm_eps), id, &parts.moe, self.moe_settings(patches));
         fold(streams, &m, &out);
     }
 
     /// The logits from one token's final streams.
-    fn output(&self, streams: &[f32]) -> Vec<f32> {
+    fn output(&self, streams: &[f32], patches: &PatchSet) -> Vec<f32> {
         let c = &self.config;
         let (head_fn, head_base, head_scale) =
             (self.t("model.hc_head.hc_fn"), self.t("model.hc_head.hc_base"), self.t("model.hc_head.hc_scale"));
-        let x =
-            rms_norm(&head(streams, head_fn, head_base, head_scale[0], self.hc_settings()), self.t("model.norm.weight"), c.rms_norm_eps);
+        let x = rms_norm(
+            &head(streams, head_fn, head_base, head_scale[0], self.hc_settings(patches)),
+            self.t("model.norm.weight"),
+            c.rms_norm_eps,
+        );
         let output = if c.tie_word_embeddings { self.t("model.embed_tokens.weight") } else { self.t("head.weight") };
         output.chunks(c.hidden_size).map(|row| dot(row, &x)).collect()
     }
 
-    /// The logits of every position of `ids` (positions `0..ids.len()`), in one pass.
-    pub fn logits(&self, ids: &[u32]) -> Vec<Vec<f32>> {
+    /// The logits of every position of `ids` (positions `0..ids.len()`), in one pass, under `patches`
+    /// (the empty set: golden).
+    pub fn logits(&self, ids: &[u32], patches: &PatchSet) -> Vec<Vec<f32>> {
         let d = self.config.hidden_size;
         let mut streams: Vec<Vec<f32>> = ids.iter().map(|&id| self.streams(id)).collect();
         for layer in 0..self.config.layers.len() {
-            let parts = self.parts(layer);
-            let mixes: Vec<_> = streams.iter().map(|s| hyper_connection(s, &parts.hc_attn, self.hc_settings())).collect();
+            let parts = self.parts(layer, patches);
+            let mixes: Vec<_> = streams.iter().map(|s| hyper_connection(s, &parts.hc_attn, self.hc_settings(patches))).collect();
             let input: Vec<f32> = mixes.iter().flat_map(|m| rms_norm(&m.collapsed, parts.attn_norm, self.config.rms_norm_eps)).collect();
             let out = attention(&input, d, &parts.attn, &parts.shape, &parts.long);
             for ((s, m), o) in streams.iter_mut().zip(&mixes).zip(out.chunks(d)) {
                 fold(s, m, o);
             }
             for (s, &id) in streams.iter_mut().zip(ids) {
-                self.ffn(&parts, s, id);
+                self.ffn(&parts, s, id, patches);
             }
         }
-        streams.iter().map(|s| self.output(s)).collect()
+        streams.iter().map(|s| self.output(s, patches)).collect()
     }
 
-    /// A fresh decoding state (nothing seen).
-    pub fn state(&self) -> DeepseekV4State {
-        DeepseekV4State { layers: (0..self.config.layers.len()).map(|_| LayerCache::default()).collect(), position: 0 }
+    /// A fresh decoding state (nothing seen) under `patches`, which every step of it applies.
+    pub fn state(&self, patches: &PatchSet) -> DeepseekV4State {
+        DeepseekV4State {
+            layers: (0..self.config.layers.len()).map(|_| LayerCache::default()).collect(),
+            position: 0,
+            patches: patches.clone(),
+        }
     }
 
     /// Feeds one token after what `state` has seen; returns its logits.
     pub fn step(&self, state: &mut DeepseekV4State, id: u32) -> Vec<f32> {
-        let pos = state.position;
+        let (pos, patches) = (state.position, &state.patches);
         let mut streams = self.streams(id);
         for (layer, cache) in state.layers.iter_mut().enumerate() {
-            let parts = self.parts(layer);
-            let mix = hyper_connection(&streams, &parts.hc_attn, self.hc_settings());
+            let parts = self.parts(layer, patches);
+            let mix = hyper_connection(&streams, &parts.hc_attn, self.hc_settings(patches));
             let input = rms_norm(&mix.collapsed, parts.attn_norm, self.config.rms_norm_eps);
             let out = cache.step(&input, pos, &parts.attn, &parts.shape, &parts.long);
             fold(&mut streams, &mix, &out);
-            self.ffn(&parts, &mut streams, id);
+            self.ffn(&parts, &mut streams, id, patches);
         }
         state.position += 1;
-        self.output(&streams)
+        self.output(&streams, patches)
     }
 }
 
-/// What decoding token by token keeps: each layer's attention cache and the next position.
+/// What decoding token by token keeps: each layer's attention cache, the next position and the
+/// patches its entries were made under.
 pub struct DeepseekV4State {
     layers: Vec<LayerCache>,
     position: usize,
+    patches: PatchSet,
 }
 
 /// One layer's weights, borrowed from the model.
@@ -277,17 +306,17 @@ mod tests {
         let (model, ids, prompt) = tiny_case();
         // One pass over prompt and forced tokens (the reference's cached steps equal a one-pass run
         // within 4e-7).
-        let worst = worst_against_reference(&model.logits(&ids), prompt);
+        let worst = worst_against_reference(&model.logits(&ids, &PatchSet::default()), prompt);
         eprintln!("DeepSeek-V4 tiny golden logits: worst rel L2 {worst:.1e} over 17 steps");
     }
 
     #[test]
     fn decoding_token_by_token_matches_transformers_cached_steps() {
         let (model, ids, prompt) = tiny_case();
-        let mut state = model.state();
+        let mut state = model.state(&PatchSet::default());
         let steps: Vec<Vec<f32>> = ids.iter().map(|&id| model.step(&mut state, id)).collect();
         // Every step equals the one-pass logits at its position (the caches hold what a pass computes) ...
-        for (pos, (a, b)) in steps.iter().zip(&model.logits(&ids)).enumerate() {
+        for (pos, (a, b)) in steps.iter().zip(&model.logits(&ids, &PatchSet::default())).enumerate() {
             assert!(tiny::rel_l2(a, b) < 1e-6, "position {pos}: {:e}", tiny::rel_l2(a, b));
         }
         // ... and transformers' cached decode.

@@ -11,11 +11,36 @@
 //! `2 * rate` slots in one softmax), and a lightning indexer (a smaller compressor of its own, queries
 //! from the low-rank query path, a score `sum_h w_h * ReLU(q_h . k)`) keeps the `topk` closed entries
 //! each query scores highest. As transformers' `DeepseekV4Attention`, `DeepseekV4HCACompressor`,
-//! `DeepseekV4CSACompressor` and `DeepseekV4Indexer` compute them.
+//! `DeepseekV4CSACompressor` and `DeepseekV4Indexer` compute them. The patches it consults
+//! (`kv_fp8`, `indexer_fp8`, `index_topk`, `swa_window`) arrive as fields of the weights and shape.
 
 use ctxscope_numerics::dot;
+use ctxscope_numerics::round::{fp8_e4m3_blocks, fp8_scaled_slice};
 
 use crate::model::deepseek_v4::{AttentionKind, DeepseekV4Config};
+use crate::patch::{INDEXER_FP8_BLOCK, KV_FP8_SCALE};
+
+/// How an entry is stored once it is made: as computed, or rounded to FP8 e4m3 with the per-tensor
+/// scale of `kv_fp8` or the per-block scale of `indexer_fp8`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Storage {
+    #[default]
+    F32,
+    /// `kv_fp8`: x ≈ fp8(x / KV_FP8_SCALE) · KV_FP8_SCALE.
+    Fp8Tensor,
+    /// `indexer_fp8`: per block of [`INDEXER_FP8_BLOCK`] channels, scale amax/448.
+    Fp8Blocks,
+}
+
+impl Storage {
+    fn apply(self, entry: &mut [f32]) {
+        match self {
+            Storage::F32 => {}
+            Storage::Fp8Tensor => fp8_scaled_slice(entry, KV_FP8_SCALE),
+            Storage::Fp8Blocks => fp8_e4m3_blocks(entry, INDEXER_FP8_BLOCK),
+        }
+    }
+}
 
 /// One attention layer's weights (row-major, rows as the checkpoint stores them).
 pub struct AttentionWeights<'a> {
@@ -37,6 +62,8 @@ pub struct Compressor<'a> {
     pub ape: &'a [f32],
     pub norm: &'a [f32],
     pub rate: usize,
+    /// How each entry is stored once made (after its norm and RoPE).
+    pub storage: Storage,
 }
 
 /// A compressed sparse attention layer's lightning indexer.
@@ -47,7 +74,10 @@ pub struct Indexer<'a> {
     pub weights_proj: &'a [f32],
     pub heads: usize,
     pub head_dim: usize,
+    /// Entries kept per query (`index_topk`, or the `index_topk` patch).
     pub topk: usize,
+    /// `indexer_fp8`: each query head rounded per block as its keys are (their compressor's storage).
+    pub fp8: bool,
 }
 
 /// The attention's shape and constants.
@@ -57,9 +87,12 @@ pub struct AttentionShape {
     pub head_dim: usize,
     pub rope_dim: usize,
     pub o_groups: usize,
+    /// Raw entries a query sees (`sliding_window`, or the `swa_window` patch).
     pub window: usize,
     pub rope_theta: f32,
     pub eps: f32,
+    /// `kv_fp8`: each raw entry stored as [`Storage::Fp8Tensor`] once projected.
+    pub kv_fp8: bool,
 }
 
 impl AttentionShape {
@@ -75,6 +108,7 @@ impl AttentionShape {
             window: c.sliding_window,
             rope_theta: theta as f32,
             eps: c.rms_norm_eps,
+            kv_fp8: false,
         }
     }
 }
@@ -154,6 +188,7 @@ fn compress_block(
     }
     let mut entry = rms_norm(&entry, Some(c.norm), s.eps);
     rope(&mut entry, b * c.rate, s, false);
+    c.storage.apply(&mut entry);
     entry
 }
 
@@ -164,6 +199,9 @@ fn select(t: usize, row: &[f32], q_res: &[f32], keys: &[Vec<f32>], closed: usize
     let mut q = matvec(ix.wq_b, q_res);
     for head in q.chunks_mut(ix.head_dim) {
         rope(head, t, s, false);
+        if ix.fp8 {
+            fp8_e4m3_blocks(head, INDEXER_FP8_BLOCK);
+        }
     }
     let weights: Vec<f32> = matvec(ix.weights_proj, row).iter().map(|w| w * (ix.heads as f32).powf(-0.5)).collect();
     let scale = (ix.head_dim as f32).powf(-0.5);
@@ -233,6 +271,9 @@ fn project(row: &[f32], pos: usize, w: &AttentionWeights<'_>, s: &AttentionShape
     }
     let mut kv = rms_norm(&matvec(w.wkv, row), Some(w.kv_norm), s.eps);
     rope(&mut kv, pos, s, false);
+    if s.kv_fp8 {
+        Storage::Fp8Tensor.apply(&mut kv);
+    }
     Projected { q, q_res, kv }
 }
 
@@ -368,7 +409,7 @@ mod tests {
             .collect();
         let compressor = |prefix: &str, rate: usize| {
             let [wkv, wgate, ape, norm] = &owned[names.iter().position(|p| *p == prefix).unwrap()];
-            Compressor { wkv, wgate, ape, norm, rate }
+            Compressor { wkv, wgate, ape, norm, rate, storage: Storage::F32 }
         };
         let ours = match kind {
             AttentionKind::Sliding => sliding_attention(&x, c.hidden_size, &w, &s),
@@ -385,6 +426,7 @@ mod tests {
                     heads: c.index_heads,
                     head_dim: c.index_head_dim,
                     topk: c.index_topk,
+                    fp8: false,
                 };
                 attention(&x, c.hidden_size, &w, &s, &Long::Sparse(compressor("compressor", c.csa_rate), ix))
             }

@@ -3,7 +3,10 @@
 //! RMS-normalised streams gives `pre` (collapse the streams into the block's input), `post` (spread
 //! the block's output back over them) and `comb` (mix the streams, made doubly stochastic by
 //! Sinkhorn-Knopp). The final hyper-head collapses the streams once more before the model's norm.
-//! As transformers' `DeepseekV4HyperConnection` and `DeepseekV4HyperHead` compute them.
+//! As transformers' `DeepseekV4HyperConnection` and `DeepseekV4HyperHead` compute them; with
+//! [`HcSettings::bf16`] (the `mhc_bf16` patch) the projection and the Sinkhorn steps round to bf16.
+
+use ctxscope_numerics::round::bf16_slice;
 
 /// A hyper-connection's weights: `mix` rows of `hc * width` (`hc_attn_fn` / `hc_ffn_fn`, rows
 /// pre, post, then comb row-major), their biases and the three scales (pre, post, comb).
@@ -33,6 +36,8 @@ pub struct HcSettings {
     pub eps: f32,
     /// The RMS norm's epsilon over the flattened streams (`rms_norm_eps`).
     pub norm_eps: f32,
+    /// `mhc_bf16`: the projection's inputs, weights and outputs, and every Sinkhorn step, in bf16.
+    pub bf16: bool,
 }
 
 /// `x / sqrt(mean(x^2) + eps)`, without a weight (`DeepseekV4UnweightedRMSNorm`).
@@ -40,8 +45,12 @@ fn unweighted_rms_norm(x: &[f32], eps: f32) -> Vec<f32> {
     super::dsv4_attention::rms_norm(x, None, eps)
 }
 
-/// `rows` (each `x.len()` long) times `x`.
-fn project(rows: &[f32], x: &[f32]) -> Vec<f32> {
+/// `rows` (each `x.len()` long) times `x`, the mixing GEMM of one token; `in_bf16`: a bf16 GEMM
+/// (inputs, weights and outputs rounded to bf16, f32 accumulator).
+fn project(rows: &[f32], x: &[f32], in_bf16: bool) -> Vec<f32> {
+    if in_bf16 {
+        return ctxscope_numerics::matvec_bf16(rows, x);
+    }
     rows.chunks(x.len()).map(|row| ctxscope_numerics::dot(row, x)).collect()
 }
 
@@ -64,11 +73,17 @@ fn collapse(streams: &[f32], pre: &[f32]) -> Vec<f32> {
 /// The hyper-connection before a block, for one token's `streams` (`hc * width`).
 pub fn hyper_connection(streams: &[f32], w: &HcWeights<'_>, s: HcSettings) -> HcMix {
     let hc = s.hc;
-    let mixes = project(w.fn_rows, &unweighted_rms_norm(streams, s.norm_eps));
+    let mixes = project(w.fn_rows, &unweighted_rms_norm(streams, s.norm_eps), s.bf16);
     let affine = |i: usize, scale: f32| mixes[i] * scale + w.base[i];
     let pre: Vec<f32> = (0..hc).map(|i| sigmoid(affine(i, w.scale[0])) + s.eps).collect();
     let post: Vec<f32> = (hc..2 * hc).map(|i| 2.0 * sigmoid(affine(i, w.scale[1]))).collect();
-    // comb: a softmax along each row, plus eps, then Sinkhorn: columns, then (rows, columns) again.
+    // comb: a softmax along each row, plus eps, then Sinkhorn: columns, then (rows, columns) again;
+    // under bf16 the matrix is rounded after the softmax and after every row or column normalisation.
+    let round = |comb: &mut [f32]| {
+        if s.bf16 {
+            bf16_slice(comb)
+        }
+    };
     let mut comb = vec![0f32; hc * hc];
     for (r, row) in comb.chunks_mut(hc).enumerate() {
         let logits: Vec<f32> = (0..hc).map(|c| affine(2 * hc + r * hc + c, w.scale[2])).collect();
@@ -79,6 +94,7 @@ pub fn hyper_connection(streams: &[f32], w: &HcWeights<'_>, s: HcSettings) -> Hc
             *v = e / sum + s.eps;
         }
     }
+    round(&mut comb);
     let normalise_columns = |comb: &mut [f32]| {
         for c in 0..hc {
             let sum: f32 = (0..hc).map(|r| comb[r * hc + c]).sum::<f32>() + s.eps;
@@ -86,6 +102,7 @@ pub fn hyper_connection(streams: &[f32], w: &HcWeights<'_>, s: HcSettings) -> Hc
                 comb[r * hc + c] /= sum;
             }
         }
+        round(comb);
     };
     normalise_columns(&mut comb);
     for _ in 1..s.sinkhorn_iters {
@@ -93,6 +110,7 @@ pub fn hyper_connection(streams: &[f32], w: &HcWeights<'_>, s: HcSettings) -> Hc
             let sum: f32 = row.iter().sum::<f32>() + s.eps;
             row.iter_mut().for_each(|v| *v /= sum);
         }
+        round(&mut comb);
         normalise_columns(&mut comb);
     }
     HcMix { post, comb, collapsed: collapse(streams, &pre) }
@@ -111,9 +129,10 @@ pub fn fold(streams: &mut [f32], mix: &HcMix, block_out: &[f32]) {
     }
 }
 
-/// The final hyper-head: the streams collapsed by `sigmoid(fn . norm(streams) * scale + base) + eps`.
+/// The final hyper-head: the streams collapsed by `sigmoid(fn . norm(streams) * scale + base) + eps`
+/// (its projection in bf16 too under [`HcSettings::bf16`]).
 pub fn head(streams: &[f32], fn_rows: &[f32], base: &[f32], scale: f32, s: HcSettings) -> Vec<f32> {
-    let mixes = project(fn_rows, &unweighted_rms_norm(streams, s.norm_eps));
+    let mixes = project(fn_rows, &unweighted_rms_norm(streams, s.norm_eps), s.bf16);
     let pre: Vec<f32> = mixes.iter().zip(base).map(|(m, b)| sigmoid(m * scale + b) + s.eps).collect();
     collapse(streams, &pre)
 }
@@ -129,8 +148,13 @@ mod tests {
         let t = |name: &str| st.f32(name).unwrap();
         let (fn_rows, base, scale) = (t("model.layers.0.hc_attn_fn"), t("model.layers.0.hc_attn_base"), t("model.layers.0.hc_attn_scale"));
         let weights = HcWeights { fn_rows: &fn_rows, base: &base, scale: [scale[0], scale[1], scale[2]] };
-        let s =
-            HcSettings { hc: config.hc_mult, sinkhorn_iters: config.hc_sinkhorn_iters, eps: config.hc_eps, norm_eps: config.rms_norm_eps };
+        let s = HcSettings {
+            hc: config.hc_mult,
+            sinkhorn_iters: config.hc_sinkhorn_iters,
+            eps: config.hc_eps,
+            norm_eps: config.rms_norm_eps,
+            bf16: false,
+        };
         let (hc, d) = (config.hc_mult, config.hidden_size);
         let (streams, block_out) = (tiny::floats(&fixture["streams"]), tiny::floats(&fixture["block_out"]));
         let (mut post, mut comb, mut collapsed, mut updated, mut heads) = (vec![], vec![], vec![], vec![], vec![]);

@@ -7,6 +7,8 @@
 mod attention;
 pub mod deepseek_v4;
 pub mod dsv4_attention;
+#[cfg(test)]
+mod dsv4_patches;
 mod fast;
 mod golden;
 mod matmul;

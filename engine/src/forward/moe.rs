@@ -2,9 +2,11 @@
 //! (`sqrtsoftplus`, `sigmoid` or `softmax` of the gate's logits), the experts picked either by the
 //! router's top-k of score plus correction bias (`moe` layers) or by the fixed token-to-experts table
 //! (`hash_moe` layers), their weights normalised and scaled, each expert a SwiGLU with clamped
-//! pre-activations, plus the shared expert. As transformers' `DeepseekV4SparseMoeBlock` computes it.
+//! pre-activations, plus the shared expert. As transformers' `DeepseekV4SparseMoeBlock` computes it;
+//! [`MoeSettings`] carries the `moe_router_bf16` and `moe_topk` patches.
 
-use ctxscope_numerics::dot;
+use ctxscope_numerics::round::bf16_slice;
+use ctxscope_numerics::{dot, matvec_bf16};
 
 /// One SwiGLU expert: `w1` (gate) and `w3` (up) rows of the width, `w2` (down) rows of the expert width.
 pub struct Expert<'a> {
@@ -17,8 +19,9 @@ pub struct Expert<'a> {
 pub enum Routing<'a> {
     /// Top-k of score + `bias` (the `moe` layers).
     TopK { bias: &'a [f32] },
-    /// `table[token * k .. (token + 1) * k]` (the `hash_moe` layers' `tid2eid`).
-    Hash { table: &'a [i64] },
+    /// The first `top_k` of `table[token * width .. (token + 1) * width]` (the `hash_moe` layers'
+    /// `tid2eid`, `width` = the checkpoint's `num_experts_per_tok` experts per token).
+    Hash { table: &'a [i64], width: usize },
 }
 
 /// The router's scoring function (`scoring_func`).
@@ -66,21 +69,28 @@ pub struct MoeWeights<'a> {
 /// A model's MoE settings.
 #[derive(Debug, Clone, Copy)]
 pub struct MoeSettings {
+    /// Experts per token (`num_experts_per_tok`, or `moe_topk`); a hash layer takes at most its width.
     pub top_k: usize,
     pub scoring: Scoring,
     pub routed_scaling: f32,
     /// Gate pre-activations are clamped above at this, up pre-activations to ± it.
     pub swiglu_limit: f32,
+    /// `moe_router_bf16`: the input row and the gate rows in bf16, the logits rounded to bf16 before
+    /// the scoring function, the scores rounded to bf16 before the top-k and the weights.
+    pub router_bf16: bool,
 }
 
 /// The experts `x` (token `token`) goes to and their weights.
 pub fn route(x: &[f32], token: u32, w: &MoeWeights<'_>, s: MoeSettings) -> Vec<(usize, f32)> {
-    let logits: Vec<f32> = w.gate.chunks(x.len()).map(|row| dot(row, x)).collect();
-    let scores = s.scoring.scores(&logits);
+    let logits: Vec<f32> = if s.router_bf16 { matvec_bf16(w.gate, x) } else { w.gate.chunks(x.len()).map(|row| dot(row, x)).collect() };
+    let mut scores = s.scoring.scores(&logits);
+    if s.router_bf16 {
+        bf16_slice(&mut scores);
+    }
     let picked: Vec<usize> = match &w.routing {
-        Routing::Hash { table } => {
-            let start = token as usize * s.top_k;
-            table[start..start + s.top_k].iter().map(|&e| e as usize).collect()
+        Routing::Hash { table, width } => {
+            let start = token as usize * width;
+            table[start..start + s.top_k.min(*width)].iter().map(|&e| e as usize).collect()
         }
         Routing::TopK { bias } => {
             let mut order: Vec<usize> = (0..scores.len()).collect();
@@ -139,6 +149,7 @@ mod tests {
             scoring: Scoring::parse(&config.scoring_func).unwrap(),
             routed_scaling: config.routed_scaling_factor,
             swiglu_limit: config.swiglu_limit,
+            router_bf16: false,
         };
         let x = floats(&fixture["x"]);
         let ids: Vec<u32> = fixture["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
@@ -148,7 +159,7 @@ mod tests {
             let gate = t(format!("{f}.gate.weight"));
             let (bias, table) = (st.f32(&format!("{f}.gate.bias")).ok(), st.i64(&format!("{f}.gate.tid2eid")).ok());
             let routing = match (&table, &bias) {
-                (Some(table), _) => Routing::Hash { table },
+                (Some(table), _) => Routing::Hash { table, width: config.experts_per_token },
                 (None, Some(bias)) => Routing::TopK { bias },
                 (None, None) => panic!("{f}: neither a hash table nor a bias"),
             };

@@ -3,8 +3,9 @@
 //! prefix-cache faults. The empty [`PatchSet`] is the reference and changes nothing; each patch is
 //! consulted at one documented point, so an unused patch costs nothing.
 //!
-//! Where each numerical patch rounds (CPU emulation of the device code; bf16 = round to nearest
-//! even, keeping the top 16 bits after adding the rounding bias; see [`round`]):
+//! Where each numerical patch rounds in the Llama family's pass (CPU emulation of the device code;
+//! bf16 = round to nearest even, keeping the top 16 bits after adding the rounding bias; see
+//! [`round`]):
 //! - `rmsnorm_bf16`: the squares x² are rounded to bf16 and summed in 32 strided lanes (a warp) whose
 //!   partial sums are rounded to bf16 after every add, then reduced pairwise in bf16; mean, rsqrt
 //!   and the scaling stay f32.
@@ -20,6 +21,37 @@
 //!   ([`KV_FP8_SCALE`], the uncalibrated default of vLLM) when they are appended to the cache.
 //! - `act_q8`: the input rows of every weight matmul are rounded as llama.cpp's Q8_0 activation blocks
 //!   (32 elements, d = amax/127 in f16, q rounded half to even), then multiplied on the chosen path.
+//!
+//! DeepSeek-V4 (`forward::deepseek_v4`; each patch is read where a layer's parts and settings are
+//! built, so the one-pass `logits` and the token-by-token `step` apply it at the same point):
+//! - `mhc_bf16` (`forward::mhc`): the mixing GEMM of every hyper-connection and of the hyper-head
+//!   takes the RMS-normed flattened streams and the `hc_*_fn` rows rounded to bf16, accumulates the
+//!   dot in f32 and rounds each output (the pre/post/comb pre-activations) to bf16; scale, bias,
+//!   sigmoid and softmax stay f32; comb is rounded to bf16 after the row softmax (+eps) and after
+//!   every later row and column normalisation of Sinkhorn.
+//! - `mhc_sinkhorn_iters=N`: comb gets N Sinkhorn iterations (the softmax and a column
+//!   normalisation, then N-1 times rows then columns) instead of the config's `hc_sinkhorn_iters`.
+//! - `moe_router_bf16` (`forward::moe::route`): the router's input row and gate rows rounded to bf16,
+//!   the f32 dot rounded to bf16 (the gate logit), the score function in f32 and its output rounded
+//!   to bf16; top-k adds the f32 correction bias to the rounded scores, and the expert weights are
+//!   normalised from them (hash-routed layers too: their weights come from the same scores).
+//! - `moe_topk=N`: top-k layers route to the N highest biased scores; hash-routed layers take the
+//!   first min(N, width) experts of the token's `tid2eid` row (width = the config's
+//!   `num_experts_per_tok`, so N at or above it changes nothing there); either way the weights are the
+//!   taken experts' scores over their sum, times `routed_scaling_factor`.
+//! - `indexer_fp8` (`forward::dsv4_attention`): each indexer query head after RoPE, and each indexer
+//!   key when its block closes (after norm and RoPE), rounded to FP8 e4m3 per block of
+//!   [`INDEXER_FP8_BLOCK`] channels with scale amax/448 (DeepSeek's `act_quant`; a head shorter than
+//!   a block is one block); the head weights and the scores stay f32. No Hadamard rotation first.
+//! - `index_topk=N`: the indexer keeps the N best-scoring closed entries instead of `index_topk`.
+//! - `swa_window=N`: every layer (sliding, HCA, CSA) sees the raw entries of the last N positions
+//!   instead of `sliding_window`; the compressed entries are unchanged.
+//! - `kv_fp8`: every K=V entry the attention caches, the window's raw entries after the KV norm and
+//!   RoPE and the HCA/CSA compressed entries after their norm and RoPE, rounded as for the Llama
+//!   family ([`KV_FP8_SCALE`]) when it is made; the indexer's keys are not (see `indexer_fp8`).
+//!
+//! [`PatchSet::check_applies`] refuses a patch on an architecture that never consults it (the
+//! registry's `applies_to`); the engine's server, which serves the Llama family, calls it.
 
 pub mod registry;
 /// The rounding the patches emulate, from the crate the kernel checks share it with.
@@ -28,10 +60,13 @@ pub use ctxscope_numerics::round;
 use std::collections::BTreeMap;
 use std::fmt;
 
-pub use registry::{describe, known_names, Param, PatchInfo, PATCHES};
+pub use registry::{describe, known_names, Arch, Param, PatchInfo, PATCHES};
 
 /// The per-tensor scale of `kv_fp8` (1.0: vLLM's `k_scale`/`v_scale` when no calibration is given).
 pub const KV_FP8_SCALE: f32 = 1.0;
+
+/// Channels per scale of `indexer_fp8` (DeepSeek's `act_quant` block size).
+pub const INDEXER_FP8_BLOCK: usize = 128;
 
 /// Block size of `prefix_cache_weak_hash`'s matching, in tokens.
 pub const WEAK_HASH_BLOCK: usize = 16;
@@ -45,6 +80,8 @@ pub enum PatchError {
     BadParam { name: String, message: String },
     #[error("patch `{name}` is listed twice; known patches: {}", known_names())]
     Duplicate { name: String },
+    #[error("patch `{name}` applies to {applies_to} models only, and this model is {arch}; drop it from the list")]
+    WrongArchitecture { name: String, applies_to: String, arch: &'static str },
 }
 
 /// A validated set of patches. Fields are what the engine consults; `entries` is the canonical form.
@@ -63,6 +100,13 @@ pub struct PatchSet {
     pub sliding_window: Option<usize>,
     pub prefix_cache_weak_hash: bool,
     pub prefix_cache_off: bool,
+    pub mhc_bf16: bool,
+    pub mhc_sinkhorn_iters: Option<usize>,
+    pub moe_router_bf16: bool,
+    pub moe_topk: Option<usize>,
+    pub indexer_fp8: bool,
+    pub index_topk: Option<usize>,
+    pub swa_window: Option<usize>,
 }
 
 impl PatchSet {
@@ -118,6 +162,24 @@ impl PatchSet {
         self.sliding_window = val("sliding_window");
         self.prefix_cache_weak_hash = has("prefix_cache_weak_hash");
         self.prefix_cache_off = has("prefix_cache_off");
+        self.mhc_bf16 = has("mhc_bf16");
+        self.mhc_sinkhorn_iters = val("mhc_sinkhorn_iters");
+        self.moe_router_bf16 = has("moe_router_bf16");
+        self.moe_topk = val("moe_topk");
+        self.indexer_fp8 = has("indexer_fp8");
+        self.index_topk = val("index_topk");
+        self.swa_window = val("swa_window");
+    }
+
+    /// Refuses a set with a patch that `arch`'s computation never consults (it would be echoed as
+    /// applied and change nothing).
+    pub fn check_applies(&self, arch: Arch) -> Result<(), PatchError> {
+        match self.entries.keys().filter_map(|name| registry::lookup(name)).find(|info| !info.applies(arch)) {
+            Some(info) => {
+                Err(PatchError::WrongArchitecture { name: info.name.to_string(), applies_to: info.applies_to_label(), arch: arch.label() })
+            }
+            None => Ok(()),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -212,8 +274,28 @@ mod tests {
         let mut sorted = names.clone();
         sorted.sort();
         assert_eq!(names, sorted);
-        assert_eq!(names.len(), 11);
+        assert_eq!(names.len(), 18);
+        assert!(PATCHES.iter().all(|p| !p.applies_to.is_empty()));
         assert!(describe().contains("Ollama"));
+        assert!(describe().contains("applies to: DeepSeek-V4\n"));
+        assert!(describe().contains("applies to: Llama family and DeepSeek-V4\n"));
+    }
+
+    #[test]
+    fn deepseek_v4_patches_parse_and_are_refused_on_llama() {
+        let set = PatchSet::parse("mhc_bf16,mhc_sinkhorn_iters=3,moe_router_bf16,moe_topk=1,indexer_fp8,index_topk=2,swa_window=4,kv_fp8")
+            .unwrap();
+        assert!(set.mhc_bf16 && set.moe_router_bf16 && set.indexer_fp8 && set.kv_fp8);
+        assert_eq!((set.mhc_sinkhorn_iters, set.moe_topk, set.index_topk, set.swa_window), (Some(3), Some(1), Some(2), Some(4)));
+        assert_eq!(set.check_applies(Arch::DeepseekV4), Ok(()));
+        let e = set.check_applies(Arch::Llama).unwrap_err();
+        assert!(matches!(e, PatchError::WrongArchitecture { .. }));
+        assert!(e.to_string().contains("`index_topk` applies to DeepSeek-V4 models only"), "{e}");
+        assert_eq!(PatchSet::parse("kv_fp8,rope_bf16").unwrap().check_applies(Arch::Llama), Ok(()));
+        assert!(PatchSet::parse("rope_bf16").unwrap().check_applies(Arch::DeepseekV4).is_err());
+        for zero in ["mhc_sinkhorn_iters=0", "moe_topk=0", "index_topk=0", "swa_window=0", "moe_topk"] {
+            assert!(matches!(PatchSet::parse(zero).unwrap_err(), PatchError::BadParam { .. }), "{zero}");
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Patch selection through the HTTP server on a loopback socket: the `x-ctxscope-patches` header and
 //! the `ctxscope.patches` body field pick a request's patch set, the response echoes the applied set
-//! (canonical form), the process default applies otherwise, and an unknown patch is a 400 that lists
-//! the known ones.
+//! (canonical form), the process default applies otherwise, an unknown patch is a 400 that lists
+//! the known ones, and a patch of another architecture (DeepSeek-V4's) is a 400 that names it.
 
 mod common;
 
@@ -87,6 +87,15 @@ fn patches_header_and_body_round_trip() {
         assert_eq!(r.status, 400, "{}", r.body);
         assert!(r.body.contains("ctx_shift") && r.body.contains("known patches"), "{}", r.body);
 
+        // A patch of another architecture (DeepSeek-V4's) is a 400 that says which it applies to.
+        let r = post(addr, chat, &[("x-ctxscope-patches", "kv_fp8,mhc_bf16")]).await;
+        assert_eq!(r.status, 400, "{}", r.body);
+        assert!(r.body.contains("`mhc_bf16` applies to DeepSeek-V4 models only"), "{}", r.body);
+        let wrong_body = r#"{"messages":[{"role":"user","content":"Hi"}],"ctxscope":{"patches":["moe_topk=1"]}}"#;
+        let r = post(addr, wrong_body, &[]).await;
+        assert_eq!(r.status, 400, "{}", r.body);
+        assert!(r.body.contains("`moe_topk` applies to DeepSeek-V4") && r.body.contains("\"param\":\"ctxscope\""), "{}", r.body);
+
         // Usage reports the imitated engine's prompt count under a context fault.
         let long = r#"{"messages":[{"role":"user","content":"The secret word is banana. Please remember it well, it matters a great deal."}],"max_tokens":1,"temperature":0,"ctxscope":{"patches":["ctx_shift=16"]}}"#;
         let r = post(addr, long, &[]).await;
@@ -104,6 +113,26 @@ fn patches_header_and_body_round_trip() {
         let json: serde_json::Value = serde_json::from_str(&r.body).expect("json body");
         assert_eq!(json["usage"]["prompt_tokens"], 64, "{}", r.body);
 
+        let _ = stop.send(());
+        let _ = server.await;
+    });
+}
+
+#[test]
+fn a_default_patch_of_another_architecture_refuses_only_the_requests_using_it() {
+    let model = common::shared_model();
+    let (engine, _thread) = scheduler::start(model.clone(), EngineOptions::for_model(&model));
+    let config = ServerConfig { default_patches: PatchSet::parse("swa_window=4").unwrap(), ..ServerConfig::default() };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    rt.block_on(async move {
+        let (addr, stop, server) = common::serve(engine, config).await;
+        let chat = r#"{"messages":[{"role":"user","content":"Hi"}],"max_tokens":1,"temperature":0}"#;
+        let r = post(addr, chat, &[]).await;
+        assert_eq!(r.status, 400, "{}", r.body);
+        assert!(r.body.contains("--patches default") && r.body.contains("`swa_window` applies to DeepSeek-V4"), "{}", r.body);
+        // A request naming its own (applicable) patches is served.
+        let r = post(addr, chat, &[("x-ctxscope-patches", "kv_fp8")]).await;
+        assert_eq!(r.status, 200, "{}", r.body);
         let _ = stop.send(());
         let _ = server.await;
     });

@@ -59,6 +59,7 @@ pub fn body_patches(body: &Object) -> Result<Option<crate::patch::PatchSet>, Api
         _ => return Err(bad()),
     };
     let set = crate::patch::PatchSet::from_items(items.into_iter().flat_map(|i| i.split(',')))
+        .and_then(|set| set.check_applies(super::state::SERVED_ARCH).map(|()| set))
         .map_err(|e| ApiError::param("ctxscope", e.to_string()))?;
     Ok(Some(set))
 }

@@ -16,7 +16,7 @@ use super::completions;
 use super::error::ApiError;
 use super::info;
 use super::request::Endpoint;
-use super::state::State;
+use super::state::{State, SERVED_ARCH};
 use crate::forward::Path;
 use crate::patch::PatchSet;
 
@@ -47,7 +47,9 @@ pub async fn handle(state: Arc<State>, request: http::Request<Incoming>) -> Resu
     let patches = match request.headers().get(PATCHES_HEADER) {
         None => Ok(state.config.default_patches.clone()),
         Some(value) => match value.to_str() {
-            Ok(text) => PatchSet::parse(text).map_err(|e| ApiError::param("x-ctxscope-patches", e.to_string())),
+            Ok(text) => PatchSet::parse(text)
+                .and_then(|set| set.check_applies(SERVED_ARCH).map(|()| set))
+                .map_err(|e| ApiError::param("x-ctxscope-patches", e.to_string())),
             Err(_) => Err(ApiError::param("x-ctxscope-patches", format!("header {PATCHES_HEADER} must be ASCII"))),
         },
     };

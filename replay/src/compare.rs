@@ -1,5 +1,5 @@
 //! How two replies to the same teacher-forced prompt differ: token agreement, the first flip and how
-//! close the reference was to a tie there, logprob drift and top-k KL before the flip
+//! close the reference was to a tie there, logprob drift before the flip and top-k KL up to it
 //! ([`divergence`]); and how a replayed reply compares with the captured text ([`text_match`]).
 
 use std::collections::BTreeMap;
@@ -31,9 +31,14 @@ pub fn divergence(reference: &Reply, other: &Reply, near_tie: f64) -> Divergence
         (true, Some(i)) => reference.tokens.get(i).and_then(top_margin),
         _ => None,
     };
-    let agreed = first_diff.unwrap_or(a.len().min(b.len()));
-    let (max_logprob_diff, mean_logprob_diff, kl_topk) =
-        if by_tokens { drift(&reference.tokens[..agreed], &other.tokens[..agreed]) } else { (None, None, None) };
+    let shorter = a.len().min(b.len());
+    let agreed = first_diff.unwrap_or(shorter);
+    // The flip itself is compared too: both sides chose there after the same tokens, so a reply that
+    // differs from its first token on still has a distance (it had none, and no KL, before).
+    let same_prefix = (agreed + 1).min(shorter);
+    let (max_logprob_diff, mean_logprob_diff) =
+        if by_tokens { logprob_drift(&reference.tokens[..agreed], &other.tokens[..agreed]) } else { (None, None) };
+    let kl_topk = if by_tokens { mean_kl(&reference.tokens[..same_prefix], &other.tokens[..same_prefix]) } else { None };
     Divergence {
         exact,
         first_diff,
@@ -79,12 +84,16 @@ fn top_margin(step: &TokenStep) -> Option<f64> {
     }
 }
 
-/// Over agreeing positions: max and mean |Δ logprob| of the chosen token, mean top-k KL.
-fn drift(reference: &[TokenStep], other: &[TokenStep]) -> (Option<f64>, Option<f64>, Option<f64>) {
+/// Over agreeing positions: max and mean |Δ logprob| of the chosen token.
+fn logprob_drift(reference: &[TokenStep], other: &[TokenStep]) -> (Option<f64>, Option<f64>) {
     let diffs: Vec<f64> = reference.iter().zip(other).map(|(r, o)| (r.logprob - o.logprob).abs()).filter(|d| d.is_finite()).collect();
+    (diffs.iter().copied().reduce(f64::max), mean(&diffs))
+}
+
+/// Mean top-k KL over positions that follow the same tokens on both sides.
+fn mean_kl(reference: &[TokenStep], other: &[TokenStep]) -> Option<f64> {
     let kls: Vec<f64> = reference.iter().zip(other).filter_map(|(r, o)| kl_topk(&r.top, &o.top)).collect();
-    let max = diffs.iter().copied().reduce(f64::max);
-    (max, mean(&diffs), mean(&kls))
+    mean(&kls)
 }
 
 fn mean(values: &[f64]) -> Option<f64> {
@@ -164,6 +173,20 @@ mod tests {
         assert!((d.max_logprob_diff.unwrap() - 0.02).abs() < 1e-9, "only positions before the flip");
         assert!(d.kl_topk.unwrap() > 0.0);
         assert!(!divergence(&golden, &patched, 0.1).near_tie, "the threshold decides");
+    }
+
+    #[test]
+    fn a_reply_that_differs_from_its_first_token_still_has_a_kl() {
+        let golden = reply(vec![step("A", -0.2, &[("A", -0.2), ("B", -1.8)]), step("x", -0.1, &[("x", -0.1)])]);
+        let patched = reply(vec![step("B", -0.3, &[("B", -0.3), ("A", -1.4)]), step("y", -0.1, &[("y", -0.1)])]);
+        let d = divergence(&golden, &patched, DEFAULT_NEAR_TIE);
+        assert_eq!(d.first_diff, Some(0));
+        assert_eq!(d.max_logprob_diff, None, "no agreeing position");
+        // KL over the first position alone, where both followed the same prompt.
+        let (p, q) = ([(-0.2f64).exp(), (-1.8f64).exp()], [(-1.4f64).exp(), (-0.3f64).exp()]);
+        let (p, q) = ([p[0] / (p[0] + p[1]), p[1] / (p[0] + p[1])], [q[0] / (q[0] + q[1]), q[1] / (q[0] + q[1])]);
+        let expected = p[0] * (p[0] / q[0]).ln() + p[1] * (p[1] / q[1]).ln();
+        assert!((d.kl_topk.unwrap() - expected).abs() < 1e-12, "{:?} against {expected}", d.kl_topk);
     }
 
     #[test]

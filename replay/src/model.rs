@@ -86,8 +86,8 @@ pub struct Divergence {
     /// the chosen token, max and mean.
     pub max_logprob_diff: Option<f64>,
     pub mean_logprob_diff: Option<f64>,
-    /// Mean KL(reference || this) over those positions, on the top-k alternatives both report
-    /// (renormalised).
+    /// Mean KL(reference || this) over those positions and the first differing one (all follow the
+    /// same tokens on both sides), on the top-k alternatives both report (renormalised).
     pub kl_topk: Option<f64>,
 }
 

@@ -27,6 +27,9 @@ pub enum CliError {
     Fetch(#[from] crate::fetch::FetchError),
     #[error("cannot load {path}: {source}")]
     Model { path: std::path::PathBuf, source: ctxscope_engine::ModelError },
+    /// `--patches` names a patch the loaded model's architecture never consults.
+    #[error("--patches: {0}")]
+    Patches(ctxscope_engine::patch::PatchError),
     /// A blocking task that panicked or was cancelled.
     #[error("{what}: {detail}")]
     Task { what: &'static str, detail: String },

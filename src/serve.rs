@@ -98,6 +98,7 @@ async fn load(settings: &EngineSettings) -> Result<Loaded, CliError> {
         .await
         .map_err(|e| CliError::Task { what: "loading the model", detail: e.to_string() })?
         .map_err(|source| CliError::Model { path: path.clone(), source })?;
+    settings.patches.check_applies(model.arch()).map_err(CliError::Patches)?;
     let mut options = EngineOptions::for_model(&model);
     // The CUDA backend's tuning variables, read here once (ctxscope_engine::tuning).
     options.device = ctxscope_engine::tuning::DeviceTuning::from_env();

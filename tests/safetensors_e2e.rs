@@ -58,7 +58,7 @@ fn export_hf(model: &Model, gguf: &Path, dir: &Path) {
     }
     ctxscope_formats::safetensors::write_f32(&dir.join("model.safetensors"), &tensors).unwrap();
     write_bare_tokenizer_json(gguf, &dir.join("tokenizer.json"));
-    let tokenizer_config = json!({"chat_template": model.template.source(), "eos_token": "<|im_end|>", "bos_token": "<|im_start|>"});
+    let tokenizer_config = json!({"chat_template": model.template.template().expect("a Jinja template").source(), "eos_token": "<|im_end|>", "bos_token": "<|im_start|>"});
     std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_vec(&tokenizer_config).unwrap()).unwrap();
 }
 

@@ -22,6 +22,13 @@ pub trait SequenceKv: Sized + Send {
         self.len() == 0
     }
 
+    /// How many of the first `len` positions can be reused as a prefix ([`SequenceKv::prefix`]): all of
+    /// them for a cache that keeps every position; fewer for one that cannot be cut back (a sliding
+    /// window, closed compressed blocks), 0 when none.
+    fn reusable(&self, len: usize) -> usize {
+        len
+    }
+
     /// A new cache holding a copy of the first `len` positions (room to grow as a fresh one).
     fn prefix(&self, len: usize) -> Result<Self, BackendError>;
 }

@@ -98,7 +98,7 @@ impl<K: SequenceKv> PrefixCache<K> {
             .iter()
             .enumerate()
             .filter(|(_, e)| e.namespace == namespace)
-            .map(|(i, e)| (i, common_prefix(&e.tokens[..e.kv.len().min(e.tokens.len())], tokens).min(limit)))
+            .map(|(i, e)| (i, e.kv.reusable(common_prefix(&e.tokens[..e.kv.len().min(e.tokens.len())], tokens).min(limit))))
             .max_by_key(|(_, lcp)| *lcp)
             .unwrap_or((0, 0));
         self.take(best, lcp)
@@ -124,7 +124,7 @@ impl<K: SequenceKv> PrefixCache<K> {
             .iter()
             .enumerate()
             .filter(|(_, e)| e.namespace == namespace)
-            .map(|(i, e)| (i, weak_prefix(&e.tokens[..e.kv.len().min(e.tokens.len())]).min(limit)))
+            .map(|(i, e)| (i, e.kv.reusable(weak_prefix(&e.tokens[..e.kv.len().min(e.tokens.len())]).min(limit))))
             .max_by_key(|(_, n)| *n)
             .unwrap_or((0, 0));
         self.take(best, n)

@@ -2,12 +2,13 @@
 //! matmul paths (golden: f32 weights, f32 accumulation, the reference replay trusts; fast: quantized
 //! weights kept quantized), keeps per-sequence KV caches with prefix reuse across requests, and
 //! batches concurrent requests in one scheduler loop. The scheduler drives a [`Backend`]: the CPU, or a
-//! GPU with the `cuda` feature.
+//! GPU with the `cuda` feature; DeepSeek-V4 checkpoints run on their own CPU backend (golden path).
 
 pub mod backend;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod device;
+pub mod dsv4_backend;
 pub mod forward;
 pub mod kv;
 pub mod model;

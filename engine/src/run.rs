@@ -25,6 +25,8 @@ pub enum StartError {
     MaxBatch,
     #[error("cannot start the engine on {device}: {source}")]
     Backend { device: BackendKind, source: BackendError },
+    #[error("{what} run on the CPU only in this engine (--device cpu), not on {device}")]
+    Unsupported { device: BackendKind, what: &'static str },
 }
 
 /// Whether this build can drive `device` (checked before a model is fetched or loaded).
@@ -53,16 +55,21 @@ impl Engine {
         if options.max_batch == 0 {
             return Err(StartError::MaxBatch);
         }
-        let (handle, thread) = match device {
-            BackendKind::Cpu => scheduler::start(model, options),
+        let (handle, thread) = match (device, model.deepseek_v4.clone()) {
+            (BackendKind::Cpu, Some(deepseek)) => {
+                let make = move || Ok(crate::dsv4_backend::DeepseekV4Backend::new(deepseek));
+                scheduler::start_backend(model, options, make).map_err(|source| StartError::Backend { device, source })?
+            }
+            (BackendKind::Cuda { .. }, Some(_)) => return Err(StartError::Unsupported { device, what: "DeepSeek-V4 models" }),
+            (BackendKind::Cpu, None) => scheduler::start(model, options),
             #[cfg(feature = "cuda")]
-            BackendKind::Cuda { ordinal } => {
+            (BackendKind::Cuda { ordinal }, None) => {
                 let (device_model, device_options) = (model.clone(), options.clone());
                 scheduler::start_backend(model, options, move || crate::device::DeviceBackend::new(device_model, ordinal, &device_options))
                     .map_err(|source| StartError::Backend { device, source })?
             }
             #[cfg(not(feature = "cuda"))]
-            BackendKind::Cuda { .. } => return Err(StartError::NoCuda),
+            (BackendKind::Cuda { .. }, None) => return Err(StartError::NoCuda),
         };
         tracing::info!(backend = %handle.backend, "engine started");
         Ok(Engine { handle, thread })

@@ -170,25 +170,33 @@ impl SafeTensors {
 
 /// Writes F32 tensors as one safetensors file (names sorted, as the reference writer does).
 pub fn write_f32(path: &Path, tensors: &BTreeMap<String, (Vec<usize>, Vec<f32>)>) -> Result<(), SafetensorsError> {
+    let le = |data: &Vec<f32>| data.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+    write(path, tensors.iter().map(|(name, (shape, data))| (name.as_str(), "F32", shape.as_slice(), le(data))))
+}
+
+/// Writes I64 tensors (index tables) as one safetensors file.
+pub fn write_i64(path: &Path, tensors: &BTreeMap<String, (Vec<usize>, Vec<i64>)>) -> Result<(), SafetensorsError> {
+    let le = |data: &Vec<i64>| data.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+    write(path, tensors.iter().map(|(name, (shape, data))| (name.as_str(), "I64", shape.as_slice(), le(data))))
+}
+
+/// Writes `(name, dtype, shape, little-endian bytes)` in the given order.
+fn write<'a>(path: &Path, tensors: impl Iterator<Item = (&'a str, &'static str, &'a [usize], Vec<u8>)>) -> Result<(), SafetensorsError> {
     let mut header = Map::new();
-    let mut offset = 0usize;
-    for (name, (shape, data)) in tensors {
-        let end = offset + data.len() * 4;
-        header.insert(name.clone(), json!({"dtype": "F32", "shape": shape, "data_offsets": [offset, end]}));
-        offset = end;
+    let mut data = Vec::new();
+    for (name, dtype, shape, bytes) in tensors {
+        let offset = data.len();
+        data.extend_from_slice(&bytes);
+        header.insert(name.to_string(), json!({"dtype": dtype, "shape": shape, "data_offsets": [offset, data.len()]}));
     }
     let mut text = serde_json::to_vec(&Value::Object(header)).map_err(|e| format_error(path, e.to_string()))?;
     while text.len() % 8 != 0 {
         text.push(b' ');
     }
-    let mut out = Vec::with_capacity(8 + text.len() + offset);
+    let mut out = Vec::with_capacity(8 + text.len() + data.len());
     out.extend_from_slice(&(text.len() as u64).to_le_bytes());
     out.extend_from_slice(&text);
-    for (_, data) in tensors.values() {
-        for v in data {
-            out.extend_from_slice(&v.to_le_bytes());
-        }
-    }
+    out.extend_from_slice(&data);
     std::fs::write(path, out).map_err(|source| SafetensorsError::Io { path: path.to_path_buf(), source })
 }
 
@@ -199,6 +207,17 @@ fn format_error(path: &Path, detail: String) -> SafetensorsError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn index_tables_write_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut tables = BTreeMap::new();
+        tables.insert("t".to_string(), (vec![2, 2], vec![3i64, -1, 1 << 40, 0]));
+        write_i64(&dir.path().join("tables.safetensors"), &tables).unwrap();
+        let st = SafeTensors::open_dir(dir.path()).unwrap();
+        assert_eq!(st.i64("t").unwrap(), vec![3, -1, 1 << 40, 0]);
+        assert_eq!(st.entry("t").unwrap().shape, vec![2, 2]);
+    }
 
     #[test]
     fn writes_and_reads_back_and_converts_half_types() {

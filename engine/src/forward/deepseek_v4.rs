@@ -1,4 +1,4 @@
-//! DeepSeek-V4's forward pass, golden f32, over a whole sequence (no cache yet): token embeddings
+//! DeepSeek-V4's forward pass, golden f32, over a whole sequence or token by token: token embeddings
 //! copied into `hc_mult` residual streams; per layer, the attention hyper-connection, the layer's
 //! attention (sliding, HCA or CSA) on the collapsed and RMS-normed streams, folded back, then the
 //! same around the MoE block; the hyper-head, the final norm and the output head. Built from
@@ -232,6 +232,18 @@ impl DeepseekV4Model {
 
     /// Feeds one token after what `state` has seen; returns its logits.
     pub fn step(&self, state: &mut DeepseekV4State, id: u32) -> Vec<f32> {
+        let streams = self.feed(state, id);
+        self.output(&streams, &state.patches)
+    }
+
+    /// Feeds one token whose logits are not wanted (a prompt's tokens before its last): the same
+    /// state as [`DeepseekV4Model::step`] leaves, without the output head.
+    pub fn advance(&self, state: &mut DeepseekV4State, id: u32) {
+        self.feed(state, id);
+    }
+
+    /// Runs one token through every layer, moving `state` on; returns its residual streams.
+    fn feed(&self, state: &mut DeepseekV4State, id: u32) -> Vec<f32> {
         let (pos, patches) = (state.position, &state.patches);
         let mut streams = self.streams(id);
         for (layer, cache) in state.layers.iter_mut().enumerate() {
@@ -243,16 +255,33 @@ impl DeepseekV4Model {
             self.ffn(&parts, &mut streams, id, patches);
         }
         state.position += 1;
-        self.output(&streams, patches)
+        streams
     }
 }
 
 /// What decoding token by token keeps: each layer's attention cache, the next position and the
 /// patches its entries were made under.
+#[derive(Clone)]
 pub struct DeepseekV4State {
     layers: Vec<LayerCache>,
     position: usize,
     patches: PatchSet,
+}
+
+impl DeepseekV4State {
+    /// Positions seen.
+    pub fn len(&self) -> usize {
+        self.position
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.position == 0
+    }
+
+    /// The patches every step of this state applies.
+    pub fn patches(&self) -> &PatchSet {
+        &self.patches
+    }
 }
 
 /// One layer's weights, borrowed from the model.

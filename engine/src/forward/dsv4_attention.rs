@@ -1,5 +1,6 @@
-//! DeepSeek-V4's attention, golden f32, over a whole sequence (no cache yet): the sliding-window
-//! branch every layer has, and the heavily compressed blocks (HCA) some add. Queries through a low-rank path (`wq_a`, weighted RMS norm, `wq_b`, then
+//! DeepSeek-V4's attention, golden f32, over a whole sequence or through a per-layer cache: the
+//! sliding-window branch every layer has, and the heavily compressed blocks (HCA) some add. Queries
+//! through a low-rank path (`wq_a`, weighted RMS norm, `wq_b`, then
 //! an unweighted RMS norm per head), one shared key-and-value head (`wkv`, RMS norm), interleaved RoPE
 //! on the trailing `rope_dim` channels of each head, a learned sink logit per head, the window of the
 //! last `window` positions, RoPE undone on the output at the query's position, and the grouped
@@ -323,7 +324,7 @@ fn attend(
 /// One layer's attention state for decoding token by token: the window's raw entries, the closed
 /// compressed entries (and the indexer's), and the inputs of the blocks still needed (the open one,
 /// and the last closed one, whose first series the next CSA entry takes).
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct LayerCache {
     window: std::collections::VecDeque<Vec<f32>>,
     rows: std::collections::VecDeque<Vec<f32>>,

@@ -7,22 +7,35 @@
 use std::path::Path;
 
 use ctxscope_formats::gguf::GgmlType;
+use std::sync::Arc;
+
+use ctxscope_formats::template::{ChatFormat, DeepSeekFormat, DeepSeekVersion};
 use ctxscope_formats::{ChatTemplate, SafeTensors, Tokenizer};
 use serde_json::Value;
 
+use super::deepseek_v4::DeepseekV4Config;
 use super::{Layer, Matrix, Model, ModelConfig, ModelError, QuantMatrix, Weights};
+use crate::forward::deepseek_v4::DeepseekV4Model;
 
 /// Loads the checkpoint in `dir`.
 pub fn load(dir: &Path) -> Result<Model, ModelError> {
     let config_json = read_json(&dir.join("config.json"))?;
-    let config = config_from_hf(&config_json)?;
-    let tensors = SafeTensors::open_dir(dir).map_err(|e| ModelError::Checkpoint(e.to_string()))?;
-    let weights = weights(&tensors, &config)?;
+    let deepseek_v4 = config_json.get("model_type").and_then(Value::as_str) == Some("deepseek_v4");
+    let (config, weights, deepseek_v4) = if deepseek_v4 {
+        let model = DeepseekV4Model::load(dir)?;
+        (deepseek_v4_config(&model.config, &config_json), Weights::empty(), Some(Arc::new(model)))
+    } else {
+        let config = config_from_hf(&config_json)?;
+        let tensors = SafeTensors::open_dir(dir).map_err(|e| ModelError::Checkpoint(e.to_string()))?;
+        (config.clone(), weights(&tensors, &config)?, None)
+    };
     let tokenizer_config = read_json(&dir.join("tokenizer_config.json")).ok();
     let tokenizer = Tokenizer::from_tokenizer_json(&dir.join("tokenizer.json"), tokenizer_config.as_ref())?;
-    let template = match &tokenizer_config {
-        Some(c) => ChatTemplate::from_tokenizer_config(c)?.unwrap_or_else(ChatTemplate::chatml_fallback),
-        None => ChatTemplate::chatml_fallback(),
+    let template: ChatFormat = match &tokenizer_config {
+        // DeepSeek-V4 ships no Jinja template: its encoding script, rewritten (chat mode, as servers default).
+        _ if deepseek_v4.is_some() => ChatFormat::DeepSeek(DeepSeekFormat { version: DeepSeekVersion::V4, thinking: false }),
+        Some(c) => ChatTemplate::from_tokenizer_config(c)?.unwrap_or_else(ChatTemplate::chatml_fallback).into(),
+        None => ChatTemplate::chatml_fallback().into(),
     };
     let mut stop_tokens: Vec<u32> = match config_json.get("eos_token_id") {
         Some(Value::Number(n)) => n.as_u64().map(|v| vec![v as u32]).unwrap_or_default(),
@@ -35,7 +48,25 @@ pub fn load(dir: &Path) -> Result<Model, ModelError> {
     let id = dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
     let size: u64 = std::fs::read_dir(dir).map(|d| d.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum()).unwrap_or(0);
     let fingerprint = format!("{id}:{size}");
-    Ok(Model { id, config, weights, tokenizer, template, stop_tokens, fingerprint })
+    Ok(Model { id, config, weights, tokenizer, template, stop_tokens, fingerprint, deepseek_v4 })
+}
+
+/// The shape a DeepSeek-V4 checkpoint shows the scheduler and `/props` (its own config drives the pass).
+fn deepseek_v4_config(c: &DeepseekV4Config, json: &Value) -> ModelConfig {
+    let ctx_len = json.get("max_position_embeddings").and_then(Value::as_u64).map_or(4096, |v| v as usize);
+    ModelConfig {
+        architecture: "deepseek_v4".into(),
+        n_layers: c.layers.len(),
+        dim: c.hidden_size,
+        n_heads: c.num_heads,
+        n_kv_heads: 1,
+        head_dim: c.head_dim,
+        ffn_dim: c.expert_dim,
+        vocab: c.vocab_size,
+        ctx_len,
+        rope_base: c.rope_theta as f32,
+        rms_eps: c.rms_norm_eps,
+    }
 }
 
 fn read_json(path: &Path) -> Result<Value, ModelError> {

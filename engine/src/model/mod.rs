@@ -1,6 +1,7 @@
 //! A loaded model: hyperparameters, weights (f32 for the golden path, and the file's quantized blocks
-//! for the fast path), tokenizer and chat template, from one GGUF file or a Hugging Face checkpoint
-//! directory (config.json + safetensors + tokenizer.json).
+//! for the fast path), tokenizer and chat format, from one GGUF file or a Hugging Face checkpoint
+//! directory (config.json + safetensors + tokenizer.json); a DeepSeek-V4 checkpoint carries its own
+//! weights and forward pass ([`crate::forward::deepseek_v4`]).
 
 mod config;
 pub mod deepseek_v4;
@@ -8,8 +9,13 @@ pub mod hf;
 mod weights;
 
 use std::path::Path;
+use std::sync::Arc;
 
+use ctxscope_formats::template::ChatFormat;
 use ctxscope_formats::{ChatTemplate, Gguf, Tokenizer};
+
+use crate::forward::deepseek_v4::DeepseekV4Model;
+use crate::patch::Arch;
 
 pub use config::ModelConfig;
 pub use weights::{Layer, Matrix, QuantMatrix, Weights};
@@ -20,7 +26,7 @@ pub enum ModelError {
     Io { path: std::path::PathBuf, source: std::io::Error },
     #[error("model file: {0}")]
     Gguf(ctxscope_formats::GgufError),
-    #[error("unsupported architecture {0:?} (supported: llama, mistral, granite, qwen2)")]
+    #[error("unsupported architecture {0:?} (supported: llama, mistral, granite, qwen2; DeepseekV4ForCausalLM checkpoints)")]
     Architecture(String),
     #[error("model file has no tensor {0}")]
     MissingTensor(String),
@@ -36,6 +42,8 @@ pub enum ModelError {
     Template(#[from] ctxscope_formats::TemplateError),
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    #[error("DeepSeek-V4 checkpoint: {0}")]
+    DeepseekV4(#[from] crate::forward::deepseek_v4::LoadError),
 }
 
 /// Everything needed to run and to talk to one model.
@@ -45,11 +53,14 @@ pub struct Model {
     pub config: ModelConfig,
     pub weights: Weights,
     pub tokenizer: Tokenizer,
-    pub template: ChatTemplate,
+    /// The chat format prompts are rendered with (the model's Jinja template, or a built-in encoder).
+    pub template: ChatFormat,
     /// Tokens that end generation (EOS, EOT, and control tokens such as `<|im_end|>`).
     pub stop_tokens: Vec<u32>,
     /// SHA-free identity for cache keys: id plus file size.
     pub fingerprint: String,
+    /// A DeepSeek-V4 checkpoint's weights and forward pass; `weights` is then empty.
+    pub deepseek_v4: Option<Arc<DeepseekV4Model>>,
 }
 
 impl Model {
@@ -76,7 +87,16 @@ impl Model {
         stop_tokens.dedup();
         let id = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
         let fingerprint = format!("{id}:{}", bytes.len());
-        Ok(Model { id, config, weights, tokenizer, template, stop_tokens, fingerprint })
+        Ok(Model { id, config, weights, tokenizer, template: template.into(), stop_tokens, fingerprint, deepseek_v4: None })
+    }
+
+    /// The architecture family, as patches name what they apply to.
+    pub fn arch(&self) -> Arch {
+        if self.deepseek_v4.is_some() {
+            Arch::DeepseekV4
+        } else {
+            Arch::Llama
+        }
     }
 }
 

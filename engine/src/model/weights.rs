@@ -48,6 +48,13 @@ pub struct Weights {
 }
 
 impl Weights {
+    /// No weights: a model whose forward pass keeps its own (DeepSeek-V4).
+    pub fn empty() -> Weights {
+        let quant = QuantMatrix { ggml_type: GgmlType(0), bytes: Vec::new(), row_bytes: 0 };
+        let token_embd = Matrix { name: String::new(), rows: 0, cols: 0, f32: Vec::new(), quant };
+        Weights { token_embd, layers: Vec::new(), output_norm: Vec::new(), output: None }
+    }
+
     pub fn load(gguf: &Gguf, file: &[u8], c: &ModelConfig) -> Result<Weights, ModelError> {
         let matrix = |name: &str, rows: usize, cols: usize| load_matrix(gguf, file, name, rows, cols);
         let vector = |name: &str, len: usize| load_vector(gguf, file, name, len);

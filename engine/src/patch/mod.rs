@@ -51,7 +51,7 @@
 //!   family ([`KV_FP8_SCALE`]) when it is made; the indexer's keys are not (see `indexer_fp8`).
 //!
 //! [`PatchSet::check_applies`] refuses a patch on an architecture that never consults it (the
-//! registry's `applies_to`); the engine's server, which serves the Llama family, calls it.
+//! registry's `applies_to`); the engine's server calls it with the served model's [`Arch`].
 
 pub mod registry;
 /// The rounding the patches emulate, from the crate the kernel checks share it with.

@@ -12,7 +12,7 @@ use super::error::ApiError;
 use super::generation::{FinishReason, Generation, Output};
 use super::request::{self, Endpoint};
 use super::response::Meta;
-use super::state::{State, SERVED_ARCH};
+use super::state::State;
 use super::stream::SseBody;
 use crate::forward::Path;
 use crate::patch::PatchSet;
@@ -29,11 +29,10 @@ pub async fn generate(
     patches: PatchSet,
 ) -> Result<http::Response<Body>, ApiError> {
     let object = request::json_object(body)?;
-    let patches = request::body_patches(&object)?.unwrap_or(patches);
+    let arch = state.engine.model.arch();
+    let patches = request::body_patches(&object, arch)?.unwrap_or(patches);
     // Header and body sets were checked as they were parsed; this catches a `--patches` default.
-    patches
-        .check_applies(SERVED_ARCH)
-        .map_err(|e| ApiError::param("x-ctxscope-patches", format!("the engine's --patches default: {e}")))?;
+    patches.check_applies(arch).map_err(|e| ApiError::param("x-ctxscope-patches", format!("the engine's --patches default: {e}")))?;
     let mut response = run(state, endpoint, &object, path, &patches).await?;
     let echo = http::HeaderValue::from_str(&patches.canonical()).map_err(|e| ApiError::Engine(e.to_string()))?;
     response.headers_mut().insert(PATCHES_HEADER, echo);

@@ -46,7 +46,7 @@ pub async fn run(engine: EngineHandle, config: ServerConfig, listener: TcpListen
         path = config.default_path.as_str(),
         "ctxscope engine serving"
     );
-    if let Err(error) = config.default_patches.check_applies(state::SERVED_ARCH) {
+    if let Err(error) = config.default_patches.check_applies(engine.model.arch()) {
         tracing::error!(%error, "--patches cannot apply to this model; generation requests without their own patches will be refused");
     }
     let limits = ctxscope_http::ConnLimits::engine(config.header_timeout, ctxscope_http::raise_nofile());

@@ -45,7 +45,7 @@ pub fn json_object(body: &[u8]) -> Result<Object, ApiError> {
 }
 
 /// The body's own patch set, `"ctxscope": {"patches": ["name", "name=value", ...]}`, if it has one.
-pub fn body_patches(body: &Object) -> Result<Option<crate::patch::PatchSet>, ApiError> {
+pub fn body_patches(body: &Object, arch: crate::patch::Arch) -> Result<Option<crate::patch::PatchSet>, ApiError> {
     let Some(field) = body.get("ctxscope").filter(|v| !v.is_null()) else { return Ok(None) };
     let bad = || ApiError::param("ctxscope", "`ctxscope` must be an object like {\"patches\": [\"rope_bf16\", \"ctx_shift=2048\"]}");
     let object = field.as_object().ok_or_else(bad)?;
@@ -59,7 +59,7 @@ pub fn body_patches(body: &Object) -> Result<Option<crate::patch::PatchSet>, Api
         _ => return Err(bad()),
     };
     let set = crate::patch::PatchSet::from_items(items.into_iter().flat_map(|i| i.split(',')))
-        .and_then(|set| set.check_applies(super::state::SERVED_ARCH).map(|()| set))
+        .and_then(|set| set.check_applies(arch).map(|()| set))
         .map_err(|e| ApiError::param("ctxscope", e.to_string()))?;
     Ok(Some(set))
 }

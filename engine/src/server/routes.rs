@@ -16,7 +16,7 @@ use super::completions;
 use super::error::ApiError;
 use super::info;
 use super::request::Endpoint;
-use super::state::{State, SERVED_ARCH};
+use super::state::State;
 use crate::forward::Path;
 use crate::patch::PatchSet;
 
@@ -48,7 +48,7 @@ pub async fn handle(state: Arc<State>, request: http::Request<Incoming>) -> Resu
         None => Ok(state.config.default_patches.clone()),
         Some(value) => match value.to_str() {
             Ok(text) => PatchSet::parse(text)
-                .and_then(|set| set.check_applies(SERVED_ARCH).map(|()| set))
+                .and_then(|set| set.check_applies(state.engine.model.arch()).map(|()| set))
                 .map_err(|e| ApiError::param("x-ctxscope-patches", e.to_string())),
             Err(_) => Err(ApiError::param("x-ctxscope-patches", format!("header {PATCHES_HEADER} must be ASCII"))),
         },

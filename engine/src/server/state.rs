@@ -6,12 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::forward::Path;
-use crate::patch::{Arch, PatchSet};
+use crate::patch::PatchSet;
 use crate::scheduler::EngineHandle;
-
-/// The architecture of every model the server serves (the Llama family), against which a request's
-/// patches are checked ([`PatchSet::check_applies`]).
-pub const SERVED_ARCH: Arch = Arch::Llama;
 
 /// Settings of the HTTP server.
 #[derive(Debug, Clone)]

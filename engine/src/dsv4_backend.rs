@@ -1,0 +1,129 @@
+//! DeepSeek-V4 on the CPU: the golden forward pass ([`DeepseekV4Model::step`]) behind the [`Backend`]
+//! trait. A sequence's cache is its decoding state (each layer's window of raw entries, closed
+//! compressed blocks, indexer keys and the rows of the blocks still open), which is reused only
+//! whole: a window that has slid and blocks that have closed cannot be cut back to an earlier
+//! length, so the prefix cache hands a state on only to a prompt that extends all of it (the next
+//! turn of a conversation does), and a prompt that shares less is computed from the start.
+
+use std::sync::Arc;
+
+use crate::backend::{Backend, BackendError, Output, SequenceKv, Step};
+use crate::forward::deepseek_v4::{DeepseekV4Model, DeepseekV4State};
+use crate::patch::PatchSet;
+use crate::path::Path;
+
+const NAME: &str = "cpu";
+
+/// The DeepSeek-V4 model on the host CPU (golden path only).
+pub struct DeepseekV4Backend {
+    model: Arc<DeepseekV4Model>,
+}
+
+impl DeepseekV4Backend {
+    pub fn new(model: Arc<DeepseekV4Model>) -> DeepseekV4Backend {
+        DeepseekV4Backend { model }
+    }
+}
+
+/// One sequence's decoding state; made on its first step, under that step's patches.
+#[derive(Clone, Default)]
+pub struct DeepseekV4Kv {
+    state: Option<DeepseekV4State>,
+}
+
+impl SequenceKv for DeepseekV4Kv {
+    fn len(&self) -> usize {
+        self.state.as_ref().map_or(0, DeepseekV4State::len)
+    }
+
+    fn reusable(&self, len: usize) -> usize {
+        if len == self.len() {
+            len
+        } else {
+            0
+        }
+    }
+
+    fn prefix(&self, len: usize) -> Result<DeepseekV4Kv, BackendError> {
+        match len {
+            0 => Ok(DeepseekV4Kv::default()),
+            n if n == self.len() => Ok(self.clone()),
+            n => Err(BackendError::new(NAME, format!("a DeepSeek-V4 state of {} positions cannot be cut back to {n}", self.len()))),
+        }
+    }
+}
+
+impl Backend for DeepseekV4Backend {
+    type Kv = DeepseekV4Kv;
+
+    fn name(&self) -> String {
+        NAME.into()
+    }
+
+    fn new_kv(&mut self) -> Result<DeepseekV4Kv, BackendError> {
+        Ok(DeepseekV4Kv::default())
+    }
+
+    fn forward(&mut self, path: Path, patches: &PatchSet, steps: &mut [Step<'_, DeepseekV4Kv>]) -> Result<Vec<Output>, BackendError> {
+        if path != Path::Golden {
+            return Err(BackendError::new(NAME, "DeepSeek-V4 runs on the golden path only (no fast path is built for it)"));
+        }
+        let mut outputs = Vec::with_capacity(steps.len());
+        for step in steps.iter_mut() {
+            let state = step.kv.state.get_or_insert_with(|| self.model.state(patches));
+            if state.patches() != patches {
+                return Err(BackendError::new(NAME, "a DeepSeek-V4 state is continued only under the patches it was made with"));
+            }
+            let vocab = self.model.config.vocab_size;
+            if let Some(token) = step.tokens.iter().find(|&&t| t as usize >= vocab) {
+                return Err(BackendError::new(NAME, format!("token {token} is outside the vocabulary of {vocab}")));
+            }
+            let Some((&last, before)) = step.tokens.split_last() else {
+                return Err(BackendError::new(NAME, "a step with no tokens"));
+            };
+            // Only the last token's logits are returned: the others skip the output head.
+            before.iter().for_each(|&token| self.model.advance(state, token));
+            outputs.push(Output::Logits(self.model.step(state, last)));
+        }
+        Ok(outputs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Want;
+    use crate::forward::testutil::tiny;
+
+    fn forward(backend: &mut DeepseekV4Backend, kv: &mut DeepseekV4Kv, tokens: &[u32], patches: &PatchSet) -> Vec<f32> {
+        let mut steps = [Step { tokens, kv, want: Want::Logits }];
+        match backend.forward(Path::Golden, patches, &mut steps).unwrap().remove(0) {
+            Output::Logits(logits) => logits,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_reused_state_continues_exactly_and_is_never_cut() {
+        let model = Arc::new(DeepseekV4Model::load(&tiny::dir()).unwrap());
+        let mut backend = DeepseekV4Backend::new(model.clone());
+        let tokens: Vec<u32> = (0..40).map(|i| (i * 37 % 256) as u32).collect();
+        let golden = PatchSet::default();
+        let whole = model.logits(&tokens, &golden);
+        // A first request of 30 tokens, then a second extending it: the state is handed on whole.
+        let mut kv = backend.new_kv().unwrap();
+        forward(&mut backend, &mut kv, &tokens[..30], &golden);
+        assert_eq!(kv.reusable(30), 30);
+        assert_eq!(kv.reusable(29), 0, "a shorter prefix is not reusable");
+        assert!(kv.prefix(29).is_err());
+        let mut reused = kv.prefix(30).unwrap();
+        let logits = forward(&mut backend, &mut reused, &tokens[30..], &golden);
+        assert_eq!(logits, whole[39], "continued state equals the one-pass logits bit for bit");
+        // Another patch set cannot continue a golden state.
+        let patched = PatchSet::parse("mhc_bf16").unwrap();
+        let mut steps = [Step { tokens: &tokens[..1], kv: &mut kv, want: Want::Logits }];
+        assert!(backend.forward(Path::Golden, &patched, &mut steps).is_err());
+        let mut steps = [Step { tokens: &tokens[..1], kv: &mut backend.new_kv().unwrap(), want: Want::Logits }];
+        assert!(backend.forward(Path::Fast, &golden, &mut steps).is_err(), "no fast path");
+    }
+}

@@ -1,0 +1,84 @@
+//! The golden DeepSeek-V4 pass on a checkpoint against the transformers reference beside it
+//! (`reference.json`, written by scripts/deepseek_v4/make_tiny.py and make_small.py): the prompt fed
+//! token by token (no output head before its last token), then the teacher-forced decode steps; prints
+//! each step's rel L2 against transformers' fp32 logits, the worst, and the time, and fails above 1e-4.
+//! `cargo run --release -p ctxscope-engine --example deepseek_v4_check -- DIR`
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use ctxscope_engine::forward::deepseek_v4::DeepseekV4Model;
+use ctxscope_engine::PatchSet;
+use serde_json::Value;
+
+fn ids(reference: &Value, key: &str) -> Vec<u32> {
+    reference[key].as_array().map(|a| a.iter().filter_map(Value::as_u64).map(|v| v as u32).collect()).unwrap_or_default()
+}
+
+fn rel_l2(ours: &[f32], theirs: &[f64]) -> f64 {
+    let (mut diff, mut norm) = (0f64, 0f64);
+    for (a, b) in ours.iter().zip(theirs) {
+        diff += (f64::from(*a) - b).powi(2);
+        norm += b * b;
+    }
+    (diff / norm).sqrt()
+}
+
+fn main() -> ExitCode {
+    let Some(dir) = std::env::args().nth(1).map(PathBuf::from) else {
+        eprintln!("usage: deepseek_v4_check DIR (a checkpoint with reference.json)");
+        return ExitCode::from(2);
+    };
+    let text = match std::fs::read_to_string(dir.join("reference.json")) {
+        Ok(text) => text,
+        Err(e) => {
+            eprintln!("{}: {e}", dir.join("reference.json").display());
+            return ExitCode::from(2);
+        }
+    };
+    let reference: Value = serde_json::from_str(&text).expect("reference.json is JSON");
+    let started = Instant::now();
+    let model = match DeepseekV4Model::load(&dir) {
+        Ok(model) => model,
+        Err(e) => {
+            eprintln!("{}: {e}", dir.display());
+            return ExitCode::from(2);
+        }
+    };
+    let loaded = started.elapsed().as_secs_f64();
+    let (prompt, forced) = (ids(&reference, "prompt_ids"), ids(&reference, "decode_ids"));
+    let rows: Vec<Vec<f64>> = reference["logits"]
+        .as_array()
+        .map(|rows| rows.iter().map(|r| r.as_array().unwrap().iter().filter_map(Value::as_f64).collect()).collect())
+        .unwrap_or_default();
+    let Some((&last, before)) = prompt.split_last() else {
+        eprintln!("reference.json has no prompt");
+        return ExitCode::from(2);
+    };
+    let started = Instant::now();
+    let mut state = model.state(&PatchSet::default());
+    before.iter().for_each(|&id| model.advance(&mut state, id));
+    let mut ours = vec![model.step(&mut state, last)];
+    let prefilled = started.elapsed().as_secs_f64();
+    ours.extend(forced.iter().map(|&id| model.step(&mut state, id)));
+    let decoded = started.elapsed().as_secs_f64() - prefilled;
+    let mut worst = 0f64;
+    for (step, (a, b)) in ours.iter().zip(&rows).enumerate() {
+        let err = rel_l2(a, b);
+        worst = worst.max(err);
+        println!("step {step:>2}: rel L2 {err:.2e}");
+    }
+    println!(
+        "{}: {} prompt + {} forced tokens, {} steps compared; worst rel L2 {worst:.2e} (transformers {}); load {loaded:.1} s, prompt {prefilled:.1} s, decode {decoded:.1} s",
+        dir.display(),
+        prompt.len(),
+        forced.len(),
+        rows.len().min(ours.len()),
+        reference["transformers"].as_str().unwrap_or("?")
+    );
+    if rows.len() != ours.len() || worst > 1e-4 {
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}

@@ -69,8 +69,10 @@ fn main() -> ExitCode {
         worst = worst.max(err);
         println!("step {step:>2}: rel L2 {err:.2e}");
     }
+    // FNV-1a over every logit's bits: equal digests, equal numbers (threads must not change them).
+    let digest = ours.iter().flatten().fold(0xcbf2_9ce4_8422_2325u64, |h, v| (h ^ u64::from(v.to_bits())).wrapping_mul(0x100_0000_01b3));
     println!(
-        "{}: {} prompt + {} forced tokens, {} steps compared; worst rel L2 {worst:.2e} (transformers {}); load {loaded:.1} s, prompt {prefilled:.1} s, decode {decoded:.1} s",
+        "{}: {} prompt + {} forced tokens, {} steps compared; worst rel L2 {worst:.2e} (transformers {}); logits digest {digest:016x}; load {loaded:.1} s, prompt {prefilled:.1} s, decode {decoded:.1} s",
         dir.display(),
         prompt.len(),
         forced.len(),

@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use ctxscope_formats::{SafeTensors, SafetensorsError};
-use ctxscope_numerics::dot;
 
 use super::dsv4_attention::{attention, AttentionShape, AttentionWeights, Compressor, Indexer, LayerCache, Long, Storage};
 use super::mhc::{fold, head, hyper_connection, HcSettings, HcWeights};
@@ -198,7 +197,7 @@ impl DeepseekV4Model {
             c.rms_norm_eps,
         );
         let output = if c.tie_word_embeddings { self.t("model.embed_tokens.weight") } else { self.t("head.weight") };
-        output.chunks(c.hidden_size).map(|row| dot(row, &x)).collect()
+        super::dsv4_attention::matvec(output, &x)
     }
 
     /// The logits of every position of `ids` (positions `0..ids.len()`), in one pass, under `patches`

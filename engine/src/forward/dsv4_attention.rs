@@ -114,9 +114,18 @@ impl AttentionShape {
     }
 }
 
-fn matvec(rows: &[f32], x: &[f32]) -> Vec<f32> {
+/// `rows` (each `x.len()` long) times `x`. Each output is one fixed-order dot product, so splitting the
+/// rows over threads (from [`PARALLEL_MACS`] multiply-adds) leaves every bit as it is.
+pub(super) fn matvec(rows: &[f32], x: &[f32]) -> Vec<f32> {
+    if rows.len() >= PARALLEL_MACS {
+        use rayon::prelude::*;
+        return rows.par_chunks(x.len()).map(|row| dot(row, x)).collect();
+    }
     rows.chunks(x.len()).map(|row| dot(row, x)).collect()
 }
+
+/// Multiply-adds from which a product is worth splitting over the thread pool.
+pub(super) const PARALLEL_MACS: usize = 1 << 18;
 
 /// RMS norm of `x`, times `weight` when given (transformers' `DeepseekV4RMSNorm` and
 /// `DeepseekV4UnweightedRMSNorm`).
@@ -371,6 +380,16 @@ impl LayerCache {
 mod tests {
     use super::*;
     use crate::forward::testutil::tiny::{self, floats};
+
+    #[test]
+    fn a_product_split_over_threads_keeps_every_bit() {
+        let cols = 1024;
+        let rows: Vec<f32> = (0..PARALLEL_MACS + 7 * cols).map(|i| ((i * 2_654_435_761) % 1000) as f32 / 997.0 - 0.5).collect();
+        let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.37).sin()).collect();
+        let one_by_one: Vec<u32> = rows.chunks(cols).map(|row| dot(row, &x).to_bits()).collect();
+        let split: Vec<u32> = matvec(&rows, &x).iter().map(|v| v.to_bits()).collect();
+        assert_eq!(split, one_by_one);
+    }
 
     fn check(fixture_name: &str) {
         let (fixture, c, st) = (tiny::json(fixture_name), tiny::config(), tiny::tensors());

@@ -124,9 +124,17 @@ pub fn moe(x: &[f32], token: u32, w: &MoeWeights<'_>, s: MoeSettings) -> Vec<f32
         Some(shared) => expert(x, shared, s.swiglu_limit),
         None => vec![0f32; x.len()],
     };
+    let picked = route(x, token, w, s);
+    // The experts run on the thread pool when they are large; their sum keeps the routing order.
+    let outputs: Vec<Vec<f32>> = if w.experts.first().is_some_and(|e| e.w1.len() >= super::dsv4_attention::PARALLEL_MACS / 4) {
+        use rayon::prelude::*;
+        picked.par_iter().map(|&(e, _)| expert(x, &w.experts[e], s.swiglu_limit)).collect()
+    } else {
+        picked.iter().map(|&(e, _)| expert(x, &w.experts[e], s.swiglu_limit)).collect()
+    };
     let mut routed = vec![0f32; x.len()];
-    for (e, weight) in route(x, token, w, s) {
-        for (r, v) in routed.iter_mut().zip(expert(x, &w.experts[e], s.swiglu_limit)) {
+    for ((_, weight), output) in picked.iter().zip(outputs) {
+        for (r, v) in routed.iter_mut().zip(output) {
             *r += weight * v;
         }
     }

@@ -163,12 +163,13 @@ async fn capture(model: &Path, data: &Path) -> (u64, Vec<String>) {
         assert_eq!(raw.status, 200, "turn {turn}: {}", String::from_utf8_lossy(&raw.body));
         let body = raw.json();
         let text = body["choices"][0]["message"]["content"].as_str().unwrap_or_else(|| panic!("turn {turn}: no reply: {body}")).to_string();
+        let cached = body["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
         if turn == 0 || turn == TURNS - 1 {
-            eprintln!(
-                "turn {turn}: {} prompt tokens, {} cached",
-                body["usage"]["prompt_tokens"], body["usage"]["prompt_tokens_details"]["cached_tokens"]
-            );
+            eprintln!("turn {turn}: {} prompt tokens, {cached} cached", body["usage"]["prompt_tokens"]);
         }
+        // Every later turn extends the state where the previous prompt ended (the reply's ids need not
+        // re-tokenize the same, and from this random model they do not).
+        assert!(turn == 0 || cached > 0, "turn {turn}: no prefix reused: {body}");
         messages.push(json!({"role": "assistant", "content": text}));
         replies.push(text);
     }

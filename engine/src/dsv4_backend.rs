@@ -1,9 +1,11 @@
 //! DeepSeek-V4 on the CPU: the golden forward pass ([`DeepseekV4Model::step`]) behind the [`Backend`]
 //! trait. A sequence's cache is its decoding state (each layer's window of raw entries, closed
-//! compressed blocks, indexer keys and the rows of the blocks still open), which is reused only
-//! whole: a window that has slid and blocks that have closed cannot be cut back to an earlier
-//! length, so the prefix cache hands a state on only to a prompt that extends all of it (the next
-//! turn of a conversation does), and a prompt that shares less is computed from the start.
+//! compressed blocks, indexer keys and the rows of the blocks still open), which cannot be cut back
+//! to an earlier length (the window has slid, blocks have closed). So a sequence keeps two states
+//! the prefix cache can hand on: its whole state, and a copy taken where its prompt ended (before
+//! the reply), which the next turn of a conversation extends even when the reply does not
+//! re-tokenize to the ids generated or the chat format renders it otherwise (DeepSeek's drops the
+//! thinking). A prompt sharing less than either is computed from the start.
 
 use std::sync::Arc;
 
@@ -25,10 +27,18 @@ impl DeepseekV4Backend {
     }
 }
 
-/// One sequence's decoding state; made on its first step, under that step's patches.
+/// One sequence's decoding state (made on its first step, under that step's patches) and a copy of
+/// it where its last multi-token step (the prompt) ended.
 #[derive(Clone, Default)]
 pub struct DeepseekV4Kv {
     state: Option<DeepseekV4State>,
+    prompt_end: Option<DeepseekV4State>,
+}
+
+impl DeepseekV4Kv {
+    fn fresh(state: DeepseekV4State) -> DeepseekV4Kv {
+        DeepseekV4Kv { state: Some(state), prompt_end: None }
+    }
 }
 
 impl SequenceKv for DeepseekV4Kv {
@@ -37,18 +47,22 @@ impl SequenceKv for DeepseekV4Kv {
     }
 
     fn reusable(&self, len: usize) -> usize {
-        if len == self.len() {
-            len
+        let prompt_end = self.prompt_end.as_ref().map_or(0, DeepseekV4State::len);
+        if len >= self.len() {
+            self.len()
+        } else if len >= prompt_end {
+            prompt_end
         } else {
             0
         }
     }
 
     fn prefix(&self, len: usize) -> Result<DeepseekV4Kv, BackendError> {
-        match len {
-            0 => Ok(DeepseekV4Kv::default()),
-            n if n == self.len() => Ok(self.clone()),
-            n => Err(BackendError::new(NAME, format!("a DeepSeek-V4 state of {} positions cannot be cut back to {n}", self.len()))),
+        match (len, &self.state, &self.prompt_end) {
+            (0, _, _) => Ok(DeepseekV4Kv::default()),
+            (n, Some(state), _) if n == state.len() => Ok(DeepseekV4Kv::fresh(state.clone())),
+            (n, _, Some(prompt)) if n == prompt.len() => Ok(DeepseekV4Kv::fresh(prompt.clone())),
+            (n, _, _) => Err(BackendError::new(NAME, format!("a DeepSeek-V4 state of {} positions cannot be cut back to {n}", self.len()))),
         }
     }
 }
@@ -84,6 +98,9 @@ impl Backend for DeepseekV4Backend {
             // Only the last token's logits are returned: the others skip the output head.
             before.iter().for_each(|&token| self.model.advance(state, token));
             outputs.push(Output::Logits(self.model.step(state, last)));
+            if !before.is_empty() {
+                step.kv.prompt_end = step.kv.state.clone();
+            }
         }
         Ok(outputs)
     }
@@ -119,6 +136,13 @@ mod tests {
         let mut reused = kv.prefix(30).unwrap();
         let logits = forward(&mut backend, &mut reused, &tokens[30..], &golden);
         assert_eq!(logits, whole[39], "continued state equals the one-pass logits bit for bit");
+        // Decoded on past its prompt, the sequence still hands on its prompt's end.
+        for pos in 30..34 {
+            forward(&mut backend, &mut kv, &tokens[pos..=pos], &golden);
+        }
+        assert_eq!((kv.len(), kv.reusable(40), kv.reusable(33), kv.reusable(31), kv.reusable(29)), (34, 34, 30, 30, 0));
+        let mut from_prompt = kv.prefix(30).unwrap();
+        assert_eq!(forward(&mut backend, &mut from_prompt, &tokens[30..], &golden), whole[39]);
         // Another patch set cannot continue a golden state.
         let patched = PatchSet::parse("mhc_bf16").unwrap();
         let mut steps = [Step { tokens: &tokens[..1], kv: &mut kv, want: Want::Logits }];

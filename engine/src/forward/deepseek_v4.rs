@@ -6,61 +6,14 @@
 //! own; this pass is matched end to end (tests/fixtures/deepseek_v4/tiny/reference.json). A
 //! [`PatchSet`] reaches every block through `parts` and the settings, the same in `logits` and `step`.
 
-use std::collections::BTreeMap;
-use std::path::Path;
-
-use ctxscope_formats::{SafeTensors, SafetensorsError};
-
 use super::dsv4_attention::{attention, AttentionShape, AttentionWeights, Compressor, Indexer, LayerCache, Long, Storage};
 use super::mhc::{fold, head, hyper_connection, HcSettings, HcWeights};
 use super::moe::{moe, Expert, MoeSettings, MoeWeights, Routing, Scoring};
-use crate::model::deepseek_v4::{AttentionKind, ConfigError, DeepseekV4Config, MlpKind};
+use crate::model::deepseek_v4::{AttentionKind, MlpKind};
+pub use crate::model::deepseek_v4::{DeepseekV4Model, LoadError};
 use crate::patch::PatchSet;
 
-/// Why a DeepSeek-V4 checkpoint could not be loaded.
-#[derive(Debug, thiserror::Error)]
-pub enum LoadError {
-    #[error("{path}: {source}")]
-    Io { path: std::path::PathBuf, source: std::io::Error },
-    #[error("config.json: {0}")]
-    Json(#[from] serde_json::Error),
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    #[error(transparent)]
-    Tensors(#[from] SafetensorsError),
-    #[error("tensor {name} has shape {found:?}, expected {expected:?}")]
-    Shape { name: String, found: Vec<usize>, expected: Vec<usize> },
-}
-
-/// A checkpoint in memory: its config, every weight as f32 and the hash layers' tables.
-pub struct DeepseekV4Model {
-    pub config: DeepseekV4Config,
-    tensors: BTreeMap<String, Vec<f32>>,
-    tables: BTreeMap<String, Vec<i64>>,
-}
-
 impl DeepseekV4Model {
-    /// Loads `dir` (config.json and safetensors), checking every tensor's shape against the config.
-    pub fn load(dir: &Path) -> Result<DeepseekV4Model, LoadError> {
-        let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|source| LoadError::Io { path, source })?;
-        let config = DeepseekV4Config::from_json(&serde_json::from_str(&text)?)?;
-        let file = SafeTensors::open_dir(dir)?;
-        let (mut tensors, mut tables) = (BTreeMap::new(), BTreeMap::new());
-        for (name, shape, dtype) in config.tensors() {
-            let found = file.entry(&name).ok_or_else(|| SafetensorsError::Missing(name.clone()))?.shape.clone();
-            if found != shape {
-                return Err(LoadError::Shape { name, found, expected: shape });
-            }
-            if dtype == "I64" {
-                tables.insert(name.clone(), file.i64(&name)?);
-            } else {
-                tensors.insert(name.clone(), file.f32(&name)?);
-            }
-        }
-        Ok(DeepseekV4Model { config, tensors, tables })
-    }
-
     fn t(&self, name: &str) -> &[f32] {
         // Every name the pass asks for is in `config.tensors()`, which `load` read.
         self.tensors.get(name).map(Vec::as_slice).unwrap_or_else(|| panic!("tensor {name} was not loaded"))

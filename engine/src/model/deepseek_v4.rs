@@ -4,6 +4,10 @@
 //! (mHC, hash and top-k MoE, sliding / compressed sparse / heavily compressed attention) reads what
 //! [`DeepseekV4Config::tensors`] names.
 
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use ctxscope_formats::{SafeTensors, SafetensorsError};
 use serde_json::Value;
 
 /// The attention of one layer.
@@ -253,6 +257,52 @@ impl DeepseekV4Config {
         }
         out.extend(tables);
         out
+    }
+}
+
+/// Why a DeepSeek-V4 checkpoint could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{path}: {source}")]
+    Io { path: std::path::PathBuf, source: std::io::Error },
+    #[error("config.json: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Tensors(#[from] SafetensorsError),
+    #[error("tensor {name} has shape {found:?}, expected {expected:?}")]
+    Shape { name: String, found: Vec<usize>, expected: Vec<usize> },
+}
+
+/// A checkpoint in memory: its config, every weight as f32 and the hash layers' tables. Its forward
+/// pass is in `crate::forward::deepseek_v4`.
+pub struct DeepseekV4Model {
+    pub config: DeepseekV4Config,
+    pub(crate) tensors: BTreeMap<String, Vec<f32>>,
+    pub(crate) tables: BTreeMap<String, Vec<i64>>,
+}
+
+impl DeepseekV4Model {
+    /// Loads `dir` (config.json and safetensors), checking every tensor's shape against the config.
+    pub fn load(dir: &Path) -> Result<DeepseekV4Model, LoadError> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|source| LoadError::Io { path, source })?;
+        let config = DeepseekV4Config::from_json(&serde_json::from_str(&text)?)?;
+        let file = SafeTensors::open_dir(dir)?;
+        let (mut tensors, mut tables) = (BTreeMap::new(), BTreeMap::new());
+        for (name, shape, dtype) in config.tensors() {
+            let found = file.entry(&name).ok_or_else(|| SafetensorsError::Missing(name.clone()))?.shape.clone();
+            if found != shape {
+                return Err(LoadError::Shape { name, found, expected: shape });
+            }
+            if dtype == "I64" {
+                tables.insert(name.clone(), file.i64(&name)?);
+            } else {
+                tensors.insert(name.clone(), file.f32(&name)?);
+            }
+        }
+        Ok(DeepseekV4Model { config, tensors, tables })
     }
 }
 

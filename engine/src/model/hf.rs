@@ -5,17 +5,15 @@
 //! same thing. Weights are kept as f32 (the fast path falls back to the f32 dot for them).
 
 use std::path::Path;
-
-use ctxscope_formats::gguf::GgmlType;
 use std::sync::Arc;
 
+use ctxscope_formats::gguf::GgmlType;
 use ctxscope_formats::template::{ChatFormat, DeepSeekFormat, DeepSeekVersion};
 use ctxscope_formats::{ChatTemplate, SafeTensors, Tokenizer};
 use serde_json::Value;
 
-use super::deepseek_v4::DeepseekV4Config;
+use super::deepseek_v4::{DeepseekV4Config, DeepseekV4Model};
 use super::{Layer, Matrix, Model, ModelConfig, ModelError, QuantMatrix, Weights};
-use crate::forward::deepseek_v4::DeepseekV4Model;
 
 /// Loads the checkpoint in `dir`.
 pub fn load(dir: &Path) -> Result<Model, ModelError> {

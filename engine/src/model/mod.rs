@@ -14,8 +14,8 @@ use std::sync::Arc;
 use ctxscope_formats::template::ChatFormat;
 use ctxscope_formats::{ChatTemplate, Gguf, Tokenizer};
 
-use crate::forward::deepseek_v4::DeepseekV4Model;
 use crate::patch::Arch;
+use deepseek_v4::DeepseekV4Model;
 
 pub use config::ModelConfig;
 pub use weights::{Layer, Matrix, QuantMatrix, Weights};
@@ -43,7 +43,7 @@ pub enum ModelError {
     #[error("checkpoint: {0}")]
     Checkpoint(String),
     #[error("DeepSeek-V4 checkpoint: {0}")]
-    DeepseekV4(#[from] crate::forward::deepseek_v4::LoadError),
+    DeepseekV4(#[from] deepseek_v4::LoadError),
 }
 
 /// Everything needed to run and to talk to one model.

@@ -184,6 +184,7 @@ pub(crate) fn transaction_error(error: TransactionError<StoreError>) -> StoreErr
 pub(crate) mod tests {
     use super::*;
     use crate::records::{BaseRef, Relation};
+    use crate::test_support::unlocked;
     use crate::{chain_next, message_hash, store_test_turn, to_hex, StoreOptions};
     use serde_json::json;
 
@@ -370,18 +371,5 @@ pub(crate) mod tests {
         assert_eq!(files("packs"), 0);
         store.sweep_messages().unwrap();
         assert_eq!(files("messages"), 0);
-    }
-
-    /// Opens a store again once sled has let go of its lock.
-    fn unlocked<T>(open: impl Fn() -> Result<T, StoreError>) -> T {
-        for _ in 0..500 {
-            match open() {
-                Err(e) if e.to_string().contains("could not acquire lock") || matches!(e, StoreError::Locked { .. }) => {
-                    std::thread::sleep(std::time::Duration::from_millis(20))
-                }
-                other => return other.unwrap(),
-            }
-        }
-        panic!("the store's lock was never released")
     }
 }

@@ -183,6 +183,7 @@ mod tests {
     use super::*;
     use crate::codec::id_key;
     use crate::commit::tests::draft;
+    use crate::test_support::unlocked;
     use crate::StoreOptions;
 
     #[test]
@@ -225,9 +226,9 @@ mod tests {
             store.apply(&ops[..ops.len() / 2]).unwrap();
             store.flush().unwrap();
         }
-        let store = Store::open(replay.path(), &StoreOptions::default()).unwrap();
+        let store = unlocked(|| Store::open(replay.path(), &StoreOptions::default()));
         assert!(store.intents.is_empty(), "open finished the intent");
-        let expected = Store::open(whole.path(), &StoreOptions::default()).unwrap();
+        let expected = unlocked(|| Store::open(whole.path(), &StoreOptions::default()));
         for slot in SLOTS {
             let ours: Vec<_> = store.slot_tree(slot).iter().flatten().collect();
             let theirs: Vec<_> = expected.slot_tree(slot).iter().flatten().collect();

@@ -31,6 +31,8 @@ mod read_only;
 mod replays;
 mod resolve;
 pub mod spill;
+#[cfg(test)]
+mod test_support;
 
 pub use check::{CheckReport, ConversationFate, Fate, Problem, ProblemKind};
 pub use commit::TurnDraft;

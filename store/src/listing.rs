@@ -283,7 +283,7 @@ mod tests {
             store.meta.remove(BY_UPDATED_BUILT).unwrap();
             store.db.flush().unwrap();
         }
-        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        let store = crate::test_support::unlocked(|| Store::open(dir.path(), &StoreOptions::default()));
         let page = store.conversations_page(&PageQuery::default(), |_| Ok(true)).unwrap();
         assert_eq!(page.conversations.len(), 1);
     }

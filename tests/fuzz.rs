@@ -196,14 +196,8 @@ fn reusing_a_known_request_parses_like_the_whole_request() {
         let body = bytes::Bytes::from(prime);
         let parsed = known.parse(Endpoint::ChatCompletions, &body).unwrap();
         let hashes: Vec<_> = parsed.request.messages.iter().map(|m| message_hash(m).0).collect();
-        let mut h = ctxscope_store::ZERO_HASH;
-        let chain: Vec<_> = hashes
-            .iter()
-            .map(|m| {
-                h = ctxscope_store::chain_next(&h, m);
-                h
-            })
-            .collect();
+        let mut chain = Vec::new();
+        ctxscope_store::extend_chain(&mut chain, &hashes);
         known.remember(&body, &parsed, &hashes, &chain);
     }
     let mut reused = 0;

@@ -14,6 +14,9 @@ import torch
 import transformers
 from transformers import DeepseekV4ForCausalLM
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_tiny import cached_logits  # noqa: E402
+
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -26,18 +29,10 @@ def main(argv=None):
     model = DeepseekV4ForCausalLM.from_pretrained(args.dir, dtype=torch.float32).to(args.device).eval()
     prompt = torch.tensor([reference["prompt_ids"]], device=args.device)
     forced = torch.tensor([reference["decode_ids"]], device=args.device)
-    rows = []
-    with torch.no_grad():
-        out = model(input_ids=prompt, use_cache=True)
-        rows.append(out.logits[0, -1].double().cpu())
-        past = out.past_key_values
-        for step in range(forced.shape[1]):
-            out = model(input_ids=forced[:, step : step + 1], past_key_values=past, use_cache=True)
-            rows.append(out.logits[0, -1].double().cpu())
-            past = out.past_key_values
+    rows = cached_logits(model, prompt, forced)
     worst = 0.0
-    for step, (ours, theirs) in enumerate(zip(rows, reference["logits"])):
-        theirs = torch.tensor(theirs, dtype=torch.float64)
+    for ours, theirs in zip(rows, reference["logits"]):
+        ours, theirs = torch.tensor(ours, dtype=torch.float64), torch.tensor(theirs, dtype=torch.float64)
         worst = max(worst, ((ours - theirs).norm() / theirs.norm()).item())
     print(json.dumps({"checked": str(args.dir), "transformers": transformers.__version__, "made_with": reference.get("transformers"),
                       "device": args.device, "steps": len(rows), "worst_rel_l2": worst}))

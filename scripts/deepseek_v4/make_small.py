@@ -24,7 +24,7 @@ import transformers
 from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_tiny import randomise_zero_initialised  # noqa: E402
+from make_tiny import cached_logits, randomise_zero_initialised  # noqa: E402
 
 LAYERS = 8
 SMALL = dict(
@@ -64,20 +64,6 @@ SMALL = dict(
 # 600 tokens: the window (128) slides, HCA closes 4 blocks, CSA closes 150 blocks for a top-k of 128.
 PROMPT_TOKENS = 600
 DECODE_STEPS = 16
-
-
-def reference_logits(model, ids, device):
-    rows = []
-    prompt, forced = ids[:, :PROMPT_TOKENS].to(device), ids[:, PROMPT_TOKENS:].to(device)
-    with torch.no_grad():
-        out = model(input_ids=prompt, use_cache=True)
-        rows.append(out.logits[0, -1].double().cpu().tolist())
-        past = out.past_key_values
-        for step in range(DECODE_STEPS):
-            out = model(input_ids=forced[:, step : step + 1], past_key_values=past, use_cache=True)
-            rows.append(out.logits[0, -1].double().cpu().tolist())
-            past = out.past_key_values
-    return rows
 
 
 def copy_bandwidth(device):
@@ -128,7 +114,7 @@ def main(argv=None):
     model.save_pretrained(args.out, safe_serialization=True)
     model = model.to(args.device)
     start = time.perf_counter()
-    rows = reference_logits(model, ids, args.device)
+    rows = cached_logits(model, ids[:, :PROMPT_TOKENS].to(args.device), ids[:, PROMPT_TOKENS:].to(args.device))
     figures = {"parameters": params, "reference_seconds": round(time.perf_counter() - start, 2)}
     reference = {
         "made_by": "scripts/deepseek_v4/make_small.py",

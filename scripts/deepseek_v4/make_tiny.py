@@ -82,6 +82,21 @@ def randomise_zero_initialised(model, generator):
                     tensor.copy_(0.1 * noise)
 
 
+def cached_logits(model, prompt, forced):
+    """transformers' logits of the prompt's last position, then of each forced token fed one at a time
+    through the cache (rows of floats)."""
+    rows = []
+    with torch.no_grad():
+        out = model(input_ids=prompt, use_cache=True)
+        rows.append(out.logits[0, -1].double().cpu().tolist())
+        past = out.past_key_values
+        for step in range(forced.shape[1]):
+            out = model(input_ids=forced[:, step : step + 1], past_key_values=past, use_cache=True)
+            rows.append(out.logits[0, -1].double().cpu().tolist())
+            past = out.past_key_values
+    return rows
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
@@ -94,15 +109,8 @@ def main(argv=None):
     randomise_zero_initialised(model, generator)
     ids = torch.randint(2, config.vocab_size, (1, PROMPT_TOKENS + DECODE_STEPS), generator=generator)
     prompt, forced = ids[:, :PROMPT_TOKENS], ids[:, PROMPT_TOKENS:]
-    rows = []
+    rows = cached_logits(model, prompt, forced)
     with torch.no_grad():
-        out = model(input_ids=prompt, use_cache=True)
-        rows.append(out.logits[0, -1].tolist())
-        past = out.past_key_values
-        for step in range(DECODE_STEPS):
-            out = model(input_ids=forced[:, step : step + 1], past_key_values=past, use_cache=True)
-            rows.append(out.logits[0, -1].tolist())
-            past = out.past_key_values
         # The same positions without a cache, as one pass: the cache must not change the numbers.
         whole = model(input_ids=ids, use_cache=False).logits[0, PROMPT_TOKENS - 1 :]
     cached = torch.tensor(rows)

@@ -81,6 +81,16 @@ pub fn chain_next(prev: &Hash, message: &Hash) -> Hash {
     h.finalize().into()
 }
 
+/// Extends `chain` (links of the messages before) with the links of `messages` after them.
+pub fn extend_chain(chain: &mut Vec<Hash>, messages: &[Hash]) {
+    let mut h = chain.last().copied().unwrap_or(ZERO_HASH);
+    chain.reserve(messages.len());
+    for message in messages {
+        h = chain_next(&h, message);
+        chain.push(h);
+    }
+}
+
 /// Hex encoding used in JSON output and keys shown to users.
 pub fn to_hex(hash: &Hash) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";

@@ -12,7 +12,7 @@ pub mod retention;
 mod store;
 
 pub use error::StoreError;
-pub use hash::{canonical_message, chain_next, from_hex, message_hash, to_hex, Hash, ZERO_HASH};
+pub use hash::{canonical_message, chain_next, extend_chain, from_hex, message_hash, to_hex, Hash, ZERO_HASH};
 pub use records::*;
 pub use retention::{RetentionPolicy, RetentionReport};
 pub use store::{IdSpace, Store, StoreOptions, SCHEMA_VERSION};

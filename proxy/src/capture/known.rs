@@ -144,7 +144,7 @@ impl Record {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ctxscope_store::{chain_next, message_hash, ZERO_HASH};
+    use ctxscope_store::{extend_chain, message_hash};
     use serde_json::json;
 
     fn remember(known: &mut KnownRequests, body: &Bytes) -> Parsed {
@@ -152,9 +152,7 @@ mod tests {
         let mut hashes = parsed.hashes.clone();
         hashes.extend(parsed.request.messages[hashes.len()..].iter().map(|m| message_hash(m).0));
         let mut chain = parsed.chain.clone();
-        for hash in &hashes[chain.len()..] {
-            chain.push(chain_next(chain.last().unwrap_or(&ZERO_HASH), hash));
-        }
+        extend_chain(&mut chain, &hashes[parsed.chain.len()..]);
         known.remember(body, &parsed, &hashes, &chain);
         let whole = parse::request(Endpoint::ChatCompletions, body).unwrap();
         assert_eq!(parsed.request, whole, "reused parse differs from the whole parse");

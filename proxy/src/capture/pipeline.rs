@@ -7,8 +7,8 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ctxscope_store::{
-    chain_next, message_hash, to_hex, ConversationRecord, Endpoint, FindingRecord, Hash, IdSpace, ResponsesInfo, RetentionPolicy, Store,
-    StoreError, Timing, TurnDraft, TurnRecord, ZERO_HASH,
+    chain_next, extend_chain, message_hash, to_hex, ConversationRecord, Endpoint, FindingRecord, Hash, IdSpace, ResponsesInfo,
+    RetentionPolicy, Store, StoreError, Timing, TurnDraft, TurnRecord, ZERO_HASH,
 };
 
 use super::exchange::{Exchange, Outcome};
@@ -161,15 +161,11 @@ impl Pipeline {
         }
         let body = bytes::Bytes::from(body);
         // The parse tree dies with the turn: its blocks are scratch (ctxscope_common::scratch).
-        let parsed = ctxscope_common::scratch::scope(|| self.known.parse(exchange.endpoint, &body))?;
-        let (mut hashes, mut chain) = (parsed.hashes.clone(), parsed.chain.clone());
+        let mut parsed = ctxscope_common::scratch::scope(|| self.known.parse(exchange.endpoint, &body))?;
+        let (mut hashes, mut chain) = (std::mem::take(&mut parsed.hashes), std::mem::take(&mut parsed.chain));
         let new_from = hashes.len();
         hashes.extend(parsed.request.messages[new_from..].iter().map(|m| self.hashes.hash(m)));
-        let mut h = chain.last().copied().unwrap_or(ZERO_HASH);
-        for hash in &hashes[new_from..] {
-            h = chain_next(&h, hash);
-            chain.push(h);
-        }
+        extend_chain(&mut chain, &hashes[new_from..]);
         self.known.remember(&body, &parsed, &hashes, &chain);
         let mut request = parsed.request;
         let mut notes = Vec::new();
@@ -183,7 +179,8 @@ impl Pipeline {
         if request.messages.len() != hashes.len() {
             // A Responses chain's messages went in front of the request's own: hashed again whole.
             hashes = request.messages.iter().map(|m| self.hashes.hash(m)).collect();
-            chain = chain_of(&hashes);
+            chain.clear();
+            extend_chain(&mut chain, &hashes);
         }
         let threading = thread::Request { messages: &request.messages, hashes: &hashes, chain: &chain };
         let decision = match &chained {
@@ -219,7 +216,7 @@ impl Pipeline {
                 endpoint: if responses { Endpoint::ChatCompletions } else { exchange.endpoint },
                 model: request.model.as_deref(),
                 messages: &values,
-                head: chain.last().copied().unwrap_or(ZERO_HASH),
+                head,
                 tools_hash,
                 body: &body,
             };
@@ -348,18 +345,6 @@ impl Pipeline {
             parse::response(exchange.endpoint, exchange.response_content_type.as_deref(), status, &body, streaming)
         })
     }
-}
-
-/// The prefix chain of `hashes` (`chain[i]` covers messages `0..=i`).
-fn chain_of(hashes: &[Hash]) -> Vec<Hash> {
-    let mut h = ZERO_HASH;
-    hashes
-        .iter()
-        .map(|hash| {
-            h = chain_next(&h, hash);
-            h
-        })
-        .collect()
 }
 
 /// The conversation record after `turn`: the decided conversation moved on to it, or a new one.

@@ -56,22 +56,6 @@ pub trait Sink: Send + 'static {
     fn finish(&mut self) {}
 }
 
-/// Nice value of the capture thread: the threads that forward traffic run first when the cores are
-/// busy; capture catches up when they are not (the queue holds what waits, drops are counted).
-const CAPTURE_NICE: i32 = 10;
-
-/// Lowers the calling thread's scheduling priority to [`CAPTURE_NICE`] (Linux: per thread).
-fn yield_to_traffic() {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: gettid and setpriority take plain integers and touch no memory of ours.
-        let result = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, CAPTURE_NICE) };
-        if result != 0 {
-            tracing::debug!(error = %std::io::Error::last_os_error(), "capture thread keeps its priority");
-        }
-    }
-}
-
 /// The running worker thread.
 pub struct Worker {
     handle: Option<JoinHandle<()>>,
@@ -85,7 +69,6 @@ pub fn spawn(mut sink: impl Sink, capacity: usize, upkeep_every: Duration) -> (C
     let handle = std::thread::Builder::new()
         .name("ctxscope-capture".into())
         .spawn(move || {
-            yield_to_traffic();
             let mut next_upkeep = Instant::now() + upkeep_every;
             loop {
                 let wait = next_upkeep.saturating_duration_since(Instant::now());

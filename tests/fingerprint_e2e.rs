@@ -65,7 +65,9 @@ async fn restarting_llama_server_with_another_context_size_raises_engine_changed
     let list = proxy.wait_turns(3).await;
     let id = list.as_array().and_then(|l| l.iter().find(|c| c["name"] == CONVERSATION)).map(|c| c["id"].clone());
     let id = id.unwrap_or_else(|| panic!("conversation {CONVERSATION} not captured: {list}"));
-    let detail = get_json(&format!("{}/api/conversations/{id}", proxy.admin_url())).await;
+    // The turn is listed once committed; its findings are written right after.
+    let has_finding = |d: &Value| d["findings"].as_array().is_some_and(|f| f.iter().any(|f| f["kind"] == "engine_changed"));
+    let detail = wait_json(&format!("{}/api/conversations/{id}", proxy.admin_url()), Duration::from_secs(10), has_finding).await;
     let prints: Vec<&str> = detail["turns"].as_array().unwrap().iter().map(|t| t["fingerprint"].as_str().unwrap_or("")).collect();
     assert_eq!(prints.len(), 3, "{detail}");
     assert!(!prints[0].is_empty(), "turn 0 carries no fingerprint: {detail}");

@@ -242,6 +242,19 @@ pub async fn wait_captured_turns(admin: &str, turns: u64, within: Duration) -> s
     }
 }
 
+/// Polls `GET url` (200, JSON) until `ready` accepts the answer, for at most `within`; returns it.
+/// For what the capture writes after a turn is listed (its findings follow its commit).
+pub async fn wait_json(url: &str, within: Duration, ready: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let deadline = Instant::now() + within;
+    loop {
+        let value = get_json(url).await;
+        if ready(&value) || Instant::now() >= deadline {
+            return value;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The JSON `data:` payloads of an SSE body, `[DONE]` left out.
 pub fn sse_payloads(body: &[u8]) -> Vec<serde_json::Value> {
     String::from_utf8_lossy(body)

@@ -203,9 +203,9 @@ impl Pipeline {
         };
         let head = chain.last().copied().unwrap_or(ZERO_HASH);
         let tail = reply.map(|r| chain_next(&head, &r));
-        // Templates render JSON values: with a counter, every message is parsed (and copied once).
-        let counting = self.tokens.is_some() || self.upstream_counter.is_some();
-        let values = if counting { message::values(&request.messages) } else { Vec::new() };
+        // Templates render JSON values: with a local tokenizer, every message is parsed (and copied
+        // once); the upstream counter reads them only when it asks the upstream.
+        let values = if self.tokens.is_some() { message::values(&request.messages) } else { Vec::new() };
         let mut counted = self.tokens.as_mut().and_then(|t| t.count(exchange.endpoint, &values, &chain, base_len));
         let mut local_tokens = counted.as_ref().map(|c| c.local.clone());
         if let (None, Some(counter)) = (&self.tokens, self.upstream_counter.as_mut()) {
@@ -215,7 +215,7 @@ impl Pipeline {
             let prompt = Prompt {
                 endpoint: if responses { Endpoint::ChatCompletions } else { exchange.endpoint },
                 model: request.model.as_deref(),
-                messages: &values,
+                messages: &request.messages,
                 head,
                 tools_hash,
                 body: &body,

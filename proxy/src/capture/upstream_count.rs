@@ -27,6 +27,7 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use serde_json::{json, Value};
 
 use crate::metrics as m;
+use crate::parse::message::{self, Message};
 use crate::upstream::Upstream;
 
 /// Which engine's endpoints the upstream offers.
@@ -273,7 +274,7 @@ impl UpstreamCounter {
         let chat = prompt.endpoint != Endpoint::Completions;
         let answer = match (flavour, chat) {
             (Flavour::LlamaCpp | Flavour::Ctxscope, true) => {
-                let mut body = json!({"messages": prompt.messages});
+                let mut body = json!({"messages": message::values(prompt.messages)});
                 if let Some(tools) = prompt.tools() {
                     body["tools"] = tools;
                 }
@@ -287,7 +288,7 @@ impl UpstreamCounter {
                 self.post("/tokenize", &body, authorization, deadline)?
             }
             (Flavour::Vllm, true) => {
-                let mut body = json!({"model": model, "messages": prompt.messages, "add_generation_prompt": true});
+                let mut body = json!({"model": model, "messages": message::values(prompt.messages), "add_generation_prompt": true});
                 if let Some(tools) = prompt.tools() {
                     body["tools"] = tools;
                 }
@@ -415,8 +416,9 @@ fn shape(path: &'static str, detail: &str) -> CountError {
 pub struct Prompt<'a> {
     pub endpoint: Endpoint,
     pub model: Option<&'a str>,
-    /// The parsed messages (a completions prompt is one `{"role": "prompt"}` message).
-    pub messages: &'a [Value],
+    /// The parsed messages (a completions prompt is one `{"role": "prompt"}` message); their JSON
+    /// is read only when the upstream is asked (a cached count or a back-off reads none).
+    pub messages: &'a [Message],
     /// The chain hash over the messages.
     pub head: Hash,
     /// The hash of the request's `tools` (they render into the prompt).
@@ -528,15 +530,15 @@ mod tests {
         Double { url, seen, fail, _thread: thread }
     }
 
-    fn messages(turns: usize) -> Vec<Value> {
+    fn messages(turns: usize) -> Vec<Message> {
         let mut list = vec![json!({"role": "system", "content": "be terse"})];
         for i in 0..turns {
             list.push(json!({"role": "user", "content": format!("question {i}")}));
         }
-        list
+        list.into_iter().map(Message::new).collect()
     }
 
-    fn prompt<'a>(messages: &'a [Value], body: &'a [u8]) -> Prompt<'a> {
+    fn prompt<'a>(messages: &'a [Message], body: &'a [u8]) -> Prompt<'a> {
         let mut head = ctxscope_store::ZERO_HASH;
         for m in messages {
             head = chain_next(&head, &message_hash(m).0);
@@ -605,6 +607,34 @@ mod tests {
         assert_eq!(paths(&up.seen).iter().filter(|p| *p == "/v1/models").count(), 2);
     }
 
+    /// A count answered from the cache, or not tried while backing off, reads no message's JSON:
+    /// a long conversation's old messages stay unparsed (capture cost flat with turns).
+    #[test]
+    fn cached_and_backed_off_counts_leave_the_messages_unparsed() {
+        let unparsed = |list: &[Message]| -> Vec<Message> {
+            list.iter().map(|m| Message::known(Bytes::from(m.value().to_string()), message::Facts::of(m.value()))).collect()
+        };
+        let up = double("llamacpp", Duration::ZERO);
+        let mut counter = UpstreamCounter::new(Upstream::parse(&up.url).unwrap(), CountSettings::default());
+        let list = messages(3);
+        counter.try_count(&prompt(&list, b"{}"), None).unwrap();
+        // The head is computed from parsed copies; the counter gets the unparsed ones.
+        let again = unparsed(&list);
+        counter.try_count(&Prompt { messages: &again, ..prompt(&list, b"{}") }, None).unwrap();
+        assert!(again.iter().all(|m| !m.is_parsed()), "a cached count parsed the messages");
+        up.fail.store(true, std::sync::atomic::Ordering::SeqCst);
+        counter.try_count(&prompt(&messages(4), b"{}"), None).unwrap_err();
+        let five = messages(5);
+        let later = unparsed(&five);
+        assert!(matches!(counter.try_count(&Prompt { messages: &later, ..prompt(&five, b"{}") }, None), Err(CountError::BackingOff(_))));
+        assert!(later.iter().all(|m| !m.is_parsed()), "a backed-off count parsed the messages");
+        // The count that is sent reads them.
+        up.fail.store(false, std::sync::atomic::Ordering::SeqCst);
+        counter.retry_at = Some(Instant::now());
+        counter.try_count(&Prompt { messages: &later, ..prompt(&five, b"{}") }, None).unwrap();
+        assert!(later.iter().all(Message::is_parsed));
+    }
+
     #[test]
     fn a_slow_upstream_times_out_within_the_deadline() {
         let up = double("llamacpp", Duration::from_secs(3));
@@ -617,7 +647,7 @@ mod tests {
     }
 
     /// A captured chat exchange as the tee would hand it over.
-    fn exchange(messages: &[Value], authorization: Option<&str>) -> crate::capture::exchange::Exchange {
+    fn exchange(messages: &[Message], authorization: Option<&str>) -> crate::capture::exchange::Exchange {
         use crate::capture::exchange::{Captured, Exchange};
         let captured = |value: Value| {
             let mut c = Captured::default();
@@ -625,7 +655,7 @@ mod tests {
             c.complete = true;
             c
         };
-        let request = Arc::new(Mutex::new(captured(json!({"model": "m", "messages": messages}))));
+        let request = Arc::new(Mutex::new(captured(json!({"model": "m", "messages": message::values(messages)}))));
         let mut ex = Exchange::new(Endpoint::ChatCompletions, "POST", "/v1/chat/completions", request);
         ex.status = Some(200);
         ex.response_content_type = Some("application/json".into());

@@ -82,6 +82,12 @@ impl Message {
         self.value.get_or_init(|| self.raw.as_ref().and_then(|raw| serde_json::from_slice(raw).ok()).unwrap_or(Value::Null))
     }
 
+    /// Whether the message's JSON has been parsed (for tests of what reads it).
+    #[cfg(test)]
+    pub fn is_parsed(&self) -> bool {
+        self.value.get().is_some()
+    }
+
     pub fn role(&self) -> Option<&str> {
         self.facts.role.as_str()
     }

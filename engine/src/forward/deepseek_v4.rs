@@ -257,6 +257,7 @@ fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
 mod tests {
     use super::*;
     use crate::forward::testutil::tiny;
+    use crate::model::deepseek_v4::DeepseekV4Config;
 
     /// The tiny model, the reference's tokens (prompt then forced) and the prompt's length.
     fn tiny_case() -> (DeepseekV4Model, Vec<u32>, usize) {
@@ -289,6 +290,38 @@ mod tests {
         // within 4e-7).
         let worst = worst_against_reference(&model.logits(&ids, &PatchSet::default()), prompt);
         eprintln!("DeepSeek-V4 tiny golden logits: worst rel L2 {worst:.1e} over 17 steps");
+    }
+
+    /// YaRN on the compressed layers' RoPE (DeepSeek-V4's factor 16, here over 256 original
+    /// positions, and transformers' own `attention_factor`): the same checkpoint with that config
+    /// against transformers (reference_yarn.json), one pass and token by token through the caches.
+    #[test]
+    fn yarn_compress_rope_matches_transformers() {
+        let (mut model, ids, prompt) = tiny_case();
+        let yarn = tiny::json("reference_yarn.json");
+        let mut config = tiny::json("config.json");
+        config["rope_parameters"]["compress"] = yarn["compress"].clone();
+        model.config = DeepseekV4Config::from_json(&config).unwrap();
+        let table = model.config.compress_yarn.as_ref().unwrap().inv_freq(model.config.compress_rope_theta, model.config.rope_dim);
+        assert_eq!(table, tiny::floats(&yarn["inv_freq"]), "YaRN frequencies");
+        let steps = {
+            let mut state = model.state(&PatchSet::default());
+            ids.iter().map(|&id| model.step(&mut state, id)).collect::<Vec<_>>()
+        };
+        let whole = model.logits(&ids, &PatchSet::default());
+        let mut worst = 0f32;
+        for (step, want) in yarn["logits"].as_array().unwrap().iter().enumerate() {
+            let want = tiny::floats(want);
+            for rows in [&whole, &steps] {
+                let err = tiny::rel_l2(&rows[prompt - 1 + step], &want);
+                assert!(err < 1e-4, "step {step}: rel L2 {err:e} against transformers with YaRN");
+                worst = worst.max(err);
+            }
+        }
+        // The scaling matters at these positions: the plain reference is far from it.
+        let moved = yarn["rel_l2_to_plain"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).fold(f64::INFINITY, f64::min);
+        assert!(moved > 1e-2, "YaRN moved the reference by only {moved:e}");
+        eprintln!("DeepSeek-V4 tiny with YaRN compress RoPE: worst rel L2 {worst:.1e} over 17 steps (plain is {moved:.1e} away)");
     }
 
     #[test]

@@ -18,7 +18,7 @@
 use ctxscope_numerics::dot;
 use ctxscope_numerics::round::{fp8_e4m3_blocks, fp8_scaled_slice};
 
-use crate::model::deepseek_v4::{AttentionKind, DeepseekV4Config};
+use crate::model::deepseek_v4::{AttentionKind, DeepseekV4Config, Yarn, MAX_ROPE_PAIRS};
 use crate::patch::{INDEXER_FP8_BLOCK, KV_FP8_SCALE};
 
 /// How an entry is stored once it is made: as computed, or rounded to FP8 e4m3 with the per-tensor
@@ -90,7 +90,7 @@ pub struct AttentionShape {
     pub o_groups: usize,
     /// Raw entries a query sees (`sliding_window`, or the `swa_window` patch).
     pub window: usize,
-    pub rope_theta: f32,
+    pub rope: RopeTable,
     pub eps: f32,
     /// `kv_fp8`: each raw entry stored as [`Storage::Fp8Tensor`] once projected.
     pub kv_fp8: bool,
@@ -100,14 +100,20 @@ impl AttentionShape {
     /// A layer of `kind` in model `c`: sliding layers turn by the main RoPE base, compressed ones
     /// (and their blocks) by the compress one.
     pub fn for_layer(c: &DeepseekV4Config, kind: AttentionKind) -> AttentionShape {
-        let theta = if kind == AttentionKind::Sliding { c.rope_theta } else { c.compress_rope_theta };
+        let rope = match kind {
+            AttentionKind::Sliding => RopeTable::plain(c.rope_theta, c.rope_dim),
+            _ => match &c.compress_yarn {
+                Some(yarn) => RopeTable::yarn(yarn, c.compress_rope_theta, c.rope_dim),
+                None => RopeTable::plain(c.compress_rope_theta, c.rope_dim),
+            },
+        };
         AttentionShape {
             heads: c.num_heads,
             head_dim: c.head_dim,
             rope_dim: c.rope_dim,
             o_groups: c.o_groups,
             window: c.sliding_window,
-            rope_theta: theta as f32,
+            rope,
             eps: c.rms_norm_eps,
             kv_fp8: false,
         }
@@ -137,14 +143,40 @@ pub(super) fn rms_norm(x: &[f32], weight: Option<&[f32]>, eps: f32) -> Vec<f32> 
     }
 }
 
+/// The frequency of each RoPE pair and the scale on cos and sin (1 but under YaRN), fixed per layer.
+#[derive(Debug, Clone, Copy)]
+pub struct RopeTable {
+    inv_freq: [f32; MAX_ROPE_PAIRS],
+    scale: f32,
+}
+
+impl RopeTable {
+    /// Plain RoPE at base `theta` over `dim` channels: `1 / theta^(2i / dim)` in f32, as transformers.
+    pub fn plain(theta: f64, dim: usize) -> RopeTable {
+        Self::from_freqs((0..dim / 2).map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / dim as f32)), 1.0)
+    }
+
+    /// YaRN-scaled RoPE (DeepSeek-V4's compressed layers).
+    pub fn yarn(yarn: &Yarn, theta: f64, dim: usize) -> RopeTable {
+        Self::from_freqs(yarn.inv_freq(theta, dim).into_iter(), yarn.attention_factor as f32)
+    }
+
+    fn from_freqs(freqs: impl Iterator<Item = f32>, scale: f32) -> RopeTable {
+        let mut inv_freq = [0.0; MAX_ROPE_PAIRS];
+        // The config check keeps the RoPE part within MAX_ROPE_PAIRS pairs.
+        inv_freq.iter_mut().zip(freqs).for_each(|(slot, f)| *slot = f);
+        RopeTable { inv_freq, scale }
+    }
+}
+
 /// Turns the trailing `rope_dim` channels of `head` by position `pos` (interleaved pairs), or back
-/// when `inverse`.
+/// when `inverse` (transformers' conjugate: the same scaled cos, the sine negated).
 fn rope(head: &mut [f32], pos: usize, s: &AttentionShape, inverse: bool) {
     let start = head.len() - s.rope_dim;
     for (i, pair) in head[start..].chunks_mut(2).enumerate() {
-        let inv_freq = 1.0 / s.rope_theta.powf((2 * i) as f32 / s.rope_dim as f32);
-        let angle = pos as f32 * inv_freq;
-        let (cos, sin) = (angle.cos(), if inverse { -angle.sin() } else { angle.sin() });
+        let angle = pos as f32 * s.rope.inv_freq[i];
+        let (cos, sin) = (angle.cos() * s.rope.scale, angle.sin() * s.rope.scale);
+        let sin = if inverse { -sin } else { sin };
         let (a, b) = (pair[0], pair[1]);
         pair[0] = a * cos - b * sin;
         pair[1] = b * cos + a * sin;

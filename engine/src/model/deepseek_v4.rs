@@ -10,6 +10,11 @@ use std::path::Path;
 use ctxscope_formats::{SafeTensors, SafetensorsError};
 use serde_json::Value;
 
+pub use super::yarn::{Yarn, YarnError};
+
+/// The most RoPE pairs a head may turn (DeepSeek-V4: 32).
+pub const MAX_ROPE_PAIRS: usize = 64;
+
 /// The attention of one layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttentionKind {
@@ -64,6 +69,8 @@ pub struct DeepseekV4Config {
     pub rms_norm_eps: f32,
     pub rope_theta: f64,
     pub compress_rope_theta: f64,
+    /// YaRN scaling of the compress RoPE (DeepSeek-V4 ships factor 16); sliding layers' RoPE is plain.
+    pub compress_yarn: Option<Yarn>,
     pub tie_word_embeddings: bool,
 }
 
@@ -76,6 +83,8 @@ pub enum ConfigError {
     Missing(&'static str),
     #[error("config.json: {0}")]
     Invalid(String),
+    #[error(transparent)]
+    Yarn(#[from] YarnError),
 }
 
 impl DeepseekV4Config {
@@ -122,11 +131,9 @@ impl DeepseekV4Config {
         };
         let theta = |label: &str, fallback: &'static str| -> Result<f64, ConfigError> {
             let nested = c.pointer(&format!("/rope_parameters/{label}"));
-            if let Some(kind) = nested.and_then(|r| r.get("rope_type")).and_then(Value::as_str).filter(|t| *t != "default") {
-                return Err(ConfigError::Invalid(format!("{label} RoPE of type {kind} is not implemented yet")));
-            }
             nested.and_then(|r| r.get("rope_theta")).and_then(Value::as_f64).map_or_else(|| f(fallback), Ok)
         };
+        let compress_yarn = Self::compress_yarn(c)?;
         let config = DeepseekV4Config {
             vocab_size: u("vocab_size")?,
             hidden_size: u("hidden_size")?,
@@ -157,10 +164,42 @@ impl DeepseekV4Config {
             rms_norm_eps: f("rms_norm_eps")? as f32,
             rope_theta: theta("main", "rope_theta")?,
             compress_rope_theta: theta("compress", "compress_rope_theta")?,
+            compress_yarn,
             tie_word_embeddings: c.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
         };
         config.check()?;
         Ok(config)
+    }
+
+    /// The compress RoPE's YaRN, from the nested `rope_parameters.compress` transformers writes, or
+    /// from a flat `rope_parameters` / `rope_scaling` (DeepSeek's own config.json), which transformers
+    /// applies to the compress RoPE alone with `attention_factor` 1.0. The main RoPE must be plain.
+    fn compress_yarn(c: &Value) -> Result<Option<Yarn>, ConfigError> {
+        let kind =
+            |entry: &Value| entry.get("rope_type").or_else(|| entry.get("type")).and_then(Value::as_str).unwrap_or("default").to_string();
+        let params = c.get("rope_parameters").filter(|p| p.is_object());
+        let nested = |label: &str| params.and_then(|p| p.get(label)).filter(|e| e.is_object());
+        if let Some(main) = nested("main").map(kind).filter(|k| k != "default") {
+            return Err(ConfigError::Invalid(format!("main RoPE of type {main} (DeepSeek-V4 turns its sliding layers by plain RoPE)")));
+        }
+        let max_positions = c.get("max_position_embeddings").and_then(Value::as_f64);
+        // transformers reads `truncate` from the top level of `rope_parameters` only.
+        let truncate = params.and_then(|p| p.get("truncate")).and_then(Value::as_bool).unwrap_or(true);
+        let (entry, default_attention) = match nested("compress") {
+            Some(entry) => (entry, None),
+            None => match params
+                .filter(|p| p.get("rope_type").or_else(|| p.get("type")).is_some())
+                .or_else(|| c.get("rope_scaling").filter(|s| s.is_object()))
+            {
+                Some(flat) => (flat, Some(1.0)),
+                None => return Ok(None),
+            },
+        };
+        match kind(entry).as_str() {
+            "default" => Ok(None),
+            "yarn" => Ok(Some(Yarn::from_entry(entry, max_positions, default_attention, truncate)?)),
+            other => Err(ConfigError::Invalid(format!("compress RoPE of type {other} is not implemented (default and yarn are)"))),
+        }
     }
 
     fn check(&self) -> Result<(), ConfigError> {
@@ -168,7 +207,7 @@ impl DeepseekV4Config {
         if self.num_heads == 0 || self.o_groups == 0 || !self.num_heads.is_multiple_of(self.o_groups) {
             return bad(format!("{} heads do not split into {} output groups", self.num_heads, self.o_groups));
         }
-        if self.rope_dim > self.head_dim || !self.rope_dim.is_multiple_of(2) {
+        if self.rope_dim > self.head_dim || !self.rope_dim.is_multiple_of(2) || self.rope_dim > 2 * MAX_ROPE_PAIRS {
             return bad(format!("a RoPE part of {} in heads of {}", self.rope_dim, self.head_dim));
         }
         if self.experts_per_token == 0 || self.experts_per_token > self.experts {
@@ -334,6 +373,30 @@ mod tests {
         }
     }
 
+    /// YaRN on the compress RoPE, in each form a config.json carries it: nested as transformers
+    /// writes it (its `attention_factor`, or transformers' default without one), or flat as
+    /// DeepSeek's own config has it (`rope_scaling`; transformers then sets 1.0).
+    #[test]
+    fn compress_yarn_is_read_nested_or_flat() {
+        let yarn = serde_json::json!({"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 256});
+        let mut c = tiny_config();
+        assert_eq!(DeepseekV4Config::from_json(&c).unwrap().compress_yarn, None);
+        for (k, v) in yarn.as_object().unwrap() {
+            c["rope_parameters"]["compress"][k] = v.clone();
+        }
+        let nested = DeepseekV4Config::from_json(&c).unwrap().compress_yarn.unwrap();
+        assert_eq!((nested.factor, nested.original_max_positions, nested.beta_fast, nested.beta_slow), (16.0, 256.0, 32.0, 1.0));
+        assert!((nested.attention_factor - 1.2772588722239781).abs() < 1e-12);
+        c["rope_parameters"]["compress"]["attention_factor"] = 1.0.into();
+        assert_eq!(DeepseekV4Config::from_json(&c).unwrap().compress_yarn.unwrap().attention_factor, 1.0);
+        let mut flat = tiny_config();
+        flat.as_object_mut().unwrap().remove("rope_parameters");
+        flat["rope_scaling"] = serde_json::json!({"type": "yarn", "factor": 16.0, "original_max_position_embeddings": 256});
+        let read = DeepseekV4Config::from_json(&flat).unwrap();
+        assert_eq!(read.compress_yarn.unwrap().attention_factor, 1.0);
+        assert_eq!((read.rope_theta, read.compress_rope_theta), (10000.0, 160000.0));
+    }
+
     #[test]
     fn configs_it_cannot_serve_are_refused_naming_the_key() {
         let mut c = tiny_config();
@@ -349,8 +412,11 @@ mod tests {
         c["o_groups"] = 3.into();
         assert!(DeepseekV4Config::from_json(&c).is_err());
         let mut c = tiny_config();
-        c["rope_parameters"]["compress"]["rope_type"] = "yarn".into();
-        assert!(matches!(DeepseekV4Config::from_json(&c), Err(ConfigError::Invalid(m)) if m.contains("yarn")));
+        c["rope_parameters"]["compress"]["rope_type"] = "longrope".into();
+        assert!(matches!(DeepseekV4Config::from_json(&c), Err(ConfigError::Invalid(m)) if m.contains("longrope")));
+        let mut c = tiny_config();
+        c["rope_parameters"]["main"]["rope_type"] = "yarn".into();
+        assert!(matches!(DeepseekV4Config::from_json(&c), Err(ConfigError::Invalid(m)) if m.contains("main RoPE")));
         let mut c = tiny_config();
         c.as_object_mut().unwrap().remove("q_lora_rank");
         assert_eq!(DeepseekV4Config::from_json(&c), Err(ConfigError::Missing("q_lora_rank")));

@@ -7,6 +7,7 @@ mod config;
 pub mod deepseek_v4;
 pub mod hf;
 mod weights;
+mod yarn;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -397,6 +397,34 @@ mod tests {
         assert_eq!((read.rope_theta, read.compress_rope_theta), (10000.0, 160000.0));
     }
 
+    /// DeepSeek-V4 at its released size (tests/fixtures/deepseek_v4/flash: transformers' config.json
+    /// with the released YaRN): read as transformers reads it, every parameter named (the count of
+    /// `DeepseekV4ForCausalLM` on the meta device with its float buffers, the hash tables as I64), both RoPE tables equal
+    /// to transformers' bit for bit.
+    #[test]
+    fn the_released_size_reads_as_transformers_builds_it() {
+        let dir = tiny::dir().join("../flash");
+        let read = |name: &str| -> Value { serde_json::from_str(&std::fs::read_to_string(dir.join(name)).unwrap()).unwrap() };
+        let (config, expected) = (DeepseekV4Config::from_json(&read("config.json")).unwrap(), read("expected.json"));
+        assert_eq!((config.layers.len(), config.hidden_size, config.rope_dim, config.hca_rate), (43, 4096, 64, 128));
+        let tensors = config.tensors();
+        let numel = |dtype: &str| -> u64 { tensors.iter().filter(|t| t.2 == dtype).map(|t| t.1.iter().product::<usize>() as u64).sum() };
+        let floats = expected["parameters"].as_u64().unwrap() + expected["float_buffers"].as_u64().unwrap();
+        assert_eq!(numel("F32"), floats, "parameters and the routers' correction biases");
+        let tables: Vec<Vec<usize>> = tensors.iter().filter(|t| t.2 == "I64").map(|t| t.1.clone()).collect();
+        let want: Vec<Vec<usize>> =
+            expected["integer_buffers"].as_object().unwrap().values().map(|v| serde_json::from_value(v.clone()).unwrap()).collect();
+        assert_eq!(tables, want, "hash tables");
+        let yarn = config.compress_yarn.as_ref().expect("the released config's YaRN");
+        assert_eq!((yarn.factor, yarn.original_max_positions, yarn.attention_factor), (16.0, 65536.0, 1.0));
+        let freqs = |kind: &str| tiny::floats(&expected["rope"][kind]["inv_freq"]);
+        assert_eq!(yarn.inv_freq(config.compress_rope_theta, config.rope_dim), freqs("compress"));
+        let plain: Vec<f32> =
+            (0..config.rope_dim / 2).map(|i| 1.0 / (config.rope_theta as f32).powf((2 * i) as f32 / config.rope_dim as f32)).collect();
+        assert_eq!(plain, freqs("main"));
+        assert_eq!(expected["rope"]["compress"]["attention_scaling"], 1.0);
+    }
+
     #[test]
     fn configs_it_cannot_serve_are_refused_naming_the_key() {
         let mut c = tiny_config();

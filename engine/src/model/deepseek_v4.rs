@@ -43,7 +43,7 @@ pub struct DeepseekV4Config {
     pub hidden_size: usize,
     pub num_heads: usize,
     pub head_dim: usize,
-    /// Leading dimensions of a head that RoPE turns (`qk_rope_head_dim`).
+    /// Trailing dimensions of a head that RoPE turns (`qk_rope_head_dim`).
     pub rope_dim: usize,
     pub q_lora_rank: usize,
     pub o_groups: usize,
@@ -208,7 +208,7 @@ impl DeepseekV4Config {
             return bad(format!("{} heads do not split into {} output groups", self.num_heads, self.o_groups));
         }
         if self.rope_dim > self.head_dim || !self.rope_dim.is_multiple_of(2) || self.rope_dim > 2 * MAX_ROPE_PAIRS {
-            return bad(format!("a RoPE part of {} in heads of {}", self.rope_dim, self.head_dim));
+            return bad(format!("a RoPE part of {} in heads of {} (even, at most {})", self.rope_dim, self.head_dim, 2 * MAX_ROPE_PAIRS));
         }
         if self.experts_per_token == 0 || self.experts_per_token > self.experts {
             return bad(format!("{} experts per token of {}", self.experts_per_token, self.experts));

@@ -18,7 +18,7 @@
 use ctxscope_numerics::dot;
 use ctxscope_numerics::round::{fp8_e4m3_blocks, fp8_scaled_slice};
 
-use crate::model::deepseek_v4::{AttentionKind, DeepseekV4Config, Yarn, MAX_ROPE_PAIRS};
+use crate::model::deepseek_v4::{plain_inv_freq, AttentionKind, DeepseekV4Config, Yarn, MAX_ROPE_PAIRS};
 use crate::patch::{INDEXER_FP8_BLOCK, KV_FP8_SCALE};
 
 /// How an entry is stored once it is made: as computed, or rounded to FP8 e4m3 with the per-tensor
@@ -153,7 +153,7 @@ pub struct RopeTable {
 impl RopeTable {
     /// Plain RoPE at base `theta` over `dim` channels: `1 / theta^(2i / dim)` in f32, as transformers.
     pub fn plain(theta: f64, dim: usize) -> RopeTable {
-        Self::from_freqs((0..dim / 2).map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / dim as f32)), 1.0)
+        Self::from_freqs(plain_inv_freq(theta, dim).into_iter(), 1.0)
     }
 
     /// YaRN-scaled RoPE (DeepSeek-V4's compressed layers).

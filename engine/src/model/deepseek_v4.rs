@@ -10,7 +10,7 @@ use std::path::Path;
 use ctxscope_formats::{SafeTensors, SafetensorsError};
 use serde_json::Value;
 
-pub use super::yarn::{Yarn, YarnError};
+pub use super::yarn::{plain_inv_freq, Yarn, YarnError};
 
 /// The most RoPE pairs a head may turn (DeepSeek-V4: 32).
 pub const MAX_ROPE_PAIRS: usize = 64;
@@ -419,9 +419,7 @@ mod tests {
         assert_eq!((yarn.factor, yarn.original_max_positions, yarn.attention_factor), (16.0, 65536.0, 1.0));
         let freqs = |kind: &str| tiny::floats(&expected["rope"][kind]["inv_freq"]);
         assert_eq!(yarn.inv_freq(config.compress_rope_theta, config.rope_dim), freqs("compress"));
-        let plain: Vec<f32> =
-            (0..config.rope_dim / 2).map(|i| 1.0 / (config.rope_theta as f32).powf((2 * i) as f32 / config.rope_dim as f32)).collect();
-        assert_eq!(plain, freqs("main"));
+        assert_eq!(plain_inv_freq(config.rope_theta, config.rope_dim), freqs("main"));
         assert_eq!(expected["rope"]["compress"]["attention_scaling"], 1.0);
     }
 

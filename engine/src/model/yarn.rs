@@ -1,7 +1,8 @@
-//! YaRN RoPE scaling as DeepSeek-V4 uses it on its compressed layers (and their compressors and
-//! indexer): read from config.json and turned into the frequencies and cos/sin scale that
-//! transformers' `_compute_yarn_parameters` gives, in the same f32 steps (checked against it on the
-//! `tiny` checkpoint, tests/fixtures/deepseek_v4/tiny/reference_yarn.json).
+//! RoPE frequencies as transformers computes them, in its f32 steps: plain, and with YaRN scaling as
+//! DeepSeek-V4 uses it on its compressed layers (and their compressors and indexer), read from
+//! config.json and turned into the frequencies and cos/sin scale of `_compute_yarn_parameters`
+//! (checked against it on the `tiny` checkpoint, tests/fixtures/deepseek_v4/tiny/reference_yarn.json,
+//! and at the released size, tests/fixtures/deepseek_v4/flash).
 
 use serde_json::Value;
 
@@ -12,6 +13,16 @@ pub enum YarnError {
     Missing(&'static str),
     #[error("config.json: YaRN factor {factor} over {original} original positions")]
     Invalid { factor: f64, original: f64 },
+}
+
+/// `theta^(2i / dim)` of pair `i`, in f32 as transformers' `base ** (arange(0, dim, 2).float() / dim)`.
+fn pos_freq(theta: f64, dim: usize, i: usize) -> f32 {
+    (theta as f32).powf((2 * i) as f32 / dim as f32)
+}
+
+/// Plain RoPE's inverse frequency of each of the `dim / 2` pairs at base `theta`.
+pub fn plain_inv_freq(theta: f64, dim: usize) -> Vec<f32> {
+    (0..dim / 2).map(|i| 1.0 / pos_freq(theta, dim, i)).collect()
 }
 
 /// The parameters of a `rope_type: "yarn"` entry.
@@ -86,7 +97,7 @@ impl Yarn {
         let factor = self.factor as f32;
         (0..dim / 2)
             .map(|i| {
-                let pos_freq = (theta as f32).powf((2 * i) as f32 / dim as f32);
+                let pos_freq = pos_freq(theta, dim, i);
                 let (extrapolated, interpolated) = (1.0 / pos_freq, 1.0 / (factor * pos_freq));
                 let ramp = ((i as f32 - low as f32) / span).clamp(0.0, 1.0);
                 let keep = 1.0 - ramp;

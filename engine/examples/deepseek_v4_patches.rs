@@ -1,6 +1,6 @@
 //! Teacher-forced logits of a DeepSeek-V4 checkpoint under one patch set at chosen context lengths,
 //! for the distance-from-golden table by length (docs/engine.md): a seeded token sequence is fed
-//! without the output head, and at each length L the logits of positions L..L+16 are written as raw
+//! in chunks without the output head, and at each length L the logits of positions L..L+16 are written as raw
 //! little-endian f32 rows to `OUT.L.bin`, each file complete once its window is. Run once with
 //! `golden` and once per patch set, then compare the files (scripts/deepseek_v4/patch_table.py).
 //! `deepseek_v4_patches DIR PATCHES|golden OUT [LENGTHS, default 1024,4096]`
@@ -38,18 +38,15 @@ fn main() {
         .collect();
     let mut state = model.state(&set);
     let started = Instant::now();
-    let mut rows: Vec<u8> = Vec::new();
-    for (pos, &token) in tokens.iter().enumerate() {
-        let Some(&length) = lengths.iter().find(|&&l| (l..l + WINDOW).contains(&pos)) else {
-            model.advance(&mut state, token);
-            continue;
-        };
-        rows.extend(model.step(&mut state, token).iter().flat_map(|v| v.to_le_bytes()));
-        if pos + 1 == length + WINDOW {
-            let path = format!("{out}.{length}.bin");
-            std::fs::File::create(&path).and_then(|mut f| f.write_all(&rows)).unwrap_or_else(|e| panic!("{path}: {e}"));
-            rows.clear();
-            eprintln!("{patches}: {} positions in {:.1} s", pos + 1, started.elapsed().as_secs_f64());
-        }
+    for length in lengths {
+        assert!(length >= state.len(), "lengths rise by at least {WINDOW}");
+        // Up to the length without the output head, then the measured positions.
+        let seen = state.len();
+        model.advance(&mut state, &tokens[seen..length]);
+        let rows: Vec<u8> =
+            model.forward(&mut state, &tokens[length..length + WINDOW]).iter().flatten().flat_map(|v| v.to_le_bytes()).collect();
+        let path = format!("{out}.{length}.bin");
+        std::fs::File::create(&path).and_then(|mut f| f.write_all(&rows)).unwrap_or_else(|e| panic!("{path}: {e}"));
+        eprintln!("{patches}: {} positions in {:.1} s", length + WINDOW, started.elapsed().as_secs_f64());
     }
 }

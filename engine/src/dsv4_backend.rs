@@ -96,7 +96,7 @@ impl Backend for DeepseekV4Backend {
                 return Err(BackendError::new(NAME, "a step with no tokens"));
             };
             // Only the last token's logits are returned: the others skip the output head.
-            before.iter().for_each(|&token| self.model.advance(state, token));
+            self.model.advance(state, before);
             outputs.push(Output::Logits(self.model.step(state, last)));
             if !before.is_empty() {
                 step.kv.prompt_end = step.kv.state.clone();

@@ -5,6 +5,8 @@ the 16 positions after the length (full softmax, float64) and how many of them c
 (and the first that does).
 
     python3 scripts/deepseek_v4/patch_table.py VOCAB LENGTHS GOLDEN_PREFIX NAME=PREFIX ...
+
+(NAME may hold "=" itself, as `index_topk=64`: the prefix is what follows the last one.)
 """
 
 import sys
@@ -25,7 +27,7 @@ def main(argv):
     print("| patch | " + " | ".join(f"KL at {l} | greedy changed at {l}" for l in lengths) + " |")
     print("|---|" + "---|---|" * len(lengths))
     for run in runs:
-        name, path = run.split("=", 1)
+        name, path = run.rsplit("=", 1)
         cells = []
         for l in lengths:
             try:

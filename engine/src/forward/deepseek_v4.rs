@@ -6,8 +6,11 @@
 //! own; this pass is matched end to end (tests/fixtures/deepseek_v4/tiny/reference.json). A
 //! [`PatchSet`] reaches every block through `parts` and the settings, the same in `logits` and `step`.
 
-use super::dsv4_attention::{attention, AttentionShape, AttentionWeights, Compressor, Indexer, LayerCache, Long, Storage};
-use super::mhc::{fold, head, hyper_connection, HcSettings, HcWeights};
+use rayon::prelude::*;
+
+use super::dsv4_attention::{AttentionShape, AttentionWeights, Compressor, Indexer, LayerCache, Long, Storage};
+use super::dsv4_products::products;
+use super::mhc::{fold, head, hyper_connection, HcMix, HcSettings, HcWeights};
 use super::moe::{moe, Expert, MoeSettings, MoeWeights, Routing, Scoring};
 use crate::model::deepseek_v4::{AttentionKind, MlpKind};
 pub use crate::model::deepseek_v4::{DeepseekV4Model, LoadError};
@@ -126,51 +129,55 @@ impl DeepseekV4Model {
         }
     }
 
-    /// A token's residual streams: its embedding in each.
-    fn streams(&self, id: u32) -> Vec<f32> {
+    /// Each token's residual streams, side by side: its embedding in each of the `hc_mult`.
+    fn streams(&self, ids: &[u32]) -> Vec<f32> {
         let d = self.config.hidden_size;
-        self.t("model.embed_tokens.weight")[id as usize * d..(id as usize + 1) * d].repeat(self.config.hc_mult)
+        let table = self.t("model.embed_tokens.weight");
+        ids.iter().flat_map(|&id| table[id as usize * d..(id as usize + 1) * d].repeat(self.config.hc_mult)).collect()
     }
 
-    /// The MoE sub-block on one token's streams, in place.
-    fn ffn(&self, parts: &LayerParts<'_>, streams: &mut [f32], id: u32, patches: &PatchSet) {
-        let m = hyper_connection(streams, &parts.hc_ffn, self.hc_settings(patches));
-        let out = moe(&rms_norm(&m.collapsed, parts.ffn_norm, self.config.rms_norm_eps), id, &parts.moe, self.moe_settings(patches));
-        fold(streams, &m, &out);
+    /// One hyper-connection per token's streams (`hc * width` each), on the thread pool.
+    fn mixes(&self, streams: &[f32], w: &HcWeights<'_>, patches: &PatchSet) -> Vec<HcMix> {
+        let per_token = self.config.hc_mult * self.config.hidden_size;
+        streams.par_chunks(per_token).map(|s| hyper_connection(s, w, self.hc_settings(patches))).collect()
     }
 
-    /// The logits from one token's final streams.
-    fn output(&self, streams: &[f32], patches: &PatchSet) -> Vec<f32> {
+    /// The block inputs of `mixes`: each token's collapsed streams, RMS-normed by `weight`.
+    fn block_inputs(&self, mixes: &[HcMix], weight: &[f32]) -> Vec<f32> {
+        mixes.iter().flat_map(|m| rms_norm(&m.collapsed, weight, self.config.rms_norm_eps)).collect()
+    }
+
+    /// Folds each token's block output back into its streams.
+    fn fold_all(&self, streams: &mut [f32], mixes: &[HcMix], out: &[f32]) {
+        let (per_token, d) = (self.config.hc_mult * self.config.hidden_size, self.config.hidden_size);
+        for ((s, m), o) in streams.chunks_mut(per_token).zip(mixes).zip(out.chunks(d)) {
+            fold(s, m, o);
+        }
+    }
+
+    /// The logits from each token's final streams.
+    fn outputs(&self, streams: &[f32], patches: &PatchSet) -> Vec<Vec<f32>> {
         let c = &self.config;
         let (head_fn, head_base, head_scale) =
             (self.t("model.hc_head.hc_fn"), self.t("model.hc_head.hc_base"), self.t("model.hc_head.hc_scale"));
-        let x = rms_norm(
-            &head(streams, head_fn, head_base, head_scale[0], self.hc_settings(patches)),
-            self.t("model.norm.weight"),
-            c.rms_norm_eps,
-        );
+        let x: Vec<f32> = streams
+            .chunks(c.hc_mult * c.hidden_size)
+            .flat_map(|s| {
+                rms_norm(
+                    &head(s, head_fn, head_base, head_scale[0], self.hc_settings(patches)),
+                    self.t("model.norm.weight"),
+                    c.rms_norm_eps,
+                )
+            })
+            .collect();
         let output = if c.tie_word_embeddings { self.t("model.embed_tokens.weight") } else { self.t("head.weight") };
-        super::dsv4_attention::matvec(output, &x)
+        products(output, &x, c.hidden_size).chunks(c.vocab_size).map(<[f32]>::to_vec).collect()
     }
 
-    /// The logits of every position of `ids` (positions `0..ids.len()`), in one pass, under `patches`
-    /// (the empty set: golden).
+    /// The logits of every position of `ids` (positions `0..ids.len()`), under `patches` (the empty
+    /// set: golden): the same computation as [`DeepseekV4Model::forward`] from a fresh state.
     pub fn logits(&self, ids: &[u32], patches: &PatchSet) -> Vec<Vec<f32>> {
-        let d = self.config.hidden_size;
-        let mut streams: Vec<Vec<f32>> = ids.iter().map(|&id| self.streams(id)).collect();
-        for layer in 0..self.config.layers.len() {
-            let parts = self.parts(layer, patches);
-            let mixes: Vec<_> = streams.iter().map(|s| hyper_connection(s, &parts.hc_attn, self.hc_settings(patches))).collect();
-            let input: Vec<f32> = mixes.iter().flat_map(|m| rms_norm(&m.collapsed, parts.attn_norm, self.config.rms_norm_eps)).collect();
-            let out = attention(&input, d, &parts.attn, &parts.shape, &parts.long);
-            for ((s, m), o) in streams.iter_mut().zip(&mixes).zip(out.chunks(d)) {
-                fold(s, m, o);
-            }
-            for (s, &id) in streams.iter_mut().zip(ids) {
-                self.ffn(&parts, s, id, patches);
-            }
-        }
-        streams.iter().map(|s| self.output(s, patches)).collect()
+        self.forward(&mut self.state(patches), ids)
     }
 
     /// A fresh decoding state (nothing seen) under `patches`, which every step of it applies.
@@ -182,34 +189,48 @@ impl DeepseekV4Model {
         }
     }
 
+    /// Feeds `ids` after what `state` has seen; returns the logits of each.
+    pub fn forward(&self, state: &mut DeepseekV4State, ids: &[u32]) -> Vec<Vec<f32>> {
+        ids.chunks(CHUNK).flat_map(|chunk| self.outputs(&self.feed(state, chunk), &state.patches)).collect()
+    }
+
     /// Feeds one token after what `state` has seen; returns its logits.
     pub fn step(&self, state: &mut DeepseekV4State, id: u32) -> Vec<f32> {
-        let streams = self.feed(state, id);
-        self.output(&streams, &state.patches)
+        self.forward(state, &[id]).remove(0)
     }
 
-    /// Feeds one token whose logits are not wanted (a prompt's tokens before its last): the same
-    /// state as [`DeepseekV4Model::step`] leaves, without the output head.
-    pub fn advance(&self, state: &mut DeepseekV4State, id: u32) {
-        self.feed(state, id);
+    /// Feeds tokens whose logits are not wanted (a prompt's before its last): the same state as
+    /// [`DeepseekV4Model::forward`] leaves, without the output head.
+    pub fn advance(&self, state: &mut DeepseekV4State, ids: &[u32]) {
+        ids.chunks(CHUNK).for_each(|chunk| {
+            self.feed(state, chunk);
+        });
     }
 
-    /// Runs one token through every layer, moving `state` on; returns its residual streams.
-    fn feed(&self, state: &mut DeepseekV4State, id: u32) -> Vec<f32> {
-        let (pos, patches) = (state.position, &state.patches);
-        let mut streams = self.streams(id);
-        for (layer, cache) in state.layers.iter_mut().enumerate() {
+    /// Runs `ids` through every layer after what `state` has seen, all of them at once in each
+    /// layer (each product reads its weights once for them all), moving `state` on; returns their
+    /// residual streams.
+    fn feed(&self, state: &mut DeepseekV4State, ids: &[u32]) -> Vec<f32> {
+        let DeepseekV4State { layers, position, patches } = state;
+        let d = self.config.hidden_size;
+        let mut streams = self.streams(ids);
+        for (layer, cache) in layers.iter_mut().enumerate() {
             let parts = self.parts(layer, patches);
-            let mix = hyper_connection(&streams, &parts.hc_attn, self.hc_settings(patches));
-            let input = rms_norm(&mix.collapsed, parts.attn_norm, self.config.rms_norm_eps);
-            let out = cache.step(&input, pos, &parts.attn, &parts.shape, &parts.long);
-            fold(&mut streams, &mix, &out);
-            self.ffn(&parts, &mut streams, id, patches);
+            let mixes = self.mixes(&streams, &parts.hc_attn, patches);
+            let out = cache.extend(&self.block_inputs(&mixes, parts.attn_norm), d, *position, &parts.attn, &parts.shape, &parts.long);
+            self.fold_all(&mut streams, &mixes, &out);
+            let mixes = self.mixes(&streams, &parts.hc_ffn, patches);
+            let out = moe(&self.block_inputs(&mixes, parts.ffn_norm), ids, &parts.moe, self.moe_settings(patches));
+            self.fold_all(&mut streams, &mixes, &out);
         }
-        state.position += 1;
+        *position += ids.len();
         streams
     }
 }
+
+/// Tokens fed through the layers together: enough that each weight tile is read once for many
+/// rows and each expert sees several tokens, few enough that a long prompt's activations stay small.
+const CHUNK: usize = 512;
 
 /// What decoding token by token keeps: each layer's attention cache, the next position and the
 /// patches its entries were made under.
@@ -322,6 +343,28 @@ mod tests {
         let moved = yarn["rel_l2_to_plain"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).fold(f64::INFINITY, f64::min);
         assert!(moved > 1e-2, "YaRN moved the reference by only {moved:e}");
         eprintln!("DeepSeek-V4 tiny with YaRN compress RoPE: worst rel L2 {worst:.1e} over 17 steps (plain is {moved:.1e} away)");
+    }
+
+    /// Tokens fed in pieces of any size (one pass, chunks of [`CHUNK`], single steps, `advance`
+    /// without the head) give every position the same bits: each product takes its rows together
+    /// but computes each as one row alone.
+    #[test]
+    fn any_split_of_the_tokens_gives_the_same_bits() {
+        let (model, _, _) = tiny_case();
+        let ids: Vec<u32> = (0..2 * CHUNK as u32 + 90).map(|i| (i.wrapping_mul(2_654_435_761) >> 9) % 256).collect();
+        let bits = |rows: &[Vec<f32>]| rows.iter().map(|r| r.iter().map(|v| v.to_bits()).collect::<Vec<_>>()).collect::<Vec<_>>();
+        let golden = PatchSet::default();
+        let whole = bits(&model.logits(&ids, &golden));
+        let mut state = model.state(&golden);
+        model.advance(&mut state, &ids[..37]);
+        let cut = CHUNK + 150;
+        assert_eq!(bits(&model.forward(&mut state, &ids[37..cut])), whole[37..cut], "a piece across a chunk's end");
+        for (pos, &id) in ids.iter().enumerate().take(cut + 5).skip(cut) {
+            assert_eq!(bits(&[model.step(&mut state, id)]), whole[pos..=pos], "step at {pos}");
+        }
+        model.advance(&mut state, &ids[cut + 5..ids.len() - 1]);
+        assert_eq!(bits(&[model.step(&mut state, ids[ids.len() - 1])]), whole[ids.len() - 1..], "after advancing");
+        assert_eq!(state.len(), ids.len());
     }
 
     #[test]

@@ -18,6 +18,7 @@
 use ctxscope_numerics::dot;
 use ctxscope_numerics::round::{fp8_e4m3_blocks, fp8_scaled_slice};
 
+use super::dsv4_products::products;
 use crate::model::deepseek_v4::{plain_inv_freq, AttentionKind, DeepseekV4Config, Yarn, MAX_ROPE_PAIRS};
 use crate::patch::{INDEXER_FP8_BLOCK, KV_FP8_SCALE};
 
@@ -120,19 +121,6 @@ impl AttentionShape {
     }
 }
 
-/// `rows` (each `x.len()` long) times `x`. Each output is one fixed-order dot product, so splitting the
-/// rows over threads (from [`PARALLEL_MACS`] multiply-adds) leaves every bit as it is.
-pub(super) fn matvec(rows: &[f32], x: &[f32]) -> Vec<f32> {
-    if rows.len() >= PARALLEL_MACS {
-        use rayon::prelude::*;
-        return rows.par_chunks(x.len()).map(|row| dot(row, x)).collect();
-    }
-    rows.chunks(x.len()).map(|row| dot(row, x)).collect()
-}
-
-/// Multiply-adds from which a product is worth splitting over the thread pool.
-pub(super) const PARALLEL_MACS: usize = 1 << 18;
-
 /// RMS norm of `x`, times `weight` when given (transformers' `DeepseekV4RMSNorm` and
 /// `DeepseekV4UnweightedRMSNorm`).
 pub(super) fn rms_norm(x: &[f32], weight: Option<&[f32]>, eps: f32) -> Vec<f32> {
@@ -183,44 +171,67 @@ fn rope(head: &mut [f32], pos: usize, s: &AttentionShape, inverse: bool) {
     }
 }
 
-/// One entry of `hd` channels per closed block of `c.rate` rows of `x`, RoPE'd at the block's first
-/// position. With `overlap` (CSA) each row projects to two series of `hd`: entry w softmaxes, channel
-/// by channel, the previous block's first series with this block's second (`2 * rate` slots; block
-/// 0 has only its own); without (HCA), the block's one series.
-fn compress(x: &[f32], width: usize, c: &Compressor<'_>, hd: usize, overlap: bool, s: &AttentionShape) -> Vec<Vec<f32>> {
-    let rows: Vec<&[f32]> = x.chunks(width).collect();
-    let blocks: Vec<&[&[f32]]> = rows.chunks_exact(c.rate).collect();
-    (0..blocks.len()).map(|b| compress_block(b.checked_sub(1).map(|p| blocks[p]), blocks[b], b, c, hd, overlap, s)).collect()
+/// One row's projection through a compressor: its kv and its gate plus its slot's bias, each
+/// `series * hd` wide.
+#[derive(Clone)]
+struct Projection {
+    kv: Vec<f32>,
+    gate: Vec<f32>,
 }
 
-/// Entry `b` from its block's rows (and, with `overlap`, the previous block's).
+/// A compressor's state: the projected rows of the blocks still needed (the last closed one, whose
+/// first series the next overlapping entry takes, and the open one) and the entries made so far.
+#[derive(Default, Clone)]
+struct Blocks {
+    rows: Vec<Projection>,
+    entries: Vec<Vec<f32>>,
+}
+
+impl Blocks {
+    /// Takes `x` (rows of `width` at positions `pos0..`, after every earlier position) and makes one
+    /// entry of `hd` channels for every block of `c.rate` rows that closes among them. With
+    /// `overlap` (CSA) each row projects to two series of `hd`; without (HCA), to one.
+    #[allow(clippy::too_many_arguments)]
+    fn extend(&mut self, x: &[f32], width: usize, pos0: usize, c: &Compressor<'_>, hd: usize, overlap: bool, s: &AttentionShape) {
+        let series = if overlap { 2 * hd } else { hd };
+        let first = pos0 - self.rows.len();
+        let (kvs, gates) = (products(c.wkv, x, width), products(c.wgate, x, width));
+        for (i, (kv, gate)) in kvs.chunks(series).zip(gates.chunks(series)).enumerate() {
+            let pos = pos0 + i;
+            let bias = &c.ape[(pos % c.rate) * series..][..series];
+            self.rows.push(Projection { kv: kv.to_vec(), gate: gate.iter().zip(bias).map(|(g, b)| g + b).collect() });
+            if (pos + 1).is_multiple_of(c.rate) {
+                let b = pos / c.rate;
+                let own = b * c.rate - first;
+                let previous = (overlap && b > 0).then(|| &self.rows[own - c.rate..own]);
+                let entry = compress_block(previous, &self.rows[own..own + c.rate], b, c, hd, overlap, s);
+                self.entries.push(entry);
+            }
+        }
+        // Keep the last closed block's rows and the open block's.
+        let end = pos0 + kvs.len() / series;
+        let keep_from = (end / c.rate).saturating_sub(1) * c.rate;
+        self.rows.drain(..keep_from.saturating_sub(first).min(self.rows.len()));
+    }
+}
+
+/// Entry `b` from its block's projected rows (and, with `overlap`, the previous block's): channel by
+/// channel, a softmax of the gates over the slots weighting the kv values (with `overlap`, the
+/// previous block's first series and this block's second, `2 * rate` slots; without, this block's
+/// one series), then RMS norm and RoPE at the block's first position.
 fn compress_block(
-    previous: Option<&[&[f32]]>,
-    rows: &[&[f32]],
+    previous: Option<&[Projection]>,
+    own: &[Projection],
     b: usize,
     c: &Compressor<'_>,
     hd: usize,
     overlap: bool,
     s: &AttentionShape,
 ) -> Vec<f32> {
-    let series = if overlap { 2 } else { 1 };
-    // Per row: its kv and gate (gate plus the slot's bias), `series * hd` wide.
-    let project = |block: &[&[f32]]| -> Vec<(Vec<f32>, Vec<f32>)> {
-        block
-            .iter()
-            .enumerate()
-            .map(|(slot, r)| {
-                let bias = &c.ape[slot * series * hd..(slot + 1) * series * hd];
-                (matvec(c.wkv, r), matvec(c.wgate, r).iter().zip(bias).map(|(g, b)| g + b).collect())
-            })
-            .collect()
-    };
-    let before = previous.filter(|_| overlap).map(project).unwrap_or_default();
-    let own = project(rows);
     // (kv, gate) slices of hd channels taking part in the entry.
-    let mut slots: Vec<(&[f32], &[f32])> = before.iter().map(|(kv, g)| (&kv[..hd], &g[..hd])).collect();
+    let mut slots: Vec<(&[f32], &[f32])> = previous.into_iter().flatten().map(|p| (&p.kv[..hd], &p.gate[..hd])).collect();
     let range = if overlap { hd..2 * hd } else { 0..hd };
-    slots.extend(own.iter().map(|(kv, g)| (&kv[range.clone()], &g[range.clone()])));
+    slots.extend(own.iter().map(|p| (&p.kv[range.clone()], &p.gate[range.clone()])));
     let mut entry = vec![0f32; hd];
     for (ch, e) in entry.iter_mut().enumerate() {
         let max = slots.iter().map(|(_, g)| g[ch]).fold(f32::NEG_INFINITY, f32::max);
@@ -234,18 +245,25 @@ fn compress_block(
     entry
 }
 
-/// The closed entries the indexer keeps for the query at `t` (`q_res`: its low-rank query, `row`:
-/// its input): the `topk` highest `sum_h w_h * ReLU(q_h . k) / sqrt(head_dim)`, `w = weights_proj .
-/// row / sqrt(heads)`; ties (exact zeros from ReLU) to the lower index.
-fn select(t: usize, row: &[f32], q_res: &[f32], keys: &[Vec<f32>], closed: usize, ix: &Indexer<'_>, s: &AttentionShape) -> Vec<usize> {
-    let mut q = matvec(ix.wq_b, q_res);
+/// The closed entries the indexer keeps for the query at `t` (`q`: its indexer query before RoPE,
+/// `weights`: `weights_proj` times its input): the `topk` highest `sum_h w_h * ReLU(q_h . k) /
+/// sqrt(head_dim)`, `w = weights / sqrt(heads)`; ties (exact zeros from ReLU) to the lower index.
+fn select(
+    t: usize,
+    mut q: Vec<f32>,
+    weights: &[f32],
+    keys: &[Vec<f32>],
+    closed: usize,
+    ix: &Indexer<'_>,
+    s: &AttentionShape,
+) -> Vec<usize> {
     for head in q.chunks_mut(ix.head_dim) {
         rope(head, t, s, false);
         if ix.fp8 {
             fp8_e4m3_blocks(head, INDEXER_FP8_BLOCK);
         }
     }
-    let weights: Vec<f32> = matvec(ix.weights_proj, row).iter().map(|w| w * (ix.heads as f32).powf(-0.5)).collect();
+    let weights: Vec<f32> = weights.iter().map(|w| w * (ix.heads as f32).powf(-0.5)).collect();
     let scale = (ix.head_dim as f32).powf(-0.5);
     let scores: Vec<f32> =
         keys[..closed].iter().map(|k| q.chunks(ix.head_dim).zip(&weights).map(|(qh, w)| dot(qh, k).max(0.0) * scale * w).sum()).collect();
@@ -271,83 +289,67 @@ pub fn sliding_attention(x: &[f32], width: usize, w: &AttentionWeights<'_>, s: &
 }
 
 /// A layer's attention of `x` (`seq` rows of the model width, at positions `0..seq`): the window
-/// plus what `long` adds.
+/// plus what `long` adds. The same computation as feeding the rows through a fresh [`LayerCache`].
 pub fn attention(x: &[f32], width: usize, w: &AttentionWeights<'_>, s: &AttentionShape, long: &Long<'_>) -> Vec<f32> {
-    let hd = s.head_dim;
-    let (blocks, index_keys) = match long {
-        Long::None => (Vec::new(), Vec::new()),
-        Long::Heavy(c) => (compress(x, width, c, hd, false, s), Vec::new()),
-        Long::Sparse(c, ix) => (compress(x, width, c, hd, true, s), compress(x, width, &ix.compressor, ix.head_dim, true, s)),
-    };
-    let rate = match long {
-        Long::None => usize::MAX,
-        Long::Heavy(c) | Long::Sparse(c, _) => c.rate,
-    };
-    let mut projected: Vec<Projected> = x.chunks(width).enumerate().map(|(pos, row)| project(row, pos, w, s)).collect();
-    // The entries move out (attending reads only the queries).
-    let kvs: Vec<Vec<f32>> = projected.iter_mut().map(|p| std::mem::take(&mut p.kv)).collect();
-    let mut out = Vec::with_capacity(x.len());
-    for (t, p) in projected.iter().enumerate() {
-        let first = (t + 1).saturating_sub(s.window);
-        let closed = ((t + 1) / rate).min(blocks.len());
-        let row = &x[t * width..(t + 1) * width];
-        out.extend(attend(t, row, p, &kvs[first..=t], &blocks[..closed], &index_keys, w, s, long));
-    }
-    out
+    LayerCache::default().extend(x, width, 0, w, s, long)
 }
 
-/// A position's query (RoPE'd, per-head normed), low-rank query and key-and-value.
+/// The projections of a chunk of rows: queries (RoPE'd, per-head normed), low-rank queries and
+/// key-and-value entries (RoPE'd, stored as `kv_fp8` says).
 struct Projected {
     q: Vec<f32>,
     q_res: Vec<f32>,
-    kv: Vec<f32>,
+    kv: Vec<Vec<f32>>,
 }
 
-fn project(row: &[f32], pos: usize, w: &AttentionWeights<'_>, s: &AttentionShape) -> Projected {
-    let q_res = rms_norm(&matvec(w.wq_a, row), Some(w.q_norm), s.eps);
-    let mut q = matvec(w.wq_b, &q_res);
-    for head in q.chunks_mut(s.head_dim) {
-        let normed = rms_norm(head, None, s.eps);
-        head.copy_from_slice(&normed);
-        rope(head, pos, s, false);
+fn project(x: &[f32], width: usize, pos0: usize, w: &AttentionWeights<'_>, s: &AttentionShape) -> Projected {
+    let rank = w.wq_a.len() / width;
+    let q_res: Vec<f32> = products(w.wq_a, x, width).chunks(rank).flat_map(|a| rms_norm(a, Some(w.q_norm), s.eps)).collect();
+    let mut q = products(w.wq_b, &q_res, rank);
+    let per_row = q.len() / (x.len() / width);
+    for (i, row) in q.chunks_mut(per_row).enumerate() {
+        for head in row.chunks_mut(s.head_dim) {
+            let normed = rms_norm(head, None, s.eps);
+            head.copy_from_slice(&normed);
+            rope(head, pos0 + i, s, false);
+        }
     }
-    let mut kv = rms_norm(&matvec(w.wkv, row), Some(w.kv_norm), s.eps);
-    rope(&mut kv, pos, s, false);
-    if s.kv_fp8 {
-        Storage::Fp8Tensor.apply(&mut kv);
-    }
+    let kv_width = w.wkv.len() / width;
+    let kv = products(w.wkv, x, width)
+        .chunks(kv_width)
+        .enumerate()
+        .map(|(i, raw)| {
+            let mut kv = rms_norm(raw, Some(w.kv_norm), s.eps);
+            rope(&mut kv, pos0 + i, s, false);
+            if s.kv_fp8 {
+                Storage::Fp8Tensor.apply(&mut kv);
+            }
+            kv
+        })
+        .collect();
     Projected { q, q_res, kv }
 }
 
-/// The output at position `t` (input `row`, projections `p`): attention over the `window` raw
-/// entries and the `closed` compressed ones (those the indexer keeps, in a CSA layer), sink in the
-/// softmax, RoPE undone, then the grouped output projection.
-#[allow(clippy::too_many_arguments)]
-fn attend(
+/// The heads' outputs at position `t` (query `q`): attention over the `window` raw entries and the
+/// `picked` compressed ones, the sink in the softmax, RoPE undone.
+fn attend<'k>(
     t: usize,
-    row: &[f32],
-    p: &Projected,
-    window: &[Vec<f32>],
-    closed: &[Vec<f32>],
-    index_keys: &[Vec<f32>],
-    w: &AttentionWeights<'_>,
+    q: &[f32],
+    window: &'k [Vec<f32>],
+    picked: impl Iterator<Item = &'k [f32]>,
+    sinks: &[f32],
     s: &AttentionShape,
-    long: &Long<'_>,
 ) -> Vec<f32> {
     let hd = s.head_dim;
-    let picked: Vec<usize> = match long {
-        Long::Sparse(_, ix) => select(t, row, &p.q_res, index_keys, closed.len(), ix, s),
-        _ => (0..closed.len()).collect(),
-    };
-    let keys: Vec<&[f32]> = window.iter().chain(picked.iter().map(|&b| &closed[b])).map(Vec::as_slice).collect();
+    let keys: Vec<&[f32]> = window.iter().map(Vec::as_slice).chain(picked).collect();
     let scale = (hd as f32).powf(-0.5);
     let mut heads = vec![0f32; s.heads * hd];
-    for (h, (qh, oh)) in p.q.chunks(hd).zip(heads.chunks_mut(hd)).enumerate() {
+    for (h, (qh, oh)) in q.chunks(hd).zip(heads.chunks_mut(hd)).enumerate() {
         let logits: Vec<f32> = keys.iter().map(|k| dot(qh, k) * scale).collect();
         // The sink joins the softmax and takes its share, then is dropped.
-        let max = logits.iter().copied().fold(w.sinks[h], f32::max);
+        let max = logits.iter().copied().fold(sinks[h], f32::max);
         let exps: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
-        let total: f32 = exps.iter().sum::<f32>() + (w.sinks[h] - max).exp();
+        let total: f32 = exps.iter().sum::<f32>() + (sinks[h] - max).exp();
         for (e, k) in exps.iter().zip(&keys) {
             let p = e / total;
             for (o, v) in oh.iter_mut().zip(k.iter()) {
@@ -356,55 +358,92 @@ fn attend(
         }
         rope(oh, t, s, true);
     }
-    let group_in = s.heads * hd / s.o_groups;
-    let low: Vec<f32> =
-        heads.chunks(group_in).zip(w.wo_a.chunks(w.wo_a.len() / s.o_groups)).flat_map(|(group, rows)| matvec(rows, group)).collect();
-    matvec(w.wo_b, &low)
+    heads
 }
 
-/// One layer's attention state for decoding token by token: the window's raw entries, the closed
-/// compressed entries (and the indexer's), and the inputs of the blocks still needed (the open one,
-/// and the last closed one, whose first series the next CSA entry takes).
+/// The grouped low-rank output projection of `n` rows of heads: each group of heads through its
+/// block of `wo_a` rows, the groups' outputs side by side through `wo_b`.
+fn output_projection(heads: &[f32], n: usize, w: &AttentionWeights<'_>, s: &AttentionShape) -> Vec<f32> {
+    let (all, group_in) = (s.heads * s.head_dim, s.heads * s.head_dim / s.o_groups);
+    let group_rows = w.wo_a.len() / s.o_groups;
+    let rank = group_rows / group_in;
+    let per_group: Vec<Vec<f32>> = (0..s.o_groups)
+        .map(|g| {
+            let inputs: Vec<f32> = heads.chunks(all).flat_map(|h| &h[g * group_in..(g + 1) * group_in]).copied().collect();
+            products(&w.wo_a[g * group_rows..(g + 1) * group_rows], &inputs, group_in)
+        })
+        .collect();
+    let low: Vec<f32> = (0..n).flat_map(|t| per_group.iter().flat_map(move |p| &p[t * rank..(t + 1) * rank])).copied().collect();
+    products(w.wo_b, &low, s.o_groups * rank)
+}
+
+/// One layer's attention state: the window's raw entries (at most `window`, oldest first) and each
+/// compressor's rows still needed and entries (the layer's own, and the indexer's keys).
 #[derive(Default, Clone)]
 pub struct LayerCache {
-    window: std::collections::VecDeque<Vec<f32>>,
-    rows: std::collections::VecDeque<Vec<f32>>,
-    blocks: Vec<Vec<f32>>,
-    index_keys: Vec<Vec<f32>>,
+    window: Vec<Vec<f32>>,
+    blocks: Blocks,
+    index: Blocks,
 }
 
 impl LayerCache {
-    /// The attention output for `row` at position `pos`, after every earlier position went through
-    /// this cache in order.
-    pub fn step(&mut self, row: &[f32], pos: usize, w: &AttentionWeights<'_>, s: &AttentionShape, long: &Long<'_>) -> Vec<f32> {
-        let mut p = project(row, pos, w, s);
-        self.window.push_back(std::mem::take(&mut p.kv));
-        if self.window.len() > s.window {
-            self.window.pop_front();
-        }
-        if let Long::Heavy(c) | Long::Sparse(c, _) = long {
-            self.rows.push_back(row.to_vec());
-            if (pos + 1).is_multiple_of(c.rate) {
-                // Block `b` closed: its rows are the last `rate`, the previous block's before them.
-                let b = pos / c.rate;
-                let rows: Vec<&[f32]> = self.rows.iter().map(Vec::as_slice).collect();
-                let (previous, own) = rows.split_at(rows.len() - c.rate);
-                let previous = (b > 0 && previous.len() == c.rate).then_some(previous);
-                match long {
-                    Long::Heavy(c) => self.blocks.push(compress_block(None, own, b, c, s.head_dim, false, s)),
-                    Long::Sparse(c, ix) => {
-                        self.blocks.push(compress_block(previous, own, b, c, s.head_dim, true, s));
-                        self.index_keys.push(compress_block(previous, own, b, &ix.compressor, ix.head_dim, true, s));
-                    }
-                    Long::None => {}
-                }
-                // Keep this block's rows for the next entry's overlap.
-                while self.rows.len() > c.rate {
-                    self.rows.pop_front();
-                }
+    /// The attention outputs of `x` (rows of `width` at positions `pos0..`), after every earlier
+    /// position went through this cache in order; the cache moves on past them. The rows' products
+    /// are taken together and their positions attended on the thread pool, each exactly as one row
+    /// at a time would be.
+    pub fn extend(
+        &mut self,
+        x: &[f32],
+        width: usize,
+        pos0: usize,
+        w: &AttentionWeights<'_>,
+        s: &AttentionShape,
+        long: &Long<'_>,
+    ) -> Vec<f32> {
+        use rayon::prelude::*;
+        let n = x.len() / width;
+        let mut p = project(x, width, pos0, w, s);
+        let rate = match long {
+            Long::None => usize::MAX,
+            Long::Heavy(c) => {
+                self.blocks.extend(x, width, pos0, c, s.head_dim, false, s);
+                c.rate
             }
-        }
-        attend(pos, row, &p, self.window.make_contiguous(), &self.blocks, &self.index_keys, w, s, long)
+            Long::Sparse(c, ix) => {
+                self.blocks.extend(x, width, pos0, c, s.head_dim, true, s);
+                self.index.extend(x, width, pos0, &ix.compressor, ix.head_dim, true, s);
+                c.rate
+            }
+        };
+        // The indexer's queries and head weights, before RoPE.
+        let index = match long {
+            Long::Sparse(_, ix) => Some((products(ix.wq_b, &p.q_res, p.q_res.len() / n), products(ix.weights_proj, x, width), ix)),
+            _ => None,
+        };
+        let before = self.window.len();
+        self.window.append(&mut p.kv);
+        let (window, blocks, keys) = (&self.window, &self.blocks.entries, &self.index.entries);
+        let q_width = p.q.len() / n;
+        let heads: Vec<Vec<f32>> = (0..n)
+            .into_par_iter()
+            .map(|i| {
+                let (t, at) = (pos0 + i, before + i);
+                let seen = &window[(at + 1).saturating_sub(s.window)..=at];
+                let closed = ((t + 1) / rate).min(blocks.len());
+                let q = &p.q[i * q_width..(i + 1) * q_width];
+                match &index {
+                    Some((queries, weights, ix)) => {
+                        let (qw, ww) = (queries.len() / n, weights.len() / n);
+                        let query = queries[i * qw..(i + 1) * qw].to_vec();
+                        let picked = select(t, query, &weights[i * ww..(i + 1) * ww], keys, closed, ix, s);
+                        attend(t, q, seen, picked.iter().map(|&b| blocks[b].as_slice()), w.sinks, s)
+                    }
+                    None => attend(t, q, seen, blocks[..closed].iter().map(Vec::as_slice), w.sinks, s),
+                }
+            })
+            .collect();
+        self.window.drain(..self.window.len().saturating_sub(s.window));
+        output_projection(&heads.concat(), n, w, s)
     }
 }
 
@@ -412,16 +451,6 @@ impl LayerCache {
 mod tests {
     use super::*;
     use crate::forward::testutil::tiny::{self, floats};
-
-    #[test]
-    fn a_product_split_over_threads_keeps_every_bit() {
-        let cols = 1024;
-        let rows: Vec<f32> = (0..PARALLEL_MACS + 7 * cols).map(|i| ((i * 2_654_435_761) % 1000) as f32 / 997.0 - 0.5).collect();
-        let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.37).sin()).collect();
-        let one_by_one: Vec<u32> = rows.chunks(cols).map(|row| dot(row, &x).to_bits()).collect();
-        let split: Vec<u32> = matvec(&rows, &x).iter().map(|v| v.to_bits()).collect();
-        assert_eq!(split, one_by_one);
-    }
 
     fn check(fixture_name: &str) {
         let (fixture, c, st) = (tiny::json(fixture_name), tiny::config(), tiny::tensors());

@@ -8,6 +8,8 @@
 use ctxscope_numerics::round::bf16_slice;
 use ctxscope_numerics::{dot, matvec_bf16};
 
+use super::dsv4_products::products;
+
 /// One SwiGLU expert: `w1` (gate) and `w3` (up) rows of the width, `w2` (down) rows of the expert width.
 pub struct Expert<'a> {
     pub w1: &'a [f32],
@@ -104,42 +106,67 @@ pub fn route(x: &[f32], token: u32, w: &MoeWeights<'_>, s: MoeSettings) -> Vec<(
     picked.into_iter().map(|e| (e, scores[e] / sum * s.routed_scaling)).collect()
 }
 
-/// One SwiGLU expert on `x`, its pre-activations clamped.
-fn expert(x: &[f32], e: &Expert<'_>, limit: f32) -> Vec<f32> {
-    let hidden: Vec<f32> =
-        e.w1.chunks(x.len())
-            .zip(e.w3.chunks(x.len()))
-            .map(|(g, u)| {
-                let gate = dot(g, x).min(limit);
-                let up = dot(u, x).clamp(-limit, limit);
-                gate / (1.0 + (-gate).exp()) * up
-            })
-            .collect();
-    e.w2.chunks(hidden.len()).map(|row| dot(row, &hidden)).collect()
+/// One SwiGLU expert on the rows of `xs` (each `width` long), its pre-activations clamped.
+fn expert(xs: &[f32], width: usize, e: &Expert<'_>, limit: f32) -> Vec<f32> {
+    let (gates, ups) = (products(e.w1, xs, width), products(e.w3, xs, width));
+    let hidden: Vec<f32> = gates
+        .iter()
+        .zip(&ups)
+        .map(|(&gate, &up)| {
+            let (gate, up) = (gate.min(limit), up.clamp(-limit, limit));
+            gate / (1.0 + (-gate).exp()) * up
+        })
+        .collect();
+    products(e.w2, &hidden, e.w1.len() / width)
 }
 
-/// The MoE block's output for `x` (token `token`): the routed experts' weighted sum plus the shared one.
-pub fn moe(x: &[f32], token: u32, w: &MoeWeights<'_>, s: MoeSettings) -> Vec<f32> {
-    let mut out = match &w.shared {
-        Some(shared) => expert(x, shared, s.swiglu_limit),
-        None => vec![0f32; x.len()],
-    };
-    let picked = route(x, token, w, s);
-    // The experts run on the thread pool when they are large; their sum keeps the routing order.
-    let outputs: Vec<Vec<f32>> = if w.experts.first().is_some_and(|e| e.w1.len() >= super::dsv4_attention::PARALLEL_MACS / 4) {
-        use rayon::prelude::*;
-        picked.par_iter().map(|&(e, _)| expert(x, &w.experts[e], s.swiglu_limit)).collect()
-    } else {
-        picked.iter().map(|&(e, _)| expert(x, &w.experts[e], s.swiglu_limit)).collect()
-    };
-    let mut routed = vec![0f32; x.len()];
-    for ((_, weight), output) in picked.iter().zip(outputs) {
-        for (r, v) in routed.iter_mut().zip(output) {
-            *r += weight * v;
+/// The MoE block's output for each row of `xs` (token `tokens[i]` for row i): the routed experts'
+/// weighted sum plus the shared one. Each expert runs once on all the rows routed to it (the experts
+/// on the thread pool); every row's sum keeps its routing order, so the rows come out as each would
+/// alone.
+pub fn moe(xs: &[f32], tokens: &[u32], w: &MoeWeights<'_>, s: MoeSettings) -> Vec<f32> {
+    use rayon::prelude::*;
+    if tokens.is_empty() {
+        return Vec::new();
+    }
+    let width = xs.len() / tokens.len();
+    let routes: Vec<Vec<(usize, f32)>> = xs.par_chunks(width).zip(tokens).map(|(x, &token)| route(x, token, w, s)).collect();
+    // Per expert, the (row, place in that row's routing) pairs it serves.
+    let mut served: Vec<Vec<(usize, usize)>> = vec![Vec::new(); w.experts.len()];
+    for (row, picked) in routes.iter().enumerate() {
+        for (place, &(e, _)) in picked.iter().enumerate() {
+            served[e].push((row, place));
         }
     }
-    for (o, r) in out.iter_mut().zip(routed) {
-        *o += r;
+    let outputs: Vec<(&Vec<(usize, usize)>, Vec<f32>)> = served
+        .par_iter()
+        .enumerate()
+        .filter(|(_, rows)| !rows.is_empty())
+        .map(|(e, rows)| {
+            let inputs: Vec<f32> = rows.iter().flat_map(|&(row, _)| &xs[row * width..(row + 1) * width]).copied().collect();
+            (rows, expert(&inputs, width, &w.experts[e], s.swiglu_limit))
+        })
+        .collect();
+    let mut placed: Vec<Vec<&[f32]>> = routes.iter().map(|picked| vec![&[][..]; picked.len()]).collect();
+    for (rows, output) in &outputs {
+        for (&(row, place), values) in rows.iter().zip(output.chunks(width)) {
+            placed[row][place] = values;
+        }
+    }
+    let mut out = match &w.shared {
+        Some(shared) => expert(xs, width, shared, s.swiglu_limit),
+        None => vec![0f32; xs.len()],
+    };
+    for ((o, picked), values) in out.chunks_mut(width).zip(&routes).zip(&placed) {
+        let mut routed = vec![0f32; width];
+        for ((_, weight), output) in picked.iter().zip(values) {
+            for (r, v) in routed.iter_mut().zip(output.iter()) {
+                *r += weight * v;
+            }
+        }
+        for (o, r) in o.iter_mut().zip(routed) {
+            *o += r;
+        }
     }
     out
 }
@@ -189,8 +216,11 @@ mod tests {
                 routed.sort_unstable();
                 expected.sort_unstable();
                 assert_eq!(routed, expected, "layer {layer} token {i}: experts");
-                ours.extend(moe(token_x, id, &w, s));
+                ours.extend(moe(token_x, &[id], &w, s));
             }
+            // All the rows at once, each expert on the rows routed to it: the same bits.
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&moe(&x, &ids, &w, s)), bits(&ours), "layer {layer}: the batch moved bits");
             let err = tiny::rel_l2(&ours, &floats(&want["out"]));
             eprintln!("moe layer {layer}: rel L2 {err:.1e} against transformers");
             assert!(err < 1e-5, "layer {layer}: rel L2 {err:e}");

@@ -1,0 +1,85 @@
+//! Products of a golden f32 weight matrix with many input rows at once (a chunk of a DeepSeek-V4
+//! prompt, the tokens routed to one expert): output `[t][r]` is [`dot`]`(w_r, x_t)`, the fixed-order
+//! dot product a single row gets, so batching and threads move no bit. Weight rows are taken in tiles
+//! that stay in cache while blocks of input rows pass over them, so a chunk of `n` rows reads the
+//! weights once instead of `n` times, with the golden path's AVX2 kernels where the CPU has them;
+//! tiles go to the thread pool when the product is large.
+
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+use super::golden;
+
+/// Multiply-adds from which a product is split over the thread pool.
+pub const PARALLEL_MACS: usize = 1 << 18;
+
+/// Bytes of weight rows in one tile (a thread's unit of work; they stay in L2 while the input rows
+/// pass over them).
+const TILE_BYTES: usize = 64 << 10;
+
+/// Input rows taken against a tile at a time (64 rows of DeepSeek-V4 `small`'s width: 256 KB).
+const INPUT_BLOCK: usize = 64;
+
+/// The rows of `xs` (each `k` long) times the rows of `w` (each `k` long): `xs.len() / k` rows of
+/// `w.len() / k` outputs, row-major. Each output is `dot(w_r, x_t)` (the golden kernels', which
+/// have [`ctxscope_numerics::dot`]'s bits).
+pub fn products(w: &[f32], xs: &[f32], k: usize) -> Vec<f32> {
+    let (outs, n) = (w.len() / k.max(1), xs.len() / k.max(1));
+    if n == 0 || outs == 0 {
+        return Vec::new();
+    }
+    let tile = (TILE_BYTES / (4 * k)).max(1);
+    // One tile's outputs, [t][row of the tile].
+    let tile_products = |rows: Range<usize>| -> Vec<f32> {
+        let mut part = vec![0f32; n * rows.len()];
+        let mut block = vec![0f32; rows.len() * INPUT_BLOCK.min(n)];
+        for start in (0..n).step_by(INPUT_BLOCK) {
+            let tokens = start..(start + INPUT_BLOCK).min(n);
+            let block = &mut block[..rows.len() * tokens.len()];
+            golden::block_f32(w, k, xs, rows.clone(), tokens.clone(), block);
+            for (i, values) in block.chunks(tokens.len()).enumerate() {
+                for (j, v) in values.iter().enumerate() {
+                    part[(start + j) * rows.len() + i] = *v;
+                }
+            }
+        }
+        part
+    };
+    let ranges: Vec<Range<usize>> = (0..outs).step_by(tile).map(|r| r..(r + tile).min(outs)).collect();
+    let tiles: Vec<Vec<f32>> = if w.len() * n >= PARALLEL_MACS {
+        ranges.par_iter().cloned().map(tile_products).collect()
+    } else {
+        ranges.iter().cloned().map(tile_products).collect()
+    };
+    let mut out = vec![0f32; n * outs];
+    for (range, part) in ranges.iter().zip(&tiles) {
+        for (t, values) in part.chunks_exact(range.len()).enumerate() {
+            out[t * outs + range.start..][..range.len()].copy_from_slice(values);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ctxscope_numerics::dot;
+
+    #[test]
+    fn batched_and_threaded_products_keep_every_bit() {
+        // Whole blocks of 32 (the AVX2 kernels) and not (the scalar dot).
+        for cols in [1024, 1000] {
+            let rows = PARALLEL_MACS / cols + 7;
+            let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 2_654_435_761) % 1000) as f32 / 997.0 - 0.5).collect();
+            for n in [1, 3, 17, INPUT_BLOCK + 6] {
+                let xs: Vec<f32> = (0..n * cols).map(|i| (i as f32 * 0.37).sin()).collect();
+                let one_by_one: Vec<u32> = xs.chunks(cols).flat_map(|x| w.chunks(cols).map(move |row| dot(row, x).to_bits())).collect();
+                let batched: Vec<u32> = products(&w, &xs, cols).iter().map(|v| v.to_bits()).collect();
+                assert_eq!(batched.len(), n * rows);
+                assert_eq!(batched, one_by_one, "{n} rows of {cols}");
+            }
+            assert!(products(&w, &[], cols).is_empty());
+        }
+    }
+}

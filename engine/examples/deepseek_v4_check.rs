@@ -1,14 +1,19 @@
 //! The golden DeepSeek-V4 pass on a checkpoint against the transformers reference beside it
 //! (`reference.json`, written by scripts/deepseek_v4/make_tiny.py and make_small.py): the prompt fed
 //! in chunks (no output head before its last token), then the teacher-forced decode steps one by one; prints
-//! each step's rel L2 against transformers' fp32 logits, the worst, and the time, and fails above 1e-4.
-//! `cargo run --release -p ctxscope-engine --example deepseek_v4_check -- DIR`
+//! each step's rel L2 against transformers' fp32 logits, the worst, and the time, and fails above 1e-4
+//! (golden) or 3e-2 (`--fast`). With `--cuda` (a build with `--features cuda`) the products run on GPU 0:
+//! f32 on the golden path, bf16 with `--fast`; `--decode N` then times N greedy steps after the
+//! reference's and states the weights each token reads.
+//! `cargo run --release -p ctxscope-engine --example deepseek_v4_check -- DIR [--cuda [--fast]] [--decode N]`
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Instant;
 
 use ctxscope_engine::forward::deepseek_v4::DeepseekV4Model;
+use ctxscope_engine::forward::dsv4_products::{Host, Products};
 use ctxscope_engine::PatchSet;
 use serde_json::Value;
 
@@ -25,10 +30,34 @@ fn rel_l2(ours: &[f32], theirs: &[f64]) -> f64 {
     (diff / norm).sqrt()
 }
 
+/// Where the products run: the host, or GPU 0 in f32 (golden) or bf16 (`fast`).
+fn products(cuda: bool, fast: bool) -> Result<Arc<dyn Products>, String> {
+    match (cuda, fast) {
+        (false, false) => Ok(Arc::new(Host)),
+        (false, true) => Err("--fast needs --cuda (the host has the golden path only)".into()),
+        #[cfg(feature = "cuda")]
+        (true, fast) => {
+            ctxscope_engine::device::Dsv4Products::open(0, fast).map(|p| Arc::new(p) as Arc<dyn Products>).map_err(|e| e.to_string())
+        }
+        #[cfg(not(feature = "cuda"))]
+        (true, _) => Err("built without CUDA: cargo build --release -p ctxscope-engine --features cuda --example deepseek_v4_check".into()),
+    }
+}
+
 fn main() -> ExitCode {
-    let Some(dir) = std::env::args().nth(1).map(PathBuf::from) else {
-        eprintln!("usage: deepseek_v4_check DIR (a checkpoint with reference.json)");
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(dir) = args.iter().find(|a| !a.starts_with("--") && a.parse::<usize>().is_err()).map(PathBuf::from) else {
+        eprintln!("usage: deepseek_v4_check DIR [--cuda [--fast]] [--decode N] (a checkpoint with reference.json)");
         return ExitCode::from(2);
+    };
+    let (cuda, fast) = (args.iter().any(|a| a == "--cuda"), args.iter().any(|a| a == "--fast"));
+    let decode: usize = args.iter().position(|a| a == "--decode").and_then(|i| args.get(i + 1)).and_then(|n| n.parse().ok()).unwrap_or(0);
+    let executor = match products(cuda, fast) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
     };
     let text = match std::fs::read_to_string(dir.join("reference.json")) {
         Ok(text) => text,
@@ -57,7 +86,7 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     let started = Instant::now();
-    let mut state = model.state(&PatchSet::default());
+    let mut state = model.state_on(&PatchSet::default(), executor);
     model.advance(&mut state, before);
     let mut ours = vec![model.step(&mut state, last)];
     let prefilled = started.elapsed().as_secs_f64();
@@ -79,8 +108,31 @@ fn main() -> ExitCode {
         rows.len().min(ours.len()),
         reference["transformers"].as_str().unwrap_or("?")
     );
-    if rows.len() != ours.len() || worst > 1e-4 {
+    if decode > 0 {
+        let mut token = argmax(ours.last().map_or(&[][..], Vec::as_slice));
+        let started = Instant::now();
+        for _ in 0..decode {
+            token = argmax(&model.step(&mut state, token));
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        let per_token = model.weights_per_token();
+        let bytes = per_token * if fast { 2 } else { 4 };
+        println!(
+            "decode: {decode} greedy steps after position {} in {seconds:.2} s, {:.1} tokens/s; {per_token} weights a token ({:.3} GB as {}): {:.1} GB/s",
+            state.len() - decode,
+            decode as f64 / seconds,
+            bytes as f64 / 1e9,
+            if fast { "bf16" } else { "f32" },
+            bytes as f64 * decode as f64 / seconds / 1e9
+        );
+    }
+    let limit = if fast { 3e-2 } else { 1e-4 };
+    if rows.len() != ours.len() || worst > limit {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+fn argmax(logits: &[f32]) -> u32 {
+    logits.iter().enumerate().fold((0, f32::NEG_INFINITY), |best, (i, &v)| if v > best.1 { (i, v) } else { best }).0 as u32
 }

@@ -11,19 +11,34 @@ use std::sync::Arc;
 
 use crate::backend::{Backend, BackendError, Output, SequenceKv, Step};
 use crate::forward::deepseek_v4::{DeepseekV4Model, DeepseekV4State};
+use crate::forward::dsv4_products::{Host, Products};
 use crate::patch::PatchSet;
 use crate::path::Path;
 
 const NAME: &str = "cpu";
 
-/// The DeepSeek-V4 model on the host CPU (golden path only).
+/// The DeepSeek-V4 model on the host CPU (golden path only), or with its products on a GPU.
 pub struct DeepseekV4Backend {
     model: Arc<DeepseekV4Model>,
+    /// Where the golden path's products are computed.
+    golden: Arc<dyn Products>,
+    /// The fast path's (bf16 products on a GPU); none on the CPU.
+    fast: Option<Arc<dyn Products>>,
+    name: &'static str,
 }
 
 impl DeepseekV4Backend {
     pub fn new(model: Arc<DeepseekV4Model>) -> DeepseekV4Backend {
-        DeepseekV4Backend { model }
+        DeepseekV4Backend { model, golden: Arc::new(Host), fast: None, name: NAME }
+    }
+
+    /// The model with its products on GPU `ordinal`: f32 for the golden path, bf16 for the fast one
+    /// (`crate::device::Dsv4Products`); the rest of each pass on the host.
+    #[cfg(feature = "cuda")]
+    pub fn on_device(model: Arc<DeepseekV4Model>, ordinal: usize) -> Result<DeepseekV4Backend, BackendError> {
+        use crate::device::Dsv4Products;
+        let open = |bf16| Dsv4Products::open(ordinal, bf16).map_err(|e| BackendError::new("cuda", format!("GPU {ordinal}: {e}")));
+        Ok(DeepseekV4Backend { model, golden: Arc::new(open(false)?), fast: Some(Arc::new(open(true)?)), name: "cuda" })
     }
 }
 
@@ -71,7 +86,7 @@ impl Backend for DeepseekV4Backend {
     type Kv = DeepseekV4Kv;
 
     fn name(&self) -> String {
-        NAME.into()
+        self.name.into()
     }
 
     fn new_kv(&mut self) -> Result<DeepseekV4Kv, BackendError> {
@@ -79,25 +94,42 @@ impl Backend for DeepseekV4Backend {
     }
 
     fn forward(&mut self, path: Path, patches: &PatchSet, steps: &mut [Step<'_, DeepseekV4Kv>]) -> Result<Vec<Output>, BackendError> {
-        if path != Path::Golden {
-            return Err(BackendError::new(NAME, "DeepSeek-V4 runs on the golden path only (no fast path is built for it)"));
-        }
+        let products = match (path, &self.fast) {
+            (Path::Golden, _) => self.golden.clone(),
+            (Path::Fast, Some(fast)) => fast.clone(),
+            (Path::Fast, None) => {
+                return Err(BackendError::new(self.name, "DeepSeek-V4 on the CPU runs the golden path only (its fast path is the GPU's)"))
+            }
+        };
         let mut outputs = Vec::with_capacity(steps.len());
         for step in steps.iter_mut() {
-            let state = step.kv.state.get_or_insert_with(|| self.model.state(patches));
+            let state = step.kv.state.get_or_insert_with(|| self.model.state_on(patches, products.clone()));
             if state.patches() != patches {
-                return Err(BackendError::new(NAME, "a DeepSeek-V4 state is continued only under the patches it was made with"));
+                return Err(BackendError::new(self.name, "a DeepSeek-V4 state is continued only under the patches it was made with"));
+            }
+            if !Arc::ptr_eq(state.products(), &products) {
+                return Err(BackendError::new(self.name, "a DeepSeek-V4 state is continued only on the path it was made on"));
             }
             let vocab = self.model.config.vocab_size;
             if let Some(token) = step.tokens.iter().find(|&&t| t as usize >= vocab) {
-                return Err(BackendError::new(NAME, format!("token {token} is outside the vocabulary of {vocab}")));
+                return Err(BackendError::new(self.name, format!("token {token} is outside the vocabulary of {vocab}")));
             }
             let Some((&last, before)) = step.tokens.split_last() else {
-                return Err(BackendError::new(NAME, "a step with no tokens"));
+                return Err(BackendError::new(self.name, "a step with no tokens"));
             };
-            // Only the last token's logits are returned: the others skip the output head.
-            self.model.advance(state, before);
-            outputs.push(Output::Logits(self.model.step(state, last)));
+            // Only the last token's logits are returned: the others skip the output head. A device
+            // failing mid-pass panics in its executor (`Products` returns numbers only).
+            let model = &self.model;
+            let logits = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                model.advance(state, before);
+                model.step(state, last)
+            }))
+            .map_err(|panic| {
+                let why = panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
+                step.kv.state = None;
+                BackendError::new(self.name, why.unwrap_or_else(|| "the pass failed".into()))
+            })?;
+            outputs.push(Output::Logits(logits));
             if !before.is_empty() {
                 step.kv.prompt_end = step.kv.state.clone();
             }
@@ -148,6 +180,6 @@ mod tests {
         let mut steps = [Step { tokens: &tokens[..1], kv: &mut kv, want: Want::Logits }];
         assert!(backend.forward(Path::Golden, &patched, &mut steps).is_err());
         let mut steps = [Step { tokens: &tokens[..1], kv: &mut backend.new_kv().unwrap(), want: Want::Logits }];
-        assert!(backend.forward(Path::Fast, &golden, &mut steps).is_err(), "no fast path");
+        assert!(backend.forward(Path::Fast, &golden, &mut steps).is_err(), "no fast path on the CPU");
     }
 }

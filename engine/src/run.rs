@@ -25,8 +25,6 @@ pub enum StartError {
     MaxBatch,
     #[error("cannot start the engine on {device}: {source}")]
     Backend { device: BackendKind, source: BackendError },
-    #[error("{what} run on the CPU only in this engine (--device cpu), not on {device}")]
-    Unsupported { device: BackendKind, what: &'static str },
 }
 
 /// Whether this build can drive `device` (checked before a model is fetched or loaded).
@@ -60,7 +58,11 @@ impl Engine {
                 let make = move || Ok(crate::dsv4_backend::DeepseekV4Backend::new(deepseek));
                 scheduler::start_backend(model, options, make).map_err(|source| StartError::Backend { device, source })?
             }
-            (BackendKind::Cuda { .. }, Some(_)) => return Err(StartError::Unsupported { device, what: "DeepSeek-V4 models" }),
+            #[cfg(feature = "cuda")]
+            (BackendKind::Cuda { ordinal }, Some(deepseek)) => {
+                let make = move || crate::dsv4_backend::DeepseekV4Backend::on_device(deepseek, ordinal);
+                scheduler::start_backend(model, options, make).map_err(|source| StartError::Backend { device, source })?
+            }
             (BackendKind::Cpu, None) => scheduler::start(model, options),
             #[cfg(feature = "cuda")]
             (BackendKind::Cuda { ordinal }, None) => {
@@ -69,7 +71,7 @@ impl Engine {
                     .map_err(|source| StartError::Backend { device, source })?
             }
             #[cfg(not(feature = "cuda"))]
-            (BackendKind::Cuda { .. }, None) => return Err(StartError::NoCuda),
+            (BackendKind::Cuda { .. }, _) => return Err(StartError::NoCuda),
         };
         tracing::info!(backend = %handle.backend, "engine started");
         Ok(Engine { handle, thread })

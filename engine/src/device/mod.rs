@@ -7,6 +7,7 @@
 //! by kernel launches. Greedy tokens are picked on the device;
 //! only requests that need the logits (sampling, top logprobs) copy them back.
 
+mod dsv4;
 mod kv;
 mod pass;
 mod weights;
@@ -20,6 +21,7 @@ use ctxscope_kernels::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCa
 use ctxscope_kernels::cudarc::driver::CudaGraph;
 use ctxscope_kernels::device::{Device, DeviceError, StreamTuning, GEMV_MAX_ROWS, MAX_GROUP, MAX_HEAD_DIM};
 
+pub use dsv4::Dsv4Products;
 pub use kv::DeviceKv;
 pub use pass::Numerics;
 use pass::{Pass, Plan, PrefillChunk};

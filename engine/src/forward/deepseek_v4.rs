@@ -6,10 +6,12 @@
 //! own; this pass is matched end to end (tests/fixtures/deepseek_v4/tiny/reference.json). A
 //! [`PatchSet`] reaches every block through `parts` and the settings, the same in `logits` and `step`.
 
+use std::sync::Arc;
+
 use rayon::prelude::*;
 
 use super::dsv4_attention::{AttentionShape, AttentionWeights, Compressor, Indexer, LayerCache, Long, Storage};
-use super::dsv4_products::products;
+use super::dsv4_products::{Host, Products};
 use super::mhc::{fold, head, hyper_connection, HcMix, HcSettings, HcWeights};
 use super::moe::{moe, Expert, MoeSettings, MoeWeights, Routing, Scoring};
 use crate::model::deepseek_v4::{AttentionKind, MlpKind};
@@ -156,7 +158,7 @@ impl DeepseekV4Model {
     }
 
     /// The logits from each token's final streams.
-    fn outputs(&self, streams: &[f32], patches: &PatchSet) -> Vec<Vec<f32>> {
+    fn outputs(&self, streams: &[f32], patches: &PatchSet, p: &dyn Products) -> Vec<Vec<f32>> {
         let c = &self.config;
         let (head_fn, head_base, head_scale) =
             (self.t("model.hc_head.hc_fn"), self.t("model.hc_head.hc_base"), self.t("model.hc_head.hc_scale"));
@@ -171,7 +173,7 @@ impl DeepseekV4Model {
             })
             .collect();
         let output = if c.tie_word_embeddings { self.t("model.embed_tokens.weight") } else { self.t("head.weight") };
-        products(output, &x, c.hidden_size).chunks(c.vocab_size).map(<[f32]>::to_vec).collect()
+        p.products(output, &x, c.hidden_size).chunks(c.vocab_size).map(<[f32]>::to_vec).collect()
     }
 
     /// The logits of every position of `ids` (positions `0..ids.len()`), under `patches` (the empty
@@ -180,18 +182,25 @@ impl DeepseekV4Model {
         self.forward(&mut self.state(patches), ids)
     }
 
-    /// A fresh decoding state (nothing seen) under `patches`, which every step of it applies.
+    /// A fresh decoding state (nothing seen) under `patches`, which every step of it applies, its
+    /// products on the host.
     pub fn state(&self, patches: &PatchSet) -> DeepseekV4State {
+        self.state_on(patches, Arc::new(Host))
+    }
+
+    /// A fresh decoding state whose products `products` computes (a GPU's, say).
+    pub fn state_on(&self, patches: &PatchSet, products: Arc<dyn Products>) -> DeepseekV4State {
         DeepseekV4State {
             layers: (0..self.config.layers.len()).map(|_| LayerCache::default()).collect(),
             position: 0,
             patches: patches.clone(),
+            products,
         }
     }
 
     /// Feeds `ids` after what `state` has seen; returns the logits of each.
     pub fn forward(&self, state: &mut DeepseekV4State, ids: &[u32]) -> Vec<Vec<f32>> {
-        ids.chunks(CHUNK).flat_map(|chunk| self.outputs(&self.feed(state, chunk), &state.patches)).collect()
+        ids.chunks(CHUNK).flat_map(|chunk| self.outputs(&self.feed(state, chunk), &state.patches, &*state.products)).collect()
     }
 
     /// Feeds one token after what `state` has seen; returns its logits.
@@ -211,16 +220,18 @@ impl DeepseekV4Model {
     /// layer (each product reads its weights once for them all), moving `state` on; returns their
     /// residual streams.
     fn feed(&self, state: &mut DeepseekV4State, ids: &[u32]) -> Vec<f32> {
-        let DeepseekV4State { layers, position, patches } = state;
+        let DeepseekV4State { layers, position, patches, products } = state;
+        let products = &**products;
         let d = self.config.hidden_size;
         let mut streams = self.streams(ids);
         for (layer, cache) in layers.iter_mut().enumerate() {
             let parts = self.parts(layer, patches);
             let mixes = self.mixes(&streams, &parts.hc_attn, patches);
-            let out = cache.extend(&self.block_inputs(&mixes, parts.attn_norm), d, *position, &parts.attn, &parts.shape, &parts.long);
+            let out =
+                cache.extend(products, &self.block_inputs(&mixes, parts.attn_norm), d, *position, &parts.attn, &parts.shape, &parts.long);
             self.fold_all(&mut streams, &mixes, &out);
             let mixes = self.mixes(&streams, &parts.hc_ffn, patches);
-            let out = moe(&self.block_inputs(&mixes, parts.ffn_norm), ids, &parts.moe, self.moe_settings(patches));
+            let out = moe(products, &self.block_inputs(&mixes, parts.ffn_norm), ids, &parts.moe, self.moe_settings(patches));
             self.fold_all(&mut streams, &mixes, &out);
         }
         *position += ids.len();
@@ -232,13 +243,14 @@ impl DeepseekV4Model {
 /// rows and each expert sees several tokens, few enough that a long prompt's activations stay small.
 const CHUNK: usize = 512;
 
-/// What decoding token by token keeps: each layer's attention cache, the next position and the
-/// patches its entries were made under.
+/// What decoding token by token keeps: each layer's attention cache, the next position, the
+/// patches its entries were made under and where its products are computed.
 #[derive(Clone)]
 pub struct DeepseekV4State {
     layers: Vec<LayerCache>,
     position: usize,
     patches: PatchSet,
+    products: Arc<dyn Products>,
 }
 
 impl DeepseekV4State {
@@ -254,6 +266,11 @@ impl DeepseekV4State {
     /// The patches every step of this state applies.
     pub fn patches(&self) -> &PatchSet {
         &self.patches
+    }
+
+    /// Where its products are computed.
+    pub fn products(&self) -> &Arc<dyn Products> {
+        &self.products
     }
 }
 

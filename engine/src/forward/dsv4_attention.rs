@@ -18,7 +18,7 @@
 use ctxscope_numerics::dot;
 use ctxscope_numerics::round::{fp8_e4m3_blocks, fp8_scaled_slice};
 
-use super::dsv4_products::products;
+use super::dsv4_products::Products;
 use crate::model::deepseek_v4::{plain_inv_freq, AttentionKind, DeepseekV4Config, Yarn, MAX_ROPE_PAIRS};
 use crate::patch::{INDEXER_FP8_BLOCK, KV_FP8_SCALE};
 
@@ -192,10 +192,20 @@ impl Blocks {
     /// entry of `hd` channels for every block of `c.rate` rows that closes among them. With
     /// `overlap` (CSA) each row projects to two series of `hd`; without (HCA), to one.
     #[allow(clippy::too_many_arguments)]
-    fn extend(&mut self, x: &[f32], width: usize, pos0: usize, c: &Compressor<'_>, hd: usize, overlap: bool, s: &AttentionShape) {
+    fn extend(
+        &mut self,
+        p: &dyn Products,
+        x: &[f32],
+        width: usize,
+        pos0: usize,
+        c: &Compressor<'_>,
+        hd: usize,
+        overlap: bool,
+        s: &AttentionShape,
+    ) {
         let series = if overlap { 2 * hd } else { hd };
         let first = pos0 - self.rows.len();
-        let (kvs, gates) = (products(c.wkv, x, width), products(c.wgate, x, width));
+        let (kvs, gates) = (p.products(c.wkv, x, width), p.products(c.wgate, x, width));
         for (i, (kv, gate)) in kvs.chunks(series).zip(gates.chunks(series)).enumerate() {
             let pos = pos0 + i;
             let bias = &c.ape[(pos % c.rate) * series..][..series];
@@ -284,14 +294,14 @@ pub enum Long<'a> {
 }
 
 /// The sliding-window attention of `x` (`seq` rows of the model width, at positions `0..seq`).
-pub fn sliding_attention(x: &[f32], width: usize, w: &AttentionWeights<'_>, s: &AttentionShape) -> Vec<f32> {
-    attention(x, width, w, s, &Long::None)
+pub fn sliding_attention(p: &dyn Products, x: &[f32], width: usize, w: &AttentionWeights<'_>, s: &AttentionShape) -> Vec<f32> {
+    attention(p, x, width, w, s, &Long::None)
 }
 
 /// A layer's attention of `x` (`seq` rows of the model width, at positions `0..seq`): the window
 /// plus what `long` adds. The same computation as feeding the rows through a fresh [`LayerCache`].
-pub fn attention(x: &[f32], width: usize, w: &AttentionWeights<'_>, s: &AttentionShape, long: &Long<'_>) -> Vec<f32> {
-    LayerCache::default().extend(x, width, 0, w, s, long)
+pub fn attention(p: &dyn Products, x: &[f32], width: usize, w: &AttentionWeights<'_>, s: &AttentionShape, long: &Long<'_>) -> Vec<f32> {
+    LayerCache::default().extend(p, x, width, 0, w, s, long)
 }
 
 /// The projections of a chunk of rows: queries (RoPE'd, per-head normed), low-rank queries and
@@ -302,10 +312,10 @@ struct Projected {
     kv: Vec<Vec<f32>>,
 }
 
-fn project(x: &[f32], width: usize, pos0: usize, w: &AttentionWeights<'_>, s: &AttentionShape) -> Projected {
+fn project(p: &dyn Products, x: &[f32], width: usize, pos0: usize, w: &AttentionWeights<'_>, s: &AttentionShape) -> Projected {
     let rank = w.wq_a.len() / width;
-    let q_res: Vec<f32> = products(w.wq_a, x, width).chunks(rank).flat_map(|a| rms_norm(a, Some(w.q_norm), s.eps)).collect();
-    let mut q = products(w.wq_b, &q_res, rank);
+    let q_res: Vec<f32> = p.products(w.wq_a, x, width).chunks(rank).flat_map(|a| rms_norm(a, Some(w.q_norm), s.eps)).collect();
+    let mut q = p.products(w.wq_b, &q_res, rank);
     let per_row = q.len() / (x.len() / width);
     for (i, row) in q.chunks_mut(per_row).enumerate() {
         for head in row.chunks_mut(s.head_dim) {
@@ -315,7 +325,8 @@ fn project(x: &[f32], width: usize, pos0: usize, w: &AttentionWeights<'_>, s: &A
         }
     }
     let kv_width = w.wkv.len() / width;
-    let kv = products(w.wkv, x, width)
+    let kv = p
+        .products(w.wkv, x, width)
         .chunks(kv_width)
         .enumerate()
         .map(|(i, raw)| {
@@ -363,18 +374,18 @@ fn attend<'k>(
 
 /// The grouped low-rank output projection of `n` rows of heads: each group of heads through its
 /// block of `wo_a` rows, the groups' outputs side by side through `wo_b`.
-fn output_projection(heads: &[f32], n: usize, w: &AttentionWeights<'_>, s: &AttentionShape) -> Vec<f32> {
+fn output_projection(p: &dyn Products, heads: &[f32], n: usize, w: &AttentionWeights<'_>, s: &AttentionShape) -> Vec<f32> {
     let (all, group_in) = (s.heads * s.head_dim, s.heads * s.head_dim / s.o_groups);
     let group_rows = w.wo_a.len() / s.o_groups;
     let rank = group_rows / group_in;
     let per_group: Vec<Vec<f32>> = (0..s.o_groups)
         .map(|g| {
             let inputs: Vec<f32> = heads.chunks(all).flat_map(|h| &h[g * group_in..(g + 1) * group_in]).copied().collect();
-            products(&w.wo_a[g * group_rows..(g + 1) * group_rows], &inputs, group_in)
+            p.products(&w.wo_a[g * group_rows..(g + 1) * group_rows], &inputs, group_in)
         })
         .collect();
     let low: Vec<f32> = (0..n).flat_map(|t| per_group.iter().flat_map(move |p| &p[t * rank..(t + 1) * rank])).copied().collect();
-    products(w.wo_b, &low, s.o_groups * rank)
+    p.products(w.wo_b, &low, s.o_groups * rank)
 }
 
 /// One layer's attention state: the window's raw entries (at most `window`, oldest first) and each
@@ -391,8 +402,10 @@ impl LayerCache {
     /// position went through this cache in order; the cache moves on past them. The rows' products
     /// are taken together and their positions attended on the thread pool, each exactly as one row
     /// at a time would be.
+    #[allow(clippy::too_many_arguments)]
     pub fn extend(
         &mut self,
+        products: &dyn Products,
         x: &[f32],
         width: usize,
         pos0: usize,
@@ -402,22 +415,24 @@ impl LayerCache {
     ) -> Vec<f32> {
         use rayon::prelude::*;
         let n = x.len() / width;
-        let mut p = project(x, width, pos0, w, s);
+        let mut p = project(products, x, width, pos0, w, s);
         let rate = match long {
             Long::None => usize::MAX,
             Long::Heavy(c) => {
-                self.blocks.extend(x, width, pos0, c, s.head_dim, false, s);
+                self.blocks.extend(products, x, width, pos0, c, s.head_dim, false, s);
                 c.rate
             }
             Long::Sparse(c, ix) => {
-                self.blocks.extend(x, width, pos0, c, s.head_dim, true, s);
-                self.index.extend(x, width, pos0, &ix.compressor, ix.head_dim, true, s);
+                self.blocks.extend(products, x, width, pos0, c, s.head_dim, true, s);
+                self.index.extend(products, x, width, pos0, &ix.compressor, ix.head_dim, true, s);
                 c.rate
             }
         };
         // The indexer's queries and head weights, before RoPE.
         let index = match long {
-            Long::Sparse(_, ix) => Some((products(ix.wq_b, &p.q_res, p.q_res.len() / n), products(ix.weights_proj, x, width), ix)),
+            Long::Sparse(_, ix) => {
+                Some((products.products(ix.wq_b, &p.q_res, p.q_res.len() / n), products.products(ix.weights_proj, x, width), ix))
+            }
             _ => None,
         };
         let before = self.window.len();
@@ -443,13 +458,14 @@ impl LayerCache {
             })
             .collect();
         self.window.drain(..self.window.len().saturating_sub(s.window));
-        output_projection(&heads.concat(), n, w, s)
+        output_projection(products, &heads.concat(), n, w, s)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::forward::dsv4_products::Host;
     use crate::forward::testutil::tiny::{self, floats};
 
     fn check(fixture_name: &str) {
@@ -493,10 +509,10 @@ mod tests {
             Compressor { wkv, wgate, ape, norm, rate, storage: Storage::F32 }
         };
         let ours = match kind {
-            AttentionKind::Sliding => sliding_attention(&x, c.hidden_size, &w, &s),
+            AttentionKind::Sliding => sliding_attention(&Host, &x, c.hidden_size, &w, &s),
             AttentionKind::HeavilyCompressed => {
                 let comp = compressor("compressor", c.hca_rate);
-                attention(&x, c.hidden_size, &w, &s, &Long::Heavy(comp))
+                attention(&Host, &x, c.hidden_size, &w, &s, &Long::Heavy(comp))
             }
             AttentionKind::CompressedSparse => {
                 let (iwq_b, iweights) = (t("indexer.wq_b.weight"), t("indexer.weights_proj.weight"));
@@ -509,7 +525,7 @@ mod tests {
                     topk: c.index_topk,
                     fp8: false,
                 };
-                attention(&x, c.hidden_size, &w, &s, &Long::Sparse(compressor("compressor", c.csa_rate), ix))
+                attention(&Host, &x, c.hidden_size, &w, &s, &Long::Sparse(compressor("compressor", c.csa_rate), ix))
             }
         };
         let reference = floats(&fixture["out"]);

@@ -21,6 +21,23 @@ const TILE_BYTES: usize = 64 << 10;
 /// Input rows taken against a tile at a time (64 rows of DeepSeek-V4 `small`'s width: 256 KB).
 const INPUT_BLOCK: usize = 64;
 
+/// Where a DeepSeek-V4 pass computes its weight products: the host ([`Host`], bit for bit the
+/// golden dot products) or a GPU (`crate::device::Dsv4Products`, feature `cuda`). A pass hands it the
+/// model's own weight slices, so a device executor knows each matrix by its address.
+pub trait Products: Send + Sync {
+    /// The rows of `xs` (each `k` long) times the rows of `w` (each `k` long), row-major.
+    fn products(&self, w: &[f32], xs: &[f32], k: usize) -> Vec<f32>;
+}
+
+/// The host's golden products ([`products`]).
+pub struct Host;
+
+impl Products for Host {
+    fn products(&self, w: &[f32], xs: &[f32], k: usize) -> Vec<f32> {
+        products(w, xs, k)
+    }
+}
+
 /// The rows of `xs` (each `k` long) times the rows of `w` (each `k` long): `xs.len() / k` rows of
 /// `w.len() / k` outputs, row-major. Each output is `dot(w_r, x_t)` (the golden kernels', which
 /// have [`ctxscope_numerics::dot`]'s bits).

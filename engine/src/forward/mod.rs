@@ -9,7 +9,7 @@ pub mod deepseek_v4;
 pub mod dsv4_attention;
 #[cfg(test)]
 mod dsv4_patches;
-mod dsv4_products;
+pub mod dsv4_products;
 mod fast;
 mod golden;
 mod matmul;

@@ -8,7 +8,7 @@
 use ctxscope_numerics::round::bf16_slice;
 use ctxscope_numerics::{dot, matvec_bf16};
 
-use super::dsv4_products::products;
+use super::dsv4_products::Products;
 
 /// One SwiGLU expert: `w1` (gate) and `w3` (up) rows of the width, `w2` (down) rows of the expert width.
 pub struct Expert<'a> {
@@ -107,8 +107,8 @@ pub fn route(x: &[f32], token: u32, w: &MoeWeights<'_>, s: MoeSettings) -> Vec<(
 }
 
 /// One SwiGLU expert on the rows of `xs` (each `width` long), its pre-activations clamped.
-fn expert(xs: &[f32], width: usize, e: &Expert<'_>, limit: f32) -> Vec<f32> {
-    let (gates, ups) = (products(e.w1, xs, width), products(e.w3, xs, width));
+fn expert(p: &dyn Products, xs: &[f32], width: usize, e: &Expert<'_>, limit: f32) -> Vec<f32> {
+    let (gates, ups) = (p.products(e.w1, xs, width), p.products(e.w3, xs, width));
     let hidden: Vec<f32> = gates
         .iter()
         .zip(&ups)
@@ -117,14 +117,14 @@ fn expert(xs: &[f32], width: usize, e: &Expert<'_>, limit: f32) -> Vec<f32> {
             gate / (1.0 + (-gate).exp()) * up
         })
         .collect();
-    products(e.w2, &hidden, e.w1.len() / width)
+    p.products(e.w2, &hidden, e.w1.len() / width)
 }
 
 /// The MoE block's output for each row of `xs` (token `tokens[i]` for row i): the routed experts'
 /// weighted sum plus the shared one. Each expert runs once on all the rows routed to it (the experts
 /// on the thread pool); every row's sum keeps its routing order, so the rows come out as each would
 /// alone.
-pub fn moe(xs: &[f32], tokens: &[u32], w: &MoeWeights<'_>, s: MoeSettings) -> Vec<f32> {
+pub fn moe(p: &dyn Products, xs: &[f32], tokens: &[u32], w: &MoeWeights<'_>, s: MoeSettings) -> Vec<f32> {
     use rayon::prelude::*;
     if tokens.is_empty() {
         return Vec::new();
@@ -144,7 +144,7 @@ pub fn moe(xs: &[f32], tokens: &[u32], w: &MoeWeights<'_>, s: MoeSettings) -> Ve
         .filter(|(_, rows)| !rows.is_empty())
         .map(|(e, rows)| {
             let inputs: Vec<f32> = rows.iter().flat_map(|&(row, _)| &xs[row * width..(row + 1) * width]).copied().collect();
-            (rows, expert(&inputs, width, &w.experts[e], s.swiglu_limit))
+            (rows, expert(p, &inputs, width, &w.experts[e], s.swiglu_limit))
         })
         .collect();
     let mut placed: Vec<Vec<&[f32]>> = routes.iter().map(|picked| vec![&[][..]; picked.len()]).collect();
@@ -154,7 +154,7 @@ pub fn moe(xs: &[f32], tokens: &[u32], w: &MoeWeights<'_>, s: MoeSettings) -> Ve
         }
     }
     let mut out = match &w.shared {
-        Some(shared) => expert(xs, width, shared, s.swiglu_limit),
+        Some(shared) => expert(p, xs, width, shared, s.swiglu_limit),
         None => vec![0f32; xs.len()],
     };
     for ((o, picked), values) in out.chunks_mut(width).zip(&routes).zip(&placed) {
@@ -174,6 +174,7 @@ pub fn moe(xs: &[f32], tokens: &[u32], w: &MoeWeights<'_>, s: MoeSettings) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::forward::dsv4_products::Host;
     use crate::forward::testutil::tiny::{self, floats};
 
     #[test]
@@ -216,11 +217,11 @@ mod tests {
                 routed.sort_unstable();
                 expected.sort_unstable();
                 assert_eq!(routed, expected, "layer {layer} token {i}: experts");
-                ours.extend(moe(token_x, &[id], &w, s));
+                ours.extend(moe(&Host, token_x, &[id], &w, s));
             }
             // All the rows at once, each expert on the rows routed to it: the same bits.
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&moe(&x, &ids, &w, s)), bits(&ours), "layer {layer}: the batch moved bits");
+            assert_eq!(bits(&moe(&Host, &x, &ids, &w, s)), bits(&ours), "layer {layer}: the batch moved bits");
             let err = tiny::rel_l2(&ours, &floats(&want["out"]));
             eprintln!("moe layer {layer}: rel L2 {err:.1e} against transformers");
             assert!(err < 1e-5, "layer {layer}: rel L2 {err:e}");

@@ -323,6 +323,18 @@ pub struct DeepseekV4Model {
 }
 
 impl DeepseekV4Model {
+    /// Weights one decoded token reads (elements): every tensor but the embedding table (a row of
+    /// it; unless tied, when it is the output head) and the routed experts, plus `num_experts_per_tok`
+    /// experts in each layer.
+    pub fn weights_per_token(&self) -> usize {
+        let c = &self.config;
+        let total: usize = self.tensors.values().map(Vec::len).sum();
+        let routed: usize = self.tensors.iter().filter(|(name, _)| name.contains(".experts.")).map(|(_, t)| t.len()).sum();
+        let embed = if c.tie_word_embeddings { 0 } else { self.tensors.get("model.embed_tokens.weight").map_or(0, Vec::len) };
+        let per_expert = routed / (c.experts * c.layers.len()).max(1);
+        total - routed - embed + per_expert * c.experts_per_token * c.layers.len()
+    }
+
     /// Loads `dir` (config.json and safetensors), checking every tensor's shape against the config.
     pub fn load(dir: &Path) -> Result<DeepseekV4Model, LoadError> {
         let path = dir.join("config.json");

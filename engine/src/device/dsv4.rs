@@ -4,6 +4,7 @@
 //! GEMM for more (a prompt's chunk), with the input rows sent over and the outputs read back. The rest
 //! of the pass (mHC, norms, RoPE, attention, the compressors and indexer, routing) stays on the host.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -50,16 +51,14 @@ impl Dsv4Products {
         // Products arrive from the thread pool's threads too.
         inner.device.ctx.bind_to_thread()?;
         let stream = inner.device.stream.clone();
-        let key = (w.as_ptr() as usize, w.len());
-        if !inner.matrices.contains_key(&key) {
-            let matrix = Matrix::upload(&stream, w, rows, k, self.bf16)?;
-            inner.matrices.insert(key, matrix);
-        }
-        let matrix = &inner.matrices[&key];
+        let matrix = match inner.matrices.entry((w.as_ptr() as usize, w.len())) {
+            Entry::Occupied(known) => known.into_mut(),
+            Entry::Vacant(new) => new.insert(Matrix::upload(&stream, w, rows, k, self.bf16)?),
+        };
         let x = stream.clone_htod(xs)?;
         let mut y = stream.alloc_zeros::<f32>(n * rows)?;
         if n <= GEMV_MAX_ROWS && k.is_multiple_of(8) {
-            inner.device.gemv(matrix, &x.as_view(), &mut y.as_view_mut(), n, GemvMode::Store, self.bf16)?;
+            inner.device.gemv(&*matrix, &x.as_view(), &mut y.as_view_mut(), n, GemvMode::Store, self.bf16)?;
         } else if self.bf16 {
             let mut xb = stream.alloc_zeros::<u16>(n * k)?;
             inner.device.to_bf16(&x.as_view(), &mut xb.as_view_mut(), n * k)?;

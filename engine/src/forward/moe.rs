@@ -120,6 +120,9 @@ fn expert(p: &dyn Products, xs: &[f32], width: usize, e: &Expert<'_>, limit: f32
     p.products(e.w2, &hidden, e.w1.len() / width)
 }
 
+/// A row an expert serves and the place of that expert in the row's routing.
+type Served = (usize, usize);
+
 /// The MoE block's output for each row of `xs` (token `tokens[i]` for row i): the routed experts'
 /// weighted sum plus the shared one. Each expert runs once on all the rows routed to it (the experts
 /// on the thread pool); every row's sum keeps its routing order, so the rows come out as each would
@@ -132,13 +135,13 @@ pub fn moe(p: &dyn Products, xs: &[f32], tokens: &[u32], w: &MoeWeights<'_>, s: 
     let width = xs.len() / tokens.len();
     let routes: Vec<Vec<(usize, f32)>> = xs.par_chunks(width).zip(tokens).map(|(x, &token)| route(x, token, w, s)).collect();
     // Per expert, the (row, place in that row's routing) pairs it serves.
-    let mut served: Vec<Vec<(usize, usize)>> = vec![Vec::new(); w.experts.len()];
+    let mut served: Vec<Vec<Served>> = vec![Vec::new(); w.experts.len()];
     for (row, picked) in routes.iter().enumerate() {
         for (place, &(e, _)) in picked.iter().enumerate() {
             served[e].push((row, place));
         }
     }
-    let outputs: Vec<(&Vec<(usize, usize)>, Vec<f32>)> = served
+    let outputs: Vec<(&Vec<Served>, Vec<f32>)> = served
         .par_iter()
         .enumerate()
         .filter(|(_, rows)| !rows.is_empty())

@@ -210,6 +210,11 @@ impl Device {
     /// Opens GPU `ordinal` on a stream of its own (graph capture needs one) and loads every kernel
     /// module for it: built in, cached, or compiled with NVRTC (`loader`).
     pub fn open(ordinal: usize, settings: &KernelSettings) -> Result<Device, DeviceError> {
+        // cudarc panics on its first driver call when the library is missing: ask first.
+        // SAFETY: only tries to open the library by its usual names.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(DeviceError::NoDriver);
+        }
         let ctx = CudaContext::new(ordinal)?;
         // One stream does all the work, so cudarc's cross-stream events are not needed (and event
         // records would get in the way of graph capture).

@@ -5,6 +5,10 @@
 pub enum DeviceError {
     #[error("CUDA driver: {0}")]
     Driver(#[from] cudarc::driver::DriverError),
+    #[error(
+        "the CUDA driver library (libcuda) cannot be loaded: this machine has no NVIDIA driver, or its folder is not on LD_LIBRARY_PATH"
+    )]
+    NoDriver,
     #[error("NVRTC could not compile {module}: {detail}")]
     Compile { module: String, detail: String },
     #[error(

@@ -1,14 +1,16 @@
 //! DeepSeek-V4's weight products on a GPU (the first stage of its CUDA path): each matrix a pass
 //! multiplies is uploaded on first use (f32 for the golden path, bf16 for the fast one) and kept;
 //! each product runs on the device, a GEMV for up to [`GEMV_MAX_ROWS`] rows (decode) and a cuBLAS
-//! GEMM for more (a prompt's chunk), with the input rows sent over and the outputs read back. The rest
+//! GEMM for more (a prompt's chunk), with the input rows sent over once for the matrices that share
+//! them and the outputs read back in one copy. The rest
 //! of the pass (mHC, norms, RoPE, attention, the compressors and indexer, routing) stays on the host.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use ctxscope_kernels::blas::{Activations, Blas, Compute};
+use ctxscope_kernels::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use ctxscope_kernels::device::{Device, DeviceError, GemvMode, Matrix, GEMV_MAX_ROWS};
 
 use crate::forward::dsv4_products::Products;
@@ -24,6 +26,10 @@ pub struct Dsv4Products {
 struct Inner {
     device: Device,
     blas: Blas,
+    /// Scratch on the device, grown as needed: the input rows, their bf16 copy, the outputs.
+    x: Option<CudaSlice<f32>>,
+    xb: Option<CudaSlice<u16>>,
+    y: Option<CudaSlice<f32>>,
     /// By the host slice's address and length: the model's weights never move or change while a
     /// pass can reach them (the model outlives every state that holds this executor).
     matrices: HashMap<(usize, usize), Matrix>,
@@ -35,7 +41,7 @@ impl Dsv4Products {
         let device = Device::new(ordinal)?;
         let blas = Blas::new(device.stream.clone())?;
         let label = format!("cuda:{ordinal} {}", if bf16 { "bf16" } else { "f32" });
-        Ok(Dsv4Products { inner: Mutex::new(Inner { device, blas, matrices: HashMap::new() }), bf16, label })
+        Ok(Dsv4Products { inner: Mutex::new(Inner { device, blas, x: None, xb: None, y: None, matrices: HashMap::new() }), bf16, label })
     }
 
     /// Device bytes the uploaded matrices hold.
@@ -43,41 +49,87 @@ impl Dsv4Products {
         self.inner.lock().map(|inner| inner.matrices.values().map(Matrix::bytes).sum()).unwrap_or(0)
     }
 
-    fn try_products(&self, w: &[f32], xs: &[f32], k: usize) -> Result<Vec<f32>, DeviceError> {
-        let (rows, n) = (w.len() / k, xs.len() / k);
+    /// Each of `ws` times the rows of `xs`: the rows sent once, every product launched, the outputs
+    /// read back in one copy.
+    fn try_products(&self, ws: &[&[f32]], xs: &[f32], k: usize) -> Result<Vec<Vec<f32>>, DeviceError> {
+        let n = xs.len() / k;
         let mut guard =
             self.inner.lock().map_err(|_| DeviceError::Shape { kernel: "dsv4 products", detail: "an earlier product panicked".into() })?;
         let inner = &mut *guard;
         // Products arrive from the thread pool's threads too.
         inner.device.ctx.bind_to_thread()?;
         let stream = inner.device.stream.clone();
-        let matrix = match inner.matrices.entry((w.as_ptr() as usize, w.len())) {
-            Entry::Occupied(known) => known.into_mut(),
-            Entry::Vacant(new) => new.insert(Matrix::upload(&stream, w, rows, k, self.bf16)?),
-        };
-        let x = stream.clone_htod(xs)?;
-        let mut y = stream.alloc_zeros::<f32>(n * rows)?;
-        if n <= GEMV_MAX_ROWS && k.is_multiple_of(8) {
-            inner.device.gemv(&*matrix, &x.as_view(), &mut y.as_view_mut(), n, GemvMode::Store, self.bf16)?;
-        } else if self.bf16 {
-            let mut xb = stream.alloc_zeros::<u16>(n * k)?;
-            inner.device.to_bf16(&x.as_view(), &mut xb.as_view_mut(), n * k)?;
-            inner.blas.matmul(matrix, Activations::Bf16(&xb.as_view()), &mut y.as_view_mut(), n, Compute::F32, false)?;
-        } else {
-            inner.blas.matmul(matrix, Activations::F32(&x.as_view()), &mut y.as_view_mut(), n, Compute::F32, false)?;
+        let outputs: Vec<usize> = ws.iter().map(|w| n * (w.len() / k)).collect();
+        let total: usize = outputs.iter().sum();
+        let x = grown(&stream, &mut inner.x, xs.len())?;
+        stream.memcpy_htod(xs, &mut x.slice_mut(..xs.len()))?;
+        let y = grown(&stream, &mut inner.y, total)?;
+        // Up to GEMV_MAX_ROWS rows a GEMV kernel (rounding the rows to bf16 as it loads them on the
+        // fast path); more, cuBLAS (the rows converted to bf16 first on the fast path).
+        let gemv = n <= GEMV_MAX_ROWS && k.is_multiple_of(8);
+        if self.bf16 && !gemv {
+            let xb = grown(&stream, &mut inner.xb, xs.len())?;
+            inner.device.to_bf16(&x.slice(..xs.len()), &mut xb.slice_mut(..xs.len()), xs.len())?;
         }
-        Ok(stream.clone_dtoh(&y)?)
+        let mut start = 0;
+        for (w, &len) in ws.iter().zip(&outputs) {
+            let matrix = match inner.matrices.entry((w.as_ptr() as usize, w.len())) {
+                Entry::Occupied(known) => known.into_mut(),
+                Entry::Vacant(new) => new.insert(Matrix::upload(&stream, w, w.len() / k, k, self.bf16)?),
+            };
+            let mut out = y.slice_mut(start..start + len);
+            if gemv {
+                inner.device.gemv(matrix, &x.slice(..xs.len()), &mut out, n, GemvMode::Store, self.bf16)?;
+            } else if self.bf16 {
+                let xb = inner
+                    .xb
+                    .as_ref()
+                    .map(|b| b.slice(..xs.len()))
+                    .ok_or(DeviceError::Shape { kernel: "dsv4 products", detail: "no bf16 rows".into() })?;
+                inner.blas.matmul(matrix, Activations::Bf16(&xb), &mut out, n, Compute::F32, false)?;
+            } else {
+                inner.blas.matmul(matrix, Activations::F32(&x.slice(..xs.len())), &mut out, n, Compute::F32, false)?;
+            }
+            start += len;
+        }
+        let mut host = vec![0f32; total];
+        stream.memcpy_dtoh(&y.slice(..total), &mut host)?;
+        stream.synchronize()?;
+        let mut rest = host.as_slice();
+        Ok(outputs
+            .iter()
+            .map(|&len| {
+                let (this, after) = rest.split_at(len);
+                rest = after;
+                this.to_vec()
+            })
+            .collect())
     }
+}
+
+/// `buffer`, grown to hold at least `len` elements (its contents not kept).
+fn grown<'b, T: DeviceRepr + ValidAsZeroBits>(
+    stream: &Arc<CudaStream>,
+    buffer: &'b mut Option<CudaSlice<T>>,
+    len: usize,
+) -> Result<&'b mut CudaSlice<T>, DeviceError> {
+    if buffer.as_ref().is_none_or(|b| b.len() < len) {
+        *buffer = Some(stream.alloc_zeros::<T>(len.max(1))?);
+    }
+    Ok(buffer.as_mut().expect("just made"))
 }
 
 impl Products for Dsv4Products {
     /// A device failure mid-pass cannot be answered with host numbers (they differ in the last
     /// bits), so it panics with the device's error; the backend turns that into the request's error.
     fn products(&self, w: &[f32], xs: &[f32], k: usize) -> Vec<f32> {
-        if xs.is_empty() || w.is_empty() {
-            return Vec::new();
+        self.products_of(&[w], xs, k).pop().unwrap_or_default()
+    }
+
+    fn products_of(&self, ws: &[&[f32]], xs: &[f32], k: usize) -> Vec<Vec<f32>> {
+        if xs.is_empty() || k == 0 {
+            return ws.iter().map(|_| Vec::new()).collect();
         }
-        self.try_products(w, xs, k)
-            .unwrap_or_else(|e| panic!("{}: a {}x{k} product of {} rows failed: {e}", self.label, w.len() / k, xs.len() / k))
+        self.try_products(ws, xs, k).unwrap_or_else(|e| panic!("{}: products of {} rows of {k} failed: {e}", self.label, xs.len() / k))
     }
 }

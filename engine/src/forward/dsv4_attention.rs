@@ -205,7 +205,7 @@ impl Blocks {
     ) {
         let series = if overlap { 2 * hd } else { hd };
         let first = pos0 - self.rows.len();
-        let (kvs, gates) = (p.products(c.wkv, x, width), p.products(c.wgate, x, width));
+        let [kvs, gates]: [Vec<f32>; 2] = p.products_of(&[c.wkv, c.wgate], x, width).try_into().expect("two products");
         for (i, (kv, gate)) in kvs.chunks(series).zip(gates.chunks(series)).enumerate() {
             let pos = pos0 + i;
             let bias = &c.ape[(pos % c.rate) * series..][..series];
@@ -314,7 +314,8 @@ struct Projected {
 
 fn project(p: &dyn Products, x: &[f32], width: usize, pos0: usize, w: &AttentionWeights<'_>, s: &AttentionShape) -> Projected {
     let rank = w.wq_a.len() / width;
-    let q_res: Vec<f32> = p.products(w.wq_a, x, width).chunks(rank).flat_map(|a| rms_norm(a, Some(w.q_norm), s.eps)).collect();
+    let [a, kv]: [Vec<f32>; 2] = p.products_of(&[w.wq_a, w.wkv], x, width).try_into().expect("two products");
+    let q_res: Vec<f32> = a.chunks(rank).flat_map(|a| rms_norm(a, Some(w.q_norm), s.eps)).collect();
     let mut q = p.products(w.wq_b, &q_res, rank);
     let per_row = q.len() / (x.len() / width);
     for (i, row) in q.chunks_mut(per_row).enumerate() {
@@ -325,8 +326,7 @@ fn project(p: &dyn Products, x: &[f32], width: usize, pos0: usize, w: &Attention
         }
     }
     let kv_width = w.wkv.len() / width;
-    let kv = p
-        .products(w.wkv, x, width)
+    let kv = kv
         .chunks(kv_width)
         .enumerate()
         .map(|(i, raw)| {

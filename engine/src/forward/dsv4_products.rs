@@ -27,6 +27,12 @@ const INPUT_BLOCK: usize = 64;
 pub trait Products: Send + Sync {
     /// The rows of `xs` (each `k` long) times the rows of `w` (each `k` long), row-major.
     fn products(&self, w: &[f32], xs: &[f32], k: usize) -> Vec<f32>;
+
+    /// Several matrices times the same rows, each as [`Products::products`] (a device takes them in
+    /// one trip).
+    fn products_of(&self, ws: &[&[f32]], xs: &[f32], k: usize) -> Vec<Vec<f32>> {
+        ws.iter().map(|w| self.products(w, xs, k)).collect()
+    }
 }
 
 /// The host's golden products ([`products`]).

@@ -108,7 +108,7 @@ pub fn route(x: &[f32], token: u32, w: &MoeWeights<'_>, s: MoeSettings) -> Vec<(
 
 /// One SwiGLU expert on the rows of `xs` (each `width` long), its pre-activations clamped.
 fn expert(p: &dyn Products, xs: &[f32], width: usize, e: &Expert<'_>, limit: f32) -> Vec<f32> {
-    let (gates, ups) = (p.products(e.w1, xs, width), p.products(e.w3, xs, width));
+    let [gates, ups]: [Vec<f32>; 2] = p.products_of(&[e.w1, e.w3], xs, width).try_into().expect("two products");
     let hidden: Vec<f32> = gates
         .iter()
         .zip(&ups)

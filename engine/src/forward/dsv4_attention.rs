@@ -355,7 +355,8 @@ fn attend<'k>(
     let keys: Vec<&[f32]> = window.iter().map(Vec::as_slice).chain(picked).collect();
     let scale = (hd as f32).powf(-0.5);
     let mut heads = vec![0f32; s.heads * hd];
-    for (h, (qh, oh)) in q.chunks(hd).zip(heads.chunks_mut(hd)).enumerate() {
+    // Each head alone; on the thread pool when the keys are many (a decoded token's one position).
+    let head = |(h, (qh, oh)): (usize, (&[f32], &mut [f32]))| {
         let logits: Vec<f32> = keys.iter().map(|k| dot(qh, k) * scale).collect();
         // The sink joins the softmax and takes its share, then is dropped.
         let max = logits.iter().copied().fold(sinks[h], f32::max);
@@ -368,9 +369,19 @@ fn attend<'k>(
             }
         }
         rope(oh, t, s, true);
+    };
+    if keys.len() * q.len() >= PARALLEL_ATTEND {
+        use rayon::prelude::*;
+        q.par_chunks(hd).zip(heads.par_chunks_mut(hd)).enumerate().for_each(head);
+    } else {
+        q.chunks(hd).zip(heads.chunks_mut(hd)).enumerate().for_each(head);
     }
     heads
 }
+
+/// Multiply-adds (keys times query width) from which one position's heads are attended on the
+/// thread pool.
+const PARALLEL_ATTEND: usize = 1 << 16;
 
 /// The grouped low-rank output projection of `n` rows of heads: each group of heads through its
 /// block of `wo_a` rows, the groups' outputs side by side through `wo_b`.

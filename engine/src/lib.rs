@@ -2,7 +2,8 @@
 //! matmul paths (golden: f32 weights, f32 accumulation, the reference replay trusts; fast: quantized
 //! weights kept quantized), keeps per-sequence KV caches with prefix reuse across requests, and
 //! batches concurrent requests in one scheduler loop. The scheduler drives a [`Backend`]: the CPU, or a
-//! GPU with the `cuda` feature; DeepSeek-V4 checkpoints run on their own CPU backend (golden path).
+//! GPU with the `cuda` feature; DeepSeek-V4 checkpoints run on their own backend (`dsv4_backend`: golden
+//! on the CPU, or its products on a GPU with `cuda`).
 
 pub mod backend;
 pub mod cpu;

@@ -49,48 +49,54 @@ impl Dsv4Products {
         self.inner.lock().map(|inner| inner.matrices.values().map(Matrix::bytes).sum()).unwrap_or(0)
     }
 
-    /// Each of `ws` times the rows of `xs`: the rows sent once, every product launched, the outputs
-    /// read back in one copy.
-    fn try_products(&self, ws: &[&[f32]], xs: &[f32], k: usize) -> Result<Vec<Vec<f32>>, DeviceError> {
-        let n = xs.len() / k;
+    /// Each `(matrix, rows)` of `jobs`: every job's rows sent in one copy, each product launched, the
+    /// outputs read back in one copy.
+    fn try_products(&self, jobs: &[(&[f32], &[f32])], k: usize) -> Result<Vec<Vec<f32>>, DeviceError> {
         let mut guard =
             self.inner.lock().map_err(|_| DeviceError::Shape { kernel: "dsv4 products", detail: "an earlier product panicked".into() })?;
         let inner = &mut *guard;
         // Products arrive from the thread pool's threads too.
         inner.device.ctx.bind_to_thread()?;
         let stream = inner.device.stream.clone();
-        let outputs: Vec<usize> = ws.iter().map(|w| n * (w.len() / k)).collect();
+        // Per job: its rows, where they start in the sent rows, its outputs, where they start.
+        let rows: Vec<usize> = jobs.iter().map(|(_, xs)| xs.len() / k).collect();
+        let outputs: Vec<usize> = jobs.iter().zip(&rows).map(|((w, _), n)| n * (w.len() / k)).collect();
+        let sent: Vec<f32> = jobs.iter().flat_map(|(_, xs)| xs.iter().copied()).collect();
         let total: usize = outputs.iter().sum();
-        let x = grown(&stream, &mut inner.x, xs.len())?;
-        stream.memcpy_htod(xs, &mut x.slice_mut(..xs.len()))?;
+        let x = grown(&stream, &mut inner.x, sent.len())?;
+        stream.memcpy_htod(&sent, &mut x.slice_mut(..sent.len()))?;
         let y = grown(&stream, &mut inner.y, total)?;
         // Up to GEMV_MAX_ROWS rows a GEMV kernel (rounding the rows to bf16 as it loads them on the
         // fast path); more, cuBLAS (the rows converted to bf16 first on the fast path).
-        let gemv = n <= GEMV_MAX_ROWS && k.is_multiple_of(8);
-        if self.bf16 && !gemv {
-            let xb = grown(&stream, &mut inner.xb, xs.len())?;
-            inner.device.to_bf16(&x.slice(..xs.len()), &mut xb.slice_mut(..xs.len()), xs.len())?;
+        let gemv = |n: usize| n <= GEMV_MAX_ROWS && k.is_multiple_of(8);
+        if self.bf16 && rows.iter().any(|&n| !gemv(n)) {
+            let xb = grown(&stream, &mut inner.xb, sent.len())?;
+            inner.device.to_bf16(&x.slice(..sent.len()), &mut xb.slice_mut(..sent.len()), sent.len())?;
         }
-        let mut start = 0;
-        for (w, &len) in ws.iter().zip(&outputs) {
+        let (mut x_at, mut y_at) = (0, 0);
+        for (((w, xs), &n), &len) in jobs.iter().zip(&rows).zip(&outputs) {
             let matrix = match inner.matrices.entry((w.as_ptr() as usize, w.len())) {
                 Entry::Occupied(known) => known.into_mut(),
                 Entry::Vacant(new) => new.insert(Matrix::upload(&stream, w, w.len() / k, k, self.bf16)?),
             };
-            let mut out = y.slice_mut(start..start + len);
-            if gemv {
-                inner.device.gemv(matrix, &x.slice(..xs.len()), &mut out, n, GemvMode::Store, self.bf16)?;
+            let input = x_at..x_at + xs.len();
+            let mut out = y.slice_mut(y_at..y_at + len);
+            if n == 0 {
+                // Nothing to multiply: an empty output.
+            } else if gemv(n) {
+                inner.device.gemv(matrix, &x.slice(input), &mut out, n, GemvMode::Store, self.bf16)?;
             } else if self.bf16 {
                 let xb = inner
                     .xb
                     .as_ref()
-                    .map(|b| b.slice(..xs.len()))
+                    .map(|b| b.slice(input))
                     .ok_or(DeviceError::Shape { kernel: "dsv4 products", detail: "no bf16 rows".into() })?;
                 inner.blas.matmul(matrix, Activations::Bf16(&xb), &mut out, n, Compute::F32, false)?;
             } else {
-                inner.blas.matmul(matrix, Activations::F32(&x.slice(..xs.len())), &mut out, n, Compute::F32, false)?;
+                inner.blas.matmul(matrix, Activations::F32(&x.slice(input)), &mut out, n, Compute::F32, false)?;
             }
-            start += len;
+            x_at += xs.len();
+            y_at += len;
         }
         let mut host = vec![0f32; total];
         stream.memcpy_dtoh(&y.slice(..total), &mut host)?;
@@ -123,13 +129,14 @@ impl Products for Dsv4Products {
     /// A device failure mid-pass cannot be answered with host numbers (they differ in the last
     /// bits), so it panics with the device's error; the backend turns that into the request's error.
     fn products(&self, w: &[f32], xs: &[f32], k: usize) -> Vec<f32> {
-        self.products_of(&[w], xs, k).pop().unwrap_or_default()
+        self.products_each(&[(w, xs)], k).pop().unwrap_or_default()
     }
 
-    fn products_of(&self, ws: &[&[f32]], xs: &[f32], k: usize) -> Vec<Vec<f32>> {
-        if xs.is_empty() || k == 0 {
-            return ws.iter().map(|_| Vec::new()).collect();
+    fn products_each(&self, jobs: &[(&[f32], &[f32])], k: usize) -> Vec<Vec<f32>> {
+        if k == 0 || jobs.iter().all(|(_, xs)| xs.is_empty()) {
+            return jobs.iter().map(|_| Vec::new()).collect();
         }
-        self.try_products(ws, xs, k).unwrap_or_else(|e| panic!("{}: products of {} rows of {k} failed: {e}", self.label, xs.len() / k))
+        let rows: usize = jobs.iter().map(|(_, xs)| xs.len() / k).sum();
+        self.try_products(jobs, k).unwrap_or_else(|e| panic!("{}: {} products of {rows} rows of {k} failed: {e}", self.label, jobs.len()))
     }
 }

@@ -389,12 +389,11 @@ fn output_projection(p: &dyn Products, heads: &[f32], n: usize, w: &AttentionWei
     let (all, group_in) = (s.heads * s.head_dim, s.heads * s.head_dim / s.o_groups);
     let group_rows = w.wo_a.len() / s.o_groups;
     let rank = group_rows / group_in;
-    let per_group: Vec<Vec<f32>> = (0..s.o_groups)
-        .map(|g| {
-            let inputs: Vec<f32> = heads.chunks(all).flat_map(|h| &h[g * group_in..(g + 1) * group_in]).copied().collect();
-            p.products(&w.wo_a[g * group_rows..(g + 1) * group_rows], &inputs, group_in)
-        })
-        .collect();
+    let inputs: Vec<Vec<f32>> =
+        (0..s.o_groups).map(|g| heads.chunks(all).flat_map(|h| &h[g * group_in..(g + 1) * group_in]).copied().collect()).collect();
+    let jobs: Vec<(&[f32], &[f32])> =
+        inputs.iter().enumerate().map(|(g, x)| (&w.wo_a[g * group_rows..(g + 1) * group_rows], x.as_slice())).collect();
+    let per_group = p.products_each(&jobs, group_in);
     let low: Vec<f32> = (0..n).flat_map(|t| per_group.iter().flat_map(move |p| &p[t * rank..(t + 1) * rank])).copied().collect();
     p.products(w.wo_b, &low, s.o_groups * rank)
 }

@@ -28,10 +28,17 @@ pub trait Products: Send + Sync {
     /// The rows of `xs` (each `k` long) times the rows of `w` (each `k` long), row-major.
     fn products(&self, w: &[f32], xs: &[f32], k: usize) -> Vec<f32>;
 
-    /// Several matrices times the same rows, each as [`Products::products`] (a device takes them in
-    /// one trip).
+    /// Several products at once, each `(matrix, rows)` as [`Products::products`] (a device takes
+    /// them in one trip; the host on its thread pool).
+    fn products_each(&self, jobs: &[(&[f32], &[f32])], k: usize) -> Vec<Vec<f32>> {
+        use rayon::prelude::*;
+        jobs.par_iter().map(|(w, xs)| self.products(w, xs, k)).collect()
+    }
+
+    /// Several matrices times the same rows.
     fn products_of(&self, ws: &[&[f32]], xs: &[f32], k: usize) -> Vec<Vec<f32>> {
-        ws.iter().map(|w| self.products(w, xs, k)).collect()
+        let jobs: Vec<(&[f32], &[f32])> = ws.iter().map(|w| (*w, xs)).collect();
+        self.products_each(&jobs, k)
     }
 }
 

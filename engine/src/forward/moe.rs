@@ -106,18 +106,27 @@ pub fn route(x: &[f32], token: u32, w: &MoeWeights<'_>, s: MoeSettings) -> Vec<(
     picked.into_iter().map(|e| (e, scores[e] / sum * s.routed_scaling)).collect()
 }
 
-/// One SwiGLU expert on the rows of `xs` (each `width` long), its pre-activations clamped.
-fn expert(p: &dyn Products, xs: &[f32], width: usize, e: &Expert<'_>, limit: f32) -> Vec<f32> {
-    let [gates, ups]: [Vec<f32>; 2] = p.products_of(&[e.w1, e.w3], xs, width).try_into().expect("two products");
-    let hidden: Vec<f32> = gates
-        .iter()
-        .zip(&ups)
-        .map(|(&gate, &up)| {
-            let (gate, up) = (gate.min(limit), up.clamp(-limit, limit));
-            gate / (1.0 + (-gate).exp()) * up
+/// SwiGLU experts, each on its own rows (`(expert, rows)`, rows of `width`), pre-activations
+/// clamped: every gate and up product in one call to `p`, then every down product in one.
+fn experts(p: &dyn Products, jobs: &[(&Expert<'_>, &[f32])], width: usize, limit: f32) -> Vec<Vec<f32>> {
+    let ups: Vec<(&[f32], &[f32])> = jobs.iter().flat_map(|(e, xs)| [(e.w1, *xs), (e.w3, *xs)]).collect();
+    let products = p.products_each(&ups, width);
+    let hidden: Vec<Vec<f32>> = products
+        .chunks(2)
+        .map(|pair| {
+            pair[0]
+                .iter()
+                .zip(&pair[1])
+                .map(|(&gate, &up)| {
+                    let (gate, up) = (gate.min(limit), up.clamp(-limit, limit));
+                    gate / (1.0 + (-gate).exp()) * up
+                })
+                .collect()
         })
         .collect();
-    p.products(e.w2, &hidden, e.w1.len() / width)
+    let downs: Vec<(&[f32], &[f32])> = jobs.iter().zip(&hidden).map(|((e, _), h)| (e.w2, h.as_slice())).collect();
+    let inner = jobs.first().map_or(1, |(e, _)| e.w1.len() / width);
+    p.products_each(&downs, inner)
 }
 
 /// A row an expert serves and the place of that expert in the row's routing.
@@ -125,8 +134,8 @@ type Served = (usize, usize);
 
 /// The MoE block's output for each row of `xs` (token `tokens[i]` for row i): the routed experts'
 /// weighted sum plus the shared one. Each expert runs once on all the rows routed to it (the experts
-/// on the thread pool); every row's sum keeps its routing order, so the rows come out as each would
-/// alone.
+/// together: on the thread pool, or in two trips to a device); every row's sum keeps its routing
+/// order, so the rows come out as each would alone.
 pub fn moe(p: &dyn Products, xs: &[f32], tokens: &[u32], w: &MoeWeights<'_>, s: MoeSettings) -> Vec<f32> {
     use rayon::prelude::*;
     if tokens.is_empty() {
@@ -141,25 +150,27 @@ pub fn moe(p: &dyn Products, xs: &[f32], tokens: &[u32], w: &MoeWeights<'_>, s: 
             served[e].push((row, place));
         }
     }
-    let outputs: Vec<(&Vec<Served>, Vec<f32>)> = served
-        .par_iter()
+    let active: Vec<(usize, Vec<f32>)> = served
+        .iter()
         .enumerate()
         .filter(|(_, rows)| !rows.is_empty())
-        .map(|(e, rows)| {
-            let inputs: Vec<f32> = rows.iter().flat_map(|&(row, _)| &xs[row * width..(row + 1) * width]).copied().collect();
-            (rows, expert(p, &inputs, width, &w.experts[e], s.swiglu_limit))
-        })
+        .map(|(e, rows)| (e, rows.iter().flat_map(|&(row, _)| &xs[row * width..(row + 1) * width]).copied().collect()))
         .collect();
+    // The shared expert (on every row) first, then the routed ones.
+    let mut jobs: Vec<(&Expert<'_>, &[f32])> = w.shared.iter().map(|shared| (shared, xs)).collect();
+    jobs.extend(active.iter().map(|(e, inputs)| (&w.experts[*e], inputs.as_slice())));
+    let mut results = experts(p, &jobs, width, s.swiglu_limit).into_iter();
+    let mut out = match &w.shared {
+        Some(_) => results.next().unwrap_or_default(),
+        None => vec![0f32; xs.len()],
+    };
+    let outputs: Vec<(&Vec<Served>, Vec<f32>)> = active.iter().zip(results).map(|((e, _), output)| (&served[*e], output)).collect();
     let mut placed: Vec<Vec<&[f32]>> = routes.iter().map(|picked| vec![&[][..]; picked.len()]).collect();
     for (rows, output) in &outputs {
         for (&(row, place), values) in rows.iter().zip(output.chunks(width)) {
             placed[row][place] = values;
         }
     }
-    let mut out = match &w.shared {
-        Some(shared) => expert(p, xs, width, shared, s.swiglu_limit),
-        None => vec![0f32; xs.len()],
-    };
     for ((o, picked), values) in out.chunks_mut(width).zip(&routes).zip(&placed) {
         let mut routed = vec![0f32; width];
         for ((_, weight), output) in picked.iter().zip(values) {

@@ -2,9 +2,9 @@
 //! (`reference.json`, written by scripts/deepseek_v4/make_tiny.py and make_small.py): the prompt fed
 //! in chunks (no output head before its last token), then the teacher-forced decode steps one by one; prints
 //! each step's rel L2 against transformers' fp32 logits, the worst, the median and the time, and fails
-//! when the worst is above 1e-4 (golden) or, with `--fast`, the median above 5e-2 (bf16 moves an
-//! expert or indexer pick now and then, and such a step jumps: transformers' own bf16 does the same,
-//! scripts/deepseek_v4/bf16_yardstick.py). With `--cuda` (a build with `--features cuda`) the products run on GPU 0:
+//! when the worst is above 1e-4 (golden) or, with `--fast`, the median above 1e-1 (bf16 moves an
+//! expert or indexer pick now and then, and such a step jumps: transformers' own bf16 on `small` is at
+//! a median of 1.5e-1 from its fp32, scripts/deepseek_v4/bf16_yardstick.py; a broken path is near 1). With `--cuda` (a build with `--features cuda`) the products run on GPU 0:
 //! f32 on the golden path, bf16 with `--fast`; `--decode N` then times N greedy steps after the
 //! reference's and states the weights each token reads.
 //! `cargo run --release -p ctxscope-engine --example deepseek_v4_check -- DIR [--cuda [--fast]] [--decode N]`
@@ -132,7 +132,7 @@ fn main() -> ExitCode {
     errors.sort_by(f64::total_cmp);
     let median = errors.get(errors.len() / 2).copied().unwrap_or(f64::INFINITY);
     println!("median rel L2 {median:.2e}");
-    let failed = if fast { median > 5e-2 } else { worst > 1e-4 };
+    let failed = if fast { median > 1e-1 } else { worst > 1e-4 };
     if rows.len() != ours.len() || failed {
         return ExitCode::FAILURE;
     }

@@ -6,7 +6,8 @@ bf16 fast path (`deepseek_v4_check DIR --cuda --fast` prints its own rel L2 from
 
     python3 scripts/deepseek_v4/bf16_yardstick.py DIR [--device cuda]
 
-Prints one JSON line: per-step rel L2, the worst, the median and the greedy agreements.
+Prints one JSON line: per-step rel L2, the worst, the median and the greedy agreements. Measured
+(BENCHMARKS.md): `small` on an H200 with transformers 5.17, median 1.5e-1, worst 3.3e-1, 13/17 greedy.
 """
 
 import argparse
@@ -27,7 +28,9 @@ def main(argv=None):
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
     reference = json.loads((args.dir / "reference.json").read_text())
-    model = DeepseekV4ForCausalLM.from_pretrained(args.dir, dtype=torch.bfloat16).to(args.device).eval()
+    # Loaded in fp32, then cast whole, as make_small.py's speed run does (transformers 5.17 loading
+    # straight into bf16 keeps some modules in fp32 and then fails on the dtype mismatch).
+    model = DeepseekV4ForCausalLM.from_pretrained(args.dir, dtype=torch.float32).to(torch.bfloat16).to(args.device).eval()
     prompt = torch.tensor([reference["prompt_ids"]], device=args.device)
     forced = torch.tensor([reference["decode_ids"]], device=args.device)
     rows = cached_logits(model, prompt, forced)

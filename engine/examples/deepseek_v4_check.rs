@@ -1,12 +1,13 @@
 //! The golden DeepSeek-V4 pass on a checkpoint against the transformers reference beside it
 //! (`reference.json`, written by scripts/deepseek_v4/make_tiny.py and make_small.py): the prompt fed
-//! in chunks (no output head before its last token), then the teacher-forced decode steps one by one; prints
-//! each step's rel L2 against transformers' fp32 logits, the worst, the median and the time, and fails
-//! when the worst is above 1e-4 (golden) or, with `--fast`, the median above 1e-1 (bf16 moves an
-//! expert or indexer pick now and then, and such a step jumps: transformers' own bf16 on `small` is at
-//! a median of 1.5e-1 from its fp32, scripts/deepseek_v4/bf16_yardstick.py; a broken path is near 1). With `--cuda` (a build with `--features cuda`) the products run on GPU 0:
-//! f32 on the golden path, bf16 with `--fast`; `--decode N` then times N greedy steps after the
-//! reference's and states the weights each token reads.
+//! in chunks (no output head before its last token), then the teacher-forced decode steps one by
+//! one; prints each step's rel L2 against transformers' fp32 logits, the worst, the median and the
+//! time, and fails when the worst is above 1e-4 (golden) or, with `--fast`, the median above 1e-1
+//! (bf16 moves an expert or indexer pick now and then, and such a step jumps: transformers' own bf16
+//! on `small` is at a median of 1.5e-1 from its fp32, `scripts/deepseek_v4/check_reference.py
+//! --bf16`; a broken path is near 1). With `--cuda` (a build with `--features cuda`) the products run
+//! on GPU 0: f32 on the golden path, bf16 with `--fast`; `--decode N` then times N greedy steps
+//! after the reference's and states the weights each token reads.
 //! `cargo run --release -p ctxscope-engine --example deepseek_v4_check -- DIR [--cuda [--fast]] [--decode N]`
 
 use std::path::PathBuf;

@@ -1,9 +1,9 @@
 //! DeepSeek-V4's weight products on a GPU (the first stage of its CUDA path): each matrix a pass
 //! multiplies is uploaded on first use (f32 for the golden path, bf16 for the fast one) and kept;
 //! each product runs on the device, a GEMV for up to [`GEMV_MAX_ROWS`] rows (decode) and a cuBLAS
-//! GEMM for more (a prompt's chunk), with the input rows sent over once for the matrices that share
-//! them and the outputs read back in one copy. The rest
-//! of the pass (mHC, norms, RoPE, attention, the compressors and indexer, routing) stays on the host.
+//! GEMM for more (a prompt's chunk); the products a pass hands over together share one copy of their
+//! input rows and one copy of their outputs back. The rest of the pass (mHC, norms, RoPE, attention,
+//! the compressors and indexer, routing) stays on the host.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -42,11 +42,6 @@ impl Dsv4Products {
         let blas = Blas::new(device.stream.clone())?;
         let label = format!("cuda:{ordinal} {}", if bf16 { "bf16" } else { "f32" });
         Ok(Dsv4Products { inner: Mutex::new(Inner { device, blas, x: None, xb: None, y: None, matrices: HashMap::new() }), bf16, label })
-    }
-
-    /// Device bytes the uploaded matrices hold.
-    pub fn resident_bytes(&self) -> usize {
-        self.inner.lock().map(|inner| inner.matrices.values().map(Matrix::bytes).sum()).unwrap_or(0)
     }
 
     /// Each `(matrix, rows)` of `jobs`: every job's rows sent in one copy, each product launched, the

@@ -1,5 +1,5 @@
 //! Products of a golden f32 weight matrix with many input rows at once (a chunk of a DeepSeek-V4
-//! prompt, the tokens routed to one expert): output `[t][r]` is [`dot`]`(w_r, x_t)`, the fixed-order
+//! prompt, the tokens routed to one expert): output `[t][r]` is `dot(w_r, x_t)`, the fixed-order
 //! dot product a single row gets, so batching and threads move no bit. Weight rows are taken in tiles
 //! that stay in cache while blocks of input rows pass over them, so a chunk of `n` rows reads the
 //! weights once instead of `n` times, with the golden path's AVX2 kernels where the CPU has them;
@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use super::golden;
 
 /// Multiply-adds from which a product is split over the thread pool.
-pub const PARALLEL_MACS: usize = 1 << 18;
+const PARALLEL_MACS: usize = 1 << 18;
 
 /// Bytes of weight rows in one tile (a thread's unit of work; they stay in L2 while the input rows
 /// pass over them).
@@ -31,7 +31,6 @@ pub trait Products: Send + Sync {
     /// Several products at once, each `(matrix, rows)` as [`Products::products`] (a device takes
     /// them in one trip; the host on its thread pool).
     fn products_each(&self, jobs: &[(&[f32], &[f32])], k: usize) -> Vec<Vec<f32>> {
-        use rayon::prelude::*;
         jobs.par_iter().map(|(w, xs)| self.products(w, xs, k)).collect()
     }
 

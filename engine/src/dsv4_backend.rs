@@ -1,5 +1,6 @@
-//! DeepSeek-V4 behind the [`Backend`] trait: the golden forward pass on the CPU, or its products on a
-//! GPU (f32 golden, bf16 fast; `crate::device::Dsv4Products`). A sequence's cache is its decoding
+//! DeepSeek-V4 behind the [`Backend`] trait: the forward pass on the CPU (golden; the fast path's
+//! bf16 products computed on the host), or its products on a GPU (f32 golden, bf16 fast;
+//! `crate::device::Dsv4Products`). A sequence's cache is its decoding
 //! state (each layer's window of raw entries, closed compressed blocks, indexer keys and the rows of
 //! the blocks still open), which cannot be cut back to an earlier length (the window has slid,
 //! blocks have closed). So a sequence keeps two states the prefix cache can hand on: its whole
@@ -12,25 +13,26 @@ use std::sync::Arc;
 
 use crate::backend::{Backend, BackendError, Output, SequenceKv, Step};
 use crate::forward::deepseek_v4::{DeepseekV4Model, DeepseekV4State};
-use crate::forward::dsv4_products::{Host, Products};
+use crate::forward::dsv4_products::{Host, HostBf16, Products};
 use crate::patch::PatchSet;
 use crate::path::Path;
 
 const NAME: &str = "cpu";
 
-/// The DeepSeek-V4 model on the host CPU (golden path only), or with its products on a GPU.
+/// The DeepSeek-V4 model on the host CPU, or with its products on a GPU.
 pub struct DeepseekV4Backend {
     model: Arc<DeepseekV4Model>,
     /// Where the golden path's products are computed.
     golden: Arc<dyn Products>,
-    /// The fast path's (bf16 products on a GPU); none on the CPU.
-    fast: Option<Arc<dyn Products>>,
+    /// The fast path's (bf16 products: on a GPU, or their numbers on the host, which is no faster
+    /// than golden there but replays what a bf16 deployment computes).
+    fast: Arc<dyn Products>,
     name: &'static str,
 }
 
 impl DeepseekV4Backend {
     pub fn new(model: Arc<DeepseekV4Model>) -> DeepseekV4Backend {
-        DeepseekV4Backend { model, golden: Arc::new(Host), fast: None, name: NAME }
+        DeepseekV4Backend { model, golden: Arc::new(Host), fast: Arc::new(HostBf16), name: NAME }
     }
 
     /// The model with its products on GPU `ordinal`: f32 for the golden path, bf16 for the fast one
@@ -39,7 +41,7 @@ impl DeepseekV4Backend {
     pub fn on_device(model: Arc<DeepseekV4Model>, ordinal: usize) -> Result<DeepseekV4Backend, BackendError> {
         use crate::device::Dsv4Products;
         let open = |bf16| Dsv4Products::open(ordinal, bf16).map_err(|e| BackendError::new("cuda", format!("GPU {ordinal}: {e}")));
-        Ok(DeepseekV4Backend { model, golden: Arc::new(open(false)?), fast: Some(Arc::new(open(true)?)), name: "cuda" })
+        Ok(DeepseekV4Backend { model, golden: Arc::new(open(false)?), fast: Arc::new(open(true)?), name: "cuda" })
     }
 }
 
@@ -95,12 +97,9 @@ impl Backend for DeepseekV4Backend {
     }
 
     fn forward(&mut self, path: Path, patches: &PatchSet, steps: &mut [Step<'_, DeepseekV4Kv>]) -> Result<Vec<Output>, BackendError> {
-        let products = match (path, &self.fast) {
-            (Path::Golden, _) => self.golden.clone(),
-            (Path::Fast, Some(fast)) => fast.clone(),
-            (Path::Fast, None) => {
-                return Err(BackendError::new(self.name, "DeepSeek-V4 on the CPU runs the golden path only (its fast path is the GPU's)"))
-            }
+        let products = match path {
+            Path::Golden => self.golden.clone(),
+            Path::Fast => self.fast.clone(),
         };
         let mut outputs = Vec::with_capacity(steps.len());
         for step in steps.iter_mut() {

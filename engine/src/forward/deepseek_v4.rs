@@ -294,6 +294,7 @@ fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::forward::dsv4_products::HostBf16;
     use crate::forward::testutil::tiny;
     use crate::model::deepseek_v4::DeepseekV4Config;
 
@@ -382,6 +383,25 @@ mod tests {
         model.advance(&mut state, &ids[cut + 5..ids.len() - 1]);
         assert_eq!(bits(&[model.step(&mut state, ids[ids.len() - 1])]), whole[ids.len() - 1..], "after advancing");
         assert_eq!(state.len(), ids.len());
+    }
+
+    /// The fast path's numbers (bf16 products, here on the host) against transformers' fp32: within
+    /// the device check's bf16 limit (3e-2 worst rel L2, `examples/device_bench.rs`), and moved from
+    /// golden (the rounding happened).
+    #[test]
+    fn fast_path_numbers_are_within_the_bf16_limit_on_tiny() {
+        let (model, ids, prompt) = tiny_case();
+        let reference = tiny::json("reference.json");
+        let mut state = model.state_on(&PatchSet::default(), Arc::new(HostBf16));
+        model.advance(&mut state, &ids[..prompt - 1]);
+        let rows: Vec<Vec<f32>> = ids[prompt - 1..].iter().map(|&id| model.step(&mut state, id)).collect();
+        let errors: Vec<f32> =
+            reference["logits"].as_array().unwrap().iter().zip(&rows).map(|(want, row)| tiny::rel_l2(row, &tiny::floats(want))).collect();
+        assert_eq!(errors.len(), 17);
+        let (best, worst) = errors.iter().fold((f32::INFINITY, 0f32), |(b, w), &e| (b.min(e), w.max(e)));
+        assert!(worst < 3e-2, "fast path: worst rel L2 {worst:e} against transformers' fp32");
+        assert!(best > 1e-4, "fast path: a step within {best:e} of fp32 (were the products rounded?)");
+        eprintln!("DeepSeek-V4 tiny, fast path's numbers: rel L2 {best:.1e} to {worst:.1e} over 17 steps");
     }
 
     #[test]

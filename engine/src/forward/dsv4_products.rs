@@ -7,6 +7,7 @@
 
 use std::ops::Range;
 
+use ctxscope_numerics::round::bf16;
 use rayon::prelude::*;
 
 use super::golden;
@@ -50,10 +51,32 @@ impl Products for Host {
     }
 }
 
+/// The fast path's numbers on the host ([`products_bf16`]): what a GPU's bf16 products compute, up to
+/// the order of the f32 sums.
+pub struct HostBf16;
+
+impl Products for HostBf16 {
+    fn products(&self, w: &[f32], xs: &[f32], k: usize) -> Vec<f32> {
+        products_bf16(w, xs, k)
+    }
+}
+
 /// The rows of `xs` (each `k` long) times the rows of `w` (each `k` long): `xs.len() / k` rows of
 /// `w.len() / k` outputs, row-major. Each output is `dot(w_r, x_t)` (the golden kernels', which
 /// have [`ctxscope_numerics::dot`]'s bits).
 pub fn products(w: &[f32], xs: &[f32], k: usize) -> Vec<f32> {
+    tiled(w, xs, k, false)
+}
+
+/// [`products`] of the weights and input rows rounded to bf16 (the fast path's products: bf16
+/// operands, f32 sums). Each tile is rounded as it is taken, so no rounded copy of the model is kept.
+pub fn products_bf16(w: &[f32], xs: &[f32], k: usize) -> Vec<f32> {
+    let rounded: Vec<f32> = xs.iter().map(|&v| bf16(v)).collect();
+    tiled(w, &rounded, k, true)
+}
+
+/// The tiled products, each tile's weight rows rounded to bf16 first when `round`.
+fn tiled(w: &[f32], xs: &[f32], k: usize, round: bool) -> Vec<f32> {
     let (outs, n) = (w.len() / k.max(1), xs.len() / k.max(1));
     if n == 0 || outs == 0 {
         return Vec::new();
@@ -61,6 +84,13 @@ pub fn products(w: &[f32], xs: &[f32], k: usize) -> Vec<f32> {
     let tile = (TILE_BYTES / (4 * k)).max(1);
     // One tile's outputs, [t][row of the tile].
     let tile_products = |rows: Range<usize>| -> Vec<f32> {
+        let rounded: Vec<f32>;
+        let (w, rows) = if round {
+            rounded = w[rows.start * k..rows.end * k].iter().map(|&v| bf16(v)).collect();
+            (rounded.as_slice(), 0..rows.len())
+        } else {
+            (w, rows)
+        };
         let mut part = vec![0f32; n * rows.len()];
         let mut block = vec![0f32; rows.len() * INPUT_BLOCK.min(n)];
         for start in (0..n).step_by(INPUT_BLOCK) {
@@ -110,5 +140,17 @@ mod tests {
             }
             assert!(products(&w, &[], cols).is_empty());
         }
+    }
+
+    #[test]
+    fn bf16_products_are_the_products_of_rounded_operands() {
+        let (rows, cols, n) = (PARALLEL_MACS / 512 + 3, 512, 5);
+        let w: Vec<f32> = (0..rows * cols).map(|i| (i as f32 * 0.011).cos() * 0.37).collect();
+        let xs: Vec<f32> = (0..n * cols).map(|i| (i as f32 * 0.29).sin()).collect();
+        let round = |v: &[f32]| v.iter().map(|&x| bf16(x)).collect::<Vec<f32>>();
+        let want: Vec<u32> = products(&round(&w), &round(&xs), cols).iter().map(|v| v.to_bits()).collect();
+        let got: Vec<u32> = products_bf16(&w, &xs, cols).iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got, want);
+        assert_ne!(got, products(&w, &xs, cols).iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "rounding moved nothing");
     }
 }

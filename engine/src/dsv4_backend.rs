@@ -36,12 +36,19 @@ impl DeepseekV4Backend {
     }
 
     /// The model with its products on GPU `ordinal`: f32 for the golden path, bf16 for the fast one
-    /// (`crate::device::Dsv4Products`); the rest of each pass on the host.
+    /// (`crate::device::Dsv4Products`), every matrix uploaded now in both precisions (a model too
+    /// large for the device fails here, not in a request); the rest of each pass on the host.
     #[cfg(feature = "cuda")]
     pub fn on_device(model: Arc<DeepseekV4Model>, ordinal: usize) -> Result<DeepseekV4Backend, BackendError> {
         use crate::device::Dsv4Products;
-        let open = |bf16| Dsv4Products::open(ordinal, bf16).map_err(|e| BackendError::new("cuda", format!("GPU {ordinal}: {e}")));
-        Ok(DeepseekV4Backend { model, golden: Arc::new(open(false)?), fast: Arc::new(open(true)?), name: "cuda" })
+        let matrices = model.product_matrices();
+        let open = |bf16| -> Result<Arc<dyn Products>, BackendError> {
+            let products = Dsv4Products::open(ordinal, bf16).map_err(|e| BackendError::new("cuda", format!("GPU {ordinal}: {e}")))?;
+            products.prepare(&matrices).map_err(|e| BackendError::new("cuda", e))?;
+            Ok(Arc::new(products))
+        };
+        let (golden, fast) = (open(false)?, open(true)?);
+        Ok(DeepseekV4Backend { model, golden, fast, name: "cuda" })
     }
 }
 
@@ -179,7 +186,14 @@ mod tests {
         let patched = PatchSet::parse("mhc_bf16").unwrap();
         let mut steps = [Step { tokens: &tokens[..1], kv: &mut kv, want: Want::Logits }];
         assert!(backend.forward(Path::Golden, &patched, &mut steps).is_err());
-        let mut steps = [Step { tokens: &tokens[..1], kv: &mut backend.new_kv().unwrap(), want: Want::Logits }];
-        assert!(backend.forward(Path::Fast, &golden, &mut steps).is_err(), "no fast path on the CPU");
+        // Nor can the fast path (bf16 products, on the host here), which answers a sequence of its own.
+        let mut steps = [Step { tokens: &tokens[..1], kv: &mut kv, want: Want::Logits }];
+        assert!(backend.forward(Path::Fast, &golden, &mut steps).is_err(), "a golden state continued on the fast path");
+        let mut fresh = backend.new_kv().unwrap();
+        let mut steps = [Step { tokens: &tokens[..40], kv: &mut fresh, want: Want::Logits }];
+        let Output::Logits(fast) = backend.forward(Path::Fast, &golden, &mut steps).unwrap().remove(0) else { panic!("logits asked") };
+        assert_eq!(fresh.len(), 40);
+        assert_ne!(fast, whole[39], "the fast path computed golden's bits");
+        assert!(tiny::rel_l2(&fast, &whole[39]) < 3e-2, "the fast path is {:e} from golden", tiny::rel_l2(&fast, &whole[39]));
     }
 }

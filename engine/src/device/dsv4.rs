@@ -1,5 +1,6 @@
 //! DeepSeek-V4's weight products on a GPU (the first stage of its CUDA path): each matrix a pass
-//! multiplies is uploaded on first use (f32 for the golden path, bf16 for the fast one) and kept;
+//! multiplies is uploaded when prepared or on first use (f32 for the golden path, bf16 for the fast
+//! one) and kept;
 //! each product runs on the device, a GEMV for up to [`GEMV_MAX_ROWS`] rows (decode) and a cuBLAS
 //! GEMM for more (a prompt's chunk); the products a pass hands over together share one copy of their
 //! input rows and one copy of their outputs back. The rest of the pass (mHC, norms, RoPE, attention,
@@ -120,7 +121,29 @@ fn grown<'b, T: DeviceRepr + ValidAsZeroBits>(
     Ok(buffer.as_mut().expect("just made"))
 }
 
+impl Dsv4Products {
+    /// Uploads each of `matrices` not on the device yet.
+    fn upload(&self, matrices: &[(&[f32], usize)]) -> Result<(), DeviceError> {
+        let mut guard =
+            self.inner.lock().map_err(|_| DeviceError::Shape { kernel: "dsv4 upload", detail: "an earlier product panicked".into() })?;
+        let inner = &mut *guard;
+        inner.device.ctx.bind_to_thread()?;
+        let stream = inner.device.stream.clone();
+        for &(w, k) in matrices {
+            if let Entry::Vacant(new) = inner.matrices.entry((w.as_ptr() as usize, w.len())) {
+                new.insert(Matrix::upload(&stream, w, w.len() / k, k, self.bf16)?);
+            }
+        }
+        stream.synchronize()?;
+        Ok(())
+    }
+}
+
 impl Products for Dsv4Products {
+    fn prepare(&self, matrices: &[(&[f32], usize)]) -> Result<(), String> {
+        self.upload(matrices).map_err(|e| format!("{}: uploading {} matrices: {e}", self.label, matrices.len()))
+    }
+
     /// A device failure mid-pass cannot be answered with host numbers (they differ in the last
     /// bits), so it panics with the device's error; the backend turns that into the request's error.
     fn products(&self, w: &[f32], xs: &[f32], k: usize) -> Vec<f32> {

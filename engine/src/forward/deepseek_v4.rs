@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::dsv4_attention::{AttentionShape, AttentionWeights, Compressor, Indexer, LayerCache, Long, Storage};
+use super::dsv4_attention::{wo_a_groups, AttentionShape, AttentionWeights, Compressor, Indexer, LayerCache, Long, Storage};
 use super::dsv4_products::{Host, Products};
 use super::mhc::{fold, head, hyper_connection, HcMix, HcSettings, HcWeights};
 use super::moe::{moe, Expert, MoeSettings, MoeWeights, Routing, Scoring};
@@ -172,8 +172,7 @@ impl DeepseekV4Model {
                 )
             })
             .collect();
-        let output = if c.tie_word_embeddings { self.t("model.embed_tokens.weight") } else { self.t("head.weight") };
-        p.products(output, &x, c.hidden_size).chunks(c.vocab_size).map(<[f32]>::to_vec).collect()
+        p.products(self.head_weights(), &x, c.hidden_size).chunks(c.vocab_size).map(<[f32]>::to_vec).collect()
     }
 
     /// The logits of every position of `ids` (positions `0..ids.len()`), under `patches` (the empty
@@ -195,6 +194,44 @@ impl DeepseekV4Model {
             position: 0,
             patches: patches.clone(),
             products,
+        }
+    }
+
+    /// Every matrix a pass hands to its [`Products`] executor, with its row length (for
+    /// [`Products::prepare`]): each layer's projections, compressors, indexer and experts, and the
+    /// output head, as the pass slices them.
+    pub fn product_matrices(&self) -> Vec<(&[f32], usize)> {
+        let c = &self.config;
+        let mut all = Vec::new();
+        for layer in 0..c.layers.len() {
+            let parts = self.parts(layer, &PatchSet::default());
+            let a = &parts.attn;
+            all.extend([(a.wq_a, c.hidden_size), (a.wkv, c.hidden_size), (a.wq_b, c.q_lora_rank)]);
+            all.extend(wo_a_groups(a.wo_a, &parts.shape));
+            all.push((a.wo_b, c.o_groups * c.o_lora_rank));
+            let compressors = match &parts.long {
+                Long::None => vec![],
+                Long::Heavy(own) => vec![own],
+                Long::Sparse(own, ix) => {
+                    all.extend([(ix.wq_b, c.q_lora_rank), (ix.weights_proj, c.hidden_size)]);
+                    vec![own, &ix.compressor]
+                }
+            };
+            all.extend(compressors.into_iter().flat_map(|k| [(k.wkv, c.hidden_size), (k.wgate, c.hidden_size)]));
+            for e in parts.moe.experts.iter().chain(&parts.moe.shared) {
+                all.extend([(e.w1, c.hidden_size), (e.w3, c.hidden_size), (e.w2, c.expert_dim)]);
+            }
+        }
+        all.push((self.head_weights(), c.hidden_size));
+        all
+    }
+
+    /// The output head's rows (the embedding when tied).
+    fn head_weights(&self) -> &[f32] {
+        if self.config.tie_word_embeddings {
+            self.t("model.embed_tokens.weight")
+        } else {
+            self.t("head.weight")
         }
     }
 
@@ -383,6 +420,31 @@ mod tests {
         model.advance(&mut state, &ids[cut + 5..ids.len() - 1]);
         assert_eq!(bits(&[model.step(&mut state, ids[ids.len() - 1])]), whole[ids.len() - 1..], "after advancing");
         assert_eq!(state.len(), ids.len());
+    }
+
+    /// Every matrix a pass multiplies is in [`DeepseekV4Model::product_matrices`] with the row
+    /// length the pass uses, so a device that prepared them uploads nothing mid-pass.
+    #[test]
+    fn product_matrices_name_every_matrix_a_pass_multiplies() {
+        use std::collections::HashSet;
+        use std::sync::Mutex;
+        struct Recorder(Mutex<HashSet<(usize, usize, usize)>>);
+        impl Products for Recorder {
+            fn products(&self, w: &[f32], xs: &[f32], k: usize) -> Vec<f32> {
+                self.0.lock().unwrap().insert((w.as_ptr() as usize, w.len(), k));
+                Host.products(w, xs, k)
+            }
+        }
+        let (model, ids, _) = tiny_case();
+        let recorder = Arc::new(Recorder(Mutex::new(HashSet::new())));
+        let mut state = model.state_on(&PatchSet::default(), recorder.clone());
+        model.forward(&mut state, &ids);
+        let listed: HashSet<(usize, usize, usize)> =
+            model.product_matrices().iter().map(|(w, k)| (w.as_ptr() as usize, w.len(), *k)).collect();
+        let used = recorder.0.lock().unwrap();
+        assert!(used.len() > 20, "only {} matrices used", used.len());
+        let missing: Vec<_> = used.difference(&listed).collect();
+        assert!(missing.is_empty(), "{} of {} matrices used are not listed: {missing:?}", missing.len(), used.len());
     }
 
     /// The fast path's numbers (bf16 products, here on the host) against transformers' fp32: within

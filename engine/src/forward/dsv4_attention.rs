@@ -383,16 +383,20 @@ fn attend<'k>(
 /// thread pool.
 const PARALLEL_ATTEND: usize = 1 << 16;
 
+/// Each group's block of `wo_a` rows and its input width (the group's heads side by side).
+pub fn wo_a_groups<'a>(wo_a: &'a [f32], s: &AttentionShape) -> impl Iterator<Item = (&'a [f32], usize)> {
+    let group_in = s.heads * s.head_dim / s.o_groups;
+    wo_a.chunks(wo_a.len() / s.o_groups).map(move |block| (block, group_in))
+}
+
 /// The grouped low-rank output projection of `n` rows of heads: each group of heads through its
 /// block of `wo_a` rows, the groups' outputs side by side through `wo_b`.
 fn output_projection(p: &dyn Products, heads: &[f32], n: usize, w: &AttentionWeights<'_>, s: &AttentionShape) -> Vec<f32> {
     let (all, group_in) = (s.heads * s.head_dim, s.heads * s.head_dim / s.o_groups);
-    let group_rows = w.wo_a.len() / s.o_groups;
-    let rank = group_rows / group_in;
+    let rank = w.wo_a.len() / s.o_groups / group_in;
     let inputs: Vec<Vec<f32>> =
         (0..s.o_groups).map(|g| heads.chunks(all).flat_map(|h| &h[g * group_in..(g + 1) * group_in]).copied().collect()).collect();
-    let jobs: Vec<(&[f32], &[f32])> =
-        inputs.iter().enumerate().map(|(g, x)| (&w.wo_a[g * group_rows..(g + 1) * group_rows], x.as_slice())).collect();
+    let jobs: Vec<(&[f32], &[f32])> = wo_a_groups(w.wo_a, s).zip(&inputs).map(|((block, _), x)| (block, x.as_slice())).collect();
     let per_group = p.products_each(&jobs, group_in);
     let low: Vec<f32> = (0..n).flat_map(|t| per_group.iter().flat_map(move |p| &p[t * rank..(t + 1) * rank])).copied().collect();
     p.products(w.wo_b, &low, s.o_groups * rank)

@@ -35,6 +35,13 @@ pub trait Products: Send + Sync {
         jobs.par_iter().map(|(w, xs)| self.products(w, xs, k)).collect()
     }
 
+    /// Gets ready for these matrices (each with its row length), as a pass will hand them over: a
+    /// device uploads them now, so that a pass does not wait for a first use (nor runs out of memory
+    /// halfway). The host needs nothing.
+    fn prepare(&self, _matrices: &[(&[f32], usize)]) -> Result<(), String> {
+        Ok(())
+    }
+
     /// Several matrices times the same rows.
     fn products_of(&self, ws: &[&[f32]], xs: &[f32], k: usize) -> Vec<Vec<f32>> {
         let jobs: Vec<(&[f32], &[f32])> = ws.iter().map(|w| (*w, xs)).collect();

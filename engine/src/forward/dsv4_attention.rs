@@ -188,24 +188,14 @@ struct Blocks {
 }
 
 impl Blocks {
-    /// Takes `x` (rows of `width` at positions `pos0..`, after every earlier position) and makes one
-    /// entry of `hd` channels for every block of `c.rate` rows that closes among them. With
-    /// `overlap` (CSA) each row projects to two series of `hd`; without (HCA), to one.
+    /// Takes rows at positions `pos0..` (after every earlier position), as `c.wkv` and `c.wgate`
+    /// project them (`kvs`, `gates`), and makes one entry of `hd` channels for every block of `c.rate`
+    /// rows that closes among them. With `overlap` (CSA) each row projects to two series of `hd`;
+    /// without (HCA), to one.
     #[allow(clippy::too_many_arguments)]
-    fn extend(
-        &mut self,
-        p: &dyn Products,
-        x: &[f32],
-        width: usize,
-        pos0: usize,
-        c: &Compressor<'_>,
-        hd: usize,
-        overlap: bool,
-        s: &AttentionShape,
-    ) {
+    fn extend(&mut self, kvs: &[f32], gates: &[f32], pos0: usize, c: &Compressor<'_>, hd: usize, overlap: bool, s: &AttentionShape) {
         let series = if overlap { 2 * hd } else { hd };
         let first = pos0 - self.rows.len();
-        let [kvs, gates]: [Vec<f32>; 2] = p.products_of(&[c.wkv, c.wgate], x, width).try_into().expect("two products");
         for (i, (kv, gate)) in kvs.chunks(series).zip(gates.chunks(series)).enumerate() {
             let pos = pos0 + i;
             let bias = &c.ape[(pos % c.rate) * series..][..series];
@@ -308,16 +298,31 @@ pub fn attention(p: &dyn Products, x: &[f32], width: usize, w: &AttentionWeights
 /// key-and-value entries (RoPE'd, stored as `kv_fp8` says).
 struct Projected {
     q: Vec<f32>,
-    q_res: Vec<f32>,
+    /// The indexer's queries (CSA layers), before RoPE.
+    index_q: Option<Vec<f32>>,
     kv: Vec<Vec<f32>>,
 }
 
-fn project(p: &dyn Products, x: &[f32], width: usize, pos0: usize, w: &AttentionWeights<'_>, s: &AttentionShape) -> Projected {
-    let rank = w.wq_a.len() / width;
-    let [a, kv]: [Vec<f32>; 2] = p.products_of(&[w.wq_a, w.wkv], x, width).try_into().expect("two products");
+/// The projections of `n` rows from their `wq_a` and `wkv` products (`a`, `kv`); with `index_wq_b`,
+/// also the indexer's queries (from the same low-rank queries, in the same call as `wq_b`).
+#[allow(clippy::too_many_arguments)]
+fn project(
+    p: &dyn Products,
+    a: &[f32],
+    kv: &[f32],
+    n: usize,
+    pos0: usize,
+    w: &AttentionWeights<'_>,
+    s: &AttentionShape,
+    index_wq_b: Option<&[f32]>,
+) -> Projected {
+    let rank = a.len() / n;
     let q_res: Vec<f32> = a.chunks(rank).flat_map(|a| rms_norm(a, Some(w.q_norm), s.eps)).collect();
-    let mut q = p.products(w.wq_b, &q_res, rank);
-    let per_row = q.len() / (x.len() / width);
+    let matrices: Vec<&[f32]> = std::iter::once(w.wq_b).chain(index_wq_b).collect();
+    let mut queries = p.products_of(&matrices, &q_res, rank).into_iter();
+    let mut q = queries.next().expect("wq_b's product");
+    let index_q = queries.next();
+    let per_row = q.len() / n;
     for (i, row) in q.chunks_mut(per_row).enumerate() {
         for head in row.chunks_mut(s.head_dim) {
             let normed = rms_norm(head, None, s.eps);
@@ -325,9 +330,8 @@ fn project(p: &dyn Products, x: &[f32], width: usize, pos0: usize, w: &Attention
             rope(head, pos0 + i, s, false);
         }
     }
-    let kv_width = w.wkv.len() / width;
     let kv = kv
-        .chunks(kv_width)
+        .chunks(kv.len() / n)
         .enumerate()
         .map(|(i, raw)| {
             let mut kv = rms_norm(raw, Some(w.kv_norm), s.eps);
@@ -338,7 +342,7 @@ fn project(p: &dyn Products, x: &[f32], width: usize, pos0: usize, w: &Attention
             kv
         })
         .collect();
-    Projected { q, q_res, kv }
+    Projected { q, index_q, kv }
 }
 
 /// The heads' outputs at position `t` (query `q`): attention over the `window` raw entries and the
@@ -429,24 +433,35 @@ impl LayerCache {
     ) -> Vec<f32> {
         use rayon::prelude::*;
         let n = x.len() / width;
-        let mut p = project(products, x, width, pos0, w, s);
-        let rate = match long {
-            Long::None => usize::MAX,
-            Long::Heavy(c) => {
-                self.blocks.extend(products, x, width, pos0, c, s.head_dim, false, s);
-                c.rate
-            }
-            Long::Sparse(c, ix) => {
-                self.blocks.extend(products, x, width, pos0, c, s.head_dim, true, s);
-                self.index.extend(products, x, width, pos0, &ix.compressor, ix.head_dim, true, s);
-                c.rate
-            }
+        // Every product of the rows themselves in one call: the queries' and entries' projections,
+        // each compressor's, and the indexer's head weights.
+        let (compressors, indexer): (Vec<&Compressor<'_>>, _) = match long {
+            Long::None => (vec![], None),
+            Long::Heavy(c) => (vec![c], None),
+            Long::Sparse(c, ix) => (vec![c, &ix.compressor], Some(ix)),
         };
-        // The indexer's queries and head weights, before RoPE.
-        let index = match long {
-            Long::Sparse(_, ix) => {
-                Some((products.products(ix.wq_b, &p.q_res, p.q_res.len() / n), products.products(ix.weights_proj, x, width), ix))
+        let matrices: Vec<&[f32]> = [w.wq_a, w.wkv]
+            .into_iter()
+            .chain(compressors.iter().flat_map(|c| [c.wkv, c.wgate]))
+            .chain(indexer.map(|ix| ix.weights_proj))
+            .collect();
+        let mut outputs = products.products_of(&matrices, x, width).into_iter();
+        let mut next = || outputs.next().expect("one output per matrix");
+        let (a, kv) = (next(), next());
+        match long {
+            Long::None => {}
+            Long::Heavy(c) => self.blocks.extend(&next(), &next(), pos0, c, s.head_dim, false, s),
+            Long::Sparse(c, ix) => {
+                self.blocks.extend(&next(), &next(), pos0, c, s.head_dim, true, s);
+                self.index.extend(&next(), &next(), pos0, &ix.compressor, ix.head_dim, true, s);
             }
+        }
+        let index_weights = indexer.map(|_| next());
+        let mut p = project(products, &a, &kv, n, pos0, w, s, indexer.map(|ix| ix.wq_b));
+        let rate = compressors.first().map_or(usize::MAX, |c| c.rate);
+        // The indexer's queries and head weights, before RoPE.
+        let index = match (indexer, p.index_q.take(), index_weights) {
+            (Some(ix), Some(queries), Some(weights)) => Some((queries, weights, ix)),
             _ => None,
         };
         let before = self.window.len();

@@ -8,9 +8,11 @@
 
 use std::sync::Arc;
 
+use rayon::prelude::*;
+
 use super::dsv4_attention::{wo_a_groups, AttentionShape, AttentionWeights, Compressor, Indexer, LayerCache, Long, Storage};
 use super::dsv4_products::{Host, Products};
-use super::mhc::{fold, head, hyper_connections, HcMix, HcSettings, HcWeights};
+use super::mhc::{fold, head, hyper_connection, HcMix, HcSettings, HcWeights};
 use super::moe::{moe, Expert, MoeSettings, MoeWeights, Routing, Scoring};
 use crate::model::deepseek_v4::{AttentionKind, MlpKind};
 pub use crate::model::deepseek_v4::{DeepseekV4Model, LoadError};
@@ -138,7 +140,8 @@ impl DeepseekV4Model {
 
     /// One hyper-connection per token's streams (`hc * width` each), on the thread pool.
     fn mixes(&self, streams: &[f32], w: &HcWeights<'_>, patches: &PatchSet) -> Vec<HcMix> {
-        hyper_connections(streams, w, self.hc_settings(patches))
+        let per_token = self.config.hc_mult * self.config.hidden_size;
+        streams.par_chunks(per_token).map(|s| hyper_connection(s, w, self.hc_settings(patches))).collect()
     }
 
     /// The block inputs of `mixes`: each token's collapsed streams, RMS-normed by `weight`.

@@ -18,7 +18,7 @@
 use ctxscope_numerics::dot;
 use ctxscope_numerics::round::{fp8_e4m3_blocks, fp8_scaled_slice};
 
-use super::dsv4_products::{products, Products};
+use super::dsv4_products::Products;
 use crate::model::deepseek_v4::{plain_inv_freq, AttentionKind, DeepseekV4Config, Yarn, MAX_ROPE_PAIRS};
 use crate::patch::{INDEXER_FP8_BLOCK, KV_FP8_SCALE};
 
@@ -358,13 +358,10 @@ fn attend<'k>(
     let hd = s.head_dim;
     let keys: Vec<&[f32]> = window.iter().map(Vec::as_slice).chain(picked).collect();
     let scale = (hd as f32).powf(-0.5);
-    // Every head's dot with every key: the keys side by side through the tiled products (each output
-    // `dot(key, q_h)`, the bits of `dot(q_h, key)`), by head.
-    let dots = products(&keys.concat(), q, hd);
     let mut heads = vec![0f32; s.heads * hd];
     // Each head alone; on the thread pool when the keys are many (a decoded token's one position).
-    let head = |(h, (_, oh)): (usize, (&[f32], &mut [f32]))| {
-        let logits: Vec<f32> = dots[h * keys.len()..(h + 1) * keys.len()].iter().map(|d| d * scale).collect();
+    let head = |(h, (qh, oh)): (usize, (&[f32], &mut [f32]))| {
+        let logits: Vec<f32> = keys.iter().map(|k| dot(qh, k) * scale).collect();
         // The sink joins the softmax and takes its share, then is dropped.
         let max = logits.iter().copied().fold(sinks[h], f32::max);
         let exps: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();

@@ -72,28 +72,8 @@ fn collapse(streams: &[f32], pre: &[f32]) -> Vec<f32> {
 
 /// The hyper-connection before a block, for one token's `streams` (`hc * width`).
 pub fn hyper_connection(streams: &[f32], w: &HcWeights<'_>, s: HcSettings) -> HcMix {
-    mix(streams, &project(w.fn_rows, &unweighted_rms_norm(streams, s.norm_eps), s.bf16), w, s)
-}
-
-/// [`hyper_connection`] of every token of `streams` (`hc * width` each): the mixing GEMM of all of
-/// them at once (golden f32: the tiled products, each output [`ctxscope_numerics::dot`]'s bits, so
-/// the same numbers as token by token), each token's mix on the thread pool.
-pub fn hyper_connections(streams: &[f32], w: &HcWeights<'_>, s: HcSettings) -> Vec<HcMix> {
-    use rayon::prelude::*;
-    let per_token = w.fn_rows.len() / (s.hc * (2 + s.hc));
-    let normed: Vec<Vec<f32>> = streams.par_chunks(per_token).map(|t| unweighted_rms_norm(t, s.norm_eps)).collect();
-    let mixes: Vec<Vec<f32>> = if s.bf16 {
-        normed.par_iter().map(|x| project(w.fn_rows, x, true)).collect()
-    } else {
-        let all = super::dsv4_products::products(w.fn_rows, &normed.concat(), per_token);
-        all.chunks(s.hc * (2 + s.hc)).map(<[f32]>::to_vec).collect()
-    };
-    streams.par_chunks(per_token).zip(&mixes).map(|(t, m)| mix(t, m, w, s)).collect()
-}
-
-/// A token's pre, post and comb from its mixing GEMM's outputs (`mixes`).
-fn mix(streams: &[f32], mixes: &[f32], w: &HcWeights<'_>, s: HcSettings) -> HcMix {
     let hc = s.hc;
+    let mixes = project(w.fn_rows, &unweighted_rms_norm(streams, s.norm_eps), s.bf16);
     let affine = |i: usize, scale: f32| mixes[i] * scale + w.base[i];
     let pre: Vec<f32> = (0..hc).map(|i| sigmoid(affine(i, w.scale[0])) + s.eps).collect();
     let post: Vec<f32> = (hc..2 * hc).map(|i| 2.0 * sigmoid(affine(i, w.scale[1]))).collect();

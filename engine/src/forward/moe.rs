@@ -8,7 +8,7 @@
 use ctxscope_numerics::round::bf16_slice;
 use ctxscope_numerics::{dot, matvec_bf16};
 
-use super::dsv4_products::{products, Products};
+use super::dsv4_products::Products;
 
 /// One SwiGLU expert: `w1` (gate) and `w3` (up) rows of the width, `w2` (down) rows of the expert width.
 pub struct Expert<'a> {
@@ -85,23 +85,6 @@ pub struct MoeSettings {
 /// The experts `x` (token `token`) goes to and their weights.
 pub fn route(x: &[f32], token: u32, w: &MoeWeights<'_>, s: MoeSettings) -> Vec<(usize, f32)> {
     let logits: Vec<f32> = if s.router_bf16 { matvec_bf16(w.gate, x) } else { w.gate.chunks(x.len()).map(|row| dot(row, x)).collect() };
-    route_logits(logits, token, w, s)
-}
-
-/// [`route`] of every row of `xs` (token `tokens[i]` for row i): the gate's logits of all rows at
-/// once (golden f32: the tiled products, each [`dot`]'s bits), each row routed on the thread pool.
-fn route_all(xs: &[f32], tokens: &[u32], w: &MoeWeights<'_>, s: MoeSettings) -> Vec<Vec<(usize, f32)>> {
-    use rayon::prelude::*;
-    let width = xs.len() / tokens.len();
-    if s.router_bf16 {
-        return xs.par_chunks(width).zip(tokens).map(|(x, &token)| route(x, token, w, s)).collect();
-    }
-    let logits = products(w.gate, xs, width);
-    logits.par_chunks(w.gate.len() / width).zip(tokens).map(|(l, &token)| route_logits(l.to_vec(), token, w, s)).collect()
-}
-
-/// The experts a token goes to and their weights, from the gate's logits.
-fn route_logits(logits: Vec<f32>, token: u32, w: &MoeWeights<'_>, s: MoeSettings) -> Vec<(usize, f32)> {
     let mut scores = s.scoring.scores(&logits);
     if s.router_bf16 {
         bf16_slice(&mut scores);
@@ -154,11 +137,12 @@ type Served = (usize, usize);
 /// together: on the thread pool, or in two trips to a device); every row's sum keeps its routing
 /// order, so the rows come out as each would alone.
 pub fn moe(p: &dyn Products, xs: &[f32], tokens: &[u32], w: &MoeWeights<'_>, s: MoeSettings) -> Vec<f32> {
+    use rayon::prelude::*;
     if tokens.is_empty() {
         return Vec::new();
     }
     let width = xs.len() / tokens.len();
-    let routes = route_all(xs, tokens, w, s);
+    let routes: Vec<Vec<(usize, f32)>> = xs.par_chunks(width).zip(tokens).map(|(x, &token)| route(x, token, w, s)).collect();
     // Per expert, the (row, place in that row's routing) pairs it serves.
     let mut served: Vec<Vec<Served>> = vec![Vec::new(); w.experts.len()];
     for (row, picked) in routes.iter().enumerate() {

@@ -7,8 +7,9 @@
 //! own bf16 on `small` is at a median of 1.5e-1 from its fp32, `scripts/deepseek_v4/check_reference.py
 //! --bf16`; a broken path is near 1). With `--cuda` (a build with `--features cuda`) the products run
 //! on GPU 0 (every matrix uploaded before the clock starts): f32 on the golden path, bf16 with
-//! `--fast`, then also compared with the same bf16 products on the host; `--decode N` then times N greedy steps after the reference's and states the
-//! weights each token reads and how much of a token's time the products take.
+//! `--fast`, then also compared with the same bf16 products on the host. `--decode N` then times N
+//! greedy steps after the reference's and states the weights each token reads and how much of a
+//! token's time the products take.
 //! `cargo run --release -p ctxscope-engine --example deepseek_v4_check -- DIR [--cuda [--fast]] [--decode N]`
 
 use std::path::PathBuf;
@@ -112,11 +113,9 @@ fn main() -> ExitCode {
             .map(|(id, row)| rel_l2(row, &model.step(&mut host, id).iter().map(|&v| f64::from(v)).collect::<Vec<_>>()))
             .collect();
         let worst = sim.iter().copied().fold(0f64, f64::max);
-        let mut sorted = sim.clone();
-        sorted.sort_by(f64::total_cmp);
         println!(
             "GPU bf16 against the host's bf16 products: median rel L2 {:.2e}, worst {worst:.2e} over {} steps",
-            sorted[sorted.len() / 2],
+            median(&sim),
             sim.len()
         );
     }
@@ -161,9 +160,7 @@ fn main() -> ExitCode {
             bytes as f64 * decode as f64 / seconds / 1e9
         );
     }
-    let mut errors: Vec<f64> = ours.iter().zip(&rows).map(|(a, b)| rel_l2(a, b)).collect();
-    errors.sort_by(f64::total_cmp);
-    let median = errors.get(errors.len() / 2).copied().unwrap_or(f64::INFINITY);
+    let median = median(&ours.iter().zip(&rows).map(|(a, b)| rel_l2(a, b)).collect::<Vec<_>>());
     println!("median rel L2 {median:.2e}");
     let failed = if fast { median > 1e-1 } else { worst > 1e-4 };
     if rows.len() != ours.len() || failed {
@@ -195,6 +192,13 @@ impl Products for Timed {
     fn prepare(&self, matrices: &[(&[f32], usize)]) -> Result<(), String> {
         self.inner.prepare(matrices)
     }
+}
+
+/// The middle value (the upper one of an even count); infinite when there is none.
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::INFINITY)
 }
 
 fn argmax(logits: &[f32]) -> u32 {

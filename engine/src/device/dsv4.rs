@@ -8,7 +8,7 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use ctxscope_kernels::blas::{Activations, Blas, Compute};
 use ctxscope_kernels::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
@@ -48,11 +48,8 @@ impl Dsv4Products {
     /// Each `(matrix, rows)` of `jobs`: every job's rows sent in one copy, each product launched, the
     /// outputs read back in one copy.
     fn try_products(&self, jobs: &[(&[f32], &[f32])], k: usize) -> Result<Vec<Vec<f32>>, DeviceError> {
-        let mut guard =
-            self.inner.lock().map_err(|_| DeviceError::Shape { kernel: "dsv4 products", detail: "an earlier product panicked".into() })?;
+        let mut guard = self.lock("dsv4 products")?;
         let inner = &mut *guard;
-        // Products arrive from the thread pool's threads too.
-        inner.device.ctx.bind_to_thread()?;
         let stream = inner.device.stream.clone();
         // Per job: its rows, where they start in the sent rows, its outputs, where they start.
         let rows: Vec<usize> = jobs.iter().map(|(_, xs)| xs.len() / k).collect();
@@ -71,10 +68,7 @@ impl Dsv4Products {
         }
         let (mut x_at, mut y_at) = (0, 0);
         for (((w, xs), &n), &len) in jobs.iter().zip(&rows).zip(&outputs) {
-            let matrix = match inner.matrices.entry((w.as_ptr() as usize, w.len())) {
-                Entry::Occupied(known) => known.into_mut(),
-                Entry::Vacant(new) => new.insert(Matrix::upload(&stream, w, w.len() / k, k, self.bf16)?),
-            };
+            let matrix = resident(&mut inner.matrices, &stream, w, k, self.bf16)?;
             let input = x_at..x_at + xs.len();
             let mut out = y.slice_mut(y_at..y_at + len);
             if n == 0 {
@@ -122,21 +116,39 @@ fn grown<'b, T: DeviceRepr + ValidAsZeroBits>(
 }
 
 impl Dsv4Products {
+    /// The device's state, its context bound to this thread (calls arrive from the thread pool's
+    /// threads too).
+    fn lock(&self, kernel: &'static str) -> Result<MutexGuard<'_, Inner>, DeviceError> {
+        let inner = self.inner.lock().map_err(|_| DeviceError::Shape { kernel, detail: "an earlier product panicked".into() })?;
+        inner.device.ctx.bind_to_thread()?;
+        Ok(inner)
+    }
+
     /// Uploads each of `matrices` not on the device yet.
     fn upload(&self, matrices: &[(&[f32], usize)]) -> Result<(), DeviceError> {
-        let mut guard =
-            self.inner.lock().map_err(|_| DeviceError::Shape { kernel: "dsv4 upload", detail: "an earlier product panicked".into() })?;
+        let mut guard = self.lock("dsv4 upload")?;
         let inner = &mut *guard;
-        inner.device.ctx.bind_to_thread()?;
         let stream = inner.device.stream.clone();
         for &(w, k) in matrices {
-            if let Entry::Vacant(new) = inner.matrices.entry((w.as_ptr() as usize, w.len())) {
-                new.insert(Matrix::upload(&stream, w, w.len() / k, k, self.bf16)?);
-            }
+            resident(&mut inner.matrices, &stream, w, k, self.bf16)?;
         }
         stream.synchronize()?;
         Ok(())
     }
+}
+
+/// `w` (rows of `k`) on the device: the copy uploaded before, or uploaded now.
+fn resident<'m>(
+    matrices: &'m mut HashMap<(usize, usize), Matrix>,
+    stream: &Arc<CudaStream>,
+    w: &[f32],
+    k: usize,
+    bf16: bool,
+) -> Result<&'m Matrix, DeviceError> {
+    Ok(match matrices.entry((w.as_ptr() as usize, w.len())) {
+        Entry::Occupied(known) => known.into_mut(),
+        Entry::Vacant(new) => new.insert(Matrix::upload(stream, w, w.len() / k, k, bf16)?),
+    })
 }
 
 impl Products for Dsv4Products {

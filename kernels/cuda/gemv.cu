@@ -177,21 +177,26 @@ __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, con
     float* gs = xs + (size_t)n * cols;
     const uint4* wc = (const uint4*)w;
 
-    // The issue cursor walks the warp's units a chunk per lane at a time, D iterations ahead.
+    // The issue cursor walks the warp's units a chunk per lane at a time, D iterations ahead: `src` is
+    // this lane's chunk of the unit's first row (row u, or 2u in mode 3; the second row `second`
+    // chunks on: row u + units in mode 2, the next row in mode 3), moved by additions, and the copies
+    // go to shared addresses from one base (this loop's instructions are a large part of the step).
+    const size_t unit_stride = (size_t)(mode == 3 ? 2 : 1) * chunks, second = mode == 2 ? (size_t)units * chunks : (size_t)chunks;
+    const uint4* src = wc + (size_t)ua * unit_stride + lane;
+    const unsigned ring_s = smem_addr(ring) + threadIdx.x * 16;
     int iu = ua, ij = 0, issued = 0;
     auto issue_next = [&]() {
         if (iu < ub) {
-            int c = lane + 32 * ij;
-            if (c < chunks) {
-#pragma unroll
-                for (int r = 0; r < K; r++) {
-                    size_t row = mode == 2 ? (size_t)iu + (size_t)r * units : (size_t)K * iu + r;
-                    cp_async16(&ring[((issued & (D - 1)) * K + r) * STREAM_THREADS + threadIdx.x], wc + row * chunks + c);
-                }
+            if (lane + 32 * ij < chunks) {
+                const unsigned dst = ring_s + (unsigned)((issued & (D - 1)) * K) * (STREAM_THREADS * 16);
+                cp_async16_shared(dst, src);
+                if (K == 2) cp_async16_shared(dst + STREAM_THREADS * 16, src + second);
             }
+            src += 32;
             if (++ij == per_unit) {
                 ij = 0;
                 iu++;
+                src += unit_stride - 32 * (size_t)per_unit;
             }
         }
         issued++;

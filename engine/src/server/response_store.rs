@@ -90,6 +90,19 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// Opens the store again once sled has let go of its lock: its background threads release the
+    /// directory lock a moment after the last handle is dropped, so a reopen right after a drop can
+    /// fail with "could not acquire lock" (more often on a busy machine).
+    fn reopen(dir: &Path) -> ResponseStore {
+        for _ in 0..500 {
+            match ResponseStore::open(dir) {
+                Err(e) if e.to_string().contains("could not acquire lock") => std::thread::sleep(std::time::Duration::from_millis(20)),
+                other => return other.unwrap(),
+            }
+        }
+        panic!("the responses store's lock was never released")
+    }
+
     #[test]
     fn responses_survive_a_reopen() {
         let dir = std::env::temp_dir().join(format!("ctxscope-response-store-{}", std::process::id()));
@@ -102,7 +115,7 @@ mod tests {
             store.tree.insert("resp_old", serde_json::to_vec(&messages).unwrap()).unwrap();
             store.flush();
         }
-        let store = ResponseStore::open(&dir).unwrap();
+        let store = reopen(&dir);
         assert_eq!(store.get("resp_1").unwrap(), Some(messages.clone()));
         assert_eq!(store.get_record("resp_1").unwrap().unwrap().response.unwrap()["id"], "resp_1");
         assert_eq!(store.get_record("resp_old").unwrap(), Some(StoredResponse { messages, response: None }));

@@ -539,27 +539,23 @@ fn decode_variants(bench: &mut Bench, rep: &mut Report, path: Path, c: &ModelCon
     let only: Vec<String> = std::env::var("BENCH_VARIANTS").map(|v| v.split(',').map(str::to_string).collect()).unwrap_or_default();
     // (persistent step, streamed, blocks per SM, lane bytes, QKV lane bytes, spread, attention: cluster
     // size, or 0 and split-K partials with 0 for the default rule; the step's spans per KV head).
-    // Chain: the output projection and gate/up in one launch (`StreamTuning::chain`).
     let variants = [
-        (false, false, 4, 128, 128, true, false, 16, 0),
-        (false, true, 4, 128, 128, true, false, 16, 0),
-        (false, true, 4, 128, 128, true, true, 16, 0),
-        (false, true, 3, 128, 128, true, true, 16, 0),
-        (false, true, 4, 128, 128, false, false, 16, 0),
-        (false, true, 4, 128, 128, true, false, 8, 0),
-        (false, true, 4, 128, 256, true, false, 16, 0),
-        (false, true, 4, 128, 128, true, false, 0, 0),
-        (false, true, 3, 128, 128, true, false, 16, 0),
-        (true, true, 4, 128, 128, true, false, 16, 0),
-        (true, true, 4, 128, 128, true, false, 8, 0),
-        (true, true, 4, 128, 128, true, false, 0, 32),
+        (false, false, 4, 128, 128, true, 16, 0),
+        (false, true, 4, 128, 128, true, 16, 0),
+        (false, true, 4, 128, 128, false, 16, 0),
+        (false, true, 4, 128, 128, true, 8, 0),
+        (false, true, 4, 128, 256, true, 16, 0),
+        (false, true, 4, 128, 128, true, 0, 0),
+        (false, true, 3, 128, 128, true, 16, 0),
+        (true, true, 4, 128, 128, true, 16, 0),
+        (true, true, 4, 128, 128, true, 8, 0),
+        (true, true, 4, 128, 128, true, 0, 32),
     ];
-    for (step, stream, per_sm, lane_bytes, qkv_lane_bytes, spread, chain, cluster, splits) in variants {
+    for (step, stream, per_sm, lane_bytes, qkv_lane_bytes, spread, cluster, splits) in variants {
         let gemv = if step {
             "step".to_string()
         } else if stream {
-            let packed = if spread { "" } else { "_packed" };
-            format!("stream_lane{lane_bytes}_qkv{qkv_lane_bytes}_blocks{per_sm}{packed}{}", if chain { "_chain" } else { "" })
+            format!("stream_lane{lane_bytes}_qkv{qkv_lane_bytes}_blocks{per_sm}{}", if spread { "" } else { "_packed" })
         } else {
             "warp_per_row".to_string()
         };
@@ -574,7 +570,7 @@ fn decode_variants(bench: &mut Bench, rep: &mut Report, path: Path, c: &ModelCon
         if !only.is_empty() && !only.contains(&name) {
             continue;
         }
-        bench.backend.set_stream_gemv(stream, StreamTuning { blocks_per_sm: per_sm, lane_bytes, qkv_lane_bytes, spread, chain, ..start });
+        bench.backend.set_stream_gemv(stream, StreamTuning { blocks_per_sm: per_sm, lane_bytes, qkv_lane_bytes, spread, ..start });
         bench.backend.set_attn_splits(if splits > 0 { splits } else { start_splits });
         bench.backend.set_attn_cluster(cluster);
         bench.backend.set_persistent(step);

@@ -155,122 +155,16 @@ __device__ __forceinline__ void stream_epilogue(int mode, float* y, int units, i
     }
 }
 
-// The output projection run ahead of gate/up in one launch (`gemv_stream_chain_*`): y += W x for the
-// `units` rows of `w` (mode 1, the residual add), where y is gate/up's input rows. Each warp owns a
-// contiguous share of the rows (the streamed GEMV's rule) and pulls them into L2 before the wait
-// (`chain_prefetch`: no shared memory, so gate/up's ring fills beside them while attention still runs);
-// after the wait the block stages the projection's input rows, each warp folds its rows in as the
-// streamed GEMV does (the same chunks in the same order, the same warp reduction: the same bits), and a
-// grid barrier makes the whole residual visible before gate/up's norm reads it.
-struct Chain {
-    const void* w;  // the projection's weights, units x cols (cols: gate/up's)
-    const float* x;  // its input rows, n x cols
-    float* y;        // gate/up's input rows, n x units (units == cols)
-    unsigned* bar;   // the grid barrier: [0] blocks arrived, [1] generation (zeros at first use)
-    int units;
-};
-
-// Rows [pa, pb) of the projection into L2 (one bulk prefetch per warp: they are contiguous).
-template <bool BF16>
-__device__ __forceinline__ void chain_prefetch(const Chain& ch, int cols, int pa, int pb) {
-    const size_t row_bytes = (size_t)cols * (BF16 ? 2 : 4);
-    if ((threadIdx.x & 31) == 0 && pb > pa) {
-        const char* p = (const char*)ch.w + (size_t)pa * row_bytes;
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((unsigned)((size_t)(pb - pa) * row_bytes)) : "memory");
-    }
-}
-
-// The grid barrier between the projection and gate/up: every block's stores before it are visible to
-// every block after it. Reusable without a reset between launches of any grid size: thread 0 reads the
-// generation, counts its block in, and the last block to arrive zeroes the count and moves the
-// generation on (release), which the others wait for (acquire). Every block of the grid must be
-// resident (the plan's blocks fit on the SMs at once): one that spins for seconds traps instead.
-__device__ __forceinline__ void chain_barrier(unsigned* bar) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned gen, old, now, spins = 0;
-        asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(bar + 1) : "memory");
-        __threadfence();
-        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(bar) : "memory");
-        if (old == gridDim.x - 1) {
-            bar[0] = 0;
-            asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(bar + 1), "r"(gen + 1) : "memory");
-        } else {
-            do {
-                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(bar + 1) : "memory");
-                if (++spins == (1u << 26)) __trap();  // a block is not resident: fail rather than hang
-            } while (now == gen);
-        }
-    }
-    __syncthreads();
-}
-
-// The projection's rows [pa, pb) for n token rows (its input staged in xs, rounded as asked): the
-// weights from L2 (eight chunks a lane in flight), the sums as the streamed GEMV's mode 1 forms them.
-#define CHAIN_BATCH 4
-template <bool BF16>
-__device__ __forceinline__ void chain_product(const Chain& ch, const float* xs, int cols, int n, int pa, int pb) {
-    const int E = BF16 ? 8 : 4, chunks = cols / E, per_unit = (chunks + 31) / 32, lane = threadIdx.x & 31;
-    const uint4* wc = (const uint4*)ch.w;
-    for (int u = pa; u < pb; u++) {
-        float acc[GEMV_MAX_N];
-#pragma unroll
-        for (int t = 0; t < GEMV_MAX_N; t++) acc[t] = 0.0f;
-        for (int j0 = 0; j0 < per_unit; j0 += CHAIN_BATCH) {
-            uint4 buf[CHAIN_BATCH];
-#pragma unroll
-            for (int b = 0; b < CHAIN_BATCH; b++) {
-                const int c = lane + 32 * (j0 + b);
-                if (j0 + b < per_unit && c < chunks) buf[b] = load_stream(wc + (size_t)u * chunks + c);
-            }
-#pragma unroll
-            for (int b = 0; b < CHAIN_BATCH; b++) {
-                const int c = lane + 32 * (j0 + b);
-                if (j0 + b < per_unit && c < chunks) {
-                    float wa[8];
-                    unpack16<BF16>(buf[b], wa);
-#pragma unroll
-                    for (int t = 0; t < GEMV_MAX_N; t++) {
-                        if (t >= n) break;
-                        const float4* xp = (const float4*)(xs + (size_t)t * cols + (size_t)c * E);
-                        float xv[8];
-                        float4 a = xp[0];
-                        xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w;
-                        if (BF16) {
-                            float4 b2 = xp[1];
-                            xv[4] = b2.x; xv[5] = b2.y; xv[6] = b2.z; xv[7] = b2.w;
-                        }
-#pragma unroll
-                        for (int e = 0; e < E; e++) acc[t] += wa[e] * xv[e];
-                    }
-                }
-            }
-        }
-#pragma unroll
-        for (int t = 0; t < GEMV_MAX_N; t++) {
-            if (t >= n) break;
-            const float s = warp_sum(acc[t]);
-            if (lane == t) {
-                float* dst = ch.y + (size_t)t * ch.units + u;
-                *dst = *dst + s;
-            }
-        }
-    }
-}
-
 // K rows per unit (1: modes 0, 1; 2: modes 2, 3), D (a power of two) iterations in flight per lane.
 // Shared memory: the lanes' slots, then the n input rows, then the norm weight.
-// CHAIN: the output projection `ch` first (see Chain); x is then written in this launch, so it is read
-// through L2, and the norm weight from global memory (no slots for it: the block must fit beside
-// decode attention's).
-template <bool BF16, int K, int D, bool CHAIN = false>
-__device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, const float* x, float* __restrict__ y,
+template <bool BF16, int K, int D>
+__device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
                                                  const float* __restrict__ norm_w, float eps, int units, int cols, int n, int mode,
-                                                 int round_x, const RopeStore* rs, const Chain* ch = nullptr) {
+                                                 int round_x, const RopeStore* rs) {
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ float scratch[33];
     pdl_launch();
-    const int kind = CHAIN ? TRACE_CHAIN : TRACE_STREAM + mode;
+    const int kind = TRACE_STREAM + mode;
     trace_mark(kind, TRACE_START);
     const int E = BF16 ? 8 : 4;
     const int chunks = cols / E, per_unit = (chunks + 31) / 32;
@@ -310,12 +204,9 @@ __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, con
     };
     // Weights (the norm weight rides in the first group) do not depend on the previous kernel: start
     // them before waiting for it.
-    if (norm_w && !CHAIN) {
+    if (norm_w) {
         for (int i = 4 * threadIdx.x; i < cols; i += 4 * STREAM_THREADS) cp_async16(gs + i, norm_w + i);
     }
-    // The projection's rows of this warp (the same rule as the units below), pulled into L2 first.
-    const int pa = CHAIN ? (int)(gw * ch->units / warps) : 0, pb = CHAIN ? (int)((gw + 1) * ch->units / warps) : 0;
-    if (CHAIN) chain_prefetch<BF16>(*ch, cols, pa, pb);
     // A loop, not unrolled: a block that starts only as the previous kernel's blocks leave runs this
     // before its wait with a cold instruction cache, so its length is latency.
 #pragma unroll 1
@@ -329,14 +220,6 @@ __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, con
     prepare(ua);
     pdl_wait();
     trace_mark(kind, TRACE_WAITED);
-    if (CHAIN) {
-        for (int i = threadIdx.x; i < n * cols; i += STREAM_THREADS) xs[i] = round_x ? round_bf16(ch->x[i]) : ch->x[i];
-        __syncthreads();
-        chain_product<BF16>(*ch, xs, cols, n, pa, pb);
-        trace_mark(kind, TRACE_READY);
-        chain_barrier(ch->bar);
-        trace_mark(kind, TRACE_ATTENDED);
-    }
 
     // The input rows into shared memory, normalized (rmsnorm_f32's sum and formula) and rounded as asked.
     for (int t = 0; t < n; t++) {
@@ -344,14 +227,14 @@ __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, con
         float* xr = xs + (size_t)t * cols;
         float sum = 0.0f;
         for (int i = threadIdx.x; i < cols; i += STREAM_THREADS) {
-            float v = CHAIN ? __ldcg(row + i) : row[i];
+            float v = row[i];
             sum += v * v;
             xr[i] = v;
         }
         if (norm_w) {
-            if (!CHAIN) cp_async_wait<D - 1>();  // the first group (with the norm weight) has landed
+            cp_async_wait<D - 1>();  // the first group (with the norm weight) has landed
             float scale = 1.0f / sqrtf(block_sum(sum, scratch) / cols + eps);
-            for (int i = threadIdx.x; i < cols; i += STREAM_THREADS) xr[i] = xr[i] * scale * (CHAIN ? __ldg(norm_w + i) : gs[i]);
+            for (int i = threadIdx.x; i < cols; i += STREAM_THREADS) xr[i] = xr[i] * scale * gs[i];
         }
         if (round_x) {
             for (int i = threadIdx.x; i < cols; i += STREAM_THREADS) xr[i] = round_bf16(xr[i]);
@@ -435,26 +318,4 @@ extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_bf16
 extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_f32(const float* __restrict__ w, GEMV_STREAM_PARAMS) {
     RopeStore rs = {positions, kv_base, layer, n_layers, q_dim, kv_dim, hd, base, inv_freq};
     gemv_stream_dispatch<false>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, lane_bytes, &rs);
-}
-
-// Gate/up (mode 2, SwiGLU, with the RMSNorm when `norm_w`) with the output projection `w_pro` (mode 1
-// into x, `units_pro` == cols rows) chained ahead of it in one launch (Chain); dynamic shared memory:
-// lane_bytes per thread + n * cols floats (no norm weight). Every block must be resident at once.
-#define GEMV_CHAIN_PARAMS                                                                                                            \
-    float *x, float *__restrict__ y, const float *__restrict__ norm_w, float eps, int units, int cols, int n, int round_x,          \
-        int lane_bytes, const float *__restrict__ x_pro, int units_pro, unsigned *bar
-
-template <bool BF16>
-__device__ __forceinline__ void gemv_chain_dispatch(const void* w, const void* w_pro, GEMV_CHAIN_PARAMS) {
-    const Chain ch = {w_pro, x_pro, x, bar, units_pro};
-    if (lane_bytes >= 256) gemv_stream_body<BF16, 2, 8, true>(w, x, y, norm_w, eps, units, cols, n, 2, round_x, nullptr, &ch);
-    else gemv_stream_body<BF16, 2, 4, true>(w, x, y, norm_w, eps, units, cols, n, 2, round_x, nullptr, &ch);
-}
-
-extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_chain_bf16(const bf16_t* __restrict__ w, const bf16_t* __restrict__ w_pro, GEMV_CHAIN_PARAMS) {
-    gemv_chain_dispatch<true>(w, w_pro, x, y, norm_w, eps, units, cols, n, round_x, lane_bytes, x_pro, units_pro, bar);
-}
-
-extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_chain_f32(const float* __restrict__ w, const float* __restrict__ w_pro, GEMV_CHAIN_PARAMS) {
-    gemv_chain_dispatch<false>(w, w_pro, x, y, norm_w, eps, units, cols, n, round_x, lane_bytes, x_pro, units_pro, bar);
 }

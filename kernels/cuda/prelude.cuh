@@ -121,8 +121,6 @@ __device__ u64* ctx_trace;
 #define TRACE_ARGMAX 2
 #define TRACE_ATTN_CLUSTER 3
 #define TRACE_STREAM 16
-// gemv_stream_chain: the output projection and gate/up in one launch (READY: its rows done, ATTENDED: past the grid barrier).
-#define TRACE_CHAIN 20
 #define TRACE_START 0
 #define TRACE_WAITED 1
 #define TRACE_STAGED 2

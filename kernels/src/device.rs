@@ -124,8 +124,6 @@ pub struct Device {
     pub max_cluster: usize,
     /// Largest dynamic shared memory of a `decode_step_*` block.
     step_smem_limit: usize,
-    /// The grid barrier of `gemv_stream_chain` (arrivals, generation; the kernel leaves it reusable).
-    chain_bar: CudaSlice<u32>,
     /// The streamed GEMV's plans worked out so far (`stream_plan`).
     stream_plans: Mutex<HashMap<stream::PlanKey, Option<StreamPlan>>>,
 }
@@ -246,9 +244,7 @@ impl Device {
         let optin = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
         let per_sm =
             ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)? as usize;
-        let streamed = ["gemv_stream_bf16", "gemv_stream_f32", "gemv_stream_chain_bf16", "gemv_stream_chain_f32"].map(|k| &functions[k]);
-        let tuning = StreamTuning::new(streamed, optin, per_sm)?;
-        let chain_bar = stream.alloc_zeros::<u32>(2)?;
+        let tuning = StreamTuning::new([&functions["gemv_stream_bf16"], &functions["gemv_stream_f32"]], optin, per_sm)?;
         let programmatic = major >= 9 && std::env::var("CTXSCOPE_CUDA_PDL").map_or(true, |v| v != "0");
         let max_cluster = if major >= 9 { cluster_attributes(&functions["attn_decode_cluster"], optin)? } else { 0 };
         let step_smem_limit = step::step_attributes([&functions["decode_step_bf16"], &functions["decode_step_f32"]], optin)?;
@@ -269,7 +265,6 @@ impl Device {
             tuning,
             max_cluster,
             step_smem_limit,
-            chain_bar,
             stream_plans,
         })
     }

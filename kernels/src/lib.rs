@@ -8,7 +8,7 @@ pub mod sources;
 pub use sources::{full_source, PRELUDE, SOURCES};
 
 /// Kernel entry points every source must define (checked by the tests, launched by the wrappers).
-pub const KERNELS: [&str; 25] = [
+pub const KERNELS: [&str; 23] = [
     "rmsnorm_f32",
     "embed_f32",
     "embed_bf16",
@@ -25,8 +25,6 @@ pub const KERNELS: [&str; 25] = [
     "gemv_qkv_rope_f32",
     "gemv_stream_bf16",
     "gemv_stream_f32",
-    "gemv_stream_chain_bf16",
-    "gemv_stream_chain_f32",
     "attn_prefill",
     "attn_decode",
     "attn_decode_cluster",

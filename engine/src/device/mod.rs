@@ -145,15 +145,13 @@ impl DeviceBackend {
     }
 
     /// Chooses the decode GEMVs: streamed (`stream`, with `tuning`'s blocks per SM, bytes in flight
-    /// per lane — normalized to what the kernel supports — spread and chaining) or the one-warp-per-row
-    /// kernels.
+    /// per lane — normalized to what the kernel supports — and spread) or the one-warp-per-row kernels.
     /// Captured graphs are dropped, so the next passes capture the new choice.
     pub fn set_stream_gemv(&mut self, stream: bool, tuning: StreamTuning) {
         self.settle();
         self.stream_gemv = stream;
         self.device.tuning = StreamTuning {
             spread: tuning.spread,
-            chain: tuning.chain,
             ..self.device.tuning.with(tuning.blocks_per_sm, tuning.lane_bytes, tuning.qkv_lane_bytes)
         };
         self.graphs.clear();

@@ -219,21 +219,8 @@ impl Pass<'_> {
             }
             if streamed {
                 let (ffn, norm) = (layer.w_down.cols, Some((&layer.ffn_norm.slice(..), c.rms_eps)));
-                if d.tuning.chain && d.chains(&layer.wo, &layer.w_gu, n, true) {
-                    let (att, mut x, mut act) = (ws.att.slice(..n * dim), ws.x.slice_mut(..n * dim), ws.act.slice_mut(..n * ffn));
-                    d.gemv_stream_chain(&layer.wo, &att, &mut x, &layer.w_gu, &mut act, n, bf16, norm)?;
-                } else {
-                    d.gemv_stream(
-                        &layer.wo,
-                        &ws.att.slice(..n * dim),
-                        &mut ws.x.slice_mut(..n * dim),
-                        n,
-                        GemvMode::Accumulate,
-                        bf16,
-                        None,
-                    )?;
-                    d.gemv_stream(&layer.w_gu, &ws.x.slice(..n * dim), &mut ws.act.slice_mut(..n * ffn), n, GemvMode::SwiGlu, bf16, norm)?;
-                }
+                d.gemv_stream(&layer.wo, &ws.att.slice(..n * dim), &mut ws.x.slice_mut(..n * dim), n, GemvMode::Accumulate, bf16, None)?;
+                d.gemv_stream(&layer.w_gu, &ws.x.slice(..n * dim), &mut ws.act.slice_mut(..n * ffn), n, GemvMode::SwiGlu, bf16, norm)?;
                 d.gemv_stream(
                     &layer.w_down,
                     &ws.act.slice(..n * ffn),

@@ -9,7 +9,7 @@ use ctxscope_kernels::device::{Device, GemvMode, Matrix, RopeShape, StreamOp};
 
 use crate::gemv::gemv_want;
 use crate::reference::dots;
-use crate::report::{compare, exact, nan_buf, read, to_f64, Report, Res, Row, F32_LIMIT, TAIL};
+use crate::report::{compare, nan_buf, read, to_f64, Report, Res, Row, F32_LIMIT, TAIL};
 use crate::rng::Rng;
 use crate::timing::time_ms;
 
@@ -86,64 +86,7 @@ pub(crate) fn check_stream(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res
             rep.rows.push(row);
         }
     }
-    check_qkv_rope(dev, rng, rep)?;
-    check_chain(dev, rng, rep)
-}
-
-/// The output projection and gate/up chained in one launch (`gemv_stream_chain`) against the same two
-/// products launched apart (`gemv_stream` Accumulate, then SwiGlu with the norm): the residual rows and
-/// the activations bit for bit, at the 135M and 1B widths, n 1 and 3, with and without the bf16
-/// rounding, f32 and bf16 weights; each pair of launches repeated so that the barrier is reused.
-fn check_chain(dev: &Device, rng: &mut Rng, rep: &mut Report) -> Res {
-    let s = &dev.stream;
-    for (dim, ffn) in [(576usize, 1536usize), (2048, 8192)] {
-        let wo_host = rng.vec(dim * dim, 1.0 / (dim as f32).sqrt());
-        let gu_host = rng.vec(2 * ffn * dim, 1.0 / (dim as f32).sqrt());
-        let (att, x0, g) = (rng.vec(3 * dim, 1.0), rng.vec(3 * dim, 1.0), rng.vec(dim, 1.0));
-        let (datt, dg) = (s.clone_htod(&att)?, s.clone_htod(&g)?);
-        for as_bf16 in [true, false] {
-            let wo = Matrix::upload(s, &wo_host, dim, dim, as_bf16)?;
-            let w_gu = Matrix::upload(s, &gu_host, 2 * ffn, dim, as_bf16)?;
-            let kind = if as_bf16 { "bf16" } else { "f32" };
-            let mut row =
-                Row::new(format!("gemv_stream_chain_{kind} o {dim}x{dim} + gate/up {}x{dim} vs apart, bit for bit", 2 * ffn), F32_LIMIT);
-            for n in [1usize, 3] {
-                if !dev.chains(&wo, &w_gu, n, true) {
-                    row.add(&format!("n={n} no plan"), compare(&[], &[]).flag(1, "no chained plan"));
-                    continue;
-                }
-                for round_x in [false, true] {
-                    let gv = dg.as_view();
-                    let norm = Some((&gv, EPS));
-                    // [apart, chained]: (residual rows, activations), each run twice from the same start.
-                    let mut outs = Vec::new();
-                    for chained in [false, true] {
-                        for _ in 0..2 {
-                            let mut x = s.clone_htod(&x0[..n * dim])?;
-                            let mut act = nan_buf(s, n * ffn + TAIL)?;
-                            let a = datt.slice(0..n * dim);
-                            if chained {
-                                dev.gemv_stream_chain(&wo, &a, &mut x.as_view_mut(), &w_gu, &mut act.as_view_mut(), n, round_x, norm)?;
-                            } else {
-                                dev.gemv_stream(&wo, &a, &mut x.as_view_mut(), n, GemvMode::Accumulate, round_x, None)?;
-                                dev.gemv_stream(&w_gu, &x.as_view(), &mut act.as_view_mut(), n, GemvMode::SwiGlu, round_x, norm)?;
-                            }
-                            outs.push((read(s, &x)?, read(s, &act)?));
-                        }
-                    }
-                    let (want_x, want_act) = &outs[0];
-                    let mut cmp =
-                        exact(&outs[2].0, want_x).merge(exact(&outs[2].1[..n * ffn], &want_act[..n * ffn])).tail(&outs[2].1[n * ffn..]);
-                    for (x, act) in [&outs[1], &outs[3]] {
-                        cmp = cmp.merge(exact(x, want_x)).merge(exact(&act[..n * ffn], &want_act[..n * ffn]));
-                    }
-                    row.add(&format!("n={n} round_x={round_x}"), cmp);
-                }
-            }
-            rep.rows.push(row);
-        }
-    }
-    Ok(())
+    check_qkv_rope(dev, rng, rep)
 }
 
 /// The QKV + RoPE mode (RMSNorm folded) against `rmsnorm` + `gemv_qkv_rope` on the same rows.

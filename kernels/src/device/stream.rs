@@ -32,8 +32,7 @@ pub type Norm<'a, 'b> = Option<(&'a In<'b>, f32)>;
 /// projection (default 128: at 256 its blocks take more shared memory and hold decode attention's
 /// clusters back), `CTXSCOPE_CUDA_CARVEOUT` the kernels' preferred shared-memory
 /// carveout in percent (default 100), `CTXSCOPE_CUDA_STREAM_SPREAD=0` lets a launch's blocks pack onto
-/// fewer SMs (see `spread`), `CTXSCOPE_CUDA_CHAIN=1` runs a layer's output projection and gate/up as
-/// one launch (see `chain`). Defaults measured on the H200 (BENCHMARKS.md).
+/// fewer SMs (see `spread`). Defaults measured on the H200 (BENCHMARKS.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct StreamTuning {
     pub blocks_per_sm: usize,
@@ -45,9 +44,6 @@ pub struct StreamTuning {
     /// first; without the padding a launch of a few blocks per SM can pile onto some SMs and leave
     /// others idle (measured: BENCHMARKS.md).
     pub spread: bool,
-    /// Chain the output projection ahead of gate/up in one launch (`StreamOp::Chain`): gate/up's blocks
-    /// then fit beside decode attention's and fill their slots while it runs.
-    pub chain: bool,
     /// Largest dynamic shared memory a block may ask for.
     pub smem_limit: usize,
     /// Shared memory of one SM.
@@ -55,10 +51,9 @@ pub struct StreamTuning {
 }
 
 impl StreamTuning {
-    /// Reads the environment and lets `kernels` (the streamed GEMVs, chained or not) take all the
-    /// dynamic shared memory a block may opt in to (`optin` less their static arrays), with the
-    /// carveout asked for.
-    pub(super) fn new(kernels: [&CudaFunction; 4], optin: usize, smem_per_sm: usize) -> Result<StreamTuning, DeviceError> {
+    /// Reads the environment and lets `kernels` (the two streamed GEMVs) take all the dynamic shared
+    /// memory a block may opt in to (`optin` less their static arrays), with the carveout asked for.
+    pub(super) fn new(kernels: [&CudaFunction; 2], optin: usize, smem_per_sm: usize) -> Result<StreamTuning, DeviceError> {
         let var = |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
         let carveout = var("CTXSCOPE_CUDA_CARVEOUT", 100).min(100) as i32;
         let mut smem_limit = optin;
@@ -67,8 +62,7 @@ impl StreamTuning {
             f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, carveout)?;
         }
         let spread = var("CTXSCOPE_CUDA_STREAM_SPREAD", 1) != 0;
-        let chain = var("CTXSCOPE_CUDA_CHAIN", 0) != 0;
-        let tuning = StreamTuning { blocks_per_sm: 4, lane_bytes: 128, qkv_lane_bytes: 128, spread, chain, smem_limit, smem_per_sm };
+        let tuning = StreamTuning { blocks_per_sm: 4, lane_bytes: 128, qkv_lane_bytes: 128, spread, smem_limit, smem_per_sm };
         Ok(tuning.with(
             var("CTXSCOPE_CUDA_STREAM_BLOCKS", 4),
             var("CTXSCOPE_CUDA_LANE_BYTES", 128),
@@ -103,9 +97,6 @@ pub enum StreamOp {
     Gemv(GemvMode),
     /// The fused QKV projection with RoPE and the K/V store (the kernel's mode 3).
     QkvRope,
-    /// Gate/up (SwiGLU) with the output projection and its residual add chained ahead of it in the
-    /// same launch (`gemv_stream_chain_*`); the plan is gate/up's.
-    Chain,
 }
 
 impl StreamOp {
@@ -113,7 +104,6 @@ impl StreamOp {
         match self {
             StreamOp::Gemv(m) => m as i32,
             StreamOp::QkvRope => 3,
-            StreamOp::Chain => 2,
         }
     }
 }
@@ -149,21 +139,15 @@ impl Device {
         if !(1..=GEMV_MAX_ROWS).contains(&n) || units == 0 || !w.cols.is_multiple_of(8) || !w.rows.is_multiple_of(k) {
             return None;
         }
-        // The lanes' slots, the input rows and the norm weight (only with a norm, and not chained, which
-        // reads it from memory: the less a block takes, the sooner the next kernel's blocks fit beside it).
+        // The lanes' slots, the input rows and the norm weight (only with a norm: the less a block
+        // takes, the sooner the next kernel's blocks fit beside it).
         let lane_bytes = if op == StreamOp::QkvRope { self.tuning.qkv_lane_bytes } else { self.tuning.lane_bytes };
-        let smem = lane_bytes * THREADS + (n + usize::from(norm && op != StreamOp::Chain)) * w.cols * 4;
+        let smem = lane_bytes * THREADS + (n + usize::from(norm)) * w.cols * 4;
         if smem > self.tuning.smem_limit {
             return None;
         }
-        // Every block must be resident at once (each owns a share of the work, and the chained kernel
-        // has a grid barrier): no more per SM than fit.
-        let kernel = match (op, matches!(w.data, MatrixData::Bf16(_))) {
-            (StreamOp::Chain, true) => "gemv_stream_chain_bf16",
-            (StreamOp::Chain, false) => "gemv_stream_chain_f32",
-            (_, true) => "gemv_stream_bf16",
-            (_, false) => "gemv_stream_f32",
-        };
+        // Every block must be resident at once (each owns a share of the work): no more per SM than fit.
+        let kernel = if matches!(w.data, MatrixData::Bf16(_)) { "gemv_stream_bf16" } else { "gemv_stream_f32" };
         let function = self.function(kernel);
         let fit =
             |smem: usize| function.occupancy_max_active_blocks_per_multiprocessor(THREADS as u32, smem, None).ok().map(|f| f as usize);
@@ -229,59 +213,6 @@ impl Device {
         })?;
         let rope = [positions.bits(&self.stream), kv_base.bits(&self.stream), inv_freq.map_or(0, |t| t.bits(&self.stream))];
         self.stream_launch(w, x, qkv, n, StreamOp::QkvRope, round_x, norm, rope, ints, shape.base)
-    }
-
-    /// Whether `gemv_stream_chain` can take this layer's output projection `wo` and gate/up `w_gu` for
-    /// `n` rows: one element type, `wo` square over gate/up's input width, and a plan that fits (the
-    /// decode pass chains where this holds and `StreamTuning::chain` asks for it).
-    pub fn chains(&self, wo: &Matrix, w_gu: &Matrix, n: usize, norm: bool) -> bool {
-        let same_type = matches!(wo.data, MatrixData::Bf16(_)) == matches!(w_gu.data, MatrixData::Bf16(_));
-        same_type && wo.rows == w_gu.cols && wo.cols == w_gu.cols && self.stream_plan(w_gu, n, StreamOp::Chain, norm).is_some()
-    }
-
-    /// `x[t] += wo att[t]`, then `act[t] = swiglu(w_gu norm(x[t]))`, as `gemv_stream` in Accumulate
-    /// then SwiGlu mode computes them (the same bits), in one launch with a grid barrier between
-    /// (`chains` says when it applies).
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemv_stream_chain(
-        &self,
-        wo: &Matrix,
-        att: &In,
-        x: &mut Out,
-        w_gu: &Matrix,
-        act: &mut Out,
-        n: usize,
-        round_x: bool,
-        norm: Norm,
-    ) -> Result<(), DeviceError> {
-        let cols = w_gu.cols;
-        let ok = self.chains(wo, w_gu, n, norm.is_some()) && att.len() >= n * cols && x.len() >= n * cols && act.len() >= n * w_gu.rows / 2;
-        check("gemv_stream_chain", ok, || format!("{}x{} then {}x{cols} by {n} rows: not a chainable shape", wo.rows, wo.cols, w_gu.rows))?;
-        if let Some((g, _)) = norm {
-            check("gemv_stream_chain", g.len() == cols, || format!("norm weight of {} for {cols} columns", g.len()))?;
-        }
-        let plan = self.stream_plan(w_gu, n, StreamOp::Chain, norm.is_some()).expect("chains() found a plan");
-        let (norm_w, eps) = match norm {
-            Some((g, eps)) => (g.bits(&self.stream), eps),
-            None => (0u64, 0.0),
-        };
-        let args = [plan.units as i32, cols as i32, n as i32, i32::from(round_x), plan.lane_bytes as i32, wo.rows as i32];
-        let cfg =
-            LaunchConfig { grid_dim: (plan.blocks as u32, 1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: plan.smem as u32 };
-        let (w, w_pro, bar) = (w_gu.address(&self.stream), wo.address(&self.stream), &self.chain_bar);
-        macro_rules! chain {
-            ($kernel:literal) => {
-                launch!(
-                    self, $kernel, cfg, &w, &w_pro, x, act, &norm_w, &eps, &args[0], &args[1], &args[2], &args[3], &args[4], att, &args[5],
-                    bar
-                )
-            };
-        }
-        if matches!(w_gu.data, MatrixData::Bf16(_)) {
-            chain!("gemv_stream_chain_bf16")
-        } else {
-            chain!("gemv_stream_chain_f32")
-        }
     }
 
     /// One launch. `rope`: mode 3's positions, cache bases and inverse-frequency table (device

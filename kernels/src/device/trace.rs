@@ -61,7 +61,6 @@ pub fn kind_name(kind: u8) -> &'static str {
         17 => "stream accumulate",
         18 => "stream swiglu",
         19 => "stream qkv+rope",
-        20 => "stream o + swiglu chained",
         24 => "step qkv+rope",
         25 => "step attention",
         26 => "step o",

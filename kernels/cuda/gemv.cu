@@ -144,16 +144,14 @@ extern "C" __global__ void gemv_qkv_rope_f32(const float* __restrict__ w, const 
 #define STREAM_THREADS 256
 #define STREAM_WARPS (STREAM_THREADS / 32)
 
-// Unit u's output for token row t from its dot products s (and v: the up row, or the pair's second row;
-// `old`: mode 1's residual, y's value before, loaded by the lane when the unit began).
-__device__ __forceinline__ void stream_epilogue(int mode, float* y, int units, int u, int t, float s, float v, float old, const RopeStore* rs,
-                                                const RopeRow& rr) {
+// Unit u's output for token row t from its dot products s (and v: the up row, or the pair's second row).
+__device__ __forceinline__ void stream_epilogue(int mode, float* y, int units, int u, int t, float s, float v, const RopeStore* rs, const RopeRow& rr) {
     if (mode == 3) {
         rope_store_row(*rs, rr, y, t, 2 * u, s, v);
     } else {
         float* dst = y + (size_t)t * units + u;
         if (mode == 2) *dst = s / (1.0f + expf(-s)) * v;
-        else *dst = mode == 1 ? old + s : s;
+        else *dst = mode == 1 ? *dst + s : s;
     }
 }
 
@@ -247,9 +245,6 @@ __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, con
 
     int step = 0;
     for (int u = ua; u < ub; u++) {
-        // Mode 1 adds to the residual: lane t loads row t's value now, so that the load's latency hides
-        // behind the unit's products instead of following them (the launch's last unit ends on it).
-        const float old = mode == 1 && lane < n ? y[(size_t)lane * units + u] : 0.0f;
         float acc[GEMV_MAX_N], acc2[GEMV_MAX_N];
 #pragma unroll
         for (int t = 0; t < GEMV_MAX_N; t++) acc[t] = acc2[t] = 0.0f;
@@ -286,7 +281,7 @@ __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, con
         for (int t = 0; t < GEMV_MAX_N; t++) {
             if (t >= n) break;
             float s = warp_sum(acc[t]), v = K == 2 ? warp_sum(acc2[t]) : 0.0f;
-            if (lane == t) stream_epilogue(mode, y, units, u, t, s, v, old, rs, rr);
+            if (lane == t) stream_epilogue(mode, y, units, u, t, s, v, rs, rr);
         }
         prepare(u + 1);
     }

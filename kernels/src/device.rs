@@ -134,10 +134,10 @@ type Out<'a, T = f32> = CudaViewMut<'a, T>;
 /// Launches `$kernel` with the arguments in the order its CUDA signature lists them (programmatic
 /// dependent launch when the device has it on; see `crate::launch`).
 macro_rules! launch {
-    ($self:ident, $kernel:literal, $cfg:expr, $($arg:expr),* $(,)?) => {
+    ($self:ident, $kernel:expr, $cfg:expr, $($arg:expr),* $(,)?) => {
         launch!($self, $kernel, $cfg, cluster 0, $($arg),*)
     };
-    ($self:ident, $kernel:literal, $cfg:expr, cluster $cluster:expr, $($arg:expr),* $(,)?) => {{
+    ($self:ident, $kernel:expr, $cfg:expr, cluster $cluster:expr, $($arg:expr),* $(,)?) => {{
         let mut args = [$( KernelArg::bits($arg, &$self.stream) ),*];
         // SAFETY: every call site passes the kernel's parameters in its declared order and types
         // (cuda/*.cu), and has checked the buffer lengths the kernel indexes.
@@ -181,6 +181,20 @@ fn cluster_smem_bytes(hd: usize, group: usize, size: usize) -> usize {
     let per = (group * hd).div_ceil(size);
     let floats = CLUSTER_RING * 2 * CLUSTER_TILE * (hd + 4) + group * hd + size * group * 2 + size * per + group * size;
     floats * 4
+}
+
+/// `attn_decode_cluster` and its builds for a compile-time head dimension and cluster size
+/// (cuda/attention.cu).
+const ATTN_CLUSTER_KERNELS: [&str; 3] = ["attn_decode_cluster", "attn_decode_cluster_hd64_c16", "attn_decode_cluster_hd128_c16"];
+
+/// The decode attention kernel for `head_dim` and clusters of `cluster`: their own build where there
+/// is one (shorter code), else the one that reads both at run time. The same sums in the same order.
+fn attn_cluster_kernel(head_dim: usize, cluster: usize) -> &'static str {
+    match (head_dim, cluster) {
+        (64, 16) => "attn_decode_cluster_hd64_c16",
+        (128, 16) => "attn_decode_cluster_hd128_c16",
+        _ => "attn_decode_cluster",
+    }
 }
 
 /// Lets `attn_decode_cluster` take all the dynamic shared memory a block may opt in to (`optin` less
@@ -246,7 +260,12 @@ impl Device {
             ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)? as usize;
         let tuning = StreamTuning::new([&functions["gemv_stream_bf16"], &functions["gemv_stream_f32"]], optin, per_sm)?;
         let programmatic = major >= 9 && std::env::var("CTXSCOPE_CUDA_PDL").map_or(true, |v| v != "0");
-        let max_cluster = if major >= 9 { cluster_attributes(&functions["attn_decode_cluster"], optin)? } else { 0 };
+        let mut max_cluster = if major >= 9 { MAX_CLUSTER } else { 0 };
+        if major >= 9 {
+            for kernel in ATTN_CLUSTER_KERNELS {
+                max_cluster = max_cluster.min(cluster_attributes(&functions[kernel], optin)?);
+            }
+        }
         let step_smem_limit = step::step_attributes([&functions["decode_step_bf16"], &functions["decode_step_f32"]], optin)?;
         let stream_plans = Mutex::new(HashMap::new());
         Ok(Device {
@@ -694,7 +713,7 @@ impl Device {
             shared_mem_bytes: cluster_smem_bytes(s.head_dim, group, cluster) as u32,
             ..grid((cluster, s.kv_heads, n), 32 * group.max(2))
         };
-        launch!(self, "attn_decode_cluster", cfg, cluster cluster as u32, qkv, &ints[0], positions, kv_base, &ints[1], &ints[2], &ints[3], &ints[4], &ints[5], &scale, &ints[6], out)
+        launch!(self, attn_cluster_kernel(s.head_dim, cluster), cfg, cluster cluster as u32, qkv, &ints[0], positions, kv_base, &ints[1], &ints[2], &ints[3], &ints[4], &ints[5], &scale, &ints[6], out)
     }
 
     /// Greedy pick per row of `vocab` logits: the token (first index of the maximum) and its log-probability.

@@ -8,7 +8,7 @@ pub mod sources;
 pub use sources::{full_source, PRELUDE, SOURCES};
 
 /// Kernel entry points every source must define (checked by the tests, launched by the wrappers).
-pub const KERNELS: [&str; 23] = [
+pub const KERNELS: [&str; 25] = [
     "rmsnorm_f32",
     "embed_f32",
     "embed_bf16",
@@ -28,6 +28,8 @@ pub const KERNELS: [&str; 23] = [
     "attn_prefill",
     "attn_decode",
     "attn_decode_cluster",
+    "attn_decode_cluster_hd64_c16",
+    "attn_decode_cluster_hd128_c16",
     "decode_step_bf16",
     "decode_step_f32",
     "argmax_logprob",

@@ -157,10 +157,13 @@ __device__ __forceinline__ void stream_epilogue(int mode, float* y, int units, i
 
 // K rows per unit (1: modes 0, 1; 2: modes 2, 3), D (a power of two) iterations in flight per lane.
 // Shared memory: the lanes' slots, then the n input rows, then the norm weight.
-template <bool BF16, int K, int D>
+// MODE >= 0 and N > 0 fix the mode and the token rows at compile time (else `mode_arg`, `n_arg`);
+// TABLE: mode 3 is always given RoPE's inverse-frequency table.
+template <bool BF16, int K, int D, int MODE = -1, int N = 0, bool TABLE = false>
 __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
-                                                 const float* __restrict__ norm_w, float eps, int units, int cols, int n, int mode,
-                                                 int round_x, const RopeStore* rs) {
+                                                 const float* __restrict__ norm_w, float eps, int units, int cols, int n_arg,
+                                                 int mode_arg, int round_x, const RopeStore* rs) {
+    const int mode = MODE >= 0 ? MODE : mode_arg, n = N > 0 ? N : n_arg;
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ float scratch[33];
     pdl_launch();
@@ -215,7 +218,7 @@ __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, con
     // bases are written by the host before a pass, never by a kernel), and stores row t's outputs.
     RopeRow rr = {1.0f, 0.0f};
     auto prepare = [&](int u) {
-        if (mode == 3 && lane < n && u < ub) rr = rope_row(*rs, lane, 2 * u);
+        if (mode == 3 && lane < n && u < ub) rr = rope_row<TABLE>(*rs, lane, 2 * u);
     };
     prepare(ua);
     pdl_wait();
@@ -319,3 +322,20 @@ extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_f32(
     RopeStore rs = {positions, kv_base, layer, n_layers, q_dim, kv_dim, hd, base, inv_freq};
     gemv_stream_dispatch<false>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, lane_bytes, &rs);
 }
+
+// Builds for one mode at 128 bytes per lane, any n or one row (Device::stream_plan picks them); mode 3's
+// take RoPE's inverse-frequency table (launches without one run gemv_stream_bf16).
+#define GEMV_STREAM_ARGS w, x, y, norm_w, eps, units, cols, n, mode, round_x, lane_bytes, positions, kv_base, layer, n_layers, q_dim, kv_dim, hd, base, inv_freq
+template <int MODE, int N>
+__device__ __forceinline__ void gemv_stream_special(const bf16_t* __restrict__ w, GEMV_STREAM_PARAMS) {
+    RopeStore rs = {positions, kv_base, layer, n_layers, q_dim, kv_dim, hd, base, inv_freq};
+    gemv_stream_body<true, MODE >= 2 ? 2 : 1, MODE >= 2 ? 4 : 8, MODE, N, MODE == 3>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, &rs);
+}
+extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_bf16_m0(const bf16_t* __restrict__ w, GEMV_STREAM_PARAMS) { gemv_stream_special<0, 0>(GEMV_STREAM_ARGS); }
+extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_bf16_m1(const bf16_t* __restrict__ w, GEMV_STREAM_PARAMS) { gemv_stream_special<1, 0>(GEMV_STREAM_ARGS); }
+extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_bf16_m2(const bf16_t* __restrict__ w, GEMV_STREAM_PARAMS) { gemv_stream_special<2, 0>(GEMV_STREAM_ARGS); }
+extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_bf16_m3(const bf16_t* __restrict__ w, GEMV_STREAM_PARAMS) { gemv_stream_special<3, 0>(GEMV_STREAM_ARGS); }
+extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_bf16_m0_n1(const bf16_t* __restrict__ w, GEMV_STREAM_PARAMS) { gemv_stream_special<0, 1>(GEMV_STREAM_ARGS); }
+extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_bf16_m1_n1(const bf16_t* __restrict__ w, GEMV_STREAM_PARAMS) { gemv_stream_special<1, 1>(GEMV_STREAM_ARGS); }
+extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_bf16_m2_n1(const bf16_t* __restrict__ w, GEMV_STREAM_PARAMS) { gemv_stream_special<2, 1>(GEMV_STREAM_ARGS); }
+extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_bf16_m3_n1(const bf16_t* __restrict__ w, GEMV_STREAM_PARAMS) { gemv_stream_special<3, 1>(GEMV_STREAM_ARGS); }

@@ -17,11 +17,15 @@ struct RopeRow {
     float c, s;
 };
 
+// TABLE: the caller guarantees `inv_freq` (no f64 pow in the code: shorter, and every launch runs it
+// with a cold instruction cache).
+template <bool TABLE = false>
 __device__ __forceinline__ RopeRow rope_row(const RopeStore& rs, int t, int r) {
     RopeRow w = {1.0f, 0.0f};
     if (r < rs.q_dim + rs.kv_dim) {
         const int j = (r % rs.hd) / 2;
-        rope_cos_sin(rs.positions[t], rs.inv_freq ? rs.inv_freq[j] : rope_inv_freq(rs.base, j, rs.hd), &w.c, &w.s);
+        const double inv = TABLE || rs.inv_freq ? rs.inv_freq[j] : rope_inv_freq(rs.base, j, rs.hd);
+        rope_cos_sin(rs.positions[t], inv, &w.c, &w.s);
     }
     return w;
 }

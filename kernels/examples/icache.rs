@@ -1,5 +1,5 @@
 //! What a cold instruction cache costs on GPU 0: kernels of N straight-line FFMAs (16 bytes of machine
-//! code each, eight independent chains, one warp a block) time three passes over the same code within
+//! code each, eight independent chains: a warp can issue one a cycle, one warp a block) time three passes over the same code within
 //! a launch (pass 0 fetches the code, passes 1 and 2 find it cached), for launches that follow a load
 //! of the module (code in DRAM), a launch of the same kernel (code in L2 and maybe the SM) and a launch
 //! of a 256 KB kernel on every SM (code in L2, the SM's cache refilled with other code). One block, or
@@ -21,7 +21,7 @@ fn source(n: usize) -> String {
     let mut body = String::new();
     for i in 0..n {
         let k = i % 8;
-        body.push_str(&format!("a{k} = fmaf(a{k}, c, a{});\n", (k + 7) % 8));
+        body.push_str(&format!("a{k} = fmaf(a{k}, c, 1.0f);\n"));
     }
     format!(
         r#"

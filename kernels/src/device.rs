@@ -258,7 +258,12 @@ impl Device {
         let optin = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
         let per_sm =
             ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)? as usize;
-        let tuning = StreamTuning::new([&functions["gemv_stream_bf16"], &functions["gemv_stream_f32"]], optin, per_sm)?;
+        let streamed: Vec<&CudaFunction> = ["gemv_stream_bf16", "gemv_stream_f32"]
+            .into_iter()
+            .chain(stream::STREAM_BF16_BUILDS.into_iter().flatten())
+            .map(|kernel| &functions[kernel])
+            .collect();
+        let tuning = StreamTuning::new(&streamed, optin, per_sm)?;
         let programmatic = major >= 9 && std::env::var("CTXSCOPE_CUDA_PDL").map_or(true, |v| v != "0");
         let mut max_cluster = if major >= 9 { MAX_CLUSTER } else { 0 };
         if major >= 9 {
@@ -801,5 +806,17 @@ mod tests {
         assert!(cluster_smem_bytes(MAX_HEAD_DIM, MAX_GROUP, MAX_CLUSTER) <= 227 * 1024);
         // Clusters that do not divide the outputs (3 heads of 64 over 7 blocks): shares of 28 rounded up.
         assert_eq!(cluster_smem_bytes(64, 3, 7), 4 * (8_704 + 192 + 7 * 3 * 2 + 7 * 28 + 3 * 7));
+    }
+
+    #[test]
+    fn compile_time_builds_are_picked_only_for_their_shapes() {
+        assert_eq!(attn_cluster_kernel(64, 16), "attn_decode_cluster_hd64_c16");
+        assert_eq!(attn_cluster_kernel(128, 16), "attn_decode_cluster_hd128_c16");
+        for (hd, cluster) in [(64, 8), (128, 4), (96, 16), (80, 8)] {
+            assert_eq!(attn_cluster_kernel(hd, cluster), "attn_decode_cluster", "hd {hd}, clusters of {cluster}");
+        }
+        for kernel in ATTN_CLUSTER_KERNELS {
+            assert!(crate::KERNELS.contains(&kernel), "{kernel} is loaded");
+        }
     }
 }

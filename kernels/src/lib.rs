@@ -8,7 +8,7 @@ pub mod sources;
 pub use sources::{full_source, PRELUDE, SOURCES};
 
 /// Kernel entry points every source must define (checked by the tests, launched by the wrappers).
-pub const KERNELS: [&str; 25] = [
+pub const KERNELS: [&str; 33] = [
     "rmsnorm_f32",
     "embed_f32",
     "embed_bf16",
@@ -25,6 +25,14 @@ pub const KERNELS: [&str; 25] = [
     "gemv_qkv_rope_f32",
     "gemv_stream_bf16",
     "gemv_stream_f32",
+    "gemv_stream_bf16_m0",
+    "gemv_stream_bf16_m1",
+    "gemv_stream_bf16_m2",
+    "gemv_stream_bf16_m3",
+    "gemv_stream_bf16_m0_n1",
+    "gemv_stream_bf16_m1_n1",
+    "gemv_stream_bf16_m2_n1",
+    "gemv_stream_bf16_m3_n1",
     "attn_prefill",
     "attn_decode",
     "attn_decode_cluster",

@@ -21,6 +21,28 @@ pub struct StreamPlan {
     /// Dynamic shared memory: every thread's in-flight slots and the staged input rows.
     pub smem: usize,
     pub blocks: usize,
+    /// The kernel launched (`stream_kernel`).
+    pub kernel: &'static str,
+}
+
+/// The bf16 streamed GEMV's builds for one mode (0 to 3) at 128 bytes per lane: any number of token
+/// rows, then one (cuda/gemv.cu `gemv_stream_special`; mode 3's need RoPE's inverse-frequency table). Shorter code than the kernel that reads both
+/// at run time, which every launch runs with a cold instruction cache; the same operations.
+pub(super) const STREAM_BF16_BUILDS: [[&str; 2]; 4] = [
+    ["gemv_stream_bf16_m0", "gemv_stream_bf16_m0_n1"],
+    ["gemv_stream_bf16_m1", "gemv_stream_bf16_m1_n1"],
+    ["gemv_stream_bf16_m2", "gemv_stream_bf16_m2_n1"],
+    ["gemv_stream_bf16_m3", "gemv_stream_bf16_m3_n1"],
+];
+
+/// The streamed GEMV kernel for these weights, in-flight bytes per lane, mode and token rows: a build
+/// of its own where there is one, else the one that reads them at run time.
+fn stream_kernel(bf16: bool, lane_bytes: usize, mode: i32, n: usize) -> &'static str {
+    match (bf16, lane_bytes, usize::try_from(mode)) {
+        (true, 128, Ok(m)) if m < STREAM_BF16_BUILDS.len() => STREAM_BF16_BUILDS[m][usize::from(n == 1)],
+        (true, ..) => "gemv_stream_bf16",
+        (false, ..) => "gemv_stream_f32",
+    }
 }
 
 /// The norm applied to the input rows on the way in: (weight, epsilon).
@@ -51,9 +73,9 @@ pub struct StreamTuning {
 }
 
 impl StreamTuning {
-    /// Reads the environment and lets `kernels` (the two streamed GEMVs) take all the dynamic shared
+    /// Reads the environment and lets `kernels` (the streamed GEMVs) take all the dynamic shared
     /// memory a block may opt in to (`optin` less their static arrays), with the carveout asked for.
-    pub(super) fn new(kernels: [&CudaFunction; 2], optin: usize, smem_per_sm: usize) -> Result<StreamTuning, DeviceError> {
+    pub(super) fn new(kernels: &[&CudaFunction], optin: usize, smem_per_sm: usize) -> Result<StreamTuning, DeviceError> {
         let var = |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
         let carveout = var("CTXSCOPE_CUDA_CARVEOUT", 100).min(100) as i32;
         let mut smem_limit = optin;
@@ -147,7 +169,7 @@ impl Device {
             return None;
         }
         // Every block must be resident at once (each owns a share of the work): no more per SM than fit.
-        let kernel = if matches!(w.data, MatrixData::Bf16(_)) { "gemv_stream_bf16" } else { "gemv_stream_f32" };
+        let kernel = stream_kernel(matches!(w.data, MatrixData::Bf16(_)), lane_bytes, mode, n);
         let function = self.function(kernel);
         let fit =
             |smem: usize| function.occupancy_max_active_blocks_per_multiprocessor(THREADS as u32, smem, None).ok().map(|f| f as usize);
@@ -165,7 +187,7 @@ impl Device {
                 smem = padded;
             }
         }
-        (blocks > 0).then_some(StreamPlan { units, lane_bytes, smem, blocks })
+        (blocks > 0).then_some(StreamPlan { units, lane_bytes, smem, blocks, kernel })
     }
 
     /// `y[t] (mode)= W x[t]` for `n` token rows, streaming W through shared memory; `norm` normalizes
@@ -253,31 +275,13 @@ impl Device {
         let cfg =
             LaunchConfig { grid_dim: (plan.blocks as u32, 1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: plan.smem as u32 };
         let (positions, kv_base, inv_freq) = (&rope[0], &rope[1], &rope[2]);
+        // Mode 3's builds take the inverse-frequency table; without one, the kernel that can do without
+        // (its blocks fit as the build's: both are held to 64 registers by their launch bounds).
+        let kernel = if op == StreamOp::QkvRope && *inv_freq == 0 { "gemv_stream_bf16" } else { plan.kernel };
         match &w.data {
             MatrixData::Bf16(m) => launch!(
-                self,
-                "gemv_stream_bf16",
-                cfg,
-                m,
-                x,
-                y,
-                &norm_w,
-                &eps,
-                &args[0],
-                &args[1],
-                &args[2],
-                &args[3],
-                &args[4],
-                &args[5],
-                positions,
-                kv_base,
-                &ints[0],
-                &ints[1],
-                &ints[2],
-                &ints[3],
-                &ints[4],
-                &base,
-                inv_freq
+                self, kernel, cfg, m, x, y, &norm_w, &eps, &args[0], &args[1], &args[2], &args[3], &args[4], &args[5], positions, kv_base,
+                &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &base, inv_freq
             ),
             MatrixData::F32(m) => launch!(
                 self,
@@ -304,6 +308,24 @@ impl Device {
                 &base,
                 inv_freq
             ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_launches_at_128_bytes_a_lane_get_their_mode_and_row_count_build() {
+        assert_eq!(stream_kernel(true, 128, 3, 1), "gemv_stream_bf16_m3_n1");
+        assert_eq!(stream_kernel(true, 128, 2, 3), "gemv_stream_bf16_m2");
+        assert_eq!(stream_kernel(true, 128, 0, 1), "gemv_stream_bf16_m0_n1");
+        assert_eq!(stream_kernel(true, 256, 1, 1), "gemv_stream_bf16");
+        assert_eq!(stream_kernel(true, 128, 4, 1), "gemv_stream_bf16");
+        assert_eq!(stream_kernel(false, 128, 1, 1), "gemv_stream_f32");
+        for kernel in STREAM_BF16_BUILDS.into_iter().flatten() {
+            assert!(crate::KERNELS.contains(&kernel), "{kernel} is loaded");
         }
     }
 }

@@ -265,8 +265,9 @@ impl Device {
             .collect();
         let tuning = StreamTuning::new(&streamed, optin, per_sm)?;
         let programmatic = major >= 9 && std::env::var("CTXSCOPE_CUDA_PDL").map_or(true, |v| v != "0");
-        let mut max_cluster = if major >= 9 { MAX_CLUSTER } else { 0 };
+        let mut max_cluster = 0;
         if major >= 9 {
+            max_cluster = MAX_CLUSTER;
             for kernel in ATTN_CLUSTER_KERNELS {
                 max_cluster = max_cluster.min(cluster_attributes(&functions[kernel], optin)?);
             }

@@ -21,13 +21,15 @@ pub struct StreamPlan {
     /// Dynamic shared memory: every thread's in-flight slots and the staged input rows.
     pub smem: usize,
     pub blocks: usize,
-    /// The kernel launched (`stream_kernel`).
+    /// The kernel launched (`stream_kernel`), except that a QKV launch without RoPE's
+    /// inverse-frequency table runs `gemv_stream_bf16` instead (`stream_launch`).
     pub kernel: &'static str,
 }
 
 /// The bf16 streamed GEMV's builds for one mode (0 to 3) at 128 bytes per lane: any number of token
-/// rows, then one (cuda/gemv.cu `gemv_stream_special`; mode 3's need RoPE's inverse-frequency table). Shorter code than the kernel that reads both
-/// at run time, which every launch runs with a cold instruction cache; the same operations.
+/// rows, then one (cuda/gemv.cu `gemv_stream_special`; mode 3's need RoPE's inverse-frequency table).
+/// Shorter code than the kernel that reads both at run time, which every launch runs with a cold
+/// instruction cache; the same operations.
 pub(super) const STREAM_BF16_BUILDS: [[&str; 2]; 4] = [
     ["gemv_stream_bf16_m0", "gemv_stream_bf16_m0_n1"],
     ["gemv_stream_bf16_m1", "gemv_stream_bf16_m1_n1"],

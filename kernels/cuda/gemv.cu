@@ -143,6 +143,8 @@ extern "C" __global__ void gemv_qkv_rope_f32(const float* __restrict__ w, const 
 
 #define STREAM_THREADS 256
 #define STREAM_WARPS (STREAM_THREADS / 32)
+// Input loads each thread keeps in flight while staging a row (gemv_stream_body).
+#define STAGE_LOADS 16
 
 // Unit u's output for token row t from its dot products s (and v: the up row, or the pair's second row).
 __device__ __forceinline__ void stream_epilogue(int mode, float* y, int units, int u, int t, float s, float v, const RopeStore* rs, const RopeRow& rr) {
@@ -228,11 +230,26 @@ __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, con
     for (int t = 0; t < n; t++) {
         const float* row = x + (size_t)t * cols;
         float* xr = xs + (size_t)t * cols;
+        // The row's loads all leave before the first is used, STAGE_LOADS per thread at a time: this
+        // is the kernel's first wait on the previous kernel's output, and each load waited for in turn
+        // costs a round trip to L2 (a loop unrolled by the compiler runs its remainder, all of a
+        // narrow row's columns, one load at a time). Loads past the row read its last column instead
+        // of being predicated (predicates run out at 7, and the loads then go out in groups); only the
+        // uses are skipped, so the sum keeps its order.
         float sum = 0.0f;
-        for (int i = threadIdx.x; i < cols; i += STREAM_THREADS) {
-            float v = row[i];
-            sum += v * v;
-            xr[i] = v;
+#pragma unroll 1
+        for (int base = threadIdx.x; base < cols; base += STAGE_LOADS * STREAM_THREADS) {
+            float v[STAGE_LOADS];
+#pragma unroll
+            for (int k = 0; k < STAGE_LOADS; k++) v[k] = row[min(base + k * STREAM_THREADS, cols - 1)];
+#pragma unroll
+            for (int k = 0; k < STAGE_LOADS; k++) {
+                const int i = base + k * STREAM_THREADS;
+                if (i < cols) {
+                    sum += v[k] * v[k];
+                    xr[i] = v[k];
+                }
+            }
         }
         if (norm_w) {
             cp_async_wait<D - 1>();  // the first group (with the norm weight) has landed

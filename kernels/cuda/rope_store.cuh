@@ -24,7 +24,7 @@ __device__ __forceinline__ RopeRow rope_row(const RopeStore& rs, int t, int r) {
     RopeRow w = {1.0f, 0.0f};
     if (r < rs.q_dim + rs.kv_dim) {
         const int j = (r % rs.hd) / 2;
-        const double inv = TABLE || rs.inv_freq ? rs.inv_freq[j] : rope_inv_freq(rs.base, j, rs.hd);
+        const double inv = (TABLE || rs.inv_freq) ? rs.inv_freq[j] : rope_inv_freq(rs.base, j, rs.hd);
         rope_cos_sin(rs.positions[t], inv, &w.c, &w.s);
     }
     return w;

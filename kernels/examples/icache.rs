@@ -1,10 +1,11 @@
 //! What a cold instruction cache costs on GPU 0: kernels of N straight-line FFMAs (16 bytes of machine
-//! code each, eight independent chains: a warp can issue one a cycle, one warp a block) time three passes over the same code within
-//! a launch (pass 0 fetches the code, passes 1 and 2 find it cached), for launches that follow a load
-//! of the module (code in DRAM), a launch of the same kernel (code in L2 and maybe the SM) and a launch
-//! of a 256 KB kernel on every SM (code in L2, the SM's cache refilled with other code). One block, or
-//! one per SM at once (they share the L2's fetches). A decode step runs each kernel once per launch,
-//! so its launches pay pass 0's price: this says how much machine code costs in time.
+//! code each, eight independent chains: a warp can issue one a cycle, one warp a block) time three
+//! passes over the same code within a launch (pass 0 fetches the code, passes 1 and 2 find it cached),
+//! for launches that follow a load of the module (code in DRAM), a launch of the same kernel (code in
+//! L2 and maybe the SM) and a launch of a 256 KB kernel on every SM (code in L2, the SM's cache
+//! refilled with other code). One block, or one per SM at once (they share the L2's fetches). A decode
+//! step runs each kernel once per launch, so its launches pay pass 0's price: this says how much
+//! machine code costs in time.
 //! `cargo run --release -p ctxscope-kernels --features cuda --example icache` on a GPU machine (sm_90:
 //! `CUBIN_DIR=dir` first where NVRTC is, then `ICACHE_CUBIN=dir/icache.cubin` there; ptxas takes
 //! minutes over the longest kernels).

@@ -207,11 +207,15 @@ __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, con
         issued++;
         cp_async_commit();  // empty groups too: one group per iteration
     };
-    // Weights (the norm weight rides in the first group) do not depend on the previous kernel: start
-    // them before waiting for it.
+    // Weights do not depend on the previous kernel: start them before waiting for it. The norm weight
+    // goes first, in a group of its own (empty without a norm), so that the norm waits for it alone: a
+    // block that starts only as the previous kernel's blocks leave issues its copies at its release,
+    // and its first weight chunk from memory then queues behind every other block's (measured: most
+    // of gate/up's and the LM head's staging).
     if (norm_w) {
         for (int i = 4 * threadIdx.x; i < cols; i += 4 * STREAM_THREADS) cp_async16(gs + i, norm_w + i);
     }
+    cp_async_commit();
     // A loop, not unrolled: a block that starts only as the previous kernel's blocks leave runs this
     // before its wait with a cold instruction cache, so its length is latency.
 #pragma unroll 1
@@ -252,7 +256,7 @@ __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, con
             }
         }
         if (norm_w) {
-            cp_async_wait<D - 1>();  // the first group (with the norm weight) has landed
+            cp_async_wait<D>();  // the norm weight's group has landed (the D weight groups after it need not)
             float scale = 1.0f / sqrtf(block_sum(sum, scratch) / cols + eps);
             for (int i = threadIdx.x; i < cols; i += STREAM_THREADS) xr[i] = xr[i] * scale * gs[i];
         }
@@ -269,7 +273,7 @@ __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, con
 #pragma unroll
         for (int t = 0; t < GEMV_MAX_N; t++) acc[t] = acc2[t] = 0.0f;
         for (int j = 0; j < per_unit; j++, step++) {
-            cp_async_wait<D - 1>();  // this lane's iteration `step` has landed
+            cp_async_wait<D - 1>();  // this lane's iteration `step` has landed (and the norm weight's group before them)
             const int c = lane + 32 * j;
             if (c < chunks) {
                 const int slot = (step & (D - 1)) * K;

@@ -147,13 +147,15 @@ extern "C" __global__ void gemv_qkv_rope_f32(const float* __restrict__ w, const 
 #define STAGE_LOADS 16
 
 // Unit u's output for token row t from its dot products s (and v: the up row, or the pair's second row).
-__device__ __forceinline__ void stream_epilogue(int mode, float* y, int units, int u, int t, float s, float v, const RopeStore* rs, const RopeRow& rr) {
+// `res`: mode 1's residual for row t, loaded when the unit began.
+__device__ __forceinline__ void stream_epilogue(int mode, float* y, int units, int u, int t, float s, float v, float res, const RopeStore* rs,
+                                                const RopeRow& rr) {
     if (mode == 3) {
         rope_store_row(*rs, rr, y, t, 2 * u, s, v);
     } else {
         float* dst = y + (size_t)t * units + u;
         if (mode == 2) *dst = s / (1.0f + expf(-s)) * v;
-        else *dst = mode == 1 ? *dst + s : s;
+        else *dst = mode == 1 ? res + s : s;
     }
 }
 
@@ -269,6 +271,8 @@ __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, con
 
     int step = 0;
     for (int u = ua; u < ub; u++) {
+        // Mode 1: lane t (< n) loads row t's residual now, so that the unit's end does not wait on it.
+        const float res = mode == 1 && lane < n ? y[(size_t)lane * units + u] : 0.0f;
         float acc[GEMV_MAX_N], acc2[GEMV_MAX_N];
 #pragma unroll
         for (int t = 0; t < GEMV_MAX_N; t++) acc[t] = acc2[t] = 0.0f;
@@ -305,7 +309,7 @@ __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, con
         for (int t = 0; t < GEMV_MAX_N; t++) {
             if (t >= n) break;
             float s = warp_sum(acc[t]), v = K == 2 ? warp_sum(acc2[t]) : 0.0f;
-            if (lane == t) stream_epilogue(mode, y, units, u, t, s, v, rs, rr);
+            if (lane == t) stream_epilogue(mode, y, units, u, t, s, v, res, rs, rr);
         }
         prepare(u + 1);
     }

@@ -242,9 +242,13 @@ async fn bad_input_gets_the_upstream_answer_or_a_clear_error_and_the_proxy_keeps
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<http_body_util::Full<bytes::Bytes>>();
     let request = http::Request::post(&url).header("x-script", "reset").body(http_body_util::Full::new(bytes::Bytes::from(body))).unwrap();
-    let response = client.request(request).await.unwrap();
-    assert_eq!(response.status(), 200);
-    assert!(response.into_body().collect().await.is_err(), "a reset upstream stream must not look complete");
+    // The client sees the cut: the body ends in an error, or (seen on a loaded machine, the upstream's
+    // head, first events and reset reaching the proxy together) the connection closes before the head
+    // arrives. Neither can be taken for a complete stream.
+    if let Ok(response) = client.request(request).await {
+        assert_eq!(response.status(), 200);
+        assert!(response.into_body().collect().await.is_err(), "a reset upstream stream must not look complete");
+    }
     // Still serving, and the damage is on record.
     let ok = post_json(&url, &[], &chat(json!([{"role": "user", "content": "still there?"}]), false)).await;
     assert_eq!(ok.status, 200);

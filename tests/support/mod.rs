@@ -170,16 +170,21 @@ impl Raw {
 }
 
 pub async fn send(method: &str, url: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Raw {
+    try_send(method, url, headers, body).await.expect("request")
+}
+
+/// `send`, with a failed connection or request as an error instead of a panic.
+pub async fn try_send(method: &str, url: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Result<Raw, hyper_util::client::legacy::Error> {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let mut request = http::Request::builder().method(method).uri(url);
     for (k, v) in headers {
         request = request.header(*k, *v);
     }
-    let response = client.request(request.body(Full::new(Bytes::from(body))).unwrap()).await.expect("request");
+    let response = client.request(request.body(Full::new(Bytes::from(body))).unwrap()).await?;
     let status = response.status().as_u16();
     let headers = response.headers().clone();
     let body = response.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-    Raw { status, headers, body }
+    Ok(Raw { status, headers, body })
 }
 
 pub async fn post_json(url: &str, headers: &[(&str, &str)], value: &serde_json::Value) -> Raw {
@@ -215,12 +220,15 @@ pub fn all_bytes(dir: &Path) -> Vec<u8> {
     out
 }
 
-/// Polls `url` until it answers 200, for at most `within`.
+/// Polls `url` until it answers 200, for at most `within`; a connection refused or reset while the
+/// server starts is "not yet" (seen on a loaded machine: a reset right after a connect succeeded).
 pub async fn wait_http_ok(url: &str, within: Duration) {
     let deadline = Instant::now() + within;
     let authority = url.trim_start_matches("http://").split('/').next().unwrap_or_default().to_string();
     loop {
-        if std::net::TcpStream::connect(&authority).is_ok() && send("GET", url, &[], Vec::new()).await.status == 200 {
+        if std::net::TcpStream::connect(&authority).is_ok()
+            && try_send("GET", url, &[], Vec::new()).await.is_ok_and(|raw| raw.status == 200)
+        {
             return;
         }
         assert!(Instant::now() < deadline, "{url} never answered 200 within {within:?}");

@@ -162,8 +162,10 @@ __device__ __forceinline__ void stream_epilogue(int mode, float* y, int units, i
 // K rows per unit (1: modes 0, 1; 2: modes 2, 3), D (a power of two) iterations in flight per lane.
 // Shared memory: the lanes' slots, then the n input rows, then the norm weight.
 // MODE >= 0 and N > 0 fix the mode and the token rows at compile time (else `mode_arg`, `n_arg`);
-// TABLE: mode 3 is always given RoPE's inverse-frequency table.
-template <bool BF16, int K, int D, int MODE = -1, int N = 0, bool TABLE = false>
+// TABLE: mode 3 is always given RoPE's inverse-frequency table. PRE (< D; -1: D) of the D iterations
+// are issued before the wait, the rest once the first input loads have left, so that a block starting
+// after its release does not queue its input row behind all of its own weight copies.
+template <bool BF16, int K, int D, int MODE = -1, int N = 0, bool TABLE = false, int PRE = -1>
 __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
                                                  const float* __restrict__ norm_w, float eps, int units, int cols, int n_arg,
                                                  int mode_arg, int round_x, const RopeStore* rs) {
@@ -220,8 +222,17 @@ __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, con
     cp_async_commit();
     // A loop, not unrolled: a block that starts only as the previous kernel's blocks leave runs this
     // before its wait with a cold instruction cache, so its length is latency.
+    constexpr int pre = PRE < 0 || PRE > D ? D : PRE;
 #pragma unroll 1
-    for (int i = 0; i < D; i++) issue_next();
+    for (int i = 0; i < pre; i++) issue_next();
+    bool deferred = pre < D;  // iterations pre .. D - 1 still to issue
+    auto issue_deferred = [&]() {
+        if (deferred) {
+#pragma unroll 1
+            for (int i = pre; i < D; i++) issue_next();
+            deferred = false;
+        }
+    };
     // Mode 3: lane t (< n) prepares token row t's rotation of the unit at hand (positions and cache
     // bases are written by the host before a pass, never by a kernel), and stores row t's outputs.
     RopeRow rr = {1.0f, 0.0f};
@@ -248,6 +259,7 @@ __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, con
             float v[STAGE_LOADS];
 #pragma unroll
             for (int k = 0; k < STAGE_LOADS; k++) v[k] = row[min(base + k * STREAM_THREADS, cols - 1)];
+            issue_deferred();
 #pragma unroll
             for (int k = 0; k < STAGE_LOADS; k++) {
                 const int i = base + k * STREAM_THREADS;
@@ -257,6 +269,7 @@ __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, con
                 }
             }
         }
+        issue_deferred();  // before the norm's wait, which counts D groups after the norm weight's
         if (norm_w) {
             cp_async_wait<D>();  // the norm weight's group has landed (the D weight groups after it need not)
             float scale = 1.0f / sqrtf(block_sum(sum, scratch) / cols + eps);
@@ -350,11 +363,41 @@ extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_f32(
 
 // Builds for one mode at 128 bytes per lane, any n or one row (Device::stream_plan picks them); mode 3's
 // take RoPE's inverse-frequency table (launches without one run gemv_stream_bf16).
+// For measurements (CTXSCOPE_CUDA_DEFINES, kernels/src/settings.rs), per mode: GEMV_RING_M<mode>, the
+// iterations in flight (a power of two, at most the default: the host sizes shared memory for 128 B
+// a lane), and GEMV_PRE_M<mode>, how many of them leave before the wait (default all).
+#ifndef GEMV_RING_M0
+#define GEMV_RING_M0 8
+#endif
+#ifndef GEMV_RING_M1
+#define GEMV_RING_M1 8
+#endif
+#ifndef GEMV_RING_M2
+#define GEMV_RING_M2 4
+#endif
+#ifndef GEMV_RING_M3
+#define GEMV_RING_M3 4
+#endif
+#ifndef GEMV_PRE_M0
+#define GEMV_PRE_M0 -1
+#endif
+#ifndef GEMV_PRE_M1
+#define GEMV_PRE_M1 -1
+#endif
+#ifndef GEMV_PRE_M2
+#define GEMV_PRE_M2 -1
+#endif
+#ifndef GEMV_PRE_M3
+#define GEMV_PRE_M3 -1
+#endif
+static_assert(GEMV_RING_M0 <= 8 && GEMV_RING_M1 <= 8 && GEMV_RING_M2 <= 4 && GEMV_RING_M3 <= 4, "the host sizes the ring for 128 B a lane");
 #define GEMV_STREAM_ARGS w, x, y, norm_w, eps, units, cols, n, mode, round_x, lane_bytes, positions, kv_base, layer, n_layers, q_dim, kv_dim, hd, base, inv_freq
 template <int MODE, int N>
 __device__ __forceinline__ void gemv_stream_special(const bf16_t* __restrict__ w, GEMV_STREAM_PARAMS) {
     RopeStore rs = {positions, kv_base, layer, n_layers, q_dim, kv_dim, hd, base, inv_freq};
-    gemv_stream_body<true, MODE >= 2 ? 2 : 1, MODE >= 2 ? 4 : 8, MODE, N, MODE == 3>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, &rs);
+    constexpr int ring = MODE == 0 ? GEMV_RING_M0 : MODE == 1 ? GEMV_RING_M1 : MODE == 2 ? GEMV_RING_M2 : GEMV_RING_M3;
+    constexpr int pre = MODE == 0 ? GEMV_PRE_M0 : MODE == 1 ? GEMV_PRE_M1 : MODE == 2 ? GEMV_PRE_M2 : GEMV_PRE_M3;
+    gemv_stream_body<true, MODE >= 2 ? 2 : 1, ring, MODE, N, MODE == 3, pre>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, &rs);
 }
 extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_bf16_m0(const bf16_t* __restrict__ w, GEMV_STREAM_PARAMS) { gemv_stream_special<0, 0>(GEMV_STREAM_ARGS); }
 extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_bf16_m1(const bf16_t* __restrict__ w, GEMV_STREAM_PARAMS) { gemv_stream_special<1, 0>(GEMV_STREAM_ARGS); }

@@ -218,7 +218,7 @@ fn opt_in_smem(f: &CudaFunction, optin: usize) -> Result<usize, DeviceError> {
 impl Device {
     /// Opens GPU `ordinal` with the kernel settings of the environment (`KernelSettings::from_env`).
     pub fn new(ordinal: usize) -> Result<Device, DeviceError> {
-        Device::open(ordinal, &KernelSettings::from_env())
+        Device::open(ordinal, &KernelSettings::from_env()?)
     }
 
     /// Opens GPU `ordinal` on a stream of its own (graph capture needs one) and loads every kernel

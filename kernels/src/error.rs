@@ -22,4 +22,6 @@ pub enum DeviceError {
     Blas(String),
     #[error("kernel trace: {0}")]
     Trace(&'static str),
+    #[error(transparent)]
+    Settings(#[from] crate::settings::BadDefine),
 }

@@ -53,7 +53,7 @@ pub(crate) fn load_modules(
     settings: &KernelSettings,
 ) -> Result<Vec<(Arc<CudaModule>, ModuleReport)>, DeviceError> {
     let started = Instant::now();
-    let options: Vec<String> = if settings.trace { vec!["-DCTX_TRACE".to_string()] } else { Vec::new() };
+    let options = settings.options();
     let sources: Vec<(&'static str, String)> = SOURCES.iter().map(|(module, source)| (*module, full_source(source))).collect();
     let cache = KernelCache::new(settings.cache_dir.clone().map(DirStore::new));
     // 1. Built in, when made from these very sources for this architecture (the key says so).
@@ -61,7 +61,7 @@ pub(crate) fn load_modules(
         .iter()
         .map(|(module, full)| {
             let t = Instant::now();
-            let entry = built_in::ENTRIES.iter().find(|(m, a, _)| m == module && *a == arch).filter(|_| settings.built_in)?;
+            let entry = built_in::ENTRIES.iter().find(|(m, a, _)| m == module && *a == arch).filter(|_| settings.built_in_usable())?;
             let key = Key::new(module, full, arch, built_in::COMPILER, &options);
             let code = decode(&key, entry.2).ok()?;
             Some((code.to_vec(), Origin::BuiltIn, t.elapsed()))

@@ -26,7 +26,7 @@ grep -qx "/devcheck/" "$exclude" 2>/dev/null || echo "/devcheck/" >> "$exclude"
 target="${DEVCHECK_TARGET_DIR:-target/devcheck}"
 export CTXSCOPE_CUDA_AOT_ARCH="${DEVCHECK_AOT_ARCH-sm_90}"
 if [ -n "$CTXSCOPE_CUDA_AOT_ARCH" ]; then
-  python3 -m pip install --quiet --disable-pip-version-check nvidia-cuda-nvrtc==13.5.37 >&2
+  python3 -m pip install --quiet --disable-pip-version-check nvidia-cuda-nvrtc==13.0.88 >&2
   nvrtc_lib="$(python3 -c 'import nvidia.cu13, os; print(os.path.join(list(nvidia.cu13.__path__)[0], "lib"))')"
   export LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi

@@ -49,7 +49,7 @@ step cargo clippy --workspace --all-targets --locked -- -D warnings
 step cargo test --workspace --locked --no-fail-fast
 # The CUDA backend builds here too (no GPU needed: CUDA is loaded at run time), and every kernel module
 # compiles to Hopper machine code with NVRTC from PyPI; its GPU tests skip, saying so, without a GPU.
-python3 -m pip install --quiet --disable-pip-version-check nvidia-cuda-nvrtc==13.5.37
+python3 -m pip install --quiet --disable-pip-version-check nvidia-cuda-nvrtc==13.0.88
 nvrtc_lib="$(python3 -c 'import nvidia.cu13, os; print(os.path.join(list(nvidia.cu13.__path__)[0], "lib"))')"
 step env CTXSCOPE_REQUIRE_NVRTC=1 LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     cargo test --locked --no-fail-fast -p ctxscope-kernels --features cuda

@@ -169,6 +169,7 @@ template <bool BF16, int K, int D, int MODE = -1, int N = 0, bool TABLE = false,
 __device__ __forceinline__ void gemv_stream_body(const void* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
                                                  const float* __restrict__ norm_w, float eps, int units, int cols, int n_arg,
                                                  int mode_arg, int round_x, const RopeStore* rs) {
+    static_assert(D > 0 && (D & (D - 1)) == 0, "the ring's depth is a power of two (its slot index is masked)");
     const int mode = MODE >= 0 ? MODE : mode_arg, n = N > 0 ? N : n_arg;
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ float scratch[33];
@@ -392,11 +393,12 @@ extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_f32(
 #endif
 static_assert(GEMV_RING_M0 <= 8 && GEMV_RING_M1 <= 8 && GEMV_RING_M2 <= 4 && GEMV_RING_M3 <= 4, "the host sizes the ring for 128 B a lane");
 #define GEMV_STREAM_ARGS w, x, y, norm_w, eps, units, cols, n, mode, round_x, lane_bytes, positions, kv_base, layer, n_layers, q_dim, kv_dim, hd, base, inv_freq
-template <int MODE, int N>
+// EARLY: one ring iteration before the wait whatever GEMV_PRE_M<mode> says (the `_p1` builds).
+template <int MODE, int N, bool EARLY = false>
 __device__ __forceinline__ void gemv_stream_special(const bf16_t* __restrict__ w, GEMV_STREAM_PARAMS) {
     RopeStore rs = {positions, kv_base, layer, n_layers, q_dim, kv_dim, hd, base, inv_freq};
     constexpr int ring = MODE == 0 ? GEMV_RING_M0 : MODE == 1 ? GEMV_RING_M1 : MODE == 2 ? GEMV_RING_M2 : GEMV_RING_M3;
-    constexpr int pre = MODE == 0 ? GEMV_PRE_M0 : MODE == 1 ? GEMV_PRE_M1 : MODE == 2 ? GEMV_PRE_M2 : GEMV_PRE_M3;
+    constexpr int pre = EARLY ? 1 : MODE == 0 ? GEMV_PRE_M0 : MODE == 1 ? GEMV_PRE_M1 : MODE == 2 ? GEMV_PRE_M2 : GEMV_PRE_M3;
     gemv_stream_body<true, MODE >= 2 ? 2 : 1, ring, MODE, N, MODE == 3, pre>(w, x, y, norm_w, eps, units, cols, n, mode, round_x, &rs);
 }
 extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_bf16_m0(const bf16_t* __restrict__ w, GEMV_STREAM_PARAMS) { gemv_stream_special<0, 0>(GEMV_STREAM_ARGS); }
@@ -407,3 +409,7 @@ extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_bf16
 extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_bf16_m1_n1(const bf16_t* __restrict__ w, GEMV_STREAM_PARAMS) { gemv_stream_special<1, 1>(GEMV_STREAM_ARGS); }
 extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_bf16_m2_n1(const bf16_t* __restrict__ w, GEMV_STREAM_PARAMS) { gemv_stream_special<2, 1>(GEMV_STREAM_ARGS); }
 extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_bf16_m3_n1(const bf16_t* __restrict__ w, GEMV_STREAM_PARAMS) { gemv_stream_special<3, 1>(GEMV_STREAM_ARGS); }
+// QKV builds that issue one ring iteration before the wait (Device::stream_plan picks them where a
+// warp's share of the weights exceeds its ring, so that its input row does not queue behind its ring).
+extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_bf16_m3_p1(const bf16_t* __restrict__ w, GEMV_STREAM_PARAMS) { gemv_stream_special<3, 0, true>(GEMV_STREAM_ARGS); }
+extern "C" __global__ void __launch_bounds__(STREAM_THREADS, 4) gemv_stream_bf16_m3_n1_p1(const bf16_t* __restrict__ w, GEMV_STREAM_PARAMS) { gemv_stream_special<3, 1, true>(GEMV_STREAM_ARGS); }

@@ -261,6 +261,7 @@ impl Device {
         let streamed: Vec<&CudaFunction> = ["gemv_stream_bf16", "gemv_stream_f32"]
             .into_iter()
             .chain(stream::STREAM_BF16_BUILDS.into_iter().flatten())
+            .chain(stream::STREAM_QKV_EARLY_BUILDS)
             .map(|kernel| &functions[kernel])
             .collect();
         let tuning = StreamTuning::new(&streamed, optin, per_sm)?;

@@ -8,7 +8,7 @@ pub mod sources;
 pub use sources::{full_source, PRELUDE, SOURCES};
 
 /// Kernel entry points every source must define (checked by the tests, launched by the wrappers).
-pub const KERNELS: [&str; 33] = [
+pub const KERNELS: [&str; 35] = [
     "rmsnorm_f32",
     "embed_f32",
     "embed_bf16",
@@ -33,6 +33,8 @@ pub const KERNELS: [&str; 33] = [
     "gemv_stream_bf16_m1_n1",
     "gemv_stream_bf16_m2_n1",
     "gemv_stream_bf16_m3_n1",
+    "gemv_stream_bf16_m3_p1",
+    "gemv_stream_bf16_m3_n1_p1",
     "attn_prefill",
     "attn_decode",
     "attn_decode_cluster",

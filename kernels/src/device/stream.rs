@@ -37,6 +37,25 @@ pub(super) const STREAM_BF16_BUILDS: [[&str; 2]; 4] = [
     ["gemv_stream_bf16_m3", "gemv_stream_bf16_m3_n1"],
 ];
 
+/// Mode 3's builds that issue one ring iteration before waiting for the kernel before them (any
+/// number of token rows, then one): `work_out_plan` picks them when `issues_one_early`.
+pub(super) const STREAM_QKV_EARLY_BUILDS: [&str; 2] = ["gemv_stream_bf16_m3_p1", "gemv_stream_bf16_m3_n1_p1"];
+
+/// Ring iterations in flight per lane in mode 3's builds (cuda/gemv.cu `GEMV_RING_M3`).
+const QKV_RING: usize = 4;
+
+/// Whether a QKV launch of `blocks` blocks over `units` RoPE pairs of `cols` columns should issue one
+/// ring iteration before its wait rather than the whole ring: when a warp's share of the weights takes
+/// more iterations than its ring holds, it must fetch after the input row is staged anyway, and the
+/// input row's loads should not queue behind its own ring at the release (measured on the H200: the 1B
+/// shape's QKV, 8 iterations a warp, 770 → 761 µs a step; the 135M shape's, 3 iterations, loses 3.5 µs
+/// with it, so a share that fits keeps the whole ring early). The other modes lose with fewer early
+/// (BENCHMARKS.md's change table).
+fn issues_one_early(units: usize, cols: usize, blocks: usize) -> bool {
+    let units_per_warp = units.div_ceil(blocks * (THREADS / 32));
+    units_per_warp * (cols / 8).div_ceil(32) > QKV_RING
+}
+
 /// The streamed GEMV kernel for these weights, in-flight bytes per lane, mode and token rows: a build
 /// of its own where there is one, else the one that reads them at run time.
 fn stream_kernel(bf16: bool, lane_bytes: usize, mode: i32, n: usize) -> &'static str {
@@ -171,18 +190,26 @@ impl Device {
             return None;
         }
         // Every block must be resident at once (each owns a share of the work): no more per SM than fit.
-        let kernel = stream_kernel(matches!(w.data, MatrixData::Bf16(_)), lane_bytes, mode, n);
-        let function = self.function(kernel);
-        let fit =
-            |smem: usize| function.occupancy_max_active_blocks_per_multiprocessor(THREADS as u32, smem, None).ok().map(|f| f as usize);
-        let blocks = units.div_ceil(THREADS / 32).min(self.tuning.blocks_per_sm.min(fit(smem)?) * self.multiprocessors);
+        let fit = |kernel: &'static str, smem: usize| {
+            let function = self.function(kernel);
+            function.occupancy_max_active_blocks_per_multiprocessor(THREADS as u32, smem, None).ok().map(|f| f as usize)
+        };
+        let blocks_for =
+            |kernel| Some(units.div_ceil(THREADS / 32).min(self.tuning.blocks_per_sm.min(fit(kernel, smem)?) * self.multiprocessors));
+        let mut kernel = stream_kernel(matches!(w.data, MatrixData::Bf16(_)), lane_bytes, mode, n);
+        let mut blocks = blocks_for(kernel)?;
+        if STREAM_BF16_BUILDS[3].contains(&kernel) && blocks > 0 && issues_one_early(units, w.cols, blocks) {
+            // Fewer blocks (were the early build to fit fewer) only make each warp's share longer.
+            kernel = STREAM_QKV_EARLY_BUILDS[usize::from(n == 1)];
+            blocks = blocks_for(kernel)?;
+        }
         let mut smem = smem;
         if self.tuning.spread && blocks > 0 {
             // The least shared memory (in 1 KB steps from an even share of the SM's) with which an SM
             // holds at most its even share of the blocks.
             let share = blocks.div_ceil(self.multiprocessors);
             let mut padded = smem.max((self.tuning.smem_per_sm / (share + 1)) & !1023);
-            while padded <= self.tuning.smem_limit && fit(padded)? > share {
+            while padded <= self.tuning.smem_limit && fit(kernel, padded)? > share {
                 padded += 1024;
             }
             if padded <= self.tuning.smem_limit {
@@ -326,8 +353,19 @@ mod tests {
         assert_eq!(stream_kernel(true, 256, 1, 1), "gemv_stream_bf16");
         assert_eq!(stream_kernel(true, 128, 4, 1), "gemv_stream_bf16");
         assert_eq!(stream_kernel(false, 128, 1, 1), "gemv_stream_f32");
-        for kernel in STREAM_BF16_BUILDS.into_iter().flatten() {
+        for kernel in STREAM_BF16_BUILDS.into_iter().flatten().chain(STREAM_QKV_EARLY_BUILDS) {
             assert!(crate::KERNELS.contains(&kernel), "{kernel} is loaded");
         }
+    }
+
+    #[test]
+    fn qkv_issues_one_iteration_early_only_where_a_warps_share_outgrows_its_ring() {
+        // The 1B shape: 1,536 RoPE pairs of 2,048 columns in 192 blocks, one pair a warp, 8 iterations.
+        assert!(issues_one_early(1536, 2048, 192));
+        // The 135M shape: 480 pairs of 576 columns in 60 blocks, 3 iterations a warp: the ring holds them.
+        assert!(!issues_one_early(480, 576, 60));
+        // Exactly a ring (4 iterations: 1,024 columns) stays whole; two units of 3 iterations do not.
+        assert!(!issues_one_early(8, 1024, 1));
+        assert!(issues_one_early(16, 576, 1));
     }
 }

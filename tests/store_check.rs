@@ -36,19 +36,10 @@ fn check(data: &Path, repair: bool) -> (bool, String) {
     }
 }
 
-/// sled opened in this process: its background threads release the directory's lock a moment after
-/// the last handle is dropped, so opening again soon after waits for it.
+/// sled opened in this process, once the last handle's lock is let go (`ctxscope_testkit::sled_lock`).
 fn open_sled(data: &Path) -> sled::Db {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match sled::open(data) {
-            Ok(db) => return db,
-            Err(error) if error.to_string().contains("could not acquire lock") && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(error) => panic!("cannot open {}: {error}", data.display()),
-        }
-    }
+    ctxscope_testkit::sled_lock::when_unlocked(|| sled::open(data))
+        .unwrap_or_else(|error| panic!("cannot open {}: {error}", data.display()))
 }
 
 /// Whether one line of `text` holds every one of `parts`.

@@ -2,17 +2,9 @@
 
 use crate::StoreError;
 
-/// Opens a store again once sled has let go of its lock: its background threads release the
-/// directory lock a moment after the last handle is dropped, so a reopen right after a drop can
-/// fail with "could not acquire lock" (more often on a busy machine).
+/// Opens a store again once sled has let go of its lock (`ctxscope_testkit::sled_lock`), also
+/// waiting out the store's own `Locked` (a read-only open while the lock file is still held).
 pub(crate) fn unlocked<T>(open: impl Fn() -> Result<T, StoreError>) -> T {
-    for _ in 0..500 {
-        match open() {
-            Err(e) if e.to_string().contains("could not acquire lock") || matches!(e, StoreError::Locked { .. }) => {
-                std::thread::sleep(std::time::Duration::from_millis(20))
-            }
-            other => return other.unwrap(),
-        }
-    }
-    panic!("the store's lock was never released")
+    ctxscope_testkit::sled_lock::when_unlocked_or(open, |e| matches!(e, StoreError::Locked { .. }))
+        .expect("the store opens once its lock is released")
 }

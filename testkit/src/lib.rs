@@ -7,7 +7,9 @@
 //! frame, pacing, breaking or abandoning it ([`stream`]). What the upstream *says* is the test's; how
 //! it is served is here, once. The `scripted-upstream` binary serves one fixed OpenAI-compatible
 //! script on it in a process of its own, for the `openai`-client tests in tests/python.
+//! [`sled_lock`]: opening a sled database again while the last handle's lock is still being let go.
 
+pub mod sled_lock;
 pub mod upstream;
 
 pub use upstream::{json, raw, stream, Body, FakeUpstream, Options, Received, StreamWriter};

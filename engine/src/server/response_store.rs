@@ -90,17 +90,10 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    /// Opens the store again once sled has let go of its lock: its background threads release the
-    /// directory lock a moment after the last handle is dropped, so a reopen right after a drop can
-    /// fail with "could not acquire lock" (more often on a busy machine).
+    /// Opens the store again once sled has let go of its lock (`ctxscope_testkit::sled_lock`).
     fn reopen(dir: &Path) -> ResponseStore {
-        for _ in 0..500 {
-            match ResponseStore::open(dir) {
-                Err(e) if e.to_string().contains("could not acquire lock") => std::thread::sleep(std::time::Duration::from_millis(20)),
-                other => return other.unwrap(),
-            }
-        }
-        panic!("the responses store's lock was never released")
+        ctxscope_testkit::sled_lock::when_unlocked(|| ResponseStore::open(dir))
+            .expect("the responses store opens once its lock is released")
     }
 
     #[test]

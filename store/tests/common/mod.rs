@@ -18,17 +18,5 @@ pub fn open(dir: &std::path::Path) -> Store {
     unlocked(|| Store::open(dir, &StoreOptions::default())).unwrap()
 }
 
-/// Opens with `open`, retrying while sled's directory lock is still held: its background threads
-/// release the lock a moment after the last handle is dropped, so reopening right after a drop can
-/// fail with "could not acquire lock". Any other outcome is returned as it is.
-pub fn unlocked<T, E: std::fmt::Display>(mut open: impl FnMut() -> Result<T, E>) -> Result<T, E> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        match open() {
-            Err(error) if error.to_string().contains("could not acquire lock") && std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            other => return other,
-        }
-    }
-}
+/// Opens with `open`, retrying while sled's directory lock is still held (`ctxscope_testkit::sled_lock`).
+pub use ctxscope_testkit::sled_lock::when_unlocked as unlocked;

@@ -2,6 +2,7 @@
 // One block (1024 threads) per row of `vocab` logits.
 
 #define ARGMAX_HELD 8
+#define ARGMAX_MERGE_HELD 2
 
 // Greedy, one row over many blocks: grid (rows, blocks), 256 threads. Each block takes a slice of the
 // row: its maximum (first index on ties, as the host sampler), and the sum of exp(logit - its max);
@@ -81,12 +82,29 @@ extern "C" __global__ void argmax_logprob(const float* __restrict__ logits, int 
     __syncthreads();
     if (!last || warp != 0) return;
     __threadfence();
-    // Warp 0 of the last block merges the row's partials (blocks <= 1024, 32 per lane at most).
+    // Warp 0 of the last block merges the row's partials (blocks <= 1024, 32 per lane at most). A lane's
+    // first ARGMAX_MERGE_HELD partials are loaded at once and kept for the sum (one round trip to L2,
+    // not one for the maximum and another for the sum); more go on in loops. Same order either way.
+    const size_t part = (size_t)row * blocks;
+    float hv[ARGMAX_MERGE_HELD], hs[ARGMAX_MERGE_HELD];
+    int hx[ARGMAX_MERGE_HELD];
+#pragma unroll
+    for (int h = 0; h < ARGMAX_MERGE_HELD; h++) {
+        const int k = lane + 32 * h;
+        const bool in = k < blocks;
+        hv[h] = in ? __ldcg(&part_v[part + k]) : NEG_INF;
+        hx[h] = in ? __ldcg(&part_i[part + k]) : 0x7fffffff;
+        hs[h] = in ? __ldcg(&part_s[part + k]) : 0.0f;
+    }
     float m = NEG_INF;
     int idx = 0x7fffffff;
-    for (int k = lane; k < blocks; k += 32) {
-        float v = __ldcg(&part_v[(size_t)row * blocks + k]);
-        int i = __ldcg(&part_i[(size_t)row * blocks + k]);
+#pragma unroll
+    for (int h = 0; h < ARGMAX_MERGE_HELD; h++) {
+        if (hv[h] > m || (hv[h] == m && hx[h] < idx)) { m = hv[h]; idx = hx[h]; }
+    }
+    for (int k = lane + 32 * ARGMAX_MERGE_HELD; k < blocks; k += 32) {
+        float v = __ldcg(&part_v[part + k]);
+        int i = __ldcg(&part_i[part + k]);
         if (v > m || (v == m && i < idx)) { m = v; idx = i; }
     }
     for (int o = 16; o > 0; o >>= 1) {
@@ -95,9 +113,13 @@ extern "C" __global__ void argmax_logprob(const float* __restrict__ logits, int 
         if (ov > m || (ov == m && oi < idx)) { m = ov; idx = oi; }
     }
     float total = 0.0f;
-    for (int k = lane; k < blocks; k += 32) {
-        float v = __ldcg(&part_v[(size_t)row * blocks + k]);
-        if (v != NEG_INF) total += __ldcg(&part_s[(size_t)row * blocks + k]) * expf(v - m);
+#pragma unroll
+    for (int h = 0; h < ARGMAX_MERGE_HELD; h++) {
+        if (hv[h] != NEG_INF) total += hs[h] * expf(hv[h] - m);
+    }
+    for (int k = lane + 32 * ARGMAX_MERGE_HELD; k < blocks; k += 32) {
+        float v = __ldcg(&part_v[part + k]);
+        if (v != NEG_INF) total += __ldcg(&part_s[part + k]) * expf(v - m);
     }
     total = warp_sum(total);
     // A row with no maximum (every logit NaN, or -inf) picks token 0, as the host's argmax does, not

@@ -258,12 +258,7 @@ impl Device {
         let optin = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
         let per_sm =
             ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)? as usize;
-        let streamed: Vec<&CudaFunction> = ["gemv_stream_bf16", "gemv_stream_f32"]
-            .into_iter()
-            .chain(stream::STREAM_BF16_BUILDS.into_iter().flatten())
-            .chain(stream::STREAM_QKV_EARLY_BUILDS)
-            .map(|kernel| &functions[kernel])
-            .collect();
+        let streamed: Vec<&CudaFunction> = stream::stream_kernels().map(|kernel| &functions[kernel]).collect();
         let tuning = StreamTuning::new(&streamed, optin, per_sm)?;
         let programmatic = major >= 9 && std::env::var("CTXSCOPE_CUDA_PDL").map_or(true, |v| v != "0");
         let mut max_cluster = 0;

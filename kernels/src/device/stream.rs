@@ -30,7 +30,7 @@ pub struct StreamPlan {
 /// rows, then one (cuda/gemv.cu `gemv_stream_special`; mode 3's need RoPE's inverse-frequency table).
 /// Shorter code than the kernel that reads both at run time, which every launch runs with a cold
 /// instruction cache; the same operations.
-pub(super) const STREAM_BF16_BUILDS: [[&str; 2]; 4] = [
+const STREAM_BF16_BUILDS: [[&str; 2]; 4] = [
     ["gemv_stream_bf16_m0", "gemv_stream_bf16_m0_n1"],
     ["gemv_stream_bf16_m1", "gemv_stream_bf16_m1_n1"],
     ["gemv_stream_bf16_m2", "gemv_stream_bf16_m2_n1"],
@@ -39,7 +39,13 @@ pub(super) const STREAM_BF16_BUILDS: [[&str; 2]; 4] = [
 
 /// Mode 3's builds that issue one ring iteration before waiting for the kernel before them (any
 /// number of token rows, then one): `work_out_plan` picks them when `issues_one_early`.
-pub(super) const STREAM_QKV_EARLY_BUILDS: [&str; 2] = ["gemv_stream_bf16_m3_p1", "gemv_stream_bf16_m3_n1_p1"];
+const STREAM_QKV_EARLY_BUILDS: [&str; 2] = ["gemv_stream_bf16_m3_p1", "gemv_stream_bf16_m3_n1_p1"];
+
+/// Every streamed GEMV kernel (each takes the dynamic shared memory its plan asks for): the two that
+/// read their mode and rows at run time, then every build.
+pub(super) fn stream_kernels() -> impl Iterator<Item = &'static str> {
+    ["gemv_stream_bf16", "gemv_stream_f32"].into_iter().chain(STREAM_BF16_BUILDS.into_iter().flatten()).chain(STREAM_QKV_EARLY_BUILDS)
+}
 
 /// Ring iterations in flight per lane in mode 3's builds (cuda/gemv.cu `GEMV_RING_M3`).
 const QKV_RING: usize = 4;
@@ -353,7 +359,7 @@ mod tests {
         assert_eq!(stream_kernel(true, 256, 1, 1), "gemv_stream_bf16");
         assert_eq!(stream_kernel(true, 128, 4, 1), "gemv_stream_bf16");
         assert_eq!(stream_kernel(false, 128, 1, 1), "gemv_stream_f32");
-        for kernel in STREAM_BF16_BUILDS.into_iter().flatten().chain(STREAM_QKV_EARLY_BUILDS) {
+        for kernel in stream_kernels() {
             assert!(crate::KERNELS.contains(&kernel), "{kernel} is loaded");
         }
     }

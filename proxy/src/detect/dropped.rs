@@ -1,10 +1,13 @@
-//! `history_dropped`: the request continues a conversation but earlier turns were removed, rewritten or
-//! summarized (harness compaction, a sliding window); the comparison itself is in [`super::history`].
+//! `history_dropped`: the request continues a conversation but the harness edited its history:
+//! compacted it into a summary, windowed it, pruned messages, rewrote or truncated one in place,
+//! stripped media, or dropped reasoning the model's format needs. The comparison is in
+//! [`super::history`]; this names the cause, weighs the loss and estimates its tokens.
 
+use ctxscope_formats::template::reasoning_rule;
 use ctxscope_store::{FindingKind, Severity, Store, StoreError, TurnRecord};
 use serde_json::Value;
 
-use super::history::{self, History};
+use super::history::{self, Cause, Dropped, History};
 use super::{Context, Draft, Observation};
 
 /// The previous turn's history (messages and reply) against this request.
@@ -16,36 +19,69 @@ pub(crate) fn compare_history(store: &Store, previous: &TurnRecord, obs: &Observ
     let request_canonical: Vec<Value> = obs.messages.iter().map(|m| ctxscope_store::canonical_message(m)).collect();
     let before: Vec<_> = hashes.iter().zip(&values).map(|(hash, value)| history::Message { hash, value }).collect();
     let after: Vec<_> = request_hex.iter().zip(&request_canonical).map(|(hash, value)| history::Message { hash, value }).collect();
-    Ok(history::compare(&before, &after))
+    Ok(history::compare(&before, &after, rule_for(obs.turn)))
 }
 
-/// `history_dropped`: the request continues the conversation with earlier turns removed or rewritten.
+/// The reasoning rule of a turn's model and API.
+pub fn rule_for(turn: &TurnRecord) -> &'static ctxscope_formats::template::ReasoningRule {
+    reasoning_rule(turn.model.as_deref(), turn.endpoint.as_str())
+}
+
+/// `history_dropped`: the request continues the conversation with its history edited.
 pub(crate) fn finding(cx: &Context<'_>) -> Option<Draft> {
     let Some(History::Dropped(dropped)) = &cx.history else { return None };
     let turn = cx.obs.turn;
     let previous = cx.previous()?;
-    let lost = dropped.removed_messages.len() + dropped.rewritten_messages.len();
-    Some(Draft {
-        kind: FindingKind::HistoryDropped,
-        severity: Severity::Warning,
-        summary: format!(
-            "the client dropped or rewrote {lost} earlier message(s) ({} user turn(s)) from message {} on: {} messages before, {} now",
-            dropped.user_turns_lost, dropped.first_differing_message, dropped.messages_before, dropped.messages_after
-        ),
-        evidence: serde_json::json!({
-            "previous_turn": previous.id,
-            "first_differing_message": dropped.first_differing_message,
-            "removed_messages": dropped.removed_messages,
-            "rewritten_messages": dropped.rewritten_messages,
-            "user_turns_lost": dropped.user_turns_lost,
-            "messages_before": dropped.messages_before,
-            "messages_after": dropped.messages_after,
-            "kept_latest_reply": dropped.kept_latest_reply,
-            "tokens_before": super::prompt_tokens(previous),
-            "tokens_after": super::prompt_tokens(turn),
-            "first_before": dropped.first_before,
-            "first_after": dropped.first_after,
-        }),
-        cause: format!("history_dropped/{}", turn.conversation),
-    })
+    let severity = match dropped.weight() {
+        3 => Severity::Critical,
+        2 => Severity::Warning,
+        _ => Severity::Info,
+    };
+    let tokens_lost = estimate_tokens(previous, dropped);
+    let mut evidence = serde_json::to_value(dropped).unwrap_or(Value::Null);
+    if let Some(map) = evidence.as_object_mut() {
+        map.insert("previous_turn".into(), previous.id.into());
+        map.insert("tokens_before".into(), super::prompt_tokens(previous).into());
+        map.insert("tokens_after".into(), super::prompt_tokens(turn).into());
+        map.insert("tokens_lost".into(), tokens_lost.into());
+        map.insert(
+            "tokens_lost_method".into(),
+            "characters lost at the previous request's prompt tokens per body byte (an estimate)".into(),
+        );
+    }
+    // A compaction is an event of its own each time; other causes are raised once per conversation.
+    let cause = match dropped.cause {
+        Cause::Compaction => format!("history_dropped/{}/compaction/{}", turn.conversation, turn.id),
+        other => format!("history_dropped/{}/{}", turn.conversation, other.as_str()),
+    };
+    Some(Draft { kind: FindingKind::HistoryDropped, severity, summary: summary(dropped, turn.index), evidence, cause })
+}
+
+/// "your harness removed 5 tool results (2,310 characters) at turn 6", in the cause's words.
+fn summary(d: &Dropped, turn_index: u32) -> String {
+    let what: Vec<String> = d.lost.iter().map(|(kind, lost)| format!("{} {kind}", lost.messages)).collect();
+    let what = if what.is_empty() { "nothing the model sees".to_string() } else { what.join(", ") };
+    let at = format!("at turn {turn_index}");
+    match d.cause {
+        Cause::Compaction => {
+            let by = d.summary.as_ref().and_then(|s| s.harness.clone()).map_or(String::new(), |h| format!(" ({h} style)"));
+            format!("the harness compacted the history {at}: {what} replaced by a summary message{by}")
+        }
+        Cause::Windowed => format!("the harness kept only the latest messages {at}: the oldest {what} were dropped"),
+        Cause::Pruned => format!("the harness pruned the history {at}: removed or cleared {what} from the middle"),
+        Cause::Rewritten => format!("the harness rewrote earlier messages in place {at}: {what}"),
+        Cause::TruncatedInPlace => format!("the harness truncated earlier messages in place {at}: {what}"),
+        Cause::MediaStripped => format!("the harness stripped images or files from earlier messages {at}: {what}"),
+        Cause::ReasoningDropped => {
+            format!("the harness dropped reasoning the model's format needs ({} rule) {at}: {what}", d.reasoning_rule)
+        }
+    }
+}
+
+/// Tokens the loss took from the prompt: characters lost at the previous prompt's tokens per character.
+fn estimate_tokens(previous: &TurnRecord, d: &Dropped) -> Option<u64> {
+    let tokens = super::prompt_tokens(previous)?;
+    let chars = previous.request_bytes.max(1);
+    let lost: usize = d.lost.values().map(|l| l.chars).sum();
+    Some((tokens as f64 * lost as f64 / chars as f64).round() as u64)
 }

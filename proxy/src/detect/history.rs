@@ -1,10 +1,18 @@
 //! How a request that continues a conversation differs from that conversation's previous turn: a clean
 //! extension, a retry of the last exchange, a prefix-breaking edit (a timestamp, an id, whitespace,
-//! key order, an inserted message) or dropped history (turns removed, rewritten or summarized).
+//! key order, an inserted message) or dropped history, named by its cause: compaction (a summary in
+//! place of turns), windowed (the oldest turns gone), pruned (messages removed from the middle or
+//! cleared), rewritten, truncated in place, media stripped, reasoning dropped where the model's format
+//! needs it. The alignment is in [`super::align`], what messages are made of in [`super::anatomy`].
 
+use std::collections::BTreeMap;
+
+use ctxscope_formats::template::{Keep, ReasoningRule};
 use ctxscope_store::ToolsDigest;
 use serde::Serialize;
 use serde_json::Value;
+
+use super::{align, anatomy, markers};
 
 /// One message as the comparison sees it: its hash and its canonical form.
 pub struct Message<'a> {
@@ -44,24 +52,153 @@ pub struct Break {
     pub after: String,
 }
 
+/// How the harness edited the history, the most telling first when several apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cause {
+    /// A run of turns replaced by a summary message.
+    Compaction,
+    /// The oldest turns dropped, the rest kept (keep the last N).
+    Windowed,
+    /// Messages removed from the middle, or their content cleared in place (old tool results).
+    Pruned,
+    /// A message replaced in place by other content.
+    Rewritten,
+    /// A message shortened in place (a tool result cut to its head).
+    TruncatedInPlace,
+    /// Images, audio or files removed from messages that stayed.
+    MediaStripped,
+    /// Reasoning removed from assistant messages whose reasoning the model's format needs.
+    ReasoningDropped,
+}
+
+impl Cause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cause::Compaction => "compaction",
+            Cause::Windowed => "windowed",
+            Cause::Pruned => "pruned",
+            Cause::Rewritten => "rewritten",
+            Cause::TruncatedInPlace => "truncated_in_place",
+            Cause::MediaStripped => "media_stripped",
+            Cause::ReasoningDropped => "reasoning_dropped",
+        }
+    }
+
+    pub const ALL: [Cause; 7] = [
+        Cause::Compaction,
+        Cause::Windowed,
+        Cause::Pruned,
+        Cause::Rewritten,
+        Cause::TruncatedInPlace,
+        Cause::MediaStripped,
+        Cause::ReasoningDropped,
+    ];
+}
+
+/// What happened to one earlier message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EditKind {
+    Removed,
+    /// Replaced in place by other content.
+    Rewritten,
+    /// Shortened in place, its head kept.
+    Truncated,
+    /// Its content replaced by a much shorter stub.
+    Cleared,
+    ReasoningStripped,
+    MediaStripped,
+}
+
+/// One earlier message the request does not carry as it was.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Edit {
+    /// Its index in the previous turn's history (messages, then reply).
+    pub message: usize,
+    /// Where it went in the request (`None`: removed).
+    pub at: Option<usize>,
+    pub role: String,
+    pub kind: anatomy::Kind,
+    pub edit: EditKind,
+    /// Characters of text (or of reasoning, for a reasoning strip) before and after.
+    pub chars_before: usize,
+    pub chars_after: usize,
+    /// For reasoning: whether the model's format needs it kept there (`reasoning.json`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub required: Option<bool>,
+}
+
+/// The message standing in for what a compaction removed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Summary {
+    /// Its index in the request.
+    pub at: usize,
+    pub role: String,
+    /// The harness whose marker it carries (`phrases/compaction.json`), if any.
+    pub harness: Option<String>,
+    /// How it was recognised: `marker`, `carries_reply` (it holds the text of a reply it replaced),
+    /// or `structure` (one message in place of a run of turns).
+    pub recognised_by: &'static str,
+    pub excerpt: String,
+}
+
+/// Messages and characters lost, per kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Lost {
+    pub messages: usize,
+    pub chars: usize,
+}
+
 /// History that was removed or rewritten.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Dropped {
+    /// The most telling cause, and all that apply.
+    pub cause: Cause,
+    pub causes: Vec<Cause>,
     /// First message (of the previous turn's history) that is not the same in the request.
     pub first_differing_message: usize,
     /// Indices in the previous history of messages absent from the request.
     pub removed_messages: Vec<usize>,
-    /// Indices in the previous history of messages replaced by different content.
+    /// Indices in the previous history of messages carried with other content (rewritten, truncated,
+    /// cleared).
     pub rewritten_messages: Vec<usize>,
-    /// User turns (user messages) among the removed and rewritten ones.
+    /// User instructions among the removed and rewritten ones.
     pub user_turns_lost: usize,
     pub messages_before: usize,
     pub messages_after: usize,
-    /// The request kept the previous reply: the harness continued after compacting.
+    /// The request kept the previous reply: the harness continued after editing.
     pub kept_latest_reply: bool,
+    /// Every edit, in the previous history's order.
+    pub edits: Vec<Edit>,
+    /// What was lost, per message kind (`reasoning` and `media` for parts).
+    pub lost: BTreeMap<&'static str, Lost>,
+    pub summary: Option<Summary>,
+    /// The reasoning rule applied (a family of `reasoning.json`).
+    pub reasoning_rule: String,
     /// The first differing message, before and after (excerpts).
     pub first_before: String,
     pub first_after: String,
+}
+
+impl Dropped {
+    /// How much the loss costs the model: 3 when a rule or a user instruction was lost without a
+    /// summary standing in, 2 for replies, summaries and required reasoning, 1 for tool results,
+    /// reminders and media.
+    pub fn weight(&self) -> u8 {
+        let summarized = self.summary.is_some();
+        self.edits
+            .iter()
+            .filter(|e| e.required != Some(false))
+            .map(|e| match e.edit {
+                EditKind::ReasoningStripped => 2,
+                EditKind::MediaStripped => 1,
+                _ if summarized => e.kind.weight().min(2),
+                _ => e.kind.weight(),
+            })
+            .max()
+            .unwrap_or(1)
+    }
 }
 
 /// The verdict.
@@ -72,57 +209,247 @@ pub enum History {
     Retry,
     PrefixBreak(Break),
     Dropped(Dropped),
+    /// Edited only where the chat format drops the content anyway (reasoning of earlier turns): the
+    /// model sees what it would have seen.
+    ByDesign(Dropped),
 }
 
-/// Compares the request with the previous turn's history (its messages followed by its reply).
-pub fn compare(previous: &[Message<'_>], request: &[Message<'_>]) -> History {
+/// Characters of a reply that a summary must carry to be recognised as holding it.
+const REPLY_ANCHOR: usize = 40;
+
+/// Compares the request with the previous turn's history (its messages followed by its reply);
+/// `rule`: which reasoning the model's format needs kept.
+pub fn compare(previous: &[Message<'_>], request: &[Message<'_>], rule: &ReasoningRule) -> History {
     let shared = previous.iter().zip(request).take_while(|(a, b)| a.hash == b.hash).count();
     if shared == previous.len() {
         return History::Extends;
     }
-    // Sets, not scans: a 20,000-message history against a 20,000-message request is 4e8 comparisons.
-    let requested: std::collections::HashSet<&str> = request.iter().map(|m| m.hash).collect();
-    let previously: std::collections::HashSet<&str> = previous.iter().map(|m| m.hash).collect();
-    let in_request = |hash: &str| requested.contains(hash);
-    let in_previous = |hash: &str| previously.contains(hash);
-    let (mut removed, mut rewritten, mut minor) = (Vec::new(), Vec::new(), None);
-    for (i, old) in previous.iter().enumerate().skip(shared) {
-        if in_request(old.hash) {
-            continue;
+    let alignment = align::align(previous, request, shared);
+    let last_instruction = request.iter().rposition(|m| anatomy::kind(m.value) == anatomy::Kind::User);
+    let mut edits = Vec::new();
+    let mut minor = None;
+    for (i, (old, fate)) in previous.iter().zip(&alignment.fates).enumerate().skip(shared) {
+        let Some(edit) = edit_of(i, old.value, *fate, request, rule, last_instruction) else { continue };
+        if edit.edit == EditKind::Rewritten {
+            if let Some(change) = small_edit(old.value, request[edit.at.unwrap_or(0)].value) {
+                minor = minor.or(Some(located(i, old.value, request[edit.at.unwrap_or(0)].value, change)));
+                continue;
+            }
         }
-        // The request message at the same position, when it is new, is this one's replacement (only
-        // when nothing was removed: a shorter request has shifted positions).
-        let in_place = request.len() >= previous.len();
-        match request.get(i).filter(|new| in_place && !in_previous(new.hash)) {
-            Some(new) => match small_edit(old.value, new.value) {
-                Some(change) if minor.is_none() => minor = Some(located(i, old.value, new.value, change)),
-                Some(_) => {}
-                None => rewritten.push(i),
-            },
-            None => removed.push(i),
-        }
+        edits.push(edit);
     }
-    let last_exchange = previous.len().saturating_sub(2);
-    let reply_kept = previous.last().is_some_and(|m| in_request(m.hash));
-    let lost: Vec<usize> = removed.iter().chain(&rewritten).copied().collect();
-    if lost.is_empty() {
+    let reply_kept = matches!(alignment.fates.last(), Some(align::Fate::Kept(_) | align::Fate::ReasoningStripped(_)));
+    let summary = summary_of(previous, request, &alignment);
+    if edits.is_empty() && summary.is_none() {
         return History::PrefixBreak(minor.unwrap_or_else(|| inserted(shared, request)));
     }
-    if !reply_kept && lost.iter().all(|&i| i >= last_exchange) {
+    let last_exchange = previous.len().saturating_sub(2);
+    if !reply_kept && summary.is_none() && edits.iter().all(|e| e.message >= last_exchange && e.edit != EditKind::ReasoningStripped) {
         return History::Retry;
     }
-    let user_turns_lost = lost.iter().filter(|&&i| role(previous[i].value) == "user").count();
-    History::Dropped(Dropped {
-        first_differing_message: shared,
+    let removed: Vec<usize> = edits.iter().filter(|e| e.edit == EditKind::Removed).map(|e| e.message).collect();
+    let causes = causes(previous, &edits, &removed, summary.as_ref());
+    let rewritten: Vec<usize> = edits
+        .iter()
+        .filter(|e| matches!(e.edit, EditKind::Rewritten | EditKind::Truncated | EditKind::Cleared))
+        .map(|e| e.message)
+        .collect();
+    let user_turns_lost = edits
+        .iter()
+        .filter(|e| e.kind == anatomy::Kind::User && matches!(e.edit, EditKind::Removed | EditKind::Rewritten | EditKind::Cleared))
+        .count();
+    let mut lost: BTreeMap<&'static str, Lost> = BTreeMap::new();
+    for e in edits.iter().filter(|e| e.required != Some(false)) {
+        let key = match e.edit {
+            EditKind::ReasoningStripped => "reasoning",
+            EditKind::MediaStripped => "media",
+            _ => e.kind.as_str(),
+        };
+        let entry = lost.entry(key).or_default();
+        entry.messages += 1;
+        entry.chars += e.chars_before.saturating_sub(e.chars_after);
+    }
+    let first = edits.first().map_or(shared, |e| e.message);
+    let dropped = Dropped {
+        cause: causes.first().copied().unwrap_or(Cause::ReasoningDropped),
+        causes: causes.clone(),
+        first_differing_message: first,
         removed_messages: removed,
         rewritten_messages: rewritten,
         user_turns_lost,
         messages_before: previous.len(),
         messages_after: request.len(),
         kept_latest_reply: reply_kept,
-        first_before: excerpt(&text(previous[shared].value), 0),
-        first_after: request.get(shared).map(|m| excerpt(&text(m.value), 0)).unwrap_or_default(),
-    })
+        edits,
+        lost,
+        summary,
+        reasoning_rule: rule.family.clone(),
+        first_before: excerpt(&text(previous[first].value), 0),
+        first_after: previous[first..]
+            .iter()
+            .zip(&alignment.fates[first..])
+            .find_map(|(_, f)| f.at())
+            .or(Some(first))
+            .and_then(|j| request.get(j))
+            .map(|m| excerpt(&text(m.value), 0))
+            .unwrap_or_default(),
+    };
+    if causes.is_empty() {
+        return History::ByDesign(dropped);
+    }
+    History::Dropped(dropped)
+}
+
+/// What happened to earlier message `i` (`None`: kept as it was).
+fn edit_of(
+    i: usize,
+    old: &Value,
+    fate: align::Fate,
+    request: &[Message<'_>],
+    rule: &ReasoningRule,
+    last_instruction: Option<usize>,
+) -> Option<Edit> {
+    use align::Fate;
+    let role = role(old).to_string();
+    let kind = anatomy::kind(old);
+    let chars = |v: &Value| anatomy::visible_text(v).chars().count();
+    let edit = |at, edit, chars_before, chars_after, required| Edit {
+        message: i,
+        at,
+        role: role.clone(),
+        kind,
+        edit,
+        chars_before,
+        chars_after,
+        required,
+    };
+    match fate {
+        Fate::Kept(_) => None,
+        Fate::Removed => Some(edit(None, EditKind::Removed, chars(old) + anatomy::reasoning_chars(old), 0, None)),
+        Fate::ReasoningStripped(j) => {
+            let required = match rule.keep {
+                Keep::All => true,
+                Keep::None => false,
+                Keep::ToolLoop => last_instruction.is_none_or(|l| j > l),
+            };
+            let (before, after) = (anatomy::reasoning_chars(old), anatomy::reasoning_chars(request[j].value));
+            Some(edit(Some(j), EditKind::ReasoningStripped, before, after, Some(required)))
+        }
+        Fate::MediaStripped(j) => {
+            Some(edit(Some(j), EditKind::MediaStripped, anatomy::media_parts(old), anatomy::media_parts(request[j].value), None))
+        }
+        Fate::Edited(j) => {
+            let new = request[j].value;
+            let (a, b) = (anatomy::visible_text(old), anatomy::visible_text(new));
+            let (before, after) = (a.chars().count(), b.chars().count());
+            let head = a.chars().zip(b.chars()).take_while(|(x, y)| x == y).count();
+            let kind_of_edit = if after < before && head >= (after / 2).clamp(1, 32) {
+                EditKind::Truncated
+            } else if after * 2 < before && before >= 64 {
+                EditKind::Cleared
+            } else {
+                EditKind::Rewritten
+            };
+            Some(edit(Some(j), kind_of_edit, before, after, None))
+        }
+    }
+}
+
+/// The new message that stands in for removed turns: one carrying a known marker, one holding the
+/// text of a reply it replaced (the harness asked the model for the summary), or, by structure, one
+/// message inserted where a run of two or more messages with a user instruction was removed.
+fn summary_of(previous: &[Message<'_>], request: &[Message<'_>], alignment: &align::Alignment) -> Option<Summary> {
+    let summary = |at: usize, harness: Option<&str>, by: &'static str| Summary {
+        at,
+        role: role(request[at].value).to_string(),
+        harness: harness.map(str::to_string),
+        recognised_by: by,
+        excerpt: excerpt(&text(request[at].value), 0),
+    };
+    if let Some(&at) = alignment.fresh.iter().find(|&&j| markers::harness_of(request[j].value).is_some()) {
+        return Some(summary(at, markers::harness_of(request[at].value), "marker"));
+    }
+    let removed_replies: Vec<String> = previous
+        .iter()
+        .zip(&alignment.fates)
+        .filter(|(m, f)| **f == align::Fate::Removed && role(m.value) == "assistant")
+        .map(|(m, _)| anatomy::squeezed(&anatomy::visible_text(m.value)))
+        .filter(|t| t.chars().count() >= REPLY_ANCHOR)
+        .collect();
+    for &j in &alignment.fresh {
+        let text = anatomy::squeezed(&anatomy::visible_text(request[j].value));
+        if removed_replies.iter().any(|reply| carries(&text, reply)) {
+            return Some(summary(j, None, "carries_reply"));
+        }
+    }
+    // By structure: a removed run (between two kept messages) that held a user instruction and at
+    // least two messages, with one or two new messages in its place.
+    let fates = &alignment.fates;
+    let mut i = 0;
+    while i < fates.len() {
+        if fates[i] != align::Fate::Removed {
+            i += 1;
+            continue;
+        }
+        let end = (i..fates.len()).find(|&k| fates[k] != align::Fate::Removed).unwrap_or(fates.len());
+        let before = fates[..i].iter().rev().find_map(|f| f.at()).map_or(0, |j| j + 1);
+        let after = fates[end..].iter().find_map(|f| f.at());
+        let with_instruction = previous[i..end].iter().any(|m| anatomy::kind(m.value) == anatomy::Kind::User);
+        if let (Some(after), true, true) = (after, end - i >= 2, with_instruction) {
+            let gap: Vec<usize> = alignment.fresh.iter().copied().filter(|&j| j >= before && j < after).collect();
+            if (1..=2).contains(&gap.len()) {
+                return Some(summary(gap[0], None, "structure"));
+            }
+        }
+        i = end;
+    }
+    None
+}
+
+/// Whether `text` holds `reply`: whole, or (a summary cut out of a longer reply, as Claude Code's
+/// `<summary>` is) at least two and a third of the reply's [`REPLY_ANCHOR`]-character pieces.
+fn carries(text: &str, reply: &str) -> bool {
+    if text.contains(reply) {
+        return true;
+    }
+    let chars: Vec<char> = reply.chars().collect();
+    let pieces: Vec<String> = chars.chunks_exact(REPLY_ANCHOR).map(|c| c.iter().collect()).collect();
+    let hits = pieces.iter().filter(|p| text.contains(p.as_str())).count();
+    hits >= 2 && hits * 3 >= pieces.len()
+}
+
+/// The causes the edits show, the most telling first.
+fn causes(previous: &[Message<'_>], edits: &[Edit], removed: &[usize], summary: Option<&Summary>) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    let has = |k: EditKind| edits.iter().any(|e| e.edit == k);
+    if summary.is_some() {
+        causes.push(Cause::Compaction);
+    } else if !removed.is_empty() {
+        // Windowed: what was removed is one run from the first message after the system prompt.
+        let head = previous.iter().position(|m| anatomy::kind(m.value) != anatomy::Kind::System).unwrap_or(0);
+        let contiguous = removed.windows(2).all(|w| w[1] == w[0] + 1);
+        if contiguous && removed.first() == Some(&head) {
+            causes.push(Cause::Windowed);
+        } else {
+            causes.push(Cause::Pruned);
+        }
+    }
+    if has(EditKind::Cleared) && !causes.contains(&Cause::Pruned) {
+        causes.push(Cause::Pruned);
+    }
+    if has(EditKind::Rewritten) {
+        causes.push(Cause::Rewritten);
+    }
+    if has(EditKind::Truncated) {
+        causes.push(Cause::TruncatedInPlace);
+    }
+    if has(EditKind::MediaStripped) {
+        causes.push(Cause::MediaStripped);
+    }
+    if edits.iter().any(|e| e.edit == EditKind::ReasoningStripped && e.required == Some(true)) {
+        causes.push(Cause::ReasoningDropped);
+    }
+    causes
 }
 
 /// Compares two turns' tool definitions (the template renders them ahead of every message).
@@ -260,8 +587,12 @@ mod tests {
     }
 
     fn run(previous: &[Value], request: &[Value]) -> History {
+        run_as(previous, request, "SmolLM2")
+    }
+
+    fn run_as(previous: &[Value], request: &[Value], model: &str) -> History {
         let (p, r) = (conv(previous), conv(request));
-        compare(&view(&p), &view(&r))
+        compare(&view(&p), &view(&r), ctxscope_formats::template::reasoning_rule(Some(model), "chat_completions"))
     }
 
     fn view(v: &[(String, Value)]) -> Vec<Message<'_>> {
@@ -320,6 +651,127 @@ mod tests {
             m("user", "u3"),
         ];
         assert!(matches!(run(&previous, &inserted), History::PrefixBreak(Break { change: Change::Inserted, message: 1, .. })));
+    }
+
+    fn dropped(h: History) -> Dropped {
+        match h {
+            History::Dropped(d) => d,
+            other => panic!("not dropped: {other:?}"),
+        }
+    }
+
+    fn tool_turn(i: usize, output: &str) -> [Value; 2] {
+        let id = format!("call_{i}");
+        [
+            json!({"role": "assistant", "content": "", "tool_calls": [{"id": id, "type": "function", "function": {"name": "read", "arguments": "{}"}}]}),
+            json!({"role": "tool", "tool_call_id": id, "content": output}),
+        ]
+    }
+
+    #[test]
+    fn causes_are_named_by_structure() {
+        let long = "line of build output that goes on and on ".repeat(4);
+        let mut previous = vec![m("system", "S"), m("user", "u1")];
+        previous.extend(tool_turn(1, &long));
+        previous.extend([m("assistant", "a1"), m("user", "u2")]);
+        previous.extend(tool_turn(2, &long));
+        previous.push(m("assistant", "a2"));
+        // Tool results removed from the middle, every user and assistant message kept.
+        let mut pruned: Vec<Value> = previous.iter().filter(|v| v["role"] != "tool").cloned().collect();
+        pruned.push(m("user", "u3"));
+        let d = dropped(run(&previous, &pruned));
+        assert_eq!((d.cause, d.removed_messages.clone(), d.kept_latest_reply), (Cause::Pruned, vec![3, 7], true));
+        assert_eq!(d.lost["tool_result"].messages, 2);
+        assert_eq!(d.weight(), 1, "only tool results were lost");
+        // A tool result cut to its head.
+        let mut cut = previous.clone();
+        cut[3]["content"] = json!(format!("{}... [truncated]", &long[..30]));
+        cut.push(m("user", "u3"));
+        let d = dropped(run(&previous, &cut));
+        assert_eq!((d.cause, d.edits[0].edit, d.edits[0].at), (Cause::TruncatedInPlace, EditKind::Truncated, Some(3)));
+        // Cleared to a stub: pruned.
+        let mut stub = previous.clone();
+        stub[3]["content"] = json!("[Old tool result content cleared]");
+        stub.push(m("user", "u3"));
+        assert_eq!(dropped(run(&previous, &stub)).cause, Cause::Pruned);
+        // Keep the last 3 (after the system prompt): windowed, and a user instruction lost is the worst.
+        let mut window = vec![m("system", "S")];
+        window.extend(previous[previous.len() - 3..].iter().cloned());
+        window.push(m("user", "u3"));
+        let d = dropped(run(&previous, &window));
+        assert_eq!((d.cause, d.user_turns_lost, d.weight()), (Cause::Windowed, 2, 3));
+    }
+
+    #[test]
+    fn summaries_by_marker_by_carried_reply_and_by_structure() {
+        let previous = [
+            m("system", "S"),
+            m("user", "u1"),
+            m("assistant", "a1"),
+            m("user", "summarize"),
+            m("assistant", "The user asked about a1 and we found that the build is fine."),
+        ];
+        // Codex: the summary, with its prefix, after the user messages it keeps.
+        let codex = [m("system", "S"), m("user", "u1"), m("user", "Another language model started to solve this problem and produced a summary of its thinking process. The user asked about a1 and we found that the build is fine."), m("user", "next")];
+        let d = dropped(run(&previous, &codex));
+        assert_eq!(d.cause, Cause::Compaction);
+        assert_eq!((d.summary.as_ref().unwrap().at, d.summary.as_ref().unwrap().harness.as_deref()), (2, Some("codex")));
+        // No marker: the summary carries the reply it replaced.
+        let plain =
+            [m("system", "S"), m("user", "Earlier: The user asked about a1 and we found that the build is fine."), m("user", "next")];
+        let d = dropped(run(&previous, &plain));
+        assert_eq!((d.cause, d.summary.unwrap().recognised_by), (Cause::Compaction, "carries_reply"));
+        // Claude Code wraps only part of the reply: two of its anchors suffice.
+        let inner = "1. Primary request: fix the failing parser test. 2. Files: parser.rs and lexer.rs were read and edited. 3. The project builds; the failing test was test_parse in parser.rs, fixed by trimming input. 4. Pending: run the whole suite.";
+        let reply =
+            format!("<analysis>We looked at many files in the project and ran the tests twice.</analysis> <summary>{inner}</summary>");
+        let previous = [m("system", "S"), m("user", "u1"), m("assistant", "a1"), m("user", "summarize"), m("assistant", &reply)];
+        let wrapped =
+            [m("system", "S"), m("user", &format!("This conversation is summarized below:\n{inner}\nContinue.")), m("user", "next")];
+        assert_eq!(dropped(run(&previous, &wrapped)).cause, Cause::Compaction);
+    }
+
+    #[test]
+    fn reasoning_follows_the_family_rule() {
+        let call = |id: &str, reasoning: Option<&str>| {
+            let mut v = json!({"role": "assistant", "content": "", "tool_calls": [{"id": id, "type": "function", "function": {"name": "f", "arguments": "{}"}}]});
+            if let Some(r) = reasoning {
+                v["reasoning_content"] = json!(r);
+            }
+            v
+        };
+        let result = |id: &str| json!({"role": "tool", "tool_call_id": id, "content": "ok"});
+        let previous = [
+            m("user", "q1"),
+            call("c1", Some("I should call f")),
+            result("c1"),
+            call("c2", Some("now again")),
+            result("c2"),
+            m("assistant", "done"),
+        ];
+        // Within the loop (after the last user message): DeepSeek needs it.
+        let stripped =
+            [m("user", "q1"), call("c1", None), result("c1"), call("c2", None), result("c2"), m("assistant", "done"), m("user", "q2")];
+        let d = dropped(run_as(&previous[..4], &stripped[..5], "deepseek-v4-flash"));
+        assert_eq!((d.cause, d.lost["reasoning"].messages), (Cause::ReasoningDropped, 2));
+        // Between user turns the template drops it anyway: by design.
+        assert!(matches!(run_as(&previous, &stripped, "deepseek-v4-flash"), History::ByDesign(_)));
+        // A family whose format keeps all reasoning.
+        assert_eq!(dropped(run_as(&previous, &stripped, "MiniMax-M2")).cause, Cause::ReasoningDropped);
+    }
+
+    #[test]
+    fn media_stripped_and_a_true_rewrite() {
+        let image = json!({"role": "user", "content": [{"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]});
+        let previous = [m("system", "S"), image.clone(), m("assistant", "a cat"), m("user", "u2"), m("assistant", "a2")];
+        let mut request = previous.to_vec();
+        request[1] = json!({"role": "user", "content": [{"type": "text", "text": "what is this"}]});
+        request.push(m("user", "u3"));
+        assert_eq!(dropped(run(&previous, &request)).cause, Cause::MediaStripped);
+        let mut request = previous.to_vec();
+        request[3] = m("user", "a different question altogether");
+        request.push(m("user", "u3"));
+        assert_eq!(dropped(run(&previous, &request)).cause, Cause::Rewritten);
     }
 
     #[test]

@@ -4,13 +4,16 @@
 //! whether the upstream reports cache hits at all. Each finding names its cause so that it is raised
 //! once, not on every later turn that inherits it.
 
+mod align;
 mod amnesia;
+pub mod anatomy;
 pub mod cache;
 pub mod config;
 pub mod drift;
 mod dropped;
 mod engine_changed;
 pub mod history;
+mod markers;
 mod rate;
 mod responses;
 mod reuse;
@@ -24,6 +27,7 @@ use serde_json::Value;
 use cache::{Recent, RecentPrompts};
 pub use config::DetectConfig;
 use drift::Drift;
+pub use dropped::rule_for;
 use history::History;
 use rate::{Rates, Sample};
 

@@ -1,5 +1,6 @@
 //! Anthropic `/v1/messages`, whole and streamed (`message_start`, `content_block_*`, `message_delta`
-//! events). The top-level `system` becomes a leading system message so that threading sees it.
+//! events, thinking and signature deltas included). The top-level `system` becomes a leading system
+//! message so that threading sees it.
 
 use serde_json::{json, Map, Value};
 
@@ -64,10 +65,12 @@ pub fn stream(events: &[Event]) -> ParsedResponse {
                 let Some(delta) = data.get("delta") else { continue };
                 let Some(block) = blocks.get_mut(index) else { continue };
                 match delta.get("type").and_then(Value::as_str) {
-                    Some("text_delta") => {
-                        let text = delta.get("text").and_then(Value::as_str).unwrap_or_default();
-                        let current = block.get("text").and_then(Value::as_str).unwrap_or_default().to_string();
-                        block["text"] = Value::String(current + text);
+                    // `text_delta` appends its `text` to the block's `text`, and so on.
+                    Some(kind @ ("text_delta" | "thinking_delta" | "signature_delta")) => {
+                        let key = kind.trim_end_matches("_delta");
+                        let piece = delta.get(key).and_then(Value::as_str).unwrap_or_default();
+                        let current = block.get(key).and_then(Value::as_str).unwrap_or_default().to_string();
+                        block[key] = Value::String(current + piece);
                     }
                     Some("input_json_delta") => {
                         partial_json[index].push_str(delta.get("partial_json").and_then(Value::as_str).unwrap_or_default());
@@ -156,5 +159,28 @@ mod tests {
         assert_eq!((u.prompt_tokens, u.completion_tokens), (Some(20), Some(15)));
         assert_eq!(p.reply_message.unwrap()["content"][1]["input"], json!({"p": "."}));
         assert!(p.notes.is_empty());
+    }
+
+    #[test]
+    fn streamed_thinking_block_is_kept_whole() {
+        let body = concat!(
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":9,\"output_tokens\":1}}}\n\n",
+            "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"thinking\",\"thinking\":\"\",\"signature\":\"\"}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"thinking_delta\",\"thinking\":\"Two plus \"}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"thinking_delta\",\"thinking\":\"two is four.\"}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"signature_delta\",\"signature\":\"EqQBsig==\"}}\n\n",
+            "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
+            "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"text_delta\",\"text\":\"4\"}}\n\n",
+            "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":1}\n\n",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":12}}\n\n",
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+        );
+        let p = response(Endpoint::AnthropicMessages, Some("text/event-stream"), 200, body.as_bytes(), true);
+        assert_eq!(p.reply_text, "4");
+        let msg = p.reply_message.unwrap();
+        assert_eq!(msg["content"][0], json!({"type": "thinking", "thinking": "Two plus two is four.", "signature": "EqQBsig=="}));
+        assert_eq!(msg["content"][1], json!({"type": "text", "text": "4"}));
+        assert_eq!(msg["content"].as_array().unwrap().len(), 2);
     }
 }

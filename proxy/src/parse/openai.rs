@@ -1,5 +1,7 @@
 //! OpenAI `/v1/chat/completions` and `/v1/completions`, whole and streamed (SSE `data:` chunks with
 //! `choices[].delta`, tool-call fragments merged by index, usage from any chunk, `[DONE]` at the end).
+//! The model's reasoning (`reasoning_content` or `reasoning`) is kept in the reply message under the
+//! key the upstream used, so that a later request that drops it can be told apart.
 
 use ctxscope_store::Endpoint;
 use serde_json::{json, Map, Value};
@@ -50,14 +52,27 @@ pub fn complete(endpoint: Endpoint, value: &Value) -> ParsedResponse {
     }
     if let Some(message) = choice.get("message") {
         parsed.reply_text = message.get("content").map(content_text).unwrap_or_default();
-        parsed.reply_message = Some(reply_message(&parsed.reply_text, message.get("tool_calls").cloned()));
+        parsed.reply_message = Some(reply_message(&parsed.reply_text, reasoning_of(message), message.get("tool_calls").cloned()));
     }
     parsed
 }
 
-/// The assistant message a client resends next turn: role, content, tool calls (not reasoning).
-fn reply_message(text: &str, tool_calls: Option<Value>) -> Value {
+/// Where servers put reasoning on a message or delta: DeepSeek, SGLang and older vLLM use the first,
+/// newer vLLM and OpenRouter the second. The first wins when both are present.
+const REASONING_KEYS: [&str; 2] = ["reasoning_content", "reasoning"];
+
+/// A message's or delta's non-empty reasoning string, with the key it came under.
+fn reasoning_of(message: &Value) -> Option<(&'static str, &str)> {
+    REASONING_KEYS.into_iter().find_map(|key| Some((key, message.get(key)?.as_str().filter(|s| !s.is_empty())?)))
+}
+
+/// The assistant message a client resends next turn: role, content, reasoning (under the upstream's
+/// key, when not empty), tool calls.
+fn reply_message(text: &str, reasoning: Option<(&str, &str)>, tool_calls: Option<Value>) -> Value {
     let mut message = json!({"role": "assistant", "content": text});
+    if let Some((key, reasoning)) = reasoning.filter(|(_, r)| !r.is_empty()) {
+        message[key] = Value::String(reasoning.to_string());
+    }
     if let Some(calls) = tool_calls.filter(|c| c.as_array().is_some_and(|a| !a.is_empty())) {
         message["tool_calls"] = calls;
     }
@@ -67,6 +82,7 @@ fn reply_message(text: &str, tool_calls: Option<Value>) -> Value {
 pub fn stream(endpoint: Endpoint, events: &[Event]) -> ParsedResponse {
     let mut parsed = ParsedResponse { events: events.len() as u32, ..Default::default() };
     let mut calls: Vec<Value> = Vec::new();
+    let (mut reasoning_key, mut reasoning) = (REASONING_KEYS[1], String::new());
     let mut done = false;
     for event in events {
         done |= event.done;
@@ -88,6 +104,12 @@ pub fn stream(endpoint: Endpoint, events: &[Event]) -> ParsedResponse {
         if let Some(content) = delta.get("content") {
             parsed.reply_text.push_str(&content_text(content));
         }
+        if let Some((key, piece)) = reasoning_of(delta) {
+            if key == REASONING_KEYS[0] {
+                reasoning_key = key;
+            }
+            reasoning.push_str(piece);
+        }
         if let Some(Value::Array(fragments)) = delta.get("tool_calls") {
             for fragment in fragments {
                 merge_tool_call(&mut calls, fragment);
@@ -100,7 +122,7 @@ pub fn stream(endpoint: Endpoint, events: &[Event]) -> ParsedResponse {
     parsed.reply_message = Some(if endpoint == Endpoint::Completions {
         json!({"role": "completion", "content": parsed.reply_text})
     } else {
-        reply_message(&parsed.reply_text, Some(Value::Array(calls)))
+        reply_message(&parsed.reply_text, Some((reasoning_key, &reasoning)), Some(Value::Array(calls)))
     });
     parsed
 }
@@ -193,5 +215,55 @@ mod tests {
         assert_eq!(sse::events(streamed.as_bytes()).len(), 3);
         let req = super::super::request(Endpoint::Completions, br#"{"prompt":["Hello"]}"#).unwrap();
         assert_eq!(req.messages[0]["content"], "Hello");
+    }
+
+    #[test]
+    fn whole_chat_keeps_reasoning_content() {
+        let body =
+            br#"{"choices":[{"message":{"role":"assistant","content":"4","reasoning_content":"2+2 is 4."},"finish_reason":"stop"}]}"#;
+        let p = response(Endpoint::ChatCompletions, Some("application/json"), 200, body, false);
+        assert_eq!(p.reply_text, "4");
+        assert_eq!(p.reply_message.unwrap(), json!({"role": "assistant", "content": "4", "reasoning_content": "2+2 is 4."}));
+    }
+
+    #[test]
+    fn whole_chat_without_reasoning_adds_no_key() {
+        let body = br#"{"choices":[{"message":{"role":"assistant","content":"4","reasoning_content":null,"reasoning":""},"finish_reason":"stop"}]}"#;
+        let p = response(Endpoint::ChatCompletions, Some("application/json"), 200, body, false);
+        assert_eq!(p.reply_message.unwrap(), json!({"role": "assistant", "content": "4"}));
+    }
+
+    #[test]
+    fn streamed_chat_concatenates_reasoning_content() {
+        let body = concat!(
+            "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":null,\"reasoning_content\":\"Two plus \"}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"reasoning_content\":\"two is four.\"}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"content\":\"4\",\"reasoning_content\":null}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+            "data: [DONE]\n\n"
+        );
+        let p = response(Endpoint::ChatCompletions, Some("text/event-stream"), 200, body.as_bytes(), true);
+        assert_eq!(p.reply_text, "4");
+        assert_eq!(p.reply_message.unwrap(), json!({"role": "assistant", "content": "4", "reasoning_content": "Two plus two is four."}));
+    }
+
+    #[test]
+    fn streamed_chat_keeps_reasoning_key() {
+        let body = concat!(
+            "data: {\"choices\":[{\"delta\":{\"reasoning\":\"Think\"}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"reasoning\":\"ing.\"}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"content\":\"Done\"},\"finish_reason\":\"stop\"}]}\n\n",
+            "data: [DONE]\n\n"
+        );
+        let p = response(Endpoint::ChatCompletions, Some("text/event-stream"), 200, body.as_bytes(), true);
+        assert_eq!(p.reply_text, "Done");
+        assert_eq!(p.reply_message.unwrap(), json!({"role": "assistant", "content": "Done", "reasoning": "Thinking."}));
+    }
+
+    #[test]
+    fn streamed_chat_prefers_reasoning_content_when_both_keys_come() {
+        let body = "data: {\"choices\":[{\"delta\":{\"reasoning\":\"Hm.\",\"reasoning_content\":\"Hm.\",\"content\":\"ok\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n";
+        let p = response(Endpoint::ChatCompletions, Some("text/event-stream"), 200, body.as_bytes(), true);
+        assert_eq!(p.reply_message.unwrap(), json!({"role": "assistant", "content": "ok", "reasoning_content": "Hm."}));
     }
 }

@@ -8,9 +8,11 @@
 pub mod deepseek;
 mod format;
 mod pyfns;
+pub mod reasoning;
 
 pub use deepseek::{DeepSeekError, DeepSeekFormat, DeepSeekVersion};
 pub use format::{detect_builtin, ChatFormat, ChatFormatChoice, ChatFormatError, UnknownChatFormat, CHAT_FORMAT_NAMES};
+pub use reasoning::{reasoning_rule, Keep, ReasoningRule};
 
 use minijinja::value::Serde;
 use minijinja::{context, Environment, Value};

@@ -43,7 +43,8 @@ pub fn turn_diff(store: &Store, id: u64) -> Result<Value, StoreError> {
         Some(p) => view(store.turn_history(p)?),
         None => Vec::new(),
     };
-    let verdict = if previous_record.is_some() { Some(history::compare(&messages(&old), &messages(&new))) } else { None };
+    let rule = crate::detect::rule_for(&turn);
+    let verdict = if previous_record.is_some() { Some(history::compare(&messages(&old), &messages(&new), rule)) } else { None };
     let tools = history::compare_tools(previous_record.as_ref().and_then(|p| p.tools.as_ref()), turn.tools.as_ref());
     Ok(document(&turn, previous_record.as_ref(), &old, &new, verdict, tools))
 }
@@ -62,35 +63,45 @@ fn document(
 ) -> Value {
     let in_new: HashSet<&str> = new.iter().map(|(h, _)| h.as_str()).collect();
     let in_old: HashSet<&str> = old.iter().map(|(h, _)| h.as_str()).collect();
-    let (kind, detail, rewritten, edited) = match &verdict {
-        None => ("first_turn", Value::Null, Vec::new(), None),
-        Some(History::Extends) => ("extends", Value::Null, Vec::new(), None),
-        Some(History::Retry) => ("retry", Value::Null, Vec::new(), None),
+    let (kind, detail, edits, summary_at, edited) = match &verdict {
+        None => ("first_turn", Value::Null, Vec::new(), None, None),
+        Some(History::Extends) => ("extends", Value::Null, Vec::new(), None, None),
+        Some(History::Retry) => ("retry", Value::Null, Vec::new(), None, None),
         Some(History::PrefixBreak(b)) => {
-            ("prefix_break", json!(b), Vec::new(), (b.change != history::Change::Inserted).then_some(b.message))
+            ("prefix_break", json!(b), Vec::new(), None, (b.change != history::Change::Inserted).then_some(b.message))
         }
-        Some(History::Dropped(d)) => ("dropped", json!(d), d.rewritten_messages.clone(), None),
+        Some(History::Dropped(d)) => ("dropped", json!(d), d.edits.clone(), d.summary.as_ref().map(|s| s.at), None),
+        Some(History::ByDesign(d)) => ("by_design", json!(d), d.edits.clone(), None, None),
     };
+    // Each earlier message's fate, and each request message's origin, from the edits.
     let old_status = |i: usize, hash: &str| -> &'static str {
+        if let Some(e) = edits.iter().find(|e| e.message == i) {
+            return edit_status(e.edit);
+        }
         if in_new.contains(hash) {
             "kept"
         } else if edited == Some(i) {
             "edited"
-        } else if rewritten.contains(&i) {
-            "rewritten"
         } else if kind == "retry" {
             "replaced"
-        } else {
+        } else if kind == "dropped" {
             "dropped"
+        } else {
+            "kept"
         }
     };
     let new_status = |j: usize, hash: &str| -> &'static str {
-        if in_old.contains(hash) {
+        if summary_at == Some(j) {
+            "summary"
+        } else if let Some(e) = edits.iter().find(|e| e.at == Some(j)) {
+            match e.edit {
+                history::EditKind::ReasoningStripped | history::EditKind::MediaStripped => edit_status(e.edit),
+                _ => "rewrite",
+            }
+        } else if in_old.contains(hash) {
             "kept"
         } else if edited == Some(j) {
             "edited"
-        } else if rewritten.contains(&j) {
-            "rewrite"
         } else {
             "appended"
         }
@@ -105,25 +116,31 @@ fn document(
     let after: Vec<Value> = new.iter().enumerate().map(|(j, m)| entry(j, m, new_status(j, &m.0))).collect();
     // Character diffs: the edited message, every rewritten one, and for dropped history the first
     // differing position when both sides hold new content there.
-    let mut pairs: Vec<usize> = edited.into_iter().chain(rewritten.iter().copied()).collect();
-    if let Some(History::Dropped(d)) = &verdict {
-        let i = d.first_differing_message;
-        let fresh =
-            new.get(i).is_some_and(|(h, _)| !in_old.contains(h.as_str())) && old.get(i).is_some_and(|(h, _)| !in_new.contains(h.as_str()));
-        if fresh && !pairs.contains(&i) {
-            pairs.insert(0, i);
-        }
-    }
+    // Character diffs: the edited message of a prefix break, and every message edited in place.
+    let mut pairs: Vec<(usize, usize)> = edited.map(|i| (i, i)).into_iter().collect();
+    pairs.extend(edits.iter().filter(|e| !matches!(e.edit, history::EditKind::Removed)).filter_map(|e| Some((e.message, e.at?))));
     let changes: Vec<Value> = pairs
         .iter()
-        .filter_map(|&i| Some((i, old.get(i)?, new.get(i)?)))
-        .map(|(i, (_, a), (_, b))| json!({"message": i, "role": b.get("role").and_then(Value::as_str).unwrap_or(""), "diff": char_diff(&history::text(a), &history::text(b))}))
+        .filter_map(|&(i, j)| Some((i, j, old.get(i)?, new.get(j)?)))
+        .map(|(i, j, (_, a), (_, b))| json!({"message": i, "at": j, "role": b.get("role").and_then(Value::as_str).unwrap_or(""), "diff": char_diff(&history::text(a), &history::text(b))}))
         .collect();
     json!({
         "turn": turn.id, "conversation": turn.conversation, "index": turn.index, "relation": turn.relation,
         "previous_turn": previous.map(|p| p.id), "previous_conversation": previous.map(|p| p.conversation),
         "verdict": kind, "detail": detail, "tools": tools, "before": before, "after": after, "changes": changes,
     })
+}
+
+/// How an earlier message's edit reads in the diff view.
+fn edit_status(edit: history::EditKind) -> &'static str {
+    match edit {
+        history::EditKind::Removed => "dropped",
+        history::EditKind::Rewritten => "rewritten",
+        history::EditKind::Truncated => "truncated",
+        history::EditKind::Cleared => "cleared",
+        history::EditKind::ReasoningStripped => "reasoning_stripped",
+        history::EditKind::MediaStripped => "media_stripped",
+    }
 }
 
 /// The first differing character, then the changed middle diffed character by character, with

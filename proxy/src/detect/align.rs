@@ -1,0 +1,139 @@
+//! Aligns the previous turn's history with a request: for each earlier message, where it went (kept,
+//! kept without its reasoning or media, edited in place, or removed) and which request messages are
+//! new (inserted between kept ones, or appended). One forward pass over hash maps: a message is
+//! found by its exact hash, then by its hash without reasoning or media, then by its tool-call ids,
+//! always at or after the previous match, so the order of what was kept is respected.
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+use super::anatomy;
+use super::history::Message;
+
+/// What became of one message of the previous history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fate {
+    /// The same message, at this request position.
+    Kept(usize),
+    /// The same message without its reasoning.
+    ReasoningStripped(usize),
+    /// The same message without some of its images, audio or files.
+    MediaStripped(usize),
+    /// The same message (by position or tool-call id) with other content.
+    Edited(usize),
+    Removed,
+}
+
+impl Fate {
+    /// The request position the message went to.
+    pub fn at(self) -> Option<usize> {
+        match self {
+            Fate::Kept(j) | Fate::ReasoningStripped(j) | Fate::MediaStripped(j) | Fate::Edited(j) => Some(j),
+            Fate::Removed => None,
+        }
+    }
+}
+
+/// The alignment of two message lists.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Alignment {
+    /// One fate per previous message.
+    pub fates: Vec<Fate>,
+    /// Request positions that are new: inserted among kept messages or appended after them.
+    pub fresh: Vec<usize>,
+    /// The first request position after the last one a previous message went to (the appended tail).
+    pub appended_from: usize,
+}
+
+/// Positions of each key in the request, in order.
+struct Index {
+    positions: HashMap<String, Vec<usize>>,
+}
+
+impl Index {
+    fn new(keys: impl Iterator<Item = (usize, String)>) -> Index {
+        let mut positions: HashMap<String, Vec<usize>> = HashMap::new();
+        for (j, key) in keys {
+            positions.entry(key).or_default().push(j);
+        }
+        Index { positions }
+    }
+
+    /// The first position of `key` at or after `from` that `free` allows.
+    fn find(&self, key: &str, from: usize, free: impl Fn(usize) -> bool) -> Option<usize> {
+        let list = self.positions.get(key)?;
+        let start = list.partition_point(|&j| j < from);
+        list[start..].iter().copied().find(|&j| free(j))
+    }
+}
+
+/// Aligns `previous` with `request` from position `shared` on (both agree before it).
+pub fn align(previous: &[Message<'_>], request: &[Message<'_>], shared: usize) -> Alignment {
+    let bare = |v: &Value| anatomy::key(&anatomy::without_media(&anatomy::without_reasoning(v)));
+    let exact = Index::new(request.iter().enumerate().skip(shared).map(|(j, m)| (j, m.hash.to_string())));
+    let stripped = Index::new(request.iter().enumerate().skip(shared).map(|(j, m)| (j, bare(m.value))));
+    let ids = Index::new(request.iter().enumerate().skip(shared).flat_map(|(j, m)| tool_key(m.value).map(|k| (j, k))));
+    let mut used: Vec<bool> = (0..request.len()).map(|j| j < shared).collect();
+    let mut fates: Vec<Fate> = (0..shared).map(Fate::Kept).collect();
+    let mut cursor = shared;
+    for old in &previous[shared..] {
+        let free = |j: usize| !used[j];
+        let fate = if let Some(j) = exact.find(old.hash, cursor, free) {
+            Fate::Kept(j)
+        } else if let Some(j) = stripped.find(&bare(old.value), cursor, free) {
+            let new = request[j].value;
+            if anatomy::reasoning_chars(old.value) > anatomy::reasoning_chars(new) {
+                Fate::ReasoningStripped(j)
+            } else if anatomy::media_parts(old.value) > anatomy::media_parts(new) {
+                Fate::MediaStripped(j)
+            } else {
+                Fate::Edited(j)
+            }
+        } else if let Some(j) = tool_key(old.value).and_then(|k| ids.find(&k, cursor, free)) {
+            Fate::Edited(j)
+        } else {
+            Fate::Removed
+        };
+        if let Some(j) = fate.at() {
+            used[j] = true;
+            cursor = j + 1;
+        }
+        fates.push(fate);
+    }
+    pair_in_place(&mut fates, previous, request, &mut used);
+    let appended_from = fates.iter().filter_map(|f| f.at()).max().map_or(shared, |j| j + 1);
+    let fresh = (shared..request.len()).filter(|&j| !used[j]).collect();
+    Alignment { fates, fresh, appended_from }
+}
+
+/// A tool message (or Anthropic tool-result message) is known by its role and call ids.
+fn tool_key(message: &Value) -> Option<String> {
+    let ids = anatomy::tool_ids(message);
+    if ids.is_empty() || message.get("role").and_then(Value::as_str) == Some("assistant") {
+        return None;
+    }
+    Some(format!("{}:{}", message.get("role").and_then(Value::as_str).unwrap_or(""), ids.join(",")))
+}
+
+/// A removed message between two kept ones whose place holds exactly one new message of the same
+/// role was edited in place, not removed (a rewritten question, a cleared tool result).
+fn pair_in_place(fates: &mut [Fate], previous: &[Message<'_>], request: &[Message<'_>], used: &mut [bool]) {
+    let role = |m: &Message<'_>| m.value.get("role").and_then(Value::as_str).map(str::to_string);
+    let mut i = 0;
+    while i < fates.len() {
+        if fates[i] != Fate::Removed {
+            i += 1;
+            continue;
+        }
+        let run_end = (i..fates.len()).find(|&k| fates[k] != Fate::Removed).unwrap_or(fates.len());
+        let before = fates[..i].iter().rev().find_map(|f| f.at()).map_or(0, |j| j + 1);
+        let Some(after) = fates[run_end..].iter().find_map(|f| f.at()) else { break };
+        let gap: Vec<usize> = (before..after).filter(|&j| !used[j]).collect();
+        if run_end - i == 1 && gap.len() == 1 && role(&previous[i]) == role(&request[gap[0]]) {
+            fates[i] = Fate::Edited(gap[0]);
+            used[gap[0]] = true;
+        }
+        i = run_end;
+    }
+}

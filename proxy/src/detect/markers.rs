@@ -1,0 +1,75 @@
+//! Known compaction summaries, as data (`phrases/compaction.json`): the opening of Codex's summary
+//! message, Claude Code's continuation message, opencode's summary question, the Agents SDK's
+//! `compaction` item. A new message that matches one is a summary standing in for earlier turns.
+
+use std::sync::LazyLock;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::anatomy;
+
+/// One harness's marker: how its summary message reads.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Marker {
+    pub harness: String,
+    #[serde(default)]
+    starts_with: Option<String>,
+    #[serde(default)]
+    contains: Option<String>,
+    #[serde(default)]
+    equals: Option<String>,
+    #[serde(default)]
+    item_type: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Markers {
+    #[serde(rename = "_doc")]
+    _doc: String,
+    markers: Vec<Marker>,
+}
+
+static MARKERS: LazyLock<Vec<Marker>> = LazyLock::new(|| {
+    let parsed: Markers =
+        serde_json::from_str(include_str!("phrases/compaction.json")).expect("the built-in compaction markers parse (a test checks)");
+    parsed.markers
+});
+
+/// The harness whose compaction marker `message` carries, if any.
+pub fn harness_of(message: &Value) -> Option<&'static str> {
+    let item_type = message.get("item").and_then(|i| i.get("type")).and_then(Value::as_str);
+    let text = anatomy::squeezed(&anatomy::visible_text(message)).to_lowercase();
+    let lower = |s: &Option<String>| s.as_ref().map(|s| anatomy::squeezed(s).to_lowercase());
+    MARKERS
+        .iter()
+        .find(|m| {
+            let by_item = m.item_type.is_some() && m.item_type.as_deref() == item_type;
+            let by_start = lower(&m.starts_with).is_some_and(|p| !text.is_empty() && text.starts_with(&p));
+            let by_part = lower(&m.contains).is_some_and(|p| !text.is_empty() && text.contains(&p));
+            let by_equal = lower(&m.equals).is_some_and(|p| text == p);
+            by_item || by_start || by_part || by_equal
+        })
+        .map(|m| m.harness.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn each_harness_is_recognised() {
+        let codex = json!({"role": "user", "content": "Another language model started to solve this problem and produced a summary of its thinking process.\nSummary: x"});
+        assert_eq!(harness_of(&codex), Some("codex"));
+        let claude = json!({"role": "user", "content": [{"type": "text", "text": "This session is being continued from a previous conversation that ran out of context."}]});
+        assert_eq!(harness_of(&claude), Some("claude_code"));
+        assert_eq!(harness_of(&json!({"role": "user", "content": "What did we do so far?"})), Some("opencode"));
+        let item = json!({"role": crate::parse::responses::OPAQUE_ROLE, "item": {"type": "compaction", "encrypted_content": "e"}});
+        assert_eq!(harness_of(&item), Some("agents_sdk"));
+        assert_eq!(harness_of(&json!({"role": "user", "content": "What did we do so far? And then?"})), None);
+        assert_eq!(harness_of(&json!({"role": "user", "content": ""})), None);
+    }
+}

@@ -66,6 +66,8 @@ pub struct Pipeline {
     health: Option<std::sync::Arc<crate::health::CaptureHealth>>,
     /// When the store last recorded its high-water marks (`Store::checkpoint`).
     checkpointed: Instant,
+    /// Latest replies of recent conversations (threading a compaction that kept only the system prompt).
+    recent_replies: thread::RecentReplies,
 }
 
 /// At most one warning per interval; the rest are counted and reported with the next one.
@@ -107,6 +109,7 @@ impl Pipeline {
             fingerprints: None,
             health: None,
             checkpointed: Instant::now(),
+            recent_replies: Default::default(),
         }
     }
 
@@ -182,7 +185,14 @@ impl Pipeline {
             chain.clear();
             extend_chain(&mut chain, &hashes);
         }
-        let threading = thread::Request { messages: &request.messages, hashes: &hashes, chain: &chain };
+        let threading = thread::Request {
+            messages: &request.messages,
+            hashes: &hashes,
+            chain: &chain,
+            model: request.model.as_deref(),
+            endpoint: exchange.endpoint,
+            recent: &self.recent_replies,
+        };
         let decision = match &chained {
             Some(Chained { parent: Some(parent), .. }) => responses::decide(&self.store, parent, &chain)?,
             Some(Chained { info, .. }) if info.parent_unknown => responses::unknown_parent(),
@@ -275,6 +285,9 @@ impl Pipeline {
         let conversation = next_conversation(decision, &turn, exchange.conversation_name.clone());
         let draft = TurnDraft { messages: new_messages, chain, tail, turn, conversation };
         self.store.commit_turn(&draft)?;
+        if let (Some(first), true) = (hashes.first(), ok) {
+            self.recent_replies.push(draft.turn.conversation, *first, &draft.turn.reply_text);
+        }
         let TurnDraft { turn, .. } = draft;
         record_metrics(&turn);
 

@@ -1,15 +1,23 @@
 //! Threading requests into conversations without client cooperation, from the prefix hash chain.
 //!
 //! A request continues conversation C when C's latest turn (its messages, or its messages plus reply)
-//! is a prefix of the request; the same messages again are a regenerate. Otherwise the longest prefix
-//! shared with any earlier turn decides: sharing more than the system prompt is a branch (a new
-//! conversation that records where it left), sharing less is a new conversation. A request that does
-//! not extend a conversation's latest turn but carries its latest reply continues it with rewritten
-//! history (a harness that compacted or dropped earlier turns): marked diverged. A conversation named
-//! by header is used as named, and a request that does not extend its last turn is marked diverged.
+//! is a prefix of the request; the same messages again are a regenerate. A request that does not
+//! extend a conversation's latest turn but carries its latest reply continues it with edited history
+//! (a harness that compacted, pruned or windowed it): marked diverged. Otherwise the longest prefix
+//! shared with any earlier turn decides. Sharing more than the system prompt is an edit of that
+//! conversation's latest history when the request still carries a message from beyond the shared
+//! prefix or a summary of what it removed (diverged), and a branch when it does not (the client went
+//! back and went on differently: a new conversation that records where it left). Sharing less is a
+//! new conversation, unless a message carries a known compaction marker and the text of a recent
+//! reply of a conversation with the same first message (a compaction that kept only the system
+//! prompt). A conversation named by header is used as named; not extending its last turn is diverged.
 
+use std::collections::VecDeque;
+
+use crate::detect::{anatomy, history, markers};
 use crate::parse::message::Message;
-use ctxscope_store::{to_hex, BaseRef, BranchRef, ConversationRecord, Hash, Relation, Store, StoreError};
+use ctxscope_formats::template::reasoning_rule;
+use ctxscope_store::{to_hex, BaseRef, BranchRef, ConversationRecord, Endpoint, Hash, Relation, Store, StoreError};
 
 /// Where a request belongs.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,6 +35,42 @@ pub struct Request<'a> {
     pub messages: &'a [Message],
     pub hashes: &'a [Hash],
     pub chain: &'a [Hash],
+    /// The model and API, for the reasoning rule an edit is judged by.
+    pub model: Option<&'a str>,
+    pub endpoint: Endpoint,
+    /// Recent replies, for a compaction that kept only the system prompt.
+    pub recent: &'a RecentReplies,
+}
+
+/// The latest replies of recent conversations (text squeezed, bounded), newest last: a summary that
+/// holds one names the conversation it compacted. In memory: after a restart only newer replies count.
+#[derive(Default)]
+pub struct RecentReplies {
+    replies: VecDeque<(u64, Hash, String)>,
+}
+
+impl RecentReplies {
+    const CAPACITY: usize = 256;
+    /// Characters of a reply kept.
+    const MAX_CHARS: usize = 16_384;
+
+    /// Records `conversation`'s latest reply (a conversation holds one entry: its latest).
+    pub fn push(&mut self, conversation: u64, first: Hash, reply: &str) {
+        self.replies.retain(|(c, _, _)| *c != conversation);
+        let text: String = anatomy::squeezed(reply).chars().take(Self::MAX_CHARS).collect();
+        if text.chars().count() < 40 {
+            return;
+        }
+        self.replies.push_back((conversation, first, text));
+        if self.replies.len() > Self::CAPACITY {
+            self.replies.pop_front();
+        }
+    }
+
+    /// The newest conversation whose first message is `first` and whose latest reply `text` holds.
+    fn held_by(&self, first: &Hash, text: &str) -> Option<u64> {
+        self.replies.iter().rev().filter(|(_, f, _)| f == first).find(|(_, _, reply)| history::carries(text, reply)).map(|(c, _, _)| *c)
+    }
 }
 
 /// Decides where a request belongs.
@@ -59,12 +103,28 @@ pub fn decide(store: &Store, request: &Request<'_>, name: Option<&str>) -> Resul
     }
     // 3. The longest prefix shared with any earlier turn.
     let Some((len, entry)) = longest_prefix(store, chain)? else {
-        return Ok(Decision { conversation: None, relation: Relation::New, base: None, branch_of: None });
+        return Ok(compacted(store, request, None)?.unwrap_or(Decision {
+            conversation: None,
+            relation: Relation::New,
+            base: None,
+            branch_of: None,
+        }));
     };
     let base = Some(BaseRef { turn: entry.turn, len: len as u32 });
     let beyond_system = messages[..len].iter().any(|m| m.role() != Some("system"));
     if !beyond_system {
-        return Ok(Decision { conversation: None, relation: Relation::New, base, branch_of: None });
+        return Ok(compacted(store, request, base)?.unwrap_or(Decision {
+            conversation: None,
+            relation: Relation::New,
+            base,
+            branch_of: None,
+        }));
+    }
+    // 4. An edit of that conversation's latest history, or a branch.
+    if let Some(conversation) = store.conversation(entry.conversation)? {
+        if edits(store, &conversation, request)? {
+            return Ok(diverged(store, conversation, request, base)?);
+        }
     }
     let branch = BranchRef { conversation: entry.conversation, turn: entry.turn, shared_messages: len as u32 };
     Ok(Decision {
@@ -100,6 +160,28 @@ fn carries_latest_reply(store: &Store, request: &Request<'_>) -> Result<Option<D
         return Ok(Some(diverged(store, conversation, request, base)?));
     }
     Ok(None)
+}
+
+/// Whether the request is `conversation`'s latest history edited (see [`history::edit_of_history`]).
+fn edits(store: &Store, conversation: &ConversationRecord, request: &Request<'_>) -> Result<bool, StoreError> {
+    let Some(previous) = store.turn(conversation.last_turn)? else { return Ok(false) };
+    let rule = reasoning_rule(request.model, request.endpoint.as_str());
+    crate::detect::with_sides(store, &previous, request.hashes, request.messages, |before, after| {
+        history::edit_of_history(before, after, rule).is_some()
+    })
+}
+
+/// A request that kept at most the system prompt of a conversation it compacted: one of its messages
+/// carries a known compaction marker, and one holds the latest reply of a recent conversation with
+/// the same first message (the summary the harness asked that conversation's model for).
+fn compacted(store: &Store, request: &Request<'_>, base: Option<BaseRef>) -> Result<Option<Decision>, StoreError> {
+    let (Some(first), true) = (request.hashes.first(), request.messages.iter().any(|m| markers::harness_of(m).is_some())) else {
+        return Ok(None);
+    };
+    let texts = request.messages.iter().filter(|m| m.role() != Some("system")).map(|m| anatomy::squeezed(&anatomy::visible_text(m)));
+    let Some(id) = texts.take(8).find_map(|text| request.recent.held_by(first, &text)) else { return Ok(None) };
+    let Some(conversation) = store.conversation(id)? else { return Ok(None) };
+    Ok(Some(diverged(store, conversation, request, base)?))
 }
 
 /// A request in `conversation` that does not extend its latest turn.

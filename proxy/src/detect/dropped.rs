@@ -12,14 +12,26 @@ use super::{Context, Draft, Observation};
 
 /// The previous turn's history (messages and reply) against this request.
 pub(crate) fn compare_history(store: &Store, previous: &TurnRecord, obs: &Observation<'_>) -> Result<History, StoreError> {
+    with_sides(store, previous, obs.hashes, obs.messages, |before, after| history::compare(before, after, rule_for(obs.turn)))
+}
+
+/// Runs `f` on the previous turn's history (messages and reply) and a request's messages, both as
+/// the comparison sees them (hex hashes, canonical forms).
+pub fn with_sides<R>(
+    store: &Store,
+    previous: &TurnRecord,
+    hashes: &[ctxscope_store::Hash],
+    messages: &[crate::parse::message::Message],
+    f: impl FnOnce(&[history::Message<'_>], &[history::Message<'_>]) -> R,
+) -> Result<R, StoreError> {
     let history = store.turn_history(previous)?;
-    let hashes: Vec<String> = history.iter().map(|(hash, _)| ctxscope_store::to_hex(hash)).collect();
-    let values: Vec<Value> = history.into_iter().map(|(_, value)| value.unwrap_or(Value::Null)).collect();
-    let request_hex: Vec<String> = obs.hashes.iter().map(ctxscope_store::to_hex).collect();
-    let request_canonical: Vec<Value> = obs.messages.iter().map(|m| ctxscope_store::canonical_message(m)).collect();
-    let before: Vec<_> = hashes.iter().zip(&values).map(|(hash, value)| history::Message { hash, value }).collect();
-    let after: Vec<_> = request_hex.iter().zip(&request_canonical).map(|(hash, value)| history::Message { hash, value }).collect();
-    Ok(history::compare(&before, &after, rule_for(obs.turn)))
+    let old_hex: Vec<String> = history.iter().map(|(hash, _)| ctxscope_store::to_hex(hash)).collect();
+    let old_values: Vec<Value> = history.into_iter().map(|(_, value)| value.unwrap_or(Value::Null)).collect();
+    let new_hex: Vec<String> = hashes.iter().map(ctxscope_store::to_hex).collect();
+    let new_values: Vec<Value> = messages.iter().map(|m| ctxscope_store::canonical_message(m)).collect();
+    let before: Vec<_> = old_hex.iter().zip(&old_values).map(|(hash, value)| history::Message { hash, value }).collect();
+    let after: Vec<_> = new_hex.iter().zip(&new_values).map(|(hash, value)| history::Message { hash, value }).collect();
+    Ok(f(&before, &after))
 }
 
 /// The reasoning rule of a turn's model and API.

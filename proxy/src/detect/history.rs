@@ -224,7 +224,16 @@ pub fn compare(previous: &[Message<'_>], request: &[Message<'_>], rule: &Reasoni
     if shared == previous.len() {
         return History::Extends;
     }
-    let alignment = align::align(previous, request, shared);
+    compare_aligned(previous, request, rule, shared, &align::align(previous, request, shared))
+}
+
+fn compare_aligned(
+    previous: &[Message<'_>],
+    request: &[Message<'_>],
+    rule: &ReasoningRule,
+    shared: usize,
+    alignment: &align::Alignment,
+) -> History {
     let last_instruction = request.iter().rposition(|m| anatomy::kind(m.value) == anatomy::Kind::User);
     let mut edits = Vec::new();
     let mut minor = None;
@@ -239,7 +248,7 @@ pub fn compare(previous: &[Message<'_>], request: &[Message<'_>], rule: &Reasoni
         edits.push(edit);
     }
     let reply_kept = matches!(alignment.fates.last(), Some(align::Fate::Kept(_) | align::Fate::ReasoningStripped(_)));
-    let summary = summary_of(previous, request, &alignment);
+    let summary = summary_of(previous, request, alignment);
     if edits.is_empty() && summary.is_none() {
         return History::PrefixBreak(minor.unwrap_or_else(|| inserted(shared, request)));
     }
@@ -298,6 +307,20 @@ pub fn compare(previous: &[Message<'_>], request: &[Message<'_>], rule: &Reasoni
         return History::ByDesign(dropped);
     }
     History::Dropped(dropped)
+}
+
+/// Whether a request that shares only a prefix with the previous history is that history edited
+/// (it carries a message from beyond the shared prefix, kept or edited, or a summary of what it
+/// removed) rather than a branch (the client went back to an earlier point and went on differently).
+/// The comparison when it is an edit.
+pub fn edit_of_history(previous: &[Message<'_>], request: &[Message<'_>], rule: &ReasoningRule) -> Option<History> {
+    let shared = previous.iter().zip(request).take_while(|(a, b)| a.hash == b.hash).count();
+    if shared == previous.len() {
+        return Some(History::Extends);
+    }
+    let alignment = align::align(previous, request, shared);
+    let carried = alignment.fates[shared..].iter().any(|f| f.at().is_some());
+    (carried || summary_of(previous, request, &alignment).is_some()).then(|| compare_aligned(previous, request, rule, shared, &alignment))
 }
 
 /// What happened to earlier message `i` (`None`: kept as it was).
@@ -408,7 +431,7 @@ fn summary_of(previous: &[Message<'_>], request: &[Message<'_>], alignment: &ali
 
 /// Whether `text` holds `reply`: whole, or (a summary cut out of a longer reply, as Claude Code's
 /// `<summary>` is) at least two and a third of the reply's [`REPLY_ANCHOR`]-character pieces.
-fn carries(text: &str, reply: &str) -> bool {
+pub fn carries(text: &str, reply: &str) -> bool {
     if text.contains(reply) {
         return true;
     }

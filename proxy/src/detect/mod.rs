@@ -13,7 +13,7 @@ pub mod drift;
 mod dropped;
 mod engine_changed;
 pub mod history;
-mod markers;
+pub mod markers;
 mod rate;
 mod responses;
 mod reuse;
@@ -27,7 +27,7 @@ use serde_json::Value;
 use cache::{Recent, RecentPrompts};
 pub use config::DetectConfig;
 use drift::Drift;
-pub use dropped::rule_for;
+pub use dropped::{rule_for, with_sides};
 use history::History;
 use rate::{Rates, Sample};
 
@@ -226,8 +226,15 @@ impl Detectors {
             history: None,
             text_bytes: Default::default(),
         };
-        if let (Relation::Diverged { .. }, Some(prev)) = (&turn.relation, cx.previous()) {
-            cx.history = Some(dropped::compare_history(store, prev, obs)?);
+        match (&turn.relation, cx.previous()) {
+            (Relation::Diverged { .. }, Some(prev)) => cx.history = Some(dropped::compare_history(store, prev, obs)?),
+            // An extension whose resent reply is not the reply on record (say, without its reasoning
+            // inside a tool loop): compared too, and kept only when it lost something.
+            (Relation::Extend { .. }, Some(prev)) if resent_otherwise(prev, obs) => {
+                let history = dropped::compare_history(store, prev, obs)?;
+                cx.history = matches!(history, History::Dropped(_)).then_some(history);
+            }
+            _ => {}
         }
         let mut drafts = Vec::new();
         drafts.extend(truncation::overflow(&cx));
@@ -299,6 +306,12 @@ impl Detectors {
             });
         }
     }
+}
+
+/// Whether an extension carries the previous reply's place with another message than the reply on record.
+fn resent_otherwise(previous: &TurnRecord, obs: &Observation<'_>) -> bool {
+    let Some(reply) = previous.reply.as_deref() else { return false };
+    obs.hashes.get(previous.message_count as usize).is_some_and(|h| ctxscope_store::to_hex(h) != reply)
 }
 
 /// Every finding's evidence names how it was found (`method`) and how sure that is (`confidence`:

@@ -1,0 +1,149 @@
+//! Harness edits through the capture pipeline with a real sled store: a request that is the previous
+//! history pruned, compacted or stripped of reasoning continues its conversation and raises
+//! `history_dropped` with the edit's cause; a true branch stays a branch and raises nothing.
+
+use ctxscope_proxy::capture::pipeline::Pipeline;
+use ctxscope_store::{FindingFilter, FindingRecord, Relation, RetentionPolicy, Store, StoreOptions, TurnRecord};
+use serde_json::{json, Value};
+
+mod common;
+use common::{assistant, exchange, system, user};
+
+struct Harness {
+    _dir: tempfile::TempDir,
+    store: Store,
+    pipeline: Pipeline,
+    clock: u64,
+}
+
+impl Harness {
+    fn new() -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        let pipeline = Pipeline::new(store.clone(), "http://engine".into(), None, RetentionPolicy::default());
+        Harness { _dir: dir, store, pipeline, clock: 1_000 }
+    }
+
+    /// Sends `messages` to `model`; the engine answers with `reply` (an assistant message).
+    fn send(&mut self, model: &str, messages: &[Value], reply: Value) -> TurnRecord {
+        let request = json!({"model": model, "messages": messages});
+        let response =
+            json!({"choices": [{"message": reply, "finish_reason": "stop"}], "usage": {"prompt_tokens": 100, "completion_tokens": 8}});
+        let mut ex = exchange(request, response, None);
+        self.clock += 1_000;
+        ex.time_unix_ms = self.clock;
+        self.pipeline.capture(&ex).expect("captured")
+    }
+
+    fn findings(&self) -> Vec<FindingRecord> {
+        self.store.findings(&FindingFilter::default()).unwrap()
+    }
+}
+
+fn call(id: &str, reasoning: Option<&str>) -> Value {
+    let mut v = json!({"role": "assistant", "content": "", "tool_calls": [{"id": id, "type": "function", "function": {"name": "read_file", "arguments": "{}"}}]});
+    if let Some(r) = reasoning {
+        v["reasoning_content"] = json!(r);
+    }
+    v
+}
+
+fn result(id: &str, text: &str) -> Value {
+    json!({"role": "tool", "tool_call_id": id, "content": text})
+}
+
+/// An agent loop of `n` tool calls, each followed by the user's next question.
+fn agent(h: &mut Harness, n: usize) -> (Vec<Value>, u64) {
+    let mut messages = vec![system(), user("Look at the project.")];
+    let mut conversation = 0;
+    for i in 0..n {
+        let id = format!("call_{i}");
+        messages.extend([call(&id, None), result(&id, &format!("file {i}: {}", "fn main() {} ".repeat(20)))]);
+        messages.push(user(&format!("And then {i}?")));
+        conversation = h.send("m", &messages, assistant(&format!("Answer {i}."))).conversation;
+        messages.push(assistant(&format!("Answer {i}.")));
+    }
+    (messages, conversation)
+}
+
+#[test]
+fn pruned_tool_results_continue_the_conversation_and_are_named() {
+    let mut h = Harness::new();
+    let (messages, conversation) = agent(&mut h, 4);
+    // The harness removes every tool result but the last, keeping every user and assistant message.
+    let last_result = messages.iter().rposition(|m| m["role"] == "tool").unwrap();
+    let mut pruned: Vec<Value> =
+        messages.iter().enumerate().filter(|(i, m)| m["role"] != "tool" || *i == last_result).map(|(_, m)| m.clone()).collect();
+    pruned.push(user("Summarise."));
+    let turn = h.send("m", &pruned, assistant("Done."));
+    assert_eq!(turn.conversation, conversation, "{:?}", turn.relation);
+    assert!(matches!(turn.relation, Relation::Diverged { .. }), "{:?}", turn.relation);
+    let found = h.findings();
+    assert_eq!(found.len(), 1, "{found:#?}");
+    let e = &found[0].evidence;
+    assert_eq!((e["cause"].as_str(), e["lost"]["tool_result"]["messages"].as_u64()), (Some("pruned"), Some(3)), "{e:#}");
+    assert_eq!(found[0].severity.as_str(), "info", "only old tool results were lost");
+    assert!(found[0].summary.contains("3 tool_result"), "{}", found[0].summary);
+}
+
+#[test]
+fn a_branch_stays_a_branch() {
+    let mut h = Harness::new();
+    let mut messages = vec![system(), user("u0")];
+    let first = h.send("m", &messages, assistant("a0")).conversation;
+    messages.extend([assistant("a0"), user("u1")]);
+    h.send("m", &messages, assistant("a1"));
+    messages.extend([assistant("a1"), user("u2")]);
+    h.send("m", &messages, assistant("a2"));
+    // Back to after the first answer, and on differently.
+    let branch = h.send("m", &[system(), user("u0"), assistant("a0"), user("something else entirely")], assistant("b1"));
+    assert_ne!(branch.conversation, first);
+    assert!(matches!(branch.relation, Relation::Branch { shared_messages: 3, .. }), "{:?}", branch.relation);
+    assert_eq!(h.findings(), vec![]);
+}
+
+#[test]
+fn a_compaction_that_kept_only_the_system_prompt_is_found_by_its_summary() {
+    let mut h = Harness::new();
+    let mut messages = vec![system(), user("u0")];
+    let conversation = h.send("m", &messages, assistant("a0")).conversation;
+    messages.extend([assistant("a0"), user("Your task is to create a detailed summary of the conversation so far.")]);
+    let summary = "The user greeted the assistant twice and asked about the weather in Paris; the answer was sunny, 21 degrees.";
+    h.send("m", &messages, assistant(summary));
+    let continued = format!(
+        "This session is being continued from a previous conversation that ran out of context. The conversation is summarized below:\n{summary}"
+    );
+    let turn = h.send("m", &[system(), user(&continued), user("And tomorrow?")], assistant("Rain."));
+    assert_eq!(turn.conversation, conversation, "{:?}", turn.relation);
+    let found = h.findings();
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!(found[0].evidence["cause"], "compaction");
+    assert_eq!(found[0].evidence["summary"]["harness"], "claude_code");
+}
+
+#[test]
+fn reasoning_dropped_inside_a_deepseek_tool_loop_but_not_between_user_turns() {
+    let mut h = Harness::new();
+    let model = "deepseek-v4-flash";
+    let mut messages = vec![system(), user("Fix the test.")];
+    // The engine answers with a tool call and its reasoning; the harness resends it without.
+    let reply = call("c1", Some("I should read the failing test first."));
+    let conversation = h.send(model, &messages, reply).conversation;
+    messages.extend([call("c1", None), result("c1", "assert_eq!(parse(\" 1\"), 1) failed")]);
+    let turn = h.send(model, &messages, assistant("Trim the input."));
+    assert_eq!(turn.conversation, conversation);
+    let found = h.findings();
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!(
+        (found[0].evidence["cause"].as_str(), found[0].evidence["reasoning_rule"].as_str()),
+        (Some("reasoning_dropped"), Some("deepseek"))
+    );
+    // A new question after the answer: DeepSeek's encoding drops earlier reasoning itself.
+    let mut h = Harness::new();
+    let mut messages = vec![system(), user("Hi.")];
+    h.send(model, &messages, json!({"role": "assistant", "content": "Hello.", "reasoning_content": "Greet back."}));
+    messages.extend([assistant("Hello."), user("How are you?")]);
+    let turn = h.send(model, &messages, assistant("Fine."));
+    assert!(matches!(turn.relation, Relation::Extend { .. }), "{:?}", turn.relation);
+    assert_eq!(h.findings(), vec![]);
+}

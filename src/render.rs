@@ -53,9 +53,34 @@ pub fn conversation(detail: &ConversationDetail) -> String {
         );
     }
     out.push_str(&fingerprints(detail));
+    out.push_str(&context(&ctxscope_proxy::detect::context_report::context_report(detail)));
     if !detail.findings.is_empty() {
         let _ = writeln!(out, "\nfindings:");
         out.push_str(&findings(&detail.findings));
+    }
+    out
+}
+
+/// The context report as a table: per turn, the messages the model could see of each kind against
+/// those ever said (`visible/ever`), and the share of characters still visible.
+fn context(report: &ctxscope_proxy::detect::context_report::ContextReport) -> String {
+    let shown: Vec<&str> =
+        report.kinds.iter().copied().filter(|k| report.turns.iter().any(|t| t.ever.get(k).is_some_and(|c| c.messages > 0))).collect();
+    let mut out = String::from("\ncontext (messages the model could see / ever said, per kind):\n");
+    let _ = write!(out, "{:>3}", "#");
+    for kind in &shown {
+        let _ = write!(out, "  {kind:>15}");
+    }
+    let _ = writeln!(out, "  {:>8}", "VISIBLE");
+    for t in &report.turns {
+        let _ = write!(out, "{:>3}", t.index);
+        for kind in &shown {
+            let count = |side: &std::collections::BTreeMap<&str, ctxscope_proxy::detect::context_report::Count>| {
+                side.get(kind).map_or(0, |c| c.messages)
+            };
+            let _ = write!(out, "  {:>15}", format!("{}/{}", count(&t.visible), count(&t.ever)));
+        }
+        let _ = writeln!(out, "  {:>7.1}%", t.visible_share * 100.0);
     }
     out
 }

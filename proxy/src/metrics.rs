@@ -32,9 +32,10 @@ pub const STORE_DAMAGE_TOTAL: &str = "ctxscope_store_damage_total";
 pub const OTLP_EXPORTED_TOTAL: &str = "ctxscope_otlp_exported_total";
 pub const OTLP_DROPPED_TOTAL: &str = "ctxscope_otlp_dropped_total";
 pub const OTLP_EXPORT_SECONDS: &str = "ctxscope_otlp_export_seconds";
+pub const HISTORY_EDITS_TOTAL: &str = "ctxscope_history_edits_total";
 
 /// Every metric name above, for checks that dashboards and alert rules only use real ones.
-pub const ALL: [&str; 27] = [
+pub const ALL: [&str; 28] = [
     REQUESTS_TOTAL,
     PROMPT_TOKENS,
     CACHED_TOKENS,
@@ -62,6 +63,7 @@ pub const ALL: [&str; 27] = [
     OTLP_EXPORTED_TOTAL,
     OTLP_DROPPED_TOTAL,
     OTLP_EXPORT_SECONDS,
+    HISTORY_EDITS_TOTAL,
 ];
 
 /// Why a capture was dropped (the `reason` label of `ctxscope_capture_dropped_total`).
@@ -127,6 +129,10 @@ fn describe() {
     metrics::describe_histogram!(CAPTURE_SECONDS, "Capture pipeline time per exchange (parse, thread, count, store).");
     metrics::describe_histogram!(TTFB_SECONDS, "Upstream time to first response byte for captured requests.");
     metrics::describe_counter!(FINDINGS_TOTAL, "Findings raised by the detectors, by kind and severity (once per cause).");
+    metrics::describe_counter!(
+        HISTORY_EDITS_TOTAL,
+        "Turns whose harness edited the history, by cause (compaction, windowed, pruned, rewritten, truncated_in_place, media_stripped, reasoning_dropped); every turn, not once per conversation."
+    );
     metrics::describe_histogram!(DETECT_SECONDS, "Detector time per captured turn (on the capture worker, off the request path).");
     metrics::describe_counter!(UPSTREAM_PROMPT_TOKENS_TOTAL, "Prompt tokens the upstream reported, summed.");
     metrics::describe_counter!(UPSTREAM_CACHED_TOKENS_TOTAL, "Cached prompt tokens the upstream reported, summed.");
@@ -169,6 +175,9 @@ pub fn register_findings() {
         for severity in Severity::ALL {
             metrics::counter!(FINDINGS_TOTAL, "kind" => kind.as_str(), "severity" => severity.as_str()).absolute(0);
         }
+    }
+    for cause in crate::detect::history::Cause::ALL {
+        metrics::counter!(HISTORY_EDITS_TOTAL, "cause" => cause.as_str()).absolute(0);
     }
 }
 

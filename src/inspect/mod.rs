@@ -46,7 +46,10 @@ pub async fn detail(source: &dyn Records, id: u64) -> Result<ConversationDetail,
 pub async fn show(source: &dyn Records, id: u64, json: bool) -> Result<(), InspectError> {
     let detail = source.detail(id).await?;
     if json {
-        return print_json(&detail);
+        // The conversation as stored, with its context report (what the model could see at each turn).
+        let mut value = serde_json::to_value(&detail)?;
+        value["context_report"] = serde_json::to_value(ctxscope_proxy::detect::context_report::context_report(&detail))?;
+        return print_json(&value);
     }
     print!("{}", render::conversation(&detail));
     Ok(())

@@ -1,5 +1,5 @@
 //! The admin port: Prometheus `/metrics`, `/healthz`, and the JSON API that inspection commands use
-//! while a proxy holds the store (`/api/conversations`, `/api/conversations/{id}`, `.../export`,
+//! while a proxy holds the store (`/api/conversations`, `/api/conversations/{id}`, `.../context`, `.../export`,
 //! `POST /api/import`, `/api/findings`, `/api/replays`). Documented in docs/api.md.
 
 pub mod import;
@@ -58,6 +58,13 @@ pub async fn handle(state: Arc<AdminState>, request: Request<Incoming>) -> Resul
         (&Method::GET, ["api", "conversations"]) => with_store(&state, |s| s.conversations().map(|c| to_json(&c))).await,
         (&Method::GET, ["api", "conversations", id]) => match id.parse::<u64>() {
             Ok(id) => with_store(&state, move |s| s.conversation_detail(id).map(|d| to_json(&d))).await,
+            Err(_) => bad_id(id),
+        },
+        (&Method::GET, ["api", "conversations", id, "context"]) => match id.parse::<u64>() {
+            Ok(id) => {
+                with_store(&state, move |s| s.conversation_detail(id).map(|d| to_json(&crate::detect::context_report::context_report(&d))))
+                    .await
+            }
             Err(_) => bad_id(id),
         },
         (&Method::GET, ["api", "conversations", id, "export"]) => match id.parse::<u64>() {

@@ -9,6 +9,7 @@ mod amnesia;
 pub mod anatomy;
 pub mod cache;
 pub mod config;
+pub mod context_report;
 pub mod drift;
 mod dropped;
 mod engine_changed;
@@ -235,6 +236,11 @@ impl Detectors {
                 cx.history = matches!(history, History::Dropped(_)).then_some(history);
             }
             _ => {}
+        }
+        if let Some(History::Dropped(d)) = &cx.history {
+            for cause in &d.causes {
+                metrics::counter!(crate::metrics::HISTORY_EDITS_TOTAL, "cause" => cause.as_str()).increment(1);
+            }
         }
         let mut drafts = Vec::new();
         drafts.extend(truncation::overflow(&cx));

@@ -100,7 +100,7 @@ pub fn attributes(turn: &TurnSummary, origin: &Origin) -> Vec<KeyValue> {
     }
     // Only an id the client sent: the conventions reserve it for the application's own conversation id.
     out.extend(turn.client_conversation.as_ref().map(|c| string("gen_ai.conversation.id", c.clone())));
-    if turn.findings.iter().any(|f| f.kind == FindingKind::HistoryDropped) {
+    if turn.findings.iter().any(certain_compaction) {
         out.push(KeyValue::new("gen_ai.conversation.compacted", true));
     }
     if turn.status != 0 {
@@ -170,13 +170,27 @@ fn error_type(turn: &TurnSummary) -> Option<String> {
 }
 
 fn finding_attributes(finding: &FindingRecord) -> Vec<KeyValue> {
-    vec![
+    let mut out = vec![
         string("ctxscope.finding.kind", finding.kind.as_str()),
         string("ctxscope.finding.severity", finding.severity.as_str()),
         string("ctxscope.finding.summary", finding.summary.clone()),
         string("ctxscope.finding.evidence", finding.evidence.to_string()),
         int("ctxscope.finding.id", finding.id),
-    ]
+    ];
+    // The named cause (history_dropped's edit, cache_miss's break), when the evidence has one.
+    if let Some(cause) = finding.evidence.get("cause").and_then(serde_json::Value::as_str) {
+        out.push(string("ctxscope.finding.cause", cause.to_string()));
+    }
+    out
+}
+
+/// A `history_dropped` finding whose cause is a compaction recognised for certain: by a harness's
+/// marker or by the summary holding the reply it replaced (not by structure alone).
+fn certain_compaction(finding: &FindingRecord) -> bool {
+    let e = &finding.evidence;
+    finding.kind == FindingKind::HistoryDropped
+        && e["cause"] == "compaction"
+        && matches!(e["summary"]["recognised_by"].as_str(), Some("marker" | "carries_reply"))
 }
 
 /// The turn as a span with `ids` (trace, span), its findings as events at the turn's end.
@@ -328,9 +342,16 @@ mod tests {
         let mut t = turn();
         t.client_conversation = Some("session-42".into());
         t.findings = vec![finding(FindingKind::HistoryDropped)];
+        t.findings[0].evidence = json!({"cause": "compaction", "summary": {"recognised_by": "marker", "harness": "codex"}});
         let attrs = attributes(&t, &origin());
         assert_eq!(get(&attrs, "gen_ai.conversation.id"), Some(&Value::from("session-42")));
         assert_eq!(get(&attrs, "gen_ai.conversation.compacted"), Some(&Value::Bool(true)));
+        assert_eq!(get(&finding_attributes(&t.findings[0]), "ctxscope.finding.cause"), Some(&Value::from("compaction")));
+        // Pruning, or a summary recognised only by its shape, is not a certain compaction.
+        for evidence in [json!({"cause": "pruned"}), json!({"cause": "compaction", "summary": {"recognised_by": "structure"}})] {
+            t.findings[0].evidence = evidence;
+            assert_eq!(get(&attributes(&t, &origin()), "gen_ai.conversation.compacted"), None);
+        }
     }
 
     #[test]

@@ -275,6 +275,16 @@ fn message(role: &str, content: &str) -> Value {
     json!({"role": role, "content": content})
 }
 
+/// A 1x1 PNG, the image a step's user message can carry.
+const PIXEL_PNG: &str =
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
+
+/// Codex's handoff prefix before a summary (the text of its summary_prefix template).
+const CODEX_PREFIX: &str = "Another language model started to solve this problem and produced a summary of its thinking process. You also have access to the state of the tools that were used by that language model. Use this to build on the work that has already been done and avoid duplicating work. Here is the summary produced by the other language model, use the information in this summary to assist with your own analysis:";
+/// Claude Code's continuation message before a summary.
+const CLAUDE_CODE_PREFIX: &str =
+    "This session is being continued from a previous conversation that ran out of context. The conversation is summarized below:";
+
 /// The harness's side of a scenario: the history of each conversation it holds, and which one the
 /// next step continues.
 struct Harness<'a> {
@@ -283,14 +293,67 @@ struct Harness<'a> {
     current: usize,
 }
 
+fn is_role(m: &Value, role: &str) -> bool {
+    m["role"] == role
+}
+
+fn is_reminder(m: &Value) -> bool {
+    m["content"].as_str().is_some_and(|t| t.starts_with("<system-reminder>"))
+}
+
+/// Keeps the latest `keep` messages that `pick` selects and applies `edit` to the others (`None`
+/// removes them).
+fn all_but_latest(history: &[Value], keep: usize, pick: impl Fn(&Value) -> bool, edit: impl Fn(&Value) -> Option<Value>) -> Vec<Value> {
+    let total = history.iter().filter(|m| pick(m)).count();
+    let mut seen = 0;
+    let mut out = Vec::with_capacity(history.len());
+    for m in history {
+        if !pick(m) {
+            out.push(m.clone());
+            continue;
+        }
+        seen += 1;
+        if seen + keep > total {
+            out.push(m.clone());
+        } else if let Some(edited) = edit(m) {
+            out.push(edited);
+        }
+    }
+    out
+}
+
 impl<'a> Harness<'a> {
     fn new(scenario: &'a Scenario) -> Harness<'a> {
         let first = scenario.system.iter().map(|s| message("system", &render_system(s, 0))).collect();
         Harness { scenario, histories: vec![first], current: 0 }
     }
 
-    /// The messages the harness sends at step `i`.
-    fn request(&mut self, i: usize) -> Vec<Value> {
+    /// The summarization request of a `compact` step: the history and the harness's prompt.
+    fn compaction_request(&self, prompt: &str) -> Vec<Value> {
+        let mut messages = self.histories[self.current].clone();
+        messages.push(message("user", prompt));
+        messages
+    }
+
+    /// The history rebuilt around `summary` in a harness's style.
+    fn compacted(&self, style: CompactStyle, summary: &str) -> Vec<Value> {
+        let history = &self.histories[self.current];
+        let system = history.iter().filter(|m| is_role(m, "system")).cloned();
+        match style {
+            CompactStyle::Codex => {
+                // Every user message but the summarization prompt (the last one), then the summary.
+                let users: Vec<Value> = history.iter().filter(|m| is_role(m, "user") && !is_reminder(m)).cloned().collect();
+                let kept = users[..users.len().saturating_sub(1)].iter().cloned();
+                system.chain(kept).chain([message("user", &format!("{CODEX_PREFIX}\n{summary}"))]).collect()
+            }
+            CompactStyle::ClaudeCode => system.chain([message("user", &format!("{CLAUDE_CODE_PREFIX}\n{summary}"))]).collect(),
+            CompactStyle::Opencode => system.chain([message("user", "What did we do so far?"), message("assistant", summary)]).collect(),
+        }
+    }
+
+    /// The messages the harness sends at step `i` (`summary`: the reply to a `compact` step's
+    /// summarization request).
+    fn request(&mut self, i: usize, summary: Option<&str>) -> Vec<Value> {
         let step = &self.scenario.steps[i];
         match &step.transform {
             Some(Transform::NewConversation { system }) => {
@@ -309,7 +372,8 @@ impl<'a> Harness<'a> {
             _ => {}
         }
         let history = &self.histories[self.current];
-        let is_system = |m: &&Value| m["role"] == "system";
+        let is_system = |m: &&Value| is_role(m, "system");
+        let is_tool = |m: &Value| is_role(m, "tool");
         let mut messages: Vec<Value> = match &step.transform {
             None | Some(Transform::NewConversation { .. }) | Some(Transform::SwitchTo(_)) => history.clone(),
             Some(Transform::KeepSystemAndLast(n)) => {
@@ -317,44 +381,72 @@ impl<'a> Harness<'a> {
                 history.iter().filter(is_system).cloned().chain(rest[rest.len().saturating_sub(*n)..].iter().cloned()).collect()
             }
             Some(Transform::Summarize(text)) => {
-                let latest = history.iter().rev().find(|m| m["role"] == "assistant").cloned().expect("a reply to keep");
+                let latest = history.iter().rev().find(|m| is_role(m, "assistant")).cloned().expect("a reply to keep");
                 history.iter().filter(is_system).cloned().chain([message("user", text), latest]).collect()
             }
             Some(Transform::EditLastUser) => {
-                let last_user = history.iter().rposition(|m| m["role"] == "user").expect("a question to edit");
+                let last_user = history.iter().rposition(|m| is_role(m, "user")).expect("a question to edit");
                 history[..last_user].to_vec()
             }
-            Some(Transform::StubToolResults { keep, stub }) => {
-                let results = history.iter().filter(|m| m["role"] == "tool").count();
-                let mut seen = 0;
-                history
-                    .iter()
-                    .map(|m| {
-                        if m["role"] != "tool" {
-                            return m.clone();
-                        }
-                        seen += 1;
-                        let mut m = m.clone();
-                        if seen + keep <= results {
-                            m["content"] = json!(stub);
-                        }
-                        m
-                    })
-                    .collect()
-            }
+            Some(Transform::StubToolResults { keep, stub }) => all_but_latest(history, *keep, is_tool, |m| {
+                let mut m = m.clone();
+                m["content"] = json!(stub);
+                Some(m)
+            }),
+            Some(Transform::PruneToolResults { keep }) => all_but_latest(history, *keep, is_tool, |_| None),
+            Some(Transform::TruncateToolResults { keep_chars }) => all_but_latest(history, 1, is_tool, |m| {
+                let mut m = m.clone();
+                let text: String = m["content"].as_str().unwrap_or_default().chars().take(*keep_chars).collect();
+                m["content"] = json!(format!("{text}... [output truncated]"));
+                Some(m)
+            }),
+            Some(Transform::StripReasoning) => history
+                .iter()
+                .map(|m| {
+                    let mut m = m.clone();
+                    if let Some(o) = m.as_object_mut() {
+                        o.remove("reasoning_content");
+                    }
+                    m
+                })
+                .collect(),
+            Some(Transform::StripImages) => history
+                .iter()
+                .map(|m| {
+                    let mut m = m.clone();
+                    if let Some(parts) = m["content"].as_array() {
+                        let text: Vec<Value> = parts.iter().filter(|p| p["type"] == "text").cloned().collect();
+                        m["content"] = Value::Array(text);
+                    }
+                    m
+                })
+                .collect(),
+            Some(Transform::PruneReminders) => all_but_latest(history, 1, is_reminder, |_| None),
+            Some(Transform::BranchAt(n)) => history[..(*n).min(history.len())].to_vec(),
+            Some(Transform::Compact { style, .. }) => self.compacted(*style, summary.expect("a compact step's summary")),
         };
         if let Some(tool) = &step.tool {
             let id = format!("call_{i}");
             let call = json!({"id": id, "type": "function", "function": {"name": tool.name, "arguments": tool.arguments}});
-            messages.push(json!({"role": "assistant", "content": "", "tool_calls": [call]}));
+            let mut assistant = json!({"role": "assistant", "content": "", "tool_calls": [call]});
+            if let Some(reasoning) = &tool.reasoning {
+                assistant["reasoning_content"] = json!(reasoning);
+            }
+            messages.push(assistant);
             messages.push(json!({"role": "tool", "tool_call_id": id, "content": tool.output}));
         }
         // A system prompt that holds the clock is re-rendered on every turn.
         let clock = self.scenario.system.as_deref().filter(|s| s.contains("{time}"));
-        if let (Some(template), Some(first)) = (clock, messages.first_mut().filter(|m| m["role"] == "system")) {
+        if let (Some(template), Some(first)) = (clock, messages.first_mut().filter(|m| is_role(m, "system"))) {
             *first = message("system", &render_system(template, i));
         }
-        messages.push(message("user", &step.user));
+        if let Some(user) = &step.user {
+            messages.push(if step.image {
+                json!({"role": "user", "content": [{"type": "text", "text": user}, {"type": "image_url", "image_url": {"url": PIXEL_PNG}}]})
+            } else {
+                message("user", user)
+            });
+        }
         messages
     }
 
@@ -365,16 +457,68 @@ impl<'a> Harness<'a> {
     }
 }
 
+/// Chat-shaped messages as Anthropic's: the system prompt apart, tool calls as `tool_use` blocks
+/// after a signed `thinking` block when the call had reasoning, tool results as `tool_result` blocks
+/// of a user message.
+fn to_anthropic(messages: &[Value]) -> (Option<String>, Vec<Value>) {
+    let system: Vec<&str> = messages.iter().filter(|m| is_role(m, "system")).filter_map(|m| m["content"].as_str()).collect();
+    let rest = messages.iter().filter(|m| !is_role(m, "system")).map(|m| {
+        if let Some(calls) = m["tool_calls"].as_array() {
+            let mut blocks = Vec::new();
+            if let Some(reasoning) = m["reasoning_content"].as_str() {
+                blocks.push(json!({"type": "thinking", "thinking": reasoning, "signature": format!("sig-{}", reasoning.len())}));
+            }
+            for call in calls {
+                let input: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap_or("{}")).unwrap_or(json!({}));
+                blocks.push(json!({"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": input}));
+            }
+            json!({"role": "assistant", "content": blocks})
+        } else if is_role(m, "tool") {
+            json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": m["tool_call_id"], "content": m["content"]}]})
+        } else {
+            m.clone()
+        }
+    });
+    ((!system.is_empty()).then(|| system.join("\n")), rest.collect())
+}
+
+/// Chat-shaped messages as Responses input items (the system prompt as `instructions`), reasoning
+/// as a `reasoning` item with `encrypted_content` before the calls it led to.
+fn to_responses(messages: &[Value]) -> (Option<String>, Vec<Value>) {
+    let system: Vec<&str> = messages.iter().filter(|m| is_role(m, "system")).filter_map(|m| m["content"].as_str()).collect();
+    let mut items = Vec::new();
+    for (i, m) in messages.iter().enumerate().filter(|(_, m)| !is_role(m, "system")) {
+        let role = m["role"].as_str().unwrap_or("user");
+        if let Some(calls) = m["tool_calls"].as_array() {
+            if let Some(reasoning) = m["reasoning_content"].as_str() {
+                let sealed = format!("enc:{}", reasoning.len());
+                items.push(json!({"type": "reasoning", "id": format!("rs_{i}"), "summary": [{"type": "summary_text", "text": reasoning}], "encrypted_content": sealed}));
+            }
+            for call in calls {
+                items.push(json!({"type": "function_call", "call_id": call["id"], "name": call["function"]["name"], "arguments": call["function"]["arguments"]}));
+            }
+        } else if role == "tool" {
+            items.push(json!({"type": "function_call_output", "call_id": m["tool_call_id"], "output": m["content"]}));
+        } else {
+            let kind = if role == "assistant" { "output_text" } else { "input_text" };
+            items.push(
+                json!({"type": "message", "role": role, "content": [{"type": kind, "text": m["content"].as_str().unwrap_or_default()}]}),
+            );
+        }
+    }
+    ((!system.is_empty()).then(|| system.join("\n")), items)
+}
+
 /// One request to `url` (a proxy, or the engine for a control) in the scenario's API: the status,
 /// and the reply text and usage (OpenAI's names: `prompt_tokens`, `prompt_tokens_details.cached_tokens`),
 /// or the error body. `patched`: with the scenario's and the step's headers.
 async fn ask(url: &str, scenario: &Scenario, step: &Step, messages: &[Value], patched: bool) -> (u16, Result<(String, Value), String>) {
     let headers = scenario.headers.iter().chain(&step.headers).filter(|_| patched);
     let headers: Vec<(&str, &str)> = headers.map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let model = scenario.model.as_str();
     let (route, body) = match scenario.api {
         Api::Chat => {
-            let mut body =
-                json!({"model": "SmolLM2-135M-Instruct", "messages": messages, "temperature": 0, "max_tokens": scenario.max_tokens});
+            let mut body = json!({"model": model, "messages": messages, "temperature": 0, "max_tokens": scenario.max_tokens});
             if scenario.stream {
                 body["stream"] = json!(true);
                 body["stream_options"] = json!({"include_usage": true});
@@ -382,17 +526,25 @@ async fn ask(url: &str, scenario: &Scenario, step: &Step, messages: &[Value], pa
             ("/v1/chat/completions", body)
         }
         Api::Anthropic => {
-            let system: Vec<&str> = messages.iter().filter(|m| m["role"] == "system").filter_map(|m| m["content"].as_str()).collect();
-            let rest: Vec<&Value> = messages.iter().filter(|m| m["role"] != "system").collect();
-            let mut body = json!({"model": "SmolLM2-135M-Instruct", "messages": rest, "temperature": 0, "max_tokens": scenario.max_tokens, "stream": scenario.stream});
-            if !system.is_empty() {
-                body["system"] = json!(system.join("\n"));
+            let (system, rest) = to_anthropic(messages);
+            let mut body =
+                json!({"model": model, "messages": rest, "temperature": 0, "max_tokens": scenario.max_tokens, "stream": scenario.stream});
+            if let Some(system) = system {
+                body["system"] = json!(system);
             }
             ("/v1/messages", body)
         }
         Api::Ollama => {
-            let body = json!({"model": "SmolLM2-135M-Instruct", "messages": messages, "stream": scenario.stream, "options": {"temperature": 0, "num_predict": scenario.max_tokens}});
+            let body = json!({"model": model, "messages": messages, "stream": scenario.stream, "options": {"temperature": 0, "num_predict": scenario.max_tokens}});
             ("/api/chat", body)
+        }
+        Api::Responses => {
+            let (instructions, input) = to_responses(messages);
+            let mut body = json!({"model": model, "input": input, "temperature": 0, "max_output_tokens": scenario.max_tokens, "store": false, "stream": scenario.stream});
+            if let Some(instructions) = instructions {
+                body["instructions"] = json!(instructions);
+            }
+            ("/v1/responses", body)
         }
     };
     let raw = post_json(&format!("{url}{route}"), &headers, &body).await;
@@ -435,6 +587,35 @@ fn reply_and_usage(scenario: &Scenario, body: &[u8]) -> (String, Value) {
             let prompt = input.map(|i| i + cached.unwrap_or(0));
             (text, json!({"prompt_tokens": prompt, "prompt_tokens_details": {"cached_tokens": cached}}))
         }
+        (Api::Responses, false) => {
+            let reply = parse(body);
+            let text = reply["output"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|item| item["content"].as_array().into_iter().flatten())
+                .filter_map(|part| part["text"].as_str())
+                .collect();
+            let usage = &reply["usage"];
+            (
+                text,
+                json!({"prompt_tokens": usage["input_tokens"], "prompt_tokens_details": {"cached_tokens": usage["input_tokens_details"]["cached_tokens"]}}),
+            )
+        }
+        (Api::Responses, true) => {
+            let events = sse_payloads(body);
+            let text = events.iter().filter(|e| e["type"] == "response.output_text.delta").filter_map(|e| e["delta"].as_str()).collect();
+            let done = events
+                .iter()
+                .rev()
+                .find(|e| e["response"]["usage"].is_object())
+                .map(|e| e["response"]["usage"].clone())
+                .unwrap_or(Value::Null);
+            (
+                text,
+                json!({"prompt_tokens": done["input_tokens"], "prompt_tokens_details": {"cached_tokens": done["input_tokens_details"]["cached_tokens"]}}),
+            )
+        }
         (Api::Ollama, _) => {
             let lines: Vec<Value> = body.split(|b| *b == b'\n').filter(|l| !l.is_empty()).map(parse).collect();
             let text = lines.iter().filter_map(|l| l["message"]["content"].as_str()).collect();
@@ -470,6 +651,32 @@ async fn verify_twins(engine: &str, name: &str, first: &[Value], second: &[Value
     format!("twin prompts verified with /tokenize: {} tokens each, same token at every {WEAK_HASH_BLOCK}-token block start, common prefix {common}", a.len())
 }
 
+/// Sends one request through the scenario's endpoint, waits until every proxy has captured and
+/// diagnosed it, and records the conversation each proxy threaded it into; the exact proxy's local
+/// prompt count.
+async fn send(
+    lab: &mut Lab,
+    at: usize,
+    scenario: &Scenario,
+    step: &Step,
+    messages: &[Value],
+    outcome: &mut Outcome,
+) -> (u16, Result<(String, Value), String>, Option<u64>) {
+    let endpoint = &mut lab.endpoints[at];
+    let (status, answer) = ask(&endpoint.url, scenario, step, messages, true).await;
+    endpoint.sent += 1;
+    endpoint.settle().await;
+    let mut local = None;
+    for config in Config::ALL {
+        let (conversation, counted) = endpoint.newest_turn(config).await;
+        outcome.conversations.entry(config).or_default().insert(conversation);
+        if config == Config::Exact {
+            local = counted;
+        }
+    }
+    (status, answer, local)
+}
+
 async fn run(lab: &mut Lab, scenario: &Scenario, at: usize) -> Outcome {
     let started = Instant::now();
     let mut outcome = Outcome {
@@ -486,22 +693,23 @@ async fn run(lab: &mut Lab, scenario: &Scenario, at: usize) -> Outcome {
     let mut harness = Harness::new(scenario);
     let (mut starts, mut first_prompt_tokens) = (Vec::new(), None);
     for (i, step) in scenario.steps.iter().enumerate() {
-        let messages = harness.request(i);
+        // A compacting harness first asks the model for the summary, on the same conversation.
+        let summary = match &step.transform {
+            Some(Transform::Compact { prompt, .. }) => {
+                let request = harness.compaction_request(prompt);
+                let (status, answer, _) = send(lab, at, scenario, step, &request, &mut outcome).await;
+                let (text, _) = answer.unwrap_or_else(|body| panic!("{}: step {} summary got HTTP {status}: {body}", scenario.name, i + 1));
+                eprintln!("  [{}] step {} summary: {:?}", scenario.name, i + 1, text.chars().take(70).collect::<String>());
+                harness.answered(request, &text);
+                Some(text)
+            }
+            _ => None,
+        };
+        let messages = harness.request(i, summary.as_deref());
         if i == 0 || matches!(step.transform, Some(Transform::NewConversation { .. })) {
             starts.push(messages.clone());
         }
-        let endpoint = &mut lab.endpoints[at];
-        let (status, answer) = ask(&endpoint.url, scenario, step, &messages, true).await;
-        endpoint.sent += 1;
-        endpoint.settle().await;
-        let mut local = None;
-        for config in Config::ALL {
-            let (conversation, counted) = endpoint.newest_turn(config).await;
-            outcome.conversations.entry(config).or_default().insert(conversation);
-            if config == Config::Exact {
-                local = counted;
-            }
-        }
+        let (status, answer, local) = send(lab, at, scenario, step, &messages, &mut outcome).await;
         match answer {
             Ok((text, usage)) => {
                 eprintln!("  [{}] step {} usage {usage}: {:?}", scenario.name, i + 1, text.chars().take(70).collect::<String>());
@@ -537,7 +745,16 @@ async fn run(lab: &mut Lab, scenario: &Scenario, at: usize) -> Outcome {
 async fn fact_evidence(engine: &str, scenario: &Scenario, fact: &str, reply: &str) -> String {
     let (mut harness, mut control) = (Harness::new(scenario), String::new());
     for (i, step) in scenario.steps.iter().enumerate() {
-        let messages = harness.request(i);
+        let summary = match &step.transform {
+            Some(Transform::Compact { prompt, .. }) => {
+                let request = harness.compaction_request(prompt);
+                let text = ask(engine, scenario, step, &request, false).await.1.map(|(t, _)| t).unwrap_or_default();
+                harness.answered(request, &text);
+                Some(text)
+            }
+            _ => None,
+        };
+        let messages = harness.request(i, summary.as_deref());
         let (status, answer) = ask(engine, scenario, step, &messages, false).await;
         control = answer.unwrap_or_else(|body| panic!("{}: control step {} got HTTP {status}: {body}", scenario.name, i + 1)).0;
         harness.answered(messages, &control);

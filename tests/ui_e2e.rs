@@ -1,11 +1,14 @@
 //! The web UI end to end: the real `ctxscope serve` on the default model captures a conversation the
 //! engine truncates (`auto_truncate=96`) and one a harness compacts (earlier turns replaced by a
 //! summary); headless Debian Chromium then renders the conversation page (the chart marks each
-//! finding on its turn) and the diff page (the dropped messages, the exact changed characters), and
+//! finding on its turn) and the diff page (the dropped messages struck through, the summary), and
 //! writes screenshots to the target directory, checked for non-blank content. Also: a replay started
 //! as the conversation page's form starts it (progress, stored report), the live event stream, and
-//! `--admin-token` (on the admin port and from the CLI). Needs `chromium` (scripts/test.sh installs it); skips without it
-//! unless `CI` is set.
+//! `--admin-token` (on the admin port and from the CLI). And an agent whose harness prunes old tool
+//! results and cuts the latest: the diff page names the causes, strikes the removed results through
+//! and shows the exact characters the cut changed; the conversation page's context chart shows the
+//! turn no longer sees all that was said. Needs `chromium` (scripts/test.sh installs it); skips
+//! without it unless `CI` is set.
 
 mod support;
 
@@ -37,8 +40,13 @@ async fn turn(serve: &Serve, name: &str, patches: Option<&str>, messages: &[Valu
     if let Some(p) = patches {
         headers.push(("x-ctxscope-patches", p));
     }
+    chat(serve, &headers, messages).await
+}
+
+/// One chat request through the proxy with `headers` (none: the proxy threads it by its messages).
+async fn chat(serve: &Serve, headers: &[(&str, &str)], messages: &[Value]) -> String {
     let body = json!({"messages": messages, "max_tokens": 20, "temperature": 0});
-    let raw = post_json(&format!("{}/v1/chat/completions", serve.proxy_url), &headers, &body).await;
+    let raw = post_json(&format!("{}/v1/chat/completions", serve.proxy_url), headers, &body).await;
     assert_eq!(raw.status, 200, "{}", String::from_utf8_lossy(&raw.body));
     raw.json()["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_string()
 }
@@ -230,26 +238,137 @@ async fn conversation_and_diff_pages_in_headless_chromium() {
     let dom = run_chromium(&bin, &dir.path().join("p2"), &["--dump-dom".into()], &format!("{ui}#/c/{compacted_id}"));
     assert!(dom.contains(&format!("class=\"finding-marker\" data-kind=\"history_dropped\" data-turn=\"{compaction_turn}\"")), "{dom}");
 
-    // Diff page: the four dropped messages, and the exact characters the summary changed.
+    // Diff page: a compaction, the four dropped messages struck through, the summary marked.
     let url = format!("{ui}#/t/{compaction_turn}/diff");
     let dom = run_chromium(&bin, &dir.path().join("p3"), &["--dump-dom".into()], &url);
-    assert!(dom.contains("data-verdict=\"dropped\""), "{dom}");
+    assert!(dom.contains("data-verdict=\"dropped\" data-cause=\"compaction\""), "{dom}");
+    assert!(dom.contains("History dropped (compaction)"), "{dom}");
     assert_eq!(dom.matches("data-status=\"dropped\"").count(), 4, "dropped messages: {dom}");
     for message in &dropped {
         let text = message["content"].as_str().unwrap();
         let escaped = text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
-        assert!(dom.contains(&escaped), "dropped message {text:?} not shown");
+        assert!(dom.contains(&format!("<del>{escaped}</del>")), "dropped message {text:?} not shown struck through");
     }
-    // "Please note" is shared: the change starts at character 11, " (summary)" inserted (its space
-    // made visible), the rest of the first message kept.
-    assert!(dom.contains("data-at=\"11\""), "first differing character: {dom}");
-    assert!(dom.contains("<ins><span class=\"ws\">·</span>(summary)</ins>"), "inserted characters: {dom}");
+    // The summary stands in for them (no harness marker: recognised by structure), not diffed
+    // against what it replaced.
+    let summary = "data-status=\"summary\" data-index=\"1\"><span class=\"role\">1 · user</span>";
+    assert!(dom.contains(&format!("{summary}<span class=\"status summary\">summary</span><pre>{SUMMARY}</pre>")), "{dom}");
+    assert!(dom.contains("<div id=\"changes\"></div>"), "{dom}");
     screenshot(&bin, dir.path(), &url, "diff");
 
     // The replay started above opens from the replays page.
     let url = format!("{ui}#/replays?open={replay_id}");
     let dom = run_chromium(&bin, &dir.path().join("p4"), &["--dump-dom".into()], &url);
     assert!(dom.contains(&format!("src=\"/ui/replays/{replay_id}/report\"")), "{dom}");
+    serve.stop();
+}
+
+/// An assistant message that calls a tool, and the tool's result (OpenAI chat shape).
+fn tool_call(id: &str) -> Value {
+    let call = json!({"id": id, "type": "function", "function": {"name": "read_file", "arguments": "{}"}});
+    json!({"role": "assistant", "content": "", "tool_calls": [call]})
+}
+
+fn tool_result(id: &str, text: &str) -> Value {
+    json!({"role": "tool", "tool_call_id": id, "content": text})
+}
+
+/// `value="..."` of the first `attr` after `from` in `dom`.
+fn attr_after<'a>(dom: &'a str, from: usize, attr: &str) -> &'a str {
+    let key = format!("{attr}=\"");
+    let at = dom[from..].find(&key).unwrap_or_else(|| panic!("no {attr} after {from}")) + from + key.len();
+    &dom[at..at + dom[at..].find('"').unwrap()]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pruned_tool_results_in_the_diff_and_context_pages() {
+    let model = ctxscope_formats::test_model_path().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
+    let serve = Serve::start(&model, &dir.path().join("data"), &[]).await;
+
+    // An agent loop of three turns, each a tool call, its result and the user's next question; no
+    // conversation header, so the proxy threads every request by its messages alone.
+    let mut history = vec![m("system", SYSTEM), m("user", "Look at the project and tell me what it does.")];
+    let mut results = Vec::new();
+    for i in 0..3 {
+        let id = format!("call_{i}");
+        let output = format!("file src/part{i}.rs: {}", "fn main() { let boat = 1; } ".repeat(8));
+        history.extend([tool_call(&id), tool_result(&id, &output), m("user", &format!("And what does part {i} do?"))]);
+        results.push(output);
+        let reply = chat(&serve, &[], &history).await;
+        history.push(m("assistant", &reply));
+    }
+    // The harness prunes: every tool result but the latest leaves the history, every user and
+    // assistant message (the tool calls too) stays; the latest is cut to its head.
+    let last = history.iter().rposition(|v| v["role"] == "tool").unwrap();
+    let head: String = results[2].chars().take(40).collect();
+    let cut = format!("{head} [CUT]");
+    let mut pruned: Vec<Value> =
+        history.iter().enumerate().filter(|(i, v)| v["role"] != "tool" || *i == last).map(|(_, v)| v.clone()).collect();
+    let kept = pruned.iter().position(|v| v["role"] == "tool").unwrap();
+    pruned[kept] = tool_result("call_2", &cut);
+    pruned.push(m("user", "Summarise what you found."));
+    chat(&serve, &[], &pruned).await;
+    serve.wait_turns(4).await;
+
+    // One conversation: the pruned request continues the agent's.
+    let page = get_json(&format!("{}/ui/api/conversations?limit=10", serve.admin_url)).await;
+    let ids: Vec<u64> = page["conversations"].as_array().unwrap().iter().map(|c| c["id"].as_u64().unwrap()).collect();
+    assert_eq!(ids.len(), 1, "the pruned request starts no conversation of its own: {page}");
+    let detail = get_json(&format!("{}/api/conversations/{}", serve.admin_url, ids[0])).await;
+    let turns = detail["turns"].as_array().unwrap();
+    assert_eq!(turns.len(), 4, "{detail}");
+    let (first_turn, pruned_turn) = (turns[0]["id"].as_u64().unwrap(), turns[3]["id"].as_u64().unwrap());
+    let diff = get_json(&format!("{}/ui/api/turns/{pruned_turn}/diff", serve.admin_url)).await;
+    assert_eq!((diff["verdict"].as_str(), diff["detail"]["cause"].as_str()), (Some("dropped"), Some("pruned")), "{diff}");
+
+    let Some(bin) = chromium() else { return };
+    let ui = format!("{}/ui/?static", serve.admin_url);
+
+    // Diff page: the verdict names the cause, the removed tool results are struck through.
+    let url = format!("{ui}#/t/{pruned_turn}/diff");
+    let dom = run_chromium(&bin, &dir.path().join("p1"), &["--dump-dom".into()], &url);
+    assert!(dom.contains("data-verdict=\"dropped\" data-cause=\"pruned\""), "{dom}");
+    assert!(dom.contains("History dropped (pruned): the harness removed messages from the middle of the history"), "{dom}");
+    assert_eq!(dom.matches("data-status=\"dropped\"").count(), 2, "two tool results removed: {dom}");
+    for output in &results[..2] {
+        let at = dom.find(&format!("<del>{output}</del>")).unwrap_or_else(|| panic!("{output:?} not struck through: {dom}"));
+        let block = dom[..at].rfind("<div class=\"msg").unwrap();
+        assert!(dom[block..at].contains("data-status=\"dropped\"") && dom[block..at].contains("tool"), "{}", &dom[block..at]);
+        assert!(dom[block..at].contains("<span class=\"status dropped\">dropped"), "a visible label: {}", &dom[block..at]);
+    }
+    // The latest result, cut in place: labelled, and its exact changed characters shown.
+    assert!(!dom.contains(&format!("<del>{}</del>", results[2])), "the latest tool result is not struck through whole");
+    assert!(dom.contains("Also truncated in place"), "{dom}");
+    assert_eq!(dom.matches("data-status=\"truncated\"").count(), 1, "{dom}");
+    let before = results[2].chars().count();
+    let label = format!("<span class=\"status truncated\">truncated ({before} → {} characters)", cut.chars().count());
+    assert!(dom.contains(&label), "{label}: {dom}");
+    let at = results[2].chars().zip(cut.chars()).take_while(|(a, b)| a == b).count();
+    assert!(dom.contains(&format!("<div class=\"diff\" data-at=\"{at}\">")), "first differing character {at}: {dom}");
+    assert!(dom.contains("<ins>[CUT]</ins>"), "inserted characters: {dom}");
+    let of = dom.find("id=\"turn-of\"").expect("the title line");
+    assert_eq!(attr_after(&dom, of, "data-conversation"), ids[0].to_string());
+    assert_eq!(attr_after(&dom, of, "data-previous-conversation"), ids[0].to_string());
+    let title = format!("conversation {}, turn {}</a>", ids[0], turns[3]["index"]);
+    assert!(dom.contains(&title) && dom.contains("of the same conversation"), "{title}: {dom}");
+    screenshot(&bin, dir.path(), &url, "diff-pruned");
+
+    // Conversation page: one context bar per turn; the pruned turn no longer shows all that was said.
+    let url = format!("{ui}#/c/{}", ids[0]);
+    let dom = run_chromium(&bin, &dir.path().join("p2"), &["--dump-dom".into()], &url);
+    assert!(dom.contains("<svg id=\"context-chart\""), "no context chart: {dom}");
+    let bars: Vec<(u64, f64)> = dom
+        .match_indices("<g class=\"ctx-bar")
+        .map(|(at, _)| (attr_after(&dom, at, "data-turn").parse().unwrap(), attr_after(&dom, at, "data-share").parse().unwrap()))
+        .collect();
+    let ids_in_order: Vec<u64> = turns.iter().map(|t| t["id"].as_u64().unwrap()).collect();
+    assert_eq!(bars.iter().map(|b| b.0).collect::<Vec<_>>(), ids_in_order, "one bar per turn: {dom}");
+    let share = |turn: u64| bars.iter().find(|b| b.0 == turn).unwrap().1;
+    assert_eq!(share(first_turn), 1.0, "nothing lost on the first turn");
+    let lost = share(pruned_turn);
+    assert!(lost > 0.0 && lost < 1.0, "the pruned turn's visible share: {lost}");
+    screenshot(&bin, dir.path(), &url, "context");
     serve.stop();
 }
 

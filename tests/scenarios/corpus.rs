@@ -6,6 +6,10 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 /// Every kind the detectors raise.
+/// The causes `history_dropped` names (`evidence.cause`).
+pub const CAUSES: [&str; 7] =
+    ["compaction", "windowed", "pruned", "rewritten", "truncated_in_place", "media_stripped", "reasoning_dropped"];
+
 pub const KINDS: [&str; 8] = [
     "history_dropped",
     "engine_truncation",
@@ -39,6 +43,13 @@ pub struct Scenario {
     /// `expect` without `token_count_drift` (the engine's own count cannot drift from itself).
     #[serde(default)]
     pub expect_upstream_count: Option<Vec<String>>,
+    /// How many conversations each proxy threads the scenario into (checked when given): 1 for a
+    /// harness that edits its history, 2 for a true branch.
+    #[serde(default)]
+    pub expect_conversations: Option<usize>,
+    /// The request's `model` (a reasoning rule is picked by it; the engines answer any name).
+    #[serde(default = "default_model")]
+    pub model: String,
     /// A step must be refused (an overflow scenario); the refused step ends the scenario.
     #[serde(default)]
     pub expect_refusal: bool,
@@ -71,6 +82,10 @@ pub struct Scenario {
 
 pub fn default_max_tokens() -> u32 {
     24
+}
+
+pub fn default_model() -> String {
+    "SmolLM2-135M-Instruct".into()
 }
 
 /// How the proxies that capture a scenario count prompts. The same traffic goes through a chain of
@@ -135,6 +150,9 @@ pub enum Api {
     Anthropic,
     /// Ollama's native `/api/chat` (the engine serves it): NDJSON when streamed.
     Ollama,
+    /// OpenAI's `/v1/responses` (the engine serves it), stateless: the whole history as input items
+    /// every turn, the system prompt as `instructions`, as Codex sends it.
+    Responses,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Deserialize)]
@@ -170,7 +188,12 @@ pub enum Verify {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Step {
-    pub user: String,
+    /// The user's message; `None`: the step only continues a tool loop (the request ends with the
+    /// tool's result, as an agent's does between calls).
+    pub user: Option<String>,
+    /// The user message carries an image (a small PNG as a data URL) besides its text.
+    #[serde(default)]
+    pub image: bool,
     /// Tool use the harness ran before this step's question, as an agent does: an assistant message
     /// calling the tool and the tool's result, appended to the history before the user message.
     #[serde(default)]
@@ -188,6 +211,10 @@ pub struct ToolUse {
     pub name: String,
     pub arguments: String,
     pub output: String,
+    /// The model's reasoning before the call, as the harness keeps it (`reasoning_content`; an
+    /// Anthropic `thinking` block with a signature; a Responses `reasoning` item).
+    #[serde(default)]
+    pub reasoning: Option<String>,
 }
 
 /// What the harness does to the history before it sends the step's user message.
@@ -207,6 +234,36 @@ pub enum Transform {
     /// Replace the content of every tool result but the latest N with this stub (an agent clearing
     /// old tool output to save context).
     StubToolResults { keep: usize, stub: String },
+    /// Remove every tool result but the latest N, keeping every user and assistant message.
+    PruneToolResults { keep: usize },
+    /// Cut every tool result but the latest to its first N characters and a marker.
+    TruncateToolResults { keep_chars: usize },
+    /// Remove the reasoning of every assistant message.
+    StripReasoning,
+    /// Remove the images of every user message.
+    StripImages,
+    /// Remove every `<system-reminder>` message but the latest.
+    PruneReminders,
+    /// Go back to the first N messages of the history (system prompt included) and go on from there.
+    BranchAt(usize),
+    /// Compact as a harness does: first ask the model for a summary (the history and `prompt`), then
+    /// rebuild the history in the harness's style around the summary and send the step.
+    Compact { style: CompactStyle, prompt: String },
+}
+
+/// How a harness rebuilds its history around a summary.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CompactStyle {
+    /// Codex: the system prompt, the user's earlier messages, then the summary as a user message
+    /// after Codex's handoff prefix.
+    Codex,
+    /// Claude Code: the system prompt, then one user message "This session is being continued ..."
+    /// holding the summary.
+    ClaudeCode,
+    /// opencode: the system prompt, the question "What did we do so far?" and the summary as the
+    /// assistant's answer.
+    Opencode,
 }
 
 pub fn load_scenarios() -> Vec<Scenario> {
@@ -228,6 +285,9 @@ pub fn load_scenarios() -> Vec<Scenario> {
             .chain(s.expect_upstream_count.iter().flatten())
         {
             assert!(KINDS.contains(&kind.as_str()), "{}: unknown finding kind {kind:?}", s.name);
+        }
+        if let Some(cause) = s.expect_cause.get("history_dropped") {
+            assert!(CAUSES.contains(&cause.as_str()), "{}: unknown history_dropped cause {cause:?}", s.name);
         }
     }
     let names: BTreeSet<&str> = scenarios.iter().map(|s| s.name.as_str()).collect();

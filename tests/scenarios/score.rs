@@ -42,11 +42,14 @@ pub async fn collect(lab: &Lab, outcomes: &[Outcome]) -> Vec<Found> {
 pub struct Score {
     config: Config,
     rows: BTreeMap<&'static str, [usize; 5]>,
+    /// The same, per cause of `history_dropped` (expected: `expect_cause`; found: a finding naming it).
+    causes: BTreeMap<&'static str, [usize; 5]>,
     pub problems: Vec<String>,
 }
 
 pub fn score(config: Config, scenarios: &[&Scenario], outcomes: &[Outcome], found: &[Found]) -> Score {
     let mut rows: BTreeMap<&'static str, [usize; 5]> = KINDS.iter().map(|k| (*k, [0; 5])).collect();
+    let mut causes: BTreeMap<&'static str, [usize; 5]> = CAUSES.iter().map(|k| (*k, [0; 5])).collect();
     let mut problems = Vec::new();
     let found: Vec<&Found> = found.iter().filter(|f| f.config == config).collect();
     let at = config.name();
@@ -82,6 +85,23 @@ pub fn score(config: Config, scenarios: &[&Scenario], outcomes: &[Outcome], foun
                 (false, false) => {}
             }
         }
+        let named: BTreeSet<&str> =
+            mine.iter().filter(|r| r["kind"] == "history_dropped").filter_map(|r| r["evidence"]["cause"].as_str()).collect();
+        let expected_cause = scenario.expect_cause.get("history_dropped").filter(|_| expect.contains("history_dropped"));
+        for cause in CAUSES {
+            let (expected, raised) = (expected_cause.is_some_and(|c| c == cause), named.contains(cause));
+            let row = causes.get_mut(cause).unwrap();
+            row[0] += usize::from(expected);
+            row[1] += usize::from(raised);
+            row[2] += usize::from(expected && raised);
+            row[3] += usize::from(!expected && raised);
+            row[4] += usize::from(expected && !raised);
+        }
+        if let (Some(want), Some(got)) = (scenario.expect_conversations, outcome.conversations.get(&config)) {
+            if got.len() != want {
+                problems.push(format!("{} ({at}): threaded into {} conversation(s) {got:?}, expected {want}", outcome.name, got.len()));
+            }
+        }
         for (kind, cause) in &scenario.expect_cause {
             for r in mine.iter().filter(|r| r["kind"] == kind.as_str() && r["evidence"]["cause"] != cause.as_str()) {
                 problems.push(format!(
@@ -113,7 +133,7 @@ pub fn score(config: Config, scenarios: &[&Scenario], outcomes: &[Outcome], foun
             }
         }
     }
-    Score { config, rows, problems }
+    Score { config, rows, causes, problems }
 }
 
 pub fn ratio(num: usize, den: usize) -> String {
@@ -156,6 +176,16 @@ pub fn report(lab: &Lab, scenarios: &[&Scenario], outcomes: &[Outcome], found: &
             ratio(tp, tp + fp),
             ratio(tp, tp + fnn)
         );
+    }
+    out += "\n## history_dropped by cause\n\nCounted per scenario: expected = scenarios labeled with the cause (`expect_cause`), found = scenarios whose `history_dropped` finding named it.\n";
+    for score in scores {
+        out += &format!(
+            "\n### {}\n\n| cause | expected | found | TP | FP | FN | precision | recall |\n|---|---|---|---|---|---|---|---|\n",
+            score.config.name()
+        );
+        for (cause, [e, f, tp, fp, fnn]) in &score.causes {
+            out += &format!("| {cause} | {e} | {f} | {tp} | {fp} | {fnn} | {} | {} |\n", ratio(*tp, tp + fp), ratio(*tp, tp + fnn));
+        }
     }
     out += "\n## Per scenario (exact tokenizer)\n\n| scenario | target | conversations | expected | raised | refused | seconds |\n|---|---|---|---|---|---|---|\n";
     for (i, (scenario, o)) in scenarios.iter().zip(outcomes).enumerate() {

@@ -153,8 +153,17 @@ const REPLY_LOOKBACK: usize = 8;
 /// The conversation whose latest reply is among this request's last assistant messages.
 fn carries_latest_reply(store: &Store, request: &Request<'_>) -> Result<Option<Decision>, StoreError> {
     let assistants = request.messages.iter().enumerate().rev().filter(|(_, m)| m.role() == Some("assistant"));
-    for (i, _) in assistants.take(REPLY_LOOKBACK) {
-        let Some(id) = store.reply_of(&request.hashes[i])? else { continue };
+    for (i, message) in assistants.take(REPLY_LOOKBACK) {
+        // As resent, or as the reply it was before the harness stripped its reasoning or (Responses)
+        // the next response's calls joined it.
+        let mut found = store.reply_of(&request.hashes[i])?;
+        for form in anatomy::reply_forms(message) {
+            if found.is_some() {
+                break;
+            }
+            found = store.reply_of(&ctxscope_store::message_hash(&form).0)?;
+        }
+        let Some(id) = found else { continue };
         let Some(conversation) = store.conversation(id)? else { continue };
         let base = longest_prefix(store, request.chain)?.map(|(len, e)| BaseRef { turn: e.turn, len: len as u32 });
         return Ok(Some(diverged(store, conversation, request, base)?));

@@ -74,12 +74,14 @@ pub fn align(previous: &[Message<'_>], request: &[Message<'_>], shared: usize) -
     let exact = Index::new(request.iter().enumerate().skip(shared).map(|(j, m)| (j, m.hash.to_string())));
     let stripped = Index::new(request.iter().enumerate().skip(shared).map(|(j, m)| (j, bare(m.value))));
     let ids = Index::new(request.iter().enumerate().skip(shared).flat_map(|(j, m)| tool_key(m.value).map(|k| (j, k))));
+    let grown = Index::new(request.iter().enumerate().skip(shared).flat_map(|(j, m)| grown_key(m.value).map(|k| (j, k))));
     let mut used: Vec<bool> = (0..request.len()).map(|j| j < shared).collect();
     let mut fates: Vec<Fate> = (0..shared).map(Fate::Kept).collect();
     let mut cursor = shared;
     for old in &previous[shared..] {
         let free = |j: usize| !used[j];
-        let fate = if let Some(j) = exact.find(old.hash, cursor, free) {
+        let reply_text = || reply_key(old.value).and_then(|k| grown.find(&k, cursor, free));
+        let fate = if let Some(j) = exact.find(old.hash, cursor, free).or_else(reply_text) {
             Fate::Kept(j)
         } else if let Some(j) = stripped.find(&bare(old.value), cursor, free) {
             let new = request[j].value;
@@ -107,6 +109,26 @@ pub fn align(previous: &[Message<'_>], request: &[Message<'_>], shared: usize) -
     Alignment { fates, fresh, appended_from }
 }
 
+/// A Responses reply resent with the next response's items after it reads as one assistant message
+/// (consecutive assistant items are one message): the reply's text with calls or reasoning added.
+/// Such a message is known by its text; a reply without calls is looked up by its own.
+fn grown_key(message: &Value) -> Option<String> {
+    let added = message.get("tool_calls").is_some() || message.get("reasoning_items").is_some();
+    let text = anatomy::squeezed(&anatomy::visible_text(message));
+    (added && role_is(message, "assistant") && !text.is_empty()).then(|| format!("text:{text}"))
+}
+
+/// The key of a reply (an assistant message of text alone) as [`grown_key`] reads it.
+fn reply_key(message: &Value) -> Option<String> {
+    let text = anatomy::squeezed(&anatomy::visible_text(message));
+    let plain = message.get("tool_calls").is_none() && message.get("reasoning_items").is_none();
+    (plain && role_is(message, "assistant") && !text.is_empty()).then(|| format!("text:{text}"))
+}
+
+fn role_is(message: &Value, role: &str) -> bool {
+    message.get("role").and_then(Value::as_str) == Some(role)
+}
+
 /// A tool message (or Anthropic tool-result message) is known by its role and call ids.
 fn tool_key(message: &Value) -> Option<String> {
     let ids = anatomy::tool_ids(message);
@@ -130,7 +152,9 @@ fn pair_in_place(fates: &mut [Fate], previous: &[Message<'_>], request: &[Messag
         let before = fates[..i].iter().rev().find_map(|f| f.at()).map_or(0, |j| j + 1);
         let Some(after) = fates[run_end..].iter().find_map(|f| f.at()) else { break };
         let gap: Vec<usize> = (before..after).filter(|&j| !used[j]).collect();
-        if run_end - i == 1 && gap.len() == 1 && role(&previous[i]) == role(&request[gap[0]]) {
+        // A message that carries a compaction marker is a summary, not a rewrite.
+        let summary = super::markers::harness_of(request[gap.first().copied().unwrap_or(0)].value).is_some();
+        if run_end - i == 1 && gap.len() == 1 && !summary && role(&previous[i]) == role(&request[gap[0]]) {
             fates[i] = Fate::Edited(gap[0]);
             used[gap[0]] = true;
         }

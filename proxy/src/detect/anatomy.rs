@@ -169,6 +169,21 @@ pub fn without_media(message: &Value) -> Value {
     out
 }
 
+/// The forms an assistant message may have had as a reply on record: without its reasoning, and its
+/// text alone (a Responses reply that the next response's calls joined). Empty when there is none
+/// other than the message itself.
+pub fn reply_forms(message: &Value) -> Vec<Value> {
+    let mut forms = Vec::new();
+    if reasoning_chars(message) > 0 {
+        forms.push(without_reasoning(message));
+    }
+    let text = visible_text(message);
+    if !text.is_empty() && (message.get("tool_calls").is_some() || message.get("reasoning_items").is_some()) {
+        forms.push(serde_json::json!({"role": "assistant", "content": text}));
+    }
+    forms
+}
+
 /// A stable key of a message's canonical form (hex of its hash).
 pub fn key(message: &Value) -> String {
     ctxscope_store::to_hex(&ctxscope_store::message_hash(message).0)

@@ -366,9 +366,10 @@ fn edit_of(
             let (a, b) = (anatomy::visible_text(old), anatomy::visible_text(new));
             let (before, after) = (a.chars().count(), b.chars().count());
             let head = a.chars().zip(b.chars()).take_while(|(x, y)| x == y).count();
+            // A tool result given other content was cleared (a stub in its place), whatever its size.
             let kind_of_edit = if after < before && head >= (after / 2).clamp(1, 32) {
                 EditKind::Truncated
-            } else if after * 2 < before && before >= 64 {
+            } else if kind == anatomy::Kind::ToolResult || (after * 2 < before && before >= 64) {
                 EditKind::Cleared
             } else {
                 EditKind::Rewritten

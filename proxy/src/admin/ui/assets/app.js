@@ -146,6 +146,73 @@ function chart(turns, findings) {
   return `<div class="card chart">${svg}<div class="legend">${legend}</div></div>`;
 }
 
+// What the model could see at each turn (stacked by kind) in front of what was ever said (the
+// lighter, outlined bar behind): a harness that prunes, windows or compacts shows as the gap.
+const CTX_KINDS = { system: "system", user: "user", system_reminder: "reminders", assistant: "assistant", tool_result: "tool results", summary: "summaries", other: "other", reasoning: "reasoning" };
+function contextChart(report) {
+  const W = 1000, H = 260, L = 56, R = 16, T = 16, B = 34;
+  const kinds = (report.kinds || Object.keys(CTX_KINDS)).filter((k) => k !== "media");
+  const chars = (counts, k) => counts?.[k]?.chars || 0;
+  const total = (counts) => kinds.reduce((n, k) => n + chars(counts, k), 0);
+  const turns = report.turns || [];
+  if (!turns.length) return '<p class="muted">No turns yet.</p>';
+  let max = 1;
+  for (const t of turns) max = Math.max(max, total(t.ever), total(t.visible));
+  max = Math.ceil(max * 1.1);
+  const n = turns.length, slot = (W - L - R) / n, bw = Math.min(56, slot * 0.7);
+  const cx = (i) => L + slot * (i + 0.5);
+  const y = (v) => T + (H - T - B) * (1 - v / max);
+  let svg = `<svg id="context-chart" viewBox="0 0 ${W} ${H}" role="img" aria-label="characters the model could see per turn, against what was ever said">`;
+  for (let k = 0; k <= 4; k++) {
+    const v = Math.round((max * k) / 4);
+    svg += `<line class="grid" x1="${L}" x2="${W - R}" y1="${y(v)}" y2="${y(v)}"/><text x="${L - 6}" y="${y(v) + 4}" text-anchor="end">${v}</text>`;
+  }
+  svg += `<line class="axis" x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}"/>`;
+  svg += `<text x="${(L + W - R) / 2}" y="${H - 4}" text-anchor="middle">turn (characters visible in front of characters ever said)</text>`;
+  turns.forEach((t, i) => {
+    const x0 = cx(i) - bw / 2, seen = total(t.visible), said = total(t.ever);
+    const share = t.visible_share ?? (said ? seen / said : 1);
+    const lost = kinds.filter((k) => chars(t.ever, k) > chars(t.visible, k)).map((k) => `${CTX_KINDS[k] || k} ${chars(t.ever, k) - chars(t.visible, k)}`);
+    svg += `<g class="ctx-bar${share < 1 ? " lossy" : ""}" data-turn="${t.turn}" data-index="${t.index}" data-share="${share}">`;
+    svg += `<title>turn ${t.index}: ${seen} of ${said} characters visible (${Math.round(share * 100)}%)${lost.length ? "; not visible: " + esc(lost.join(", ")) : ""}${t.prompt_tokens != null ? "; " + t.prompt_tokens + " prompt tokens" : ""}</title>`;
+    // What was ever said: the lighter stack behind, outlined.
+    let acc = 0;
+    for (const k of kinds) {
+      const c = chars(t.ever, k);
+      if (!c) continue;
+      svg += `<rect class="ever" x="${x0}" y="${y(acc + c)}" width="${bw}" height="${y(acc) - y(acc + c)}" fill="var(--k-${k})"/>`;
+      acc += c;
+    }
+    svg += `<rect class="ever-outline" x="${x0}" y="${y(said)}" width="${bw}" height="${y(0) - y(said)}"/>`;
+    // What the request carried: the full-colour stack in front, a little narrower.
+    acc = 0;
+    for (const k of kinds) {
+      const c = chars(t.visible, k);
+      if (!c) continue;
+      svg += `<rect class="seen" data-kind="${k}" x="${x0 + bw * 0.15}" y="${y(acc + c)}" width="${bw * 0.7}" height="${y(acc) - y(acc + c)}" fill="var(--k-${k})"/>`;
+      acc += c;
+    }
+    if (share < 1) svg += `<text class="share" x="${cx(i)}" y="${y(said) - 4}" text-anchor="middle">${Math.round(share * 100)}%</text>`;
+    svg += `<text x="${cx(i)}" y="${H - B + 16}" text-anchor="middle">${t.index}</text></g>`;
+  });
+  svg += "</svg>";
+  const used = kinds.filter((k) => turns.some((t) => chars(t.ever, k) || chars(t.visible, k)));
+  const legend = used.map((k) => `<span><i class="box" style="background:var(--k-${k})"></i>${CTX_KINDS[k] || esc(k)}</span>`).join("") +
+    `<span><i class="box ever-key"></i>ever said, no longer visible</span>`;
+  return `${svg}<div class="legend">${legend}</div>`;
+}
+
+async function contextCard(id) {
+  const box = document.getElementById("context");
+  if (!box) return;
+  try {
+    const report = await getJson(`/api/conversations/${id}/context`);
+    box.innerHTML = `<h2>Context</h2>${contextChart(report)}`;
+  } catch (e) {
+    box.innerHTML = `<h2>Context</h2><p class="muted">The context report could not be loaded (${esc(e.message)}).</p>`;
+  }
+}
+
 function evidence(e) {
   if (e == null || typeof e !== "object") return `<span class="mono">${esc(JSON.stringify(e))}</span>`;
   return `<dl class="evidence">${Object.entries(e).filter(([, v]) => v !== null).map(([k, v]) => {
@@ -186,6 +253,7 @@ async function conversationPage(id, params) {
     <p class="muted">${esc(c.model)} via <span class="mono">${esc(c.upstream)}</span> · ${c.turns} turns · created ${time(c.created_unix_ms)} · updated ${time(c.updated_unix_ms)}
     ${c.branch_of ? ` · branch of <a href="#/c/${c.branch_of.conversation}">conversation ${c.branch_of.conversation}</a>` : ""}</p>
     ${chart(d.turns, d.findings)}
+    <div class="card chart" id="context"><h2>Context</h2><p class="muted">Loading what the model could see…</p></div>
     <h2>Findings (${d.findings.length})</h2>${d.findings.map(findingCard).join("") || '<p class="muted">none</p>'}
     <h2>Replay</h2>${replayForm(c.id)}
     <h2>Turns</h2><table id="turns"><thead><tr><th>#</th><th>relation</th><th>status</th><th>messages</th><th>local / engine / cached</th><th>first byte</th><th>total</th><th>finish</th><th>findings</th><th></th></tr></thead><tbody></tbody></table>`;
@@ -214,6 +282,7 @@ async function conversationPage(id, params) {
   state.onTurn = (t) => { if (t.conversation === c.id) route(); };
   state.onFinding = (f) => { if (f.conversation === c.id) route(); };
   wireReplayForm(c.id);
+  await contextCard(c.id);
 }
 
 // ---- replays started from a conversation ---------------------------------------------------------
@@ -301,28 +370,99 @@ const VERDICTS = {
   retry: "A retry: the last exchange was replaced (the user edited or regenerated it).",
   prefix_break: "A prefix break: a small edit before the end of the previous history (the prefix cache cannot be reused past it).",
   dropped: "History dropped: messages of the previous turn's history were removed or rewritten.",
+  by_design: "Edited by design: only reasoning that the model's chat template drops anyway was removed, so the model sees what it would have seen.",
 };
+// One sentence per cause of dropped history (detect::history::Cause).
+const CAUSES = {
+  compaction: ["compaction", "the harness replaced a run of earlier turns with a summary message."],
+  windowed: ["windowed", "the harness dropped the oldest turns and kept the most recent ones."],
+  pruned: ["pruned", "the harness removed messages from the middle of the history, or cleared their content (old tool results)."],
+  rewritten: ["rewritten", "the harness replaced a message in place with other content."],
+  truncated_in_place: ["truncated in place", "the harness shortened a message in place, keeping only its head."],
+  media_stripped: ["media stripped", "the harness removed images, audio or files from messages it kept."],
+  reasoning_dropped: ["reasoning dropped", "the harness removed reasoning from assistant messages whose reasoning the model's format needs."],
+};
+// How each message's fate reads in the two columns (status -> label).
+const STATUS_LABELS = {
+  dropped: "dropped", cleared: "cleared", truncated: "truncated", rewritten: "rewritten", edited: "edited", replaced: "replaced",
+  reasoning_stripped: "reasoning stripped", media_stripped: "media stripped", appended: "appended", rewrite: "rewritten here", summary: "summary",
+};
+
+function verdictText(d) {
+  const det = d.detail || {};
+  if (d.verdict !== "dropped" || !CAUSES[det.cause]) return VERDICTS[d.verdict] || esc(d.verdict);
+  const [words, sentence] = CAUSES[det.cause];
+  const also = (det.causes || []).filter((c) => c !== det.cause && CAUSES[c]);
+  return `History dropped (${words}): ${sentence}` +
+    also.map((c) => `<div class="also" data-cause="${esc(c)}">Also ${CAUSES[c][0]}: ${CAUSES[c][1]}</div>`).join("");
+}
+
+function lostText(lost) {
+  const rows = Object.entries(lost || {}).map(([k, l]) => `${k.replace(/_/g, " ")}: ${l.messages} ${k === "media" ? "part" : "message"}${l.messages === 1 ? "" : "s"}${k === "media" ? "" : `, ${l.chars} characters`}`);
+  return rows.length ? rows.join("; ") : null;
+}
+
+function summaryText(s) {
+  if (!s) return null;
+  const by = { marker: "by its harness's marker", carries_reply: "it carries the text of a reply it replaced", structure: "by structure: one message where a run of turns was removed" }[s.recognised_by] || s.recognised_by;
+  return `message ${s.at} (${s.role})${s.harness ? `, written by ${s.harness}` : ""}; recognised ${by}`;
+}
 
 async function diffPage(id) {
   const d = await getJson(`/ui/api/turns/${id}/diff`);
   const v = view();
   const det = d.detail || {};
   let facts = "";
-  if (d.verdict === "dropped") facts = evidence({ first_differing_message: det.first_differing_message, removed_messages: det.removed_messages, rewritten_messages: det.rewritten_messages, user_turns_lost: det.user_turns_lost, messages_before: det.messages_before, messages_after: det.messages_after, kept_latest_reply: det.kept_latest_reply });
+  if (d.verdict === "dropped" || d.verdict === "by_design") {
+    facts = evidence({
+      cause: d.verdict === "dropped" ? det.cause : null, causes: (det.causes || []).length ? det.causes.join(", ") : null,
+      lost: lostText(det.lost), summary: summaryText(det.summary), summary_excerpt: det.summary?.excerpt || null,
+      reasoning_rule: det.reasoning_rule || null,
+      first_differing_message: det.first_differing_message, removed_messages: det.removed_messages, rewritten_messages: det.rewritten_messages,
+      user_turns_lost: det.user_turns_lost, messages_before: det.messages_before, messages_after: det.messages_after, kept_latest_reply: det.kept_latest_reply,
+    });
+  }
   if (d.verdict === "prefix_break") facts = evidence({ message: det.message, character: det.char, role: det.role, change: det.change });
-  const changes = d.changes.map((ch) => `<h2>Message ${ch.message} (${esc(ch.role)}): first difference at character ${ch.diff.at_char}</h2>${charDiff(ch.diff)}`).join("");
+  const changes = d.changes.map((ch) => `<h2>Message ${ch.message}${ch.at != null && ch.at !== ch.message ? ` (now ${ch.at})` : ""} (${esc(ch.role)}): first difference at character ${ch.diff.at_char}</h2>${charDiff(ch.diff)}`).join("");
   const tools = d.tools ? `<h2>Tools: ${esc(d.tools.change)}</h2>${evidence({ before: d.tools.before, after: d.tools.after })}` : "";
-  const list = (msgs) => msgs.map((m) => `<div class="msg ${m.status}" data-status="${m.status}" data-index="${m.index}"><span class="role">${m.index} · ${esc(m.role)}</span><span class="status ${m.status}">${m.status === "kept" ? "" : m.status}</span><pre>${esc(m.text)}${m.truncated ? "…" : ""}</pre></div>`).join("");
-  const counts = (msgs, s) => msgs.filter((m) => m.status === s).length;
+  // The edit behind each earlier message (by its index) and each request message (by where it went).
+  const edits = det.edits || [], byOld = {}, byNew = {};
+  for (const e of edits) { byOld[e.message] = e; if (e.at != null) byNew[e.at] = e; }
+  const label = (m, side) => {
+    if (m.status === "kept") return "";
+    let text = STATUS_LABELS[m.status] || m.status;
+    const e = side === "before" ? byOld[m.index] : byNew[m.index];
+    if (m.status === "summary") text = det.summary?.harness ? `summary by ${det.summary.harness}` : "summary";
+    else if (e && side === "before" && e.edit === "removed") text += ` (${e.chars_before} characters)`;
+    else if (e && (e.edit === "truncated" || e.edit === "cleared" || e.edit === "rewritten")) text += ` (${e.chars_before} → ${e.chars_after} characters${side === "after" ? `, was message ${e.message}` : ""})`;
+    else if (e && e.edit === "reasoning_stripped") text += ` (${e.chars_before} characters of reasoning${e.required === false ? ", dropped by the template anyway" : ""})`;
+    else if (e && e.edit === "media_stripped") text += ` (${e.chars_before} → ${e.chars_after} parts)`;
+    return `<span class="status ${m.status}">${esc(text)}</span>`;
+  };
+  const struck = (s) => s === "dropped" || s === "cleared";
+  const list = (msgs, side) => msgs.map((m) => {
+    const body = `${esc(m.text)}${m.truncated ? "…" : ""}`;
+    return `<div class="msg ${m.status}" data-status="${m.status}" data-index="${m.index}"><span class="role">${m.index} · ${esc(m.role)}</span>${label(m, side)}<pre>${struck(m.status) ? `<del>${body}</del>` : body}</pre></div>`;
+  }).join("");
+  const counts = (msgs, ss) => msgs.filter((m) => ss.includes(m.status)).length;
+  const tally = [
+    [counts(d.after, ["appended"]), "appended"], [counts(d.before, ["dropped"]), "dropped"], [counts(d.before, ["cleared"]), "cleared"],
+    [counts(d.before, ["truncated"]), "truncated"], [counts(d.before, ["rewritten", "edited"]), "rewritten"],
+    [counts(d.before, ["reasoning_stripped"]), "reasoning stripped"], [counts(d.before, ["media_stripped"]), "media stripped"],
+    [counts(d.after, ["summary"]), "summary"], [counts(d.before, ["kept"]), "kept"],
+  ].filter(([n, what]) => n || ["appended", "dropped", "rewritten", "kept"].includes(what)).map(([n, what]) => `${n} ${what}`).join(" · ");
+  const same = d.previous_turn != null && d.previous_conversation === d.conversation;
+  const continues = d.previous_turn == null ? "" : same
+    ? ` · continues turn ${d.previous_turn} of the same conversation${d.verdict === "dropped" || d.verdict === "by_design" ? " (the harness edited its history)" : ""}`
+    : ` · compared with turn ${d.previous_turn} of <a href="#/c/${d.previous_conversation}">conversation ${d.previous_conversation}</a>`;
   v.innerHTML = `<h1>Turn ${d.turn}: what its request changed</h1>
-    <p><a href="#/c/${d.conversation}?turn=${d.turn}">conversation ${d.conversation}, turn ${d.index}</a> · ${esc(relation(d.relation))}
-    ${d.previous_turn != null ? ` · compared with turn ${d.previous_turn}${d.previous_conversation !== d.conversation ? ` of <a href="#/c/${d.previous_conversation}">conversation ${d.previous_conversation}</a>` : ""}` : ""}</p>
-    <div class="card"><div class="verdict" id="verdict" data-verdict="${d.verdict}">${VERDICTS[d.verdict] || esc(d.verdict)}</div>
-    <p class="muted">${counts(d.after, "appended")} appended · ${counts(d.before, "dropped")} dropped · ${counts(d.before, "rewritten") + counts(d.before, "edited")} rewritten · ${counts(d.before, "kept")} kept</p>${facts}</div>
+    <p id="turn-of" data-conversation="${d.conversation}" data-previous-conversation="${d.previous_conversation ?? ""}">Turn ${d.index} of <a href="#/c/${d.conversation}?turn=${d.turn}">conversation ${d.conversation}, turn ${d.index}</a> · ${esc(relation(d.relation))}${continues}</p>
+    <div class="card"><div class="verdict" id="verdict" data-verdict="${d.verdict}"${det.cause ? ` data-cause="${esc(det.cause)}"` : ""}>${verdictText(d)}</div>
+    <p class="muted">${tally}</p>${facts}</div>
     ${tools}<div id="changes">${changes}</div>
-    <p class="muted">Inserted text is green, removed text red and struck through; · is a space, → a tab, ↵ a newline; dashed outlines mark what looks like a timestamp or an id.</p>
-    <div class="cols"><div><h2>Previous history (${d.before.length})</h2><div id="before">${list(d.before)}</div></div>
-    <div><h2>This request (${d.after.length})</h2><div id="after">${list(d.after)}</div></div></div>`;
+    <p class="muted">Inserted text is green, removed text red and struck through; · is a space, → a tab, ↵ a newline; dashed outlines mark what looks like a timestamp or an id. In the previous history, messages the request no longer carries (dropped) or carries emptied (cleared) are struck through.</p>
+    <div class="cols"><div><h2>Previous history (${d.before.length})</h2><div id="before">${list(d.before, "before")}</div></div>
+    <div><h2>This request (${d.after.length})</h2><div id="after">${list(d.after, "after")}</div></div></div>`;
 }
 
 // ---- findings, replays ---------------------------------------------------------------------------

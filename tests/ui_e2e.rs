@@ -351,7 +351,7 @@ async fn pruned_tool_results_in_the_diff_and_context_pages() {
     assert_eq!(attr_after(&dom, of, "data-conversation"), ids[0].to_string());
     assert_eq!(attr_after(&dom, of, "data-previous-conversation"), ids[0].to_string());
     let title = format!("conversation {}, turn {}</a>", ids[0], turns[3]["index"]);
-    assert!(dom.contains(&title) && dom.contains("of the same conversation"), "{title}: {dom}");
+    assert!(dom.contains(&title) && dom.contains("continues the same conversation"), "{title}: {dom}");
     screenshot(&bin, dir.path(), &url, "diff-pruned");
 
     // Conversation page: one context bar per turn; the pruned turn no longer shows all that was said.

@@ -66,24 +66,85 @@ impl Index {
         let start = list.partition_point(|&j| j < from);
         list[start..].iter().copied().find(|&j| free(j))
     }
+
+    /// The last position of `key` before `before` (and at or after `floor`) that `free` allows.
+    fn find_before(&self, key: &str, before: usize, floor: usize, free: impl Fn(usize) -> bool) -> Option<usize> {
+        let list = self.positions.get(key)?;
+        let end = list.partition_point(|&j| j < before);
+        list[..end].iter().rev().copied().take_while(|&j| j >= floor).find(|&j| free(j))
+    }
 }
 
-/// Aligns `previous` with `request` from position `shared` on (both agree before it).
+/// Aligns `previous` with `request` from position `shared` on (both agree before it). Repeated
+/// messages (the same short reply twice) can be matched to more than one place: the alignment is
+/// made from the front and from the back (a kept tail, as keep-the-last-N leaves, aligns from the
+/// back) and the one that keeps more messages wins.
 pub fn align(previous: &[Message<'_>], request: &[Message<'_>], shared: usize) -> Alignment {
-    let bare = |v: &Value| anatomy::key(&anatomy::without_media(&anatomy::without_reasoning(v)));
-    let exact = Index::new(request.iter().enumerate().skip(shared).map(|(j, m)| (j, m.hash.to_string())));
-    let stripped = Index::new(request.iter().enumerate().skip(shared).map(|(j, m)| (j, bare(m.value))));
-    let ids = Index::new(request.iter().enumerate().skip(shared).flat_map(|(j, m)| tool_key(m.value).map(|k| (j, k))));
-    let grown = Index::new(request.iter().enumerate().skip(shared).flat_map(|(j, m)| grown_key(m.value).map(|k| (j, k))));
+    let indexes = Indexes::new(request, shared);
+    let forward = one_way(previous, request, shared, &indexes, Direction::Forward);
+    let backward = one_way(previous, request, shared, &indexes, Direction::Backward);
+    let kept = |a: &Alignment| a.fates.iter().filter(|f| matches!(f, Fate::Kept(_))).count();
+    if kept(&backward) > kept(&forward) {
+        backward
+    } else {
+        forward
+    }
+}
+
+/// The request's messages by each key an earlier message may be found by.
+struct Indexes {
+    exact: Index,
+    stripped: Index,
+    ids: Index,
+    grown: Index,
+}
+
+impl Indexes {
+    fn new(request: &[Message<'_>], shared: usize) -> Indexes {
+        let keyed = |key: fn(&Message<'_>) -> Option<String>| {
+            Index::new(request.iter().enumerate().skip(shared).flat_map(|(j, m)| key(m).map(|k| (j, k))))
+        };
+        Indexes {
+            exact: keyed(|m| Some(m.hash.to_string())),
+            stripped: keyed(|m| Some(bare(m.value))),
+            ids: keyed(|m| tool_key(m.value)),
+            grown: keyed(|m| grown_key(m.value)),
+        }
+    }
+}
+
+/// The message without reasoning and media, as a key.
+fn bare(message: &Value) -> String {
+    anatomy::key(&anatomy::without_media(&anatomy::without_reasoning(message)))
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Direction {
+    Forward,
+    Backward,
+}
+
+fn one_way(previous: &[Message<'_>], request: &[Message<'_>], shared: usize, ix: &Indexes, direction: Direction) -> Alignment {
     let mut used: Vec<bool> = (0..request.len()).map(|j| j < shared).collect();
-    let mut fates: Vec<Fate> = (0..shared).map(Fate::Kept).collect();
-    let mut cursor = shared;
-    for old in &previous[shared..] {
+    let mut fates: Vec<Fate> = vec![Fate::Removed; previous.len()];
+    for (i, fate) in fates.iter_mut().enumerate().take(shared) {
+        *fate = Fate::Kept(i);
+    }
+    // Forward: positions at or after `bound`; backward: positions before it.
+    let mut bound = if direction == Direction::Forward { shared } else { request.len() };
+    let order: Box<dyn Iterator<Item = usize>> =
+        if direction == Direction::Forward { Box::new(shared..previous.len()) } else { Box::new((shared..previous.len()).rev()) };
+    for i in order {
+        let old = &previous[i];
         let free = |j: usize| !used[j];
-        let reply_text = || reply_key(old.value).and_then(|k| grown.find(&k, cursor, free));
-        let fate = if let Some(j) = exact.find(old.hash, cursor, free).or_else(reply_text) {
+        let find = |index: &Index, key: &str| match direction {
+            Direction::Forward => index.find(key, bound, free),
+            Direction::Backward => index.find_before(key, bound, shared, free),
+        };
+        let reply_text = || reply_key(old.value).and_then(|k| find(&ix.grown, &k));
+        let fate = if let Some(j) = find(&ix.exact, old.hash).or_else(reply_text) {
             Fate::Kept(j)
-        } else if let Some(j) = stripped.find(&bare(old.value), cursor, free) {
+        } else if let Some(j) = find(&ix.stripped, &bare(old.value)) {
             let new = request[j].value;
             if anatomy::reasoning_chars(old.value) > anatomy::reasoning_chars(new) {
                 Fate::ReasoningStripped(j)
@@ -92,16 +153,16 @@ pub fn align(previous: &[Message<'_>], request: &[Message<'_>], shared: usize) -
             } else {
                 Fate::Edited(j)
             }
-        } else if let Some(j) = tool_key(old.value).and_then(|k| ids.find(&k, cursor, free)) {
+        } else if let Some(j) = tool_key(old.value).and_then(|k| find(&ix.ids, &k)) {
             Fate::Edited(j)
         } else {
             Fate::Removed
         };
         if let Some(j) = fate.at() {
             used[j] = true;
-            cursor = j + 1;
+            bound = if direction == Direction::Forward { j + 1 } else { j };
         }
-        fates.push(fate);
+        fates[i] = fate;
     }
     pair_in_place(&mut fates, previous, request, &mut used);
     let appended_from = fates.iter().filter_map(|f| f.at()).max().map_or(shared, |j| j + 1);

@@ -785,6 +785,29 @@ mod tests {
     }
 
     #[test]
+    fn repeated_replies_still_read_as_a_window_and_a_joined_reply_as_kept() {
+        // The model answered the same words three times: keep-the-last-3 still aligns from the back.
+        let same = "I am sorry, I cannot help with that.";
+        let previous = [
+            m("system", "S"),
+            m("user", "u1"),
+            m("assistant", same),
+            m("user", "u2"),
+            m("assistant", same),
+            m("user", "u3"),
+            m("assistant", same),
+        ];
+        let request = [m("system", "S"), m("assistant", same), m("user", "u3"), m("assistant", same), m("user", "u4")];
+        let d = dropped(run(&previous, &request));
+        assert_eq!((d.cause, d.removed_messages), (Cause::Windowed, vec![1, 2, 3]));
+        // Responses: the reply on record, resent with the next response's call joined to it.
+        let previous = [m("user", "q"), m("assistant", "Checking.")];
+        let joined = json!({"role": "assistant", "content": "Checking.", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]});
+        let request = [m("user", "q"), joined, json!({"role": "tool", "tool_call_id": "c1", "content": "ok"})];
+        assert!(matches!(run(&previous, &request), History::PrefixBreak(_)), "nothing was lost");
+    }
+
+    #[test]
     fn media_stripped_and_a_true_rewrite() {
         let image = json!({"role": "user", "content": [{"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]});
         let previous = [m("system", "S"), image.clone(), m("assistant", "a cat"), m("user", "u2"), m("assistant", "a2")];

@@ -193,7 +193,7 @@ function contextChart(report) {
       acc += c;
     }
     if (share < 1) svg += `<text class="share" x="${cx(i)}" y="${y(said) - 4}" text-anchor="middle">${Math.round(share * 100)}%</text>`;
-    svg += `<text x="${cx(i)}" y="${H - B + 16}" text-anchor="middle">${t.index}</text></g>`;
+    svg += (i % Math.ceil(n / 30) === 0 ? `<text x="${cx(i)}" y="${H - B + 16}" text-anchor="middle">${t.index}</text>` : "") + "</g>";
   });
   svg += "</svg>";
   const used = kinds.filter((k) => turns.some((t) => chars(t.ever, k) || chars(t.visible, k)));
@@ -408,21 +408,29 @@ function summaryText(s) {
   return `message ${s.at} (${s.role})${s.harness ? `, written by ${s.harness}` : ""}; recognised ${by}`;
 }
 
+/** Facts in words: like `evidence`, but strings read as prose (no visible whitespace). */
+function facts(e) {
+  return `<dl class="evidence facts">${Object.entries(e).filter(([, v]) => v != null).map(([k, v]) => {
+    const shown = typeof v === "object" ? `<code>${esc(JSON.stringify(v))}</code>` : typeof v === "string" ? esc(v) : `<b>${esc(v)}</b>`;
+    return `<dt>${esc(k.replace(/_/g, " "))}</dt><dd data-fact="${esc(k)}">${shown}</dd>`;
+  }).join("")}</dl>`;
+}
+
 async function diffPage(id) {
   const d = await getJson(`/ui/api/turns/${id}/diff`);
   const v = view();
   const det = d.detail || {};
-  let facts = "";
+  let known = "";
   if (d.verdict === "dropped" || d.verdict === "by_design") {
-    facts = evidence({
+    known = facts({
       cause: d.verdict === "dropped" ? det.cause : null, causes: (det.causes || []).length ? det.causes.join(", ") : null,
-      lost: lostText(det.lost), summary: summaryText(det.summary), summary_excerpt: det.summary?.excerpt || null,
+      lost: lostText(det.lost), summary: summaryText(det.summary), summary_excerpt: det.summary?.excerpt ? `“${det.summary.excerpt}…”` : null,
       reasoning_rule: det.reasoning_rule || null,
       first_differing_message: det.first_differing_message, removed_messages: det.removed_messages, rewritten_messages: det.rewritten_messages,
       user_turns_lost: det.user_turns_lost, messages_before: det.messages_before, messages_after: det.messages_after, kept_latest_reply: det.kept_latest_reply,
     });
   }
-  if (d.verdict === "prefix_break") facts = evidence({ message: det.message, character: det.char, role: det.role, change: det.change });
+  if (d.verdict === "prefix_break") known = evidence({ message: det.message, character: det.char, role: det.role, change: det.change });
   const changes = d.changes.map((ch) => `<h2>Message ${ch.message}${ch.at != null && ch.at !== ch.message ? ` (now ${ch.at})` : ""} (${esc(ch.role)}): first difference at character ${ch.diff.at_char}</h2>${charDiff(ch.diff)}`).join("");
   const tools = d.tools ? `<h2>Tools: ${esc(d.tools.change)}</h2>${evidence({ before: d.tools.before, after: d.tools.after })}` : "";
   // The edit behind each earlier message (by its index) and each request message (by where it went).
@@ -432,6 +440,7 @@ async function diffPage(id) {
     if (m.status === "kept") return "";
     let text = STATUS_LABELS[m.status] || m.status;
     const e = side === "before" ? byOld[m.index] : byNew[m.index];
+    if (e && side === "after" && m.status === "rewrite") text = `${e.edit.replace(/_/g, " ")} here`;
     if (m.status === "summary") text = det.summary?.harness ? `summary by ${det.summary.harness}` : "summary";
     else if (e && side === "before" && e.edit === "removed") text += ` (${e.chars_before} characters)`;
     else if (e && (e.edit === "truncated" || e.edit === "cleared" || e.edit === "rewritten")) text += ` (${e.chars_before} → ${e.chars_after} characters${side === "after" ? `, was message ${e.message}` : ""})`;
@@ -453,12 +462,12 @@ async function diffPage(id) {
   ].filter(([n, what]) => n || ["appended", "dropped", "rewritten", "kept"].includes(what)).map(([n, what]) => `${n} ${what}`).join(" · ");
   const same = d.previous_turn != null && d.previous_conversation === d.conversation;
   const continues = d.previous_turn == null ? "" : same
-    ? ` · continues turn ${d.previous_turn} of the same conversation${d.verdict === "dropped" || d.verdict === "by_design" ? " (the harness edited its history)" : ""}`
+    ? ` · continues the same conversation after turn #${d.previous_turn}${d.verdict === "dropped" || d.verdict === "by_design" ? " (the harness edited its history)" : ""}`
     : ` · compared with turn ${d.previous_turn} of <a href="#/c/${d.previous_conversation}">conversation ${d.previous_conversation}</a>`;
   v.innerHTML = `<h1>Turn ${d.turn}: what its request changed</h1>
-    <p id="turn-of" data-conversation="${d.conversation}" data-previous-conversation="${d.previous_conversation ?? ""}">Turn ${d.index} of <a href="#/c/${d.conversation}?turn=${d.turn}">conversation ${d.conversation}, turn ${d.index}</a> · ${esc(relation(d.relation))}${continues}</p>
+    <p id="turn-of" data-conversation="${d.conversation}" data-previous-conversation="${d.previous_conversation ?? ""}"><a href="#/c/${d.conversation}?turn=${d.turn}">conversation ${d.conversation}, turn ${d.index}</a> · ${esc(relation(d.relation))}${continues}</p>
     <div class="card"><div class="verdict" id="verdict" data-verdict="${d.verdict}"${det.cause ? ` data-cause="${esc(det.cause)}"` : ""}>${verdictText(d)}</div>
-    <p class="muted">${tally}</p>${facts}</div>
+    <p class="muted">${tally}</p>${known}</div>
     ${tools}<div id="changes">${changes}</div>
     <p class="muted">Inserted text is green, removed text red and struck through; · is a space, → a tab, ↵ a newline; dashed outlines mark what looks like a timestamp or an id. In the previous history, messages the request no longer carries (dropped) or carries emptied (cleared) are struck through.</p>
     <div class="cols"><div><h2>Previous history (${d.before.length})</h2><div id="before">${list(d.before, "before")}</div></div>

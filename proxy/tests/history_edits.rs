@@ -3,6 +3,7 @@
 //! `history_dropped` with the edit's cause; a true branch stays a branch and raises nothing.
 
 use ctxscope_proxy::capture::pipeline::Pipeline;
+use ctxscope_proxy::detect::context_report::context_report;
 use ctxscope_store::{FindingFilter, FindingRecord, Relation, RetentionPolicy, Store, StoreOptions, TurnRecord};
 use serde_json::{json, Value};
 
@@ -84,6 +85,29 @@ fn pruned_tool_results_continue_the_conversation_and_are_named() {
     assert_eq!((e["cause"].as_str(), e["lost"]["tool_result"]["messages"].as_u64()), (Some("pruned"), Some(3)), "{e:#}");
     assert_eq!(found[0].severity.as_str(), "info", "only old tool results were lost");
     assert!(found[0].summary.contains("3 tool_result"), "{}", found[0].summary);
+    // The context report: 4 tool results said, 1 still visible, the rest all there.
+    let report = context_report(&h.store.conversation_detail(conversation).unwrap());
+    let last = report.turns.last().unwrap();
+    assert_eq!((last.visible["tool_result"].messages, last.ever["tool_result"].messages), (1, 4));
+    assert_eq!((last.visible["user"].messages, last.ever["user"].messages), (6, 6));
+    assert!(last.visible_share < 1.0 && report.turns[0].visible_share == 1.0, "{report:#?}");
+}
+
+#[test]
+fn a_reply_given_twice_word_for_word_is_said_twice() {
+    let mut h = Harness::new();
+    let mut messages = vec![system(), user("u0")];
+    let conversation = h.send("m", &messages, assistant("I cannot help.")).conversation;
+    messages.extend([assistant("I cannot help."), user("u1")]);
+    h.send("m", &messages, assistant("I cannot help."));
+    messages.extend([assistant("I cannot help."), user("u2")]);
+    h.send("m", &messages, assistant("Fine."));
+    let report = context_report(&h.store.conversation_detail(conversation).unwrap());
+    for t in &report.turns {
+        let (seen, said) = (t.visible.get("assistant").map_or(0, |c| c.messages), t.ever.get("assistant").map_or(0, |c| c.messages));
+        assert_eq!(seen, said, "turn {}: nothing was dropped: {report:#?}", t.index);
+        assert_eq!(t.visible_share, 1.0);
+    }
 }
 
 #[test]
@@ -146,4 +170,33 @@ fn reasoning_dropped_inside_a_deepseek_tool_loop_but_not_between_user_turns() {
     let turn = h.send(model, &messages, assistant("Fine."));
     assert!(matches!(turn.relation, Relation::Extend { .. }), "{:?}", turn.relation);
     assert_eq!(h.findings(), vec![]);
+}
+
+#[test]
+fn images_stripped_from_earlier_messages_are_named() {
+    // No engine this project runs reads images (the engine and llama-server without a projector refuse
+    // them), so this edit is checked here, through the pipeline and the store, not in the corpus.
+    let mut h = Harness::new();
+    let image = |text: &str| json!({"role": "user", "content": [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]});
+    let mut messages = vec![system(), image("What is in this picture?")];
+    let conversation = h.send("m", &messages, assistant("A cat on a mat.")).conversation;
+    messages.extend([assistant("A cat on a mat."), user("What colour is the cat?")]);
+    h.send("m", &messages, assistant("Black."));
+    let stripped = vec![
+        system(),
+        json!({"role": "user", "content": [{"type": "text", "text": "What is in this picture?"}]}),
+        assistant("A cat on a mat."),
+        user("What colour is the cat?"),
+        assistant("Black."),
+        user("And the mat?"),
+    ];
+    let turn = h.send("m", &stripped, assistant("Red."));
+    assert_eq!(turn.conversation, conversation, "{:?}", turn.relation);
+    let found = h.findings();
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!(
+        (found[0].evidence["cause"].as_str(), found[0].evidence["lost"]["media"]["messages"].as_u64()),
+        (Some("media_stripped"), Some(1))
+    );
+    assert_eq!(found[0].severity.as_str(), "info");
 }

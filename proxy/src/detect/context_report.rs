@@ -49,20 +49,29 @@ pub fn kinds() -> Vec<&'static str> {
     Kind::ALL.iter().map(|k| k.as_str()).chain(["reasoning", "media"]).collect()
 }
 
-/// What one message adds to a tally.
-fn tally(into: &mut BTreeMap<&'static str, Count>, message: &Value, chars: usize) {
-    let entry = into.entry(anatomy::kind(message).as_str()).or_default();
-    entry.messages += 1;
-    entry.chars += chars;
+/// A message's kind, a compaction summary recognised by its marker.
+fn kind_of(message: &Value) -> Kind {
+    if super::markers::harness_of(message).is_some() {
+        Kind::Summary
+    } else {
+        anatomy::kind(message)
+    }
+}
+
+/// What `copies` of one message add to a tally.
+fn tally(into: &mut BTreeMap<&'static str, Count>, message: &Value, chars: usize, copies: usize) {
+    let entry = into.entry(kind_of(message).as_str()).or_default();
+    entry.messages += copies;
+    entry.chars += chars * copies;
     let reasoning = anatomy::reasoning_chars(message);
     if reasoning > 0 {
         let entry = into.entry("reasoning").or_default();
-        entry.messages += 1;
-        entry.chars += reasoning;
+        entry.messages += copies;
+        entry.chars += reasoning * copies;
     }
     let media = anatomy::media_parts(message);
     if media > 0 {
-        into.entry("media").or_default().messages += media;
+        into.entry("media").or_default().messages += media * copies;
     }
 }
 
@@ -79,28 +88,43 @@ fn identity(hash: &str, message: &Value) -> String {
     }
 }
 
+/// One thing said: the hash of its longest version, its characters, and how many times it was said
+/// (a reply the model gave twice word for word is two).
+struct Said {
+    hash: String,
+    chars: usize,
+    copies: usize,
+}
+
 /// The report of a conversation (its turns in order).
 pub fn context_report(detail: &ConversationDetail) -> ContextReport {
     let null = Value::Null;
     let message = |hash: &str| detail.messages.get(hash).unwrap_or(&null);
-    // Identity -> (message hash of its longest version, its characters).
-    let mut said: HashMap<String, (String, usize)> = HashMap::new();
+    let mut said: HashMap<String, Said> = HashMap::new();
     let mut turns = Vec::with_capacity(detail.turns.len());
     for view in &detail.turns {
         let t = &view.turn;
         let mut visible = BTreeMap::new();
+        let mut here: HashMap<String, usize> = HashMap::new();
         for hash in &view.messages {
             let m = message(hash);
             let n = chars(m);
-            tally(&mut visible, m, n);
-            let entry = said.entry(identity(hash, m)).or_insert_with(|| (hash.clone(), n));
-            if n > entry.1 {
-                *entry = (hash.clone(), n);
+            tally(&mut visible, m, n, 1);
+            let id = identity(hash, m);
+            *here.entry(id.clone()).or_default() += 1;
+            let entry = said.entry(id).or_insert_with(|| Said { hash: hash.clone(), chars: n, copies: 0 });
+            if n > entry.chars {
+                (entry.hash, entry.chars) = (hash.clone(), n);
+            }
+        }
+        for (id, copies) in &here {
+            if let Some(entry) = said.get_mut(id) {
+                entry.copies = entry.copies.max(*copies);
             }
         }
         let mut ever = BTreeMap::new();
-        for (hash, n) in said.values() {
-            tally(&mut ever, message(hash), *n);
+        for entry in said.values() {
+            tally(&mut ever, message(&entry.hash), entry.chars, entry.copies);
         }
         let total = |c: &BTreeMap<&str, Count>| c.iter().filter(|(k, _)| **k != "media").map(|(_, v)| v.chars).sum::<usize>();
         let share = if total(&ever) == 0 { 1.0 } else { total(&visible) as f64 / total(&ever) as f64 };
@@ -112,10 +136,13 @@ pub fn context_report(detail: &ConversationDetail) -> ContextReport {
             ever,
             visible_share: (share.min(1.0) * 1000.0).round() / 1000.0,
         });
-        // The reply is said too: the next request may or may not carry it.
+        // The reply is said too, once more than this request carried it.
         if let Some(reply) = &t.reply {
             let m = message(reply);
-            said.entry(identity(reply, m)).or_insert_with(|| (reply.clone(), chars(m)));
+            let id = identity(reply, m);
+            let carried = here.get(&id).copied().unwrap_or(0);
+            let entry = said.entry(id).or_insert_with(|| Said { hash: reply.clone(), chars: chars(m), copies: 0 });
+            entry.copies = entry.copies.max(carried + 1);
         }
     }
     ContextReport { conversation: detail.conversation.id, kinds: kinds(), turns }

@@ -123,7 +123,7 @@ pub fn decide(store: &Store, request: &Request<'_>, name: Option<&str>) -> Resul
     // 4. An edit of that conversation's latest history, or a branch.
     if let Some(conversation) = store.conversation(entry.conversation)? {
         if edits(store, &conversation, request)? {
-            return Ok(diverged(store, conversation, request, base)?);
+            return diverged(store, conversation, request, base);
         }
     }
     let branch = BranchRef { conversation: entry.conversation, turn: entry.turn, shared_messages: len as u32 };

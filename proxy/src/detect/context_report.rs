@@ -136,8 +136,9 @@ pub fn context_report(detail: &ConversationDetail) -> ContextReport {
             ever,
             visible_share: (share.min(1.0) * 1000.0).round() / 1000.0,
         });
-        // The reply is said too, once more than this request carried it.
-        if let Some(reply) = &t.reply {
+        // The reply is said too, once more than this request carried it (unless the client never
+        // got it whole: it went away, or the stream broke).
+        if let (Some(reply), None) = (&t.reply, &t.error) {
             let m = message(reply);
             let id = identity(reply, m);
             let carried = here.get(&id).copied().unwrap_or(0);

@@ -91,6 +91,21 @@ fn pruned_tool_results_continue_the_conversation_and_are_named() {
     assert_eq!((last.visible["tool_result"].messages, last.ever["tool_result"].messages), (1, 4));
     assert_eq!((last.visible["user"].messages, last.ever["user"].messages), (6, 6));
     assert!(last.visible_share < 1.0 && report.turns[0].visible_share == 1.0, "{report:#?}");
+    // The export carries the decision (the diverged turn) and the finding with its evidence; an
+    // import keeps the turn diverged.
+    let mut jsonl = Vec::new();
+    h.store.export_conversation(conversation, &mut jsonl).unwrap();
+    let lines: Vec<Value> = jsonl.split(|b| *b == b'\n').filter(|l| !l.is_empty()).map(|l| serde_json::from_slice(l).unwrap()).collect();
+    let finding = lines.iter().find(|l| l["kind"] == "finding").expect("a finding line");
+    assert_eq!(finding["finding"]["evidence"]["cause"], "pruned");
+    assert_eq!(lines.iter().filter(|l| l["kind"] == "turn").last().unwrap()["relation"]["kind"], "diverged");
+    let imported = h.store.import_conversation(&mut jsonl.as_slice()).unwrap();
+    let detail = h.store.conversation_detail(imported).unwrap();
+    assert!(
+        matches!(detail.turns.last().unwrap().turn.relation, Relation::Diverged { .. }),
+        "{:?}",
+        detail.turns.last().unwrap().turn.relation
+    );
 }
 
 #[test]

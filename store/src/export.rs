@@ -1,5 +1,7 @@
 //! The portable form of a conversation: self-contained JSONL that `ctxscope export` writes and
-//! `ctxscope import` reads back. Line 1 is a header, then one line per message, then one per turn.
+//! `ctxscope import` reads back. Line 1 is a header, then one line per message, then one per turn
+//! (with its relation: a `diverged` turn is a harness's edit), then one per finding with its evidence
+//! (the exporting store's diagnosis: kept for reading, not imported).
 
 use std::collections::HashSet;
 use std::io::{BufRead, Write};
@@ -25,6 +27,7 @@ pub enum ExportLine {
     Header { format: String, version: u32, conversation: ConversationRecord },
     Message { hash: HashHex, message: Value },
     Turn(TurnView),
+    Finding { finding: FindingRecord },
 }
 
 impl Store {
@@ -43,6 +46,9 @@ impl Store {
         }
         for turn in detail.turns {
             line(&ExportLine::Turn(turn))?;
+        }
+        for finding in detail.findings {
+            line(&ExportLine::Finding { finding })?;
         }
         Ok(())
     }
@@ -97,6 +103,8 @@ impl Store {
                     }
                     turns.push(view);
                 }
+                // The exporting store's findings name its ids; the detectors' evidence is read there.
+                ExportLine::Finding { .. } => {}
             }
         }
         let mut conversation = header.ok_or_else(|| StoreError::Import { line: 1, detail: "missing header line".into() })?;
@@ -120,9 +128,13 @@ impl Store {
             let shared = previous.as_ref().map_or(0, |(_, prev)| common_prefix(prev, &view.messages));
             turn.base = previous.as_ref().filter(|_| shared > 0).map(|(id, _)| BaseRef { turn: *id, len: shared as u32 });
             turn.new_messages = view.messages[shared..].iter().filter_map(|h| from_hex(h)).collect();
-            turn.relation = match &previous {
-                None => Relation::New,
-                Some((id, _)) => Relation::Extend { parent_turn: *id },
+            turn.relation = match (&previous, &turn.relation) {
+                (None, _) => Relation::New,
+                // An edited history stays one: the harness's edit is what the turn shows.
+                (Some((id, _)), Relation::Diverged { shared_messages, .. }) => {
+                    Relation::Diverged { previous_turn: *id, shared_messages: *shared_messages }
+                }
+                (Some((id, _)), _) => Relation::Extend { parent_turn: *id },
             };
             let mut with_reply = view.messages.clone();
             with_reply.extend(turn.reply.clone());

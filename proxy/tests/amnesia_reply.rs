@@ -1,26 +1,17 @@
 //! `amnesia_reply` through the capture pipeline: a reworded denial in a continued conversation is
 //! recognised by structure, with readable evidence; innocent replies with the same words raise nothing.
 
-use ctxscope_proxy::capture::pipeline::Pipeline;
-use ctxscope_store::{FindingFilter, FindingKind, FindingRecord, RetentionPolicy, Store, StoreOptions};
+use ctxscope_store::{FindingKind, FindingRecord};
 use serde_json::{json, Value};
 
 mod common;
-use common::{assistant, exchange, user};
+use common::{assistant, user, Capture};
 
-struct Harness {
-    _dir: tempfile::TempDir,
-    store: Store,
-    pipeline: Pipeline,
-    clock: u64,
-}
+struct Harness(Capture);
 
 impl Harness {
     fn new() -> Harness {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
-        let pipeline = Pipeline::new(store.clone(), "http://engine".into(), None, RetentionPolicy::default());
-        Harness { _dir: dir, store, pipeline, clock: 1_000 }
+        Harness(Capture::new("http://engine"))
     }
 
     fn send(&mut self, messages: &[Value], reply: &str) {
@@ -29,15 +20,12 @@ impl Harness {
             "choices": [{"message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 20 * messages.len(), "completion_tokens": 8},
         });
-        let mut ex = exchange(request, response, None);
-        self.clock += 1_000;
-        ex.time_unix_ms = self.clock;
-        self.pipeline.capture(&ex).expect("captured");
+        self.0.send(request, response);
     }
 
     /// The amnesia findings (other detectors are not this test's business).
     fn findings(&self) -> Vec<FindingRecord> {
-        let all = self.store.findings(&FindingFilter::default()).unwrap();
+        let all = self.0.findings();
         all.into_iter().filter(|f| f.kind == FindingKind::AmnesiaReply).collect()
     }
 }

@@ -2,27 +2,19 @@
 //! history pruned, compacted or stripped of reasoning continues its conversation and raises
 //! `history_dropped` with the edit's cause; a true branch stays a branch and raises nothing.
 
-use ctxscope_proxy::capture::pipeline::Pipeline;
 use ctxscope_proxy::detect::context_report::context_report;
-use ctxscope_store::{FindingFilter, FindingRecord, Relation, RetentionPolicy, Store, StoreOptions, TurnRecord};
+use ctxscope_store::{FindingRecord, Relation, TurnRecord};
 use serde_json::{json, Value};
 
 mod common;
-use common::{assistant, exchange, system, user};
+use common::{assistant, system, user, Capture};
 
-struct Harness {
-    _dir: tempfile::TempDir,
-    store: Store,
-    pipeline: Pipeline,
-    clock: u64,
-}
+/// The pipeline, answering each request with one assistant message.
+struct Harness(Capture);
 
 impl Harness {
     fn new() -> Harness {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
-        let pipeline = Pipeline::new(store.clone(), "http://engine".into(), None, RetentionPolicy::default());
-        Harness { _dir: dir, store, pipeline, clock: 1_000 }
+        Harness(Capture::new("http://engine"))
     }
 
     /// Sends `messages` to `model`; the engine answers with `reply` (an assistant message).
@@ -30,14 +22,11 @@ impl Harness {
         let request = json!({"model": model, "messages": messages});
         let response =
             json!({"choices": [{"message": reply, "finish_reason": "stop"}], "usage": {"prompt_tokens": 100, "completion_tokens": 8}});
-        let mut ex = exchange(request, response, None);
-        self.clock += 1_000;
-        ex.time_unix_ms = self.clock;
-        self.pipeline.capture(&ex).expect("captured")
+        self.0.send(request, response)
     }
 
     fn findings(&self) -> Vec<FindingRecord> {
-        self.store.findings(&FindingFilter::default()).unwrap()
+        self.0.findings()
     }
 }
 
@@ -86,7 +75,7 @@ fn pruned_tool_results_continue_the_conversation_and_are_named() {
     assert_eq!(found[0].severity.as_str(), "info", "only old tool results were lost");
     assert!(found[0].summary.contains("3 tool_result"), "{}", found[0].summary);
     // The context report: 4 tool results said, 1 still visible, the rest all there.
-    let report = context_report(&h.store.conversation_detail(conversation).unwrap());
+    let report = context_report(&h.0.store.conversation_detail(conversation).unwrap());
     let last = report.turns.last().unwrap();
     assert_eq!((last.visible["tool_result"].messages, last.ever["tool_result"].messages), (1, 4));
     assert_eq!((last.visible["user"].messages, last.ever["user"].messages), (6, 6));
@@ -94,13 +83,13 @@ fn pruned_tool_results_continue_the_conversation_and_are_named() {
     // The export carries the decision (the diverged turn) and the finding with its evidence; an
     // import keeps the turn diverged.
     let mut jsonl = Vec::new();
-    h.store.export_conversation(conversation, &mut jsonl).unwrap();
+    h.0.store.export_conversation(conversation, &mut jsonl).unwrap();
     let lines: Vec<Value> = jsonl.split(|b| *b == b'\n').filter(|l| !l.is_empty()).map(|l| serde_json::from_slice(l).unwrap()).collect();
     let finding = lines.iter().find(|l| l["kind"] == "finding").expect("a finding line");
     assert_eq!(finding["finding"]["evidence"]["cause"], "pruned");
     assert_eq!(lines.iter().filter(|l| l["kind"] == "turn").last().unwrap()["relation"]["kind"], "diverged");
-    let imported = h.store.import_conversation(&mut jsonl.as_slice()).unwrap();
-    let detail = h.store.conversation_detail(imported).unwrap();
+    let imported = h.0.store.import_conversation(&mut jsonl.as_slice()).unwrap();
+    let detail = h.0.store.conversation_detail(imported).unwrap();
     assert!(
         matches!(detail.turns.last().unwrap().turn.relation, Relation::Diverged { .. }),
         "{:?}",
@@ -117,7 +106,7 @@ fn a_reply_given_twice_word_for_word_is_said_twice() {
     h.send("m", &messages, assistant("I cannot help."));
     messages.extend([assistant("I cannot help."), user("u2")]);
     h.send("m", &messages, assistant("Fine."));
-    let report = context_report(&h.store.conversation_detail(conversation).unwrap());
+    let report = context_report(&h.0.store.conversation_detail(conversation).unwrap());
     for t in &report.turns {
         let (seen, said) = (t.visible.get("assistant").map_or(0, |c| c.messages), t.ever.get("assistant").map_or(0, |c| c.messages));
         assert_eq!(seen, said, "turn {}: nothing was dropped: {report:#?}", t.index);

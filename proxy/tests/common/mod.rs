@@ -41,3 +41,35 @@ pub fn assistant(text: &str) -> Value {
 pub fn system() -> Value {
     json!({"role": "system", "content": "You are a helpful assistant."})
 }
+
+/// A capture pipeline over a real sled store in a temporary folder, fed synthetic exchanges one
+/// second apart.
+pub struct Capture {
+    _dir: tempfile::TempDir,
+    pub store: ctxscope_store::Store,
+    pub pipeline: ctxscope_proxy::capture::pipeline::Pipeline,
+    clock: u64,
+}
+
+impl Capture {
+    /// A pipeline without a tokenizer in front of `upstream`.
+    pub fn new(upstream: &str) -> Capture {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ctxscope_store::Store::open(dir.path(), &ctxscope_store::StoreOptions::default()).unwrap();
+        let retention = ctxscope_store::RetentionPolicy::default();
+        let pipeline = ctxscope_proxy::capture::pipeline::Pipeline::new(store.clone(), upstream.into(), None, retention);
+        Capture { _dir: dir, store, pipeline, clock: 1_000 }
+    }
+
+    /// Captures one chat exchange, a second after the previous one.
+    pub fn send(&mut self, request: Value, response: Value) -> ctxscope_store::TurnRecord {
+        let mut ex = exchange(request, response, None);
+        self.clock += 1_000;
+        ex.time_unix_ms = self.clock;
+        self.pipeline.capture(&ex).expect("captured")
+    }
+
+    pub fn findings(&self) -> Vec<ctxscope_store::FindingRecord> {
+        self.store.findings(&ctxscope_store::FindingFilter::default()).unwrap()
+    }
+}

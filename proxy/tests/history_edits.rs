@@ -87,7 +87,7 @@ fn pruned_tool_results_continue_the_conversation_and_are_named() {
     let lines: Vec<Value> = jsonl.split(|b| *b == b'\n').filter(|l| !l.is_empty()).map(|l| serde_json::from_slice(l).unwrap()).collect();
     let finding = lines.iter().find(|l| l["kind"] == "finding").expect("a finding line");
     assert_eq!(finding["finding"]["evidence"]["cause"], "pruned");
-    assert_eq!(lines.iter().filter(|l| l["kind"] == "turn").last().unwrap()["relation"]["kind"], "diverged");
+    assert_eq!(lines.iter().rfind(|l| l["kind"] == "turn").unwrap()["relation"]["kind"], "diverged");
     let imported = h.0.store.import_conversation(&mut jsonl.as_slice()).unwrap();
     let detail = h.0.store.conversation_detail(imported).unwrap();
     assert!(

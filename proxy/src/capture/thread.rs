@@ -53,6 +53,8 @@ impl RecentReplies {
     const CAPACITY: usize = 256;
     /// Characters of a reply kept.
     const MAX_CHARS: usize = 16_384;
+    /// Conversations with the same first message a summary is checked against, the newest first.
+    const CHECKED: usize = 16;
 
     /// Records `conversation`'s latest reply (a conversation holds one entry: its latest).
     pub fn push(&mut self, conversation: u64, first: Hash, reply: &str) {
@@ -69,7 +71,8 @@ impl RecentReplies {
 
     /// The newest conversation whose first message is `first` and whose latest reply `text` holds.
     fn held_by(&self, first: &Hash, text: &str) -> Option<u64> {
-        self.replies.iter().rev().filter(|(_, f, _)| f == first).find(|(_, _, reply)| history::carries(text, reply)).map(|(c, _, _)| *c)
+        let candidates = self.replies.iter().rev().filter(|(_, f, _)| f == first).take(Self::CHECKED);
+        candidates.filter(|(_, _, reply)| history::carries(text, reply)).map(|(c, _, _)| *c).next()
     }
 }
 
@@ -147,6 +150,10 @@ fn decide_named(store: &Store, request: &Request<'_>, name: &str) -> Result<Deci
     diverged(store, conversation, request, base)
 }
 
+/// How many leading messages of a request that kept only its system prompt are looked at for a
+/// compaction marker.
+const MARKED_WITHIN: usize = 64;
+
 /// How many assistant messages from the end are looked up in the latest-reply index.
 const REPLY_LOOKBACK: usize = 8;
 
@@ -184,11 +191,18 @@ fn edits(store: &Store, conversation: &ConversationRecord, request: &Request<'_>
 /// carries a known compaction marker, and one holds the latest reply of a recent conversation with
 /// the same first message (the summary the harness asked that conversation's model for).
 fn compacted(store: &Store, request: &Request<'_>, base: Option<BaseRef>) -> Result<Option<Decision>, StoreError> {
-    let (Some(first), true) = (request.hashes.first(), request.messages.iter().any(|m| markers::harness_of(m).is_some())) else {
-        return Ok(None);
-    };
-    let texts = request.messages.iter().filter(|m| m.role() != Some("system")).map(|m| anatomy::squeezed(&anatomy::visible_text(m)));
-    let Some(id) = texts.take(8).find_map(|text| request.recent.held_by(first, &text)) else { return Ok(None) };
+    // Summaries sit near the front of a compacted history: the first messages are enough. The summary
+    // is the marked message itself (Claude Code) or the one after it (opencode's answer).
+    let marked: Vec<usize> =
+        request.messages.iter().take(MARKED_WITHIN).enumerate().filter(|(_, m)| markers::harness_of(m).is_some()).map(|(i, _)| i).collect();
+    let Some(first) = request.hashes.first().filter(|_| !marked.is_empty()) else { return Ok(None) };
+    let texts = marked
+        .iter()
+        .flat_map(|&i| [i, i + 1])
+        .filter_map(|i| request.messages.get(i))
+        .map(|m| anatomy::squeezed(&anatomy::visible_text(m)));
+    let held = texts.into_iter().find_map(|text| request.recent.held_by(first, &text));
+    let Some(id) = held else { return Ok(None) };
     let Some(conversation) = store.conversation(id)? else { return Ok(None) };
     Ok(Some(diverged(store, conversation, request, base)?))
 }

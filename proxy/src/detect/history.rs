@@ -216,6 +216,8 @@ pub enum History {
 
 /// Characters of a reply that a summary must carry to be recognised as holding it.
 const REPLY_ANCHOR: usize = 40;
+/// Removed replies a new message is checked against for holding one (the latest).
+const REPLIES_CHECKED: usize = 16;
 
 /// Compares the request with the previous turn's history (its messages followed by its reply);
 /// `rule`: which reasoning the model's format needs kept.
@@ -393,12 +395,16 @@ fn summary_of(previous: &[Message<'_>], request: &[Message<'_>], alignment: &ali
     if let Some(&at) = alignment.fresh.iter().find(|&&j| markers::harness_of(request[j].value).is_some()) {
         return Some(summary(at, markers::harness_of(request[at].value), "marker"));
     }
+    // The latest removed replies (the summary is the reply to the harness's summary request, the
+    // latest; a bound keeps a compaction of thousands of turns from costing their square).
     let removed_replies: Vec<String> = previous
         .iter()
         .zip(&alignment.fates)
+        .rev()
         .filter(|(m, f)| **f == align::Fate::Removed && role(m.value) == "assistant")
         .map(|(m, _)| anatomy::squeezed(&anatomy::visible_text(m.value)))
         .filter(|t| t.chars().count() >= REPLY_ANCHOR)
+        .take(REPLIES_CHECKED)
         .collect();
     for &j in &alignment.fresh {
         let text = anatomy::squeezed(&anatomy::visible_text(request[j].value));

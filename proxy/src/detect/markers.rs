@@ -38,10 +38,15 @@ static MARKERS: LazyLock<Vec<Marker>> = LazyLock::new(|| {
     parsed.markers
 });
 
-/// The harness whose compaction marker `message` carries, if any.
+/// Characters of a message that markers are matched in.
+const HEAD_CHARS: usize = 4096;
+
+/// The harness whose compaction marker `message` carries (at its start), if any.
 pub fn harness_of(message: &Value) -> Option<&'static str> {
     let item_type = message.get("item").and_then(|i| i.get("type")).and_then(Value::as_str);
-    let text = anatomy::squeezed(&anatomy::visible_text(message)).to_lowercase();
+    // Markers open the message: its first characters are enough (a summary can be megabytes).
+    let head: String = anatomy::visible_text(message).chars().take(HEAD_CHARS).collect();
+    let text = anatomy::squeezed(&head).to_lowercase();
     let lower = |s: &Option<String>| s.as_ref().map(|s| anatomy::squeezed(s).to_lowercase());
     MARKERS
         .iter()

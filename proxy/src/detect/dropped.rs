@@ -60,13 +60,28 @@ pub(crate) fn finding(cx: &Context<'_>) -> Option<Draft> {
             "tokens_lost_method".into(),
             "characters lost at the previous request's prompt tokens per body byte (an estimate)".into(),
         );
+        // What the edit costs the prefix cache: nothing past the first edited message can be reused.
+        let usage = turn.usage.as_ref();
+        let cache = serde_json::json!({
+            "reusable_messages": dropped.first_differing_message,
+            "cached_tokens": usage.and_then(|u| u.cached_tokens),
+            "prompt_tokens": usage.and_then(|u| u.prompt_tokens),
+        });
+        map.insert("cache".into(), cache);
     }
     // A compaction is an event of its own each time; other causes are raised once per conversation.
     let cause = match dropped.cause {
         Cause::Compaction => format!("history_dropped/{}/compaction/{}", turn.conversation, turn.id),
         other => format!("history_dropped/{}/{}", turn.conversation, other.as_str()),
     };
-    Some(Draft { kind: FindingKind::HistoryDropped, severity, summary: summary(dropped, turn.index), evidence, cause })
+    let mut summary = summary(dropped, turn.index);
+    if let Some((cached, prompt)) = turn.usage.as_ref().and_then(|u| Some((u.cached_tokens?, u.prompt_tokens?))) {
+        let reusable = dropped.first_differing_message;
+        summary += &format!(
+            "; the prefix cache could reuse only the first {reusable} message(s): the engine reused {cached} of {prompt} prompt tokens"
+        );
+    }
+    Some(Draft { kind: FindingKind::HistoryDropped, severity, summary, evidence, cause })
 }
 
 /// "your harness removed 5 tool results (2,310 characters) at turn 6", in the cause's words.

@@ -42,6 +42,7 @@ pub fn rule_for(turn: &TurnRecord) -> &'static ctxscope_formats::template::Reaso
 /// `history_dropped`: the request continues the conversation with its history edited.
 pub(crate) fn finding(cx: &Context<'_>) -> Option<Draft> {
     let Some(History::Dropped(dropped)) = &cx.history else { return None };
+    let edit = dropped.cause?;
     let turn = cx.obs.turn;
     let previous = cx.previous()?;
     let severity = match dropped.weight() {
@@ -70,11 +71,11 @@ pub(crate) fn finding(cx: &Context<'_>) -> Option<Draft> {
         map.insert("cache".into(), cache);
     }
     // A compaction is an event of its own each time; other causes are raised once per conversation.
-    let cause = match dropped.cause {
+    let cause = match edit {
         Cause::Compaction => format!("history_dropped/{}/compaction/{}", turn.conversation, turn.id),
         other => format!("history_dropped/{}/{}", turn.conversation, other.as_str()),
     };
-    let mut summary = summary(dropped, turn.index);
+    let mut summary = summary(dropped, edit, turn.index);
     if let Some((cached, prompt)) = turn.usage.as_ref().and_then(|u| Some((u.cached_tokens?, u.prompt_tokens?))) {
         let reusable = dropped.first_differing_message;
         summary += &format!(
@@ -85,11 +86,11 @@ pub(crate) fn finding(cx: &Context<'_>) -> Option<Draft> {
 }
 
 /// "your harness removed 5 tool results (2,310 characters) at turn 6", in the cause's words.
-fn summary(d: &Dropped, turn_index: u32) -> String {
+fn summary(d: &Dropped, cause: Cause, turn_index: u32) -> String {
     let what: Vec<String> = d.lost.iter().map(|(kind, lost)| format!("{} {kind}", lost.messages)).collect();
     let what = if what.is_empty() { "nothing the model sees".to_string() } else { what.join(", ") };
     let at = format!("at turn {turn_index}");
-    match d.cause {
+    match cause {
         Cause::Compaction => {
             let by = d.summary.as_ref().and_then(|s| s.harness.clone()).map_or(String::new(), |h| format!(" ({h} style)"));
             format!("the harness compacted the history {at}: {what} replaced by a summary message{by}")

@@ -153,8 +153,9 @@ pub struct Lost {
 /// History that was removed or rewritten.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Dropped {
-    /// The most telling cause, and all that apply.
-    pub cause: Cause,
+    /// The most telling cause (none when every edit is one the chat format makes anyway), and all
+    /// that apply.
+    pub cause: Option<Cause>,
     pub causes: Vec<Cause>,
     /// First message (of the previous turn's history) that is not the same in the request.
     pub first_differing_message: usize,
@@ -282,7 +283,7 @@ fn compare_aligned(
     }
     let first = edits.first().map_or(shared, |e| e.message);
     let dropped = Dropped {
-        cause: causes.first().copied().unwrap_or(Cause::ReasoningDropped),
+        cause: causes.first().copied(),
         causes: causes.clone(),
         first_differing_message: first,
         removed_messages: removed,
@@ -296,12 +297,8 @@ fn compare_aligned(
         summary,
         reasoning_rule: rule.family.clone(),
         first_before: excerpt(&text(previous[first].value), 0),
-        first_after: previous[first..]
-            .iter()
-            .zip(&alignment.fates[first..])
-            .find_map(|(_, f)| f.at())
-            .or(Some(first))
-            .and_then(|j| request.get(j))
+        first_after: request
+            .get(alignment.fates[first..].iter().find_map(|f| f.at()).unwrap_or(first))
             .map(|m| excerpt(&text(m.value), 0))
             .unwrap_or_default(),
     };
@@ -710,7 +707,7 @@ mod tests {
         let mut pruned: Vec<Value> = previous.iter().filter(|v| v["role"] != "tool").cloned().collect();
         pruned.push(m("user", "u3"));
         let d = dropped(run(&previous, &pruned));
-        assert_eq!((d.cause, d.removed_messages.clone(), d.kept_latest_reply), (Cause::Pruned, vec![3, 7], true));
+        assert_eq!((d.cause.unwrap(), d.removed_messages.clone(), d.kept_latest_reply), (Cause::Pruned, vec![3, 7], true));
         assert_eq!(d.lost["tool_result"].messages, 2);
         assert_eq!(d.weight(), 1, "only tool results were lost");
         // A tool result cut to its head.
@@ -718,18 +715,18 @@ mod tests {
         cut[3]["content"] = json!(format!("{}... [truncated]", &long[..30]));
         cut.push(m("user", "u3"));
         let d = dropped(run(&previous, &cut));
-        assert_eq!((d.cause, d.edits[0].edit, d.edits[0].at), (Cause::TruncatedInPlace, EditKind::Truncated, Some(3)));
+        assert_eq!((d.cause.unwrap(), d.edits[0].edit, d.edits[0].at), (Cause::TruncatedInPlace, EditKind::Truncated, Some(3)));
         // Cleared to a stub: pruned.
         let mut stub = previous.clone();
         stub[3]["content"] = json!("[Old tool result content cleared]");
         stub.push(m("user", "u3"));
-        assert_eq!(dropped(run(&previous, &stub)).cause, Cause::Pruned);
+        assert_eq!(dropped(run(&previous, &stub)).cause, Some(Cause::Pruned));
         // Keep the last 3 (after the system prompt): windowed, and a user instruction lost is the worst.
         let mut window = vec![m("system", "S")];
         window.extend(previous[previous.len() - 3..].iter().cloned());
         window.push(m("user", "u3"));
         let d = dropped(run(&previous, &window));
-        assert_eq!((d.cause, d.user_turns_lost, d.weight()), (Cause::Windowed, 2, 3));
+        assert_eq!((d.cause.unwrap(), d.user_turns_lost, d.weight()), (Cause::Windowed, 2, 3));
     }
 
     #[test]
@@ -744,13 +741,13 @@ mod tests {
         // Codex: the summary, with its prefix, after the user messages it keeps.
         let codex = [m("system", "S"), m("user", "u1"), m("user", "Another language model started to solve this problem and produced a summary of its thinking process. The user asked about a1 and we found that the build is fine."), m("user", "next")];
         let d = dropped(run(&previous, &codex));
-        assert_eq!(d.cause, Cause::Compaction);
+        assert_eq!(d.cause.unwrap(), Cause::Compaction);
         assert_eq!((d.summary.as_ref().unwrap().at, d.summary.as_ref().unwrap().harness.as_deref()), (2, Some("codex")));
         // No marker: the summary carries the reply it replaced.
         let plain =
             [m("system", "S"), m("user", "Earlier: The user asked about a1 and we found that the build is fine."), m("user", "next")];
         let d = dropped(run(&previous, &plain));
-        assert_eq!((d.cause, d.summary.unwrap().recognised_by), (Cause::Compaction, "carries_reply"));
+        assert_eq!((d.cause.unwrap(), d.summary.unwrap().recognised_by), (Cause::Compaction, "carries_reply"));
         // Claude Code wraps only part of the reply: two of its anchors suffice.
         let inner = "1. Primary request: fix the failing parser test. 2. Files: parser.rs and lexer.rs were read and edited. 3. The project builds; the failing test was test_parse in parser.rs, fixed by trimming input. 4. Pending: run the whole suite.";
         let reply =
@@ -758,7 +755,7 @@ mod tests {
         let previous = [m("system", "S"), m("user", "u1"), m("assistant", "a1"), m("user", "summarize"), m("assistant", &reply)];
         let wrapped =
             [m("system", "S"), m("user", &format!("This conversation is summarized below:\n{inner}\nContinue.")), m("user", "next")];
-        assert_eq!(dropped(run(&previous, &wrapped)).cause, Cause::Compaction);
+        assert_eq!(dropped(run(&previous, &wrapped)).cause, Some(Cause::Compaction));
     }
 
     #[test]
@@ -783,11 +780,11 @@ mod tests {
         let stripped =
             [m("user", "q1"), call("c1", None), result("c1"), call("c2", None), result("c2"), m("assistant", "done"), m("user", "q2")];
         let d = dropped(run_as(&previous[..4], &stripped[..5], "deepseek-v4-flash"));
-        assert_eq!((d.cause, d.lost["reasoning"].messages), (Cause::ReasoningDropped, 2));
+        assert_eq!((d.cause.unwrap(), d.lost["reasoning"].messages), (Cause::ReasoningDropped, 2));
         // Between user turns the template drops it anyway: by design.
         assert!(matches!(run_as(&previous, &stripped, "deepseek-v4-flash"), History::ByDesign(_)));
         // A family whose format keeps all reasoning.
-        assert_eq!(dropped(run_as(&previous, &stripped, "MiniMax-M2")).cause, Cause::ReasoningDropped);
+        assert_eq!(dropped(run_as(&previous, &stripped, "MiniMax-M2")).cause, Some(Cause::ReasoningDropped));
     }
 
     #[test]
@@ -805,7 +802,7 @@ mod tests {
         ];
         let request = [m("system", "S"), m("assistant", same), m("user", "u3"), m("assistant", same), m("user", "u4")];
         let d = dropped(run(&previous, &request));
-        assert_eq!((d.cause, d.removed_messages), (Cause::Windowed, vec![1, 2, 3]));
+        assert_eq!((d.cause.unwrap(), d.removed_messages), (Cause::Windowed, vec![1, 2, 3]));
         // Responses: the reply on record, resent with the next response's call joined to it.
         let previous = [m("user", "q"), m("assistant", "Checking.")];
         let joined = json!({"role": "assistant", "content": "Checking.", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]});
@@ -820,11 +817,11 @@ mod tests {
         let mut request = previous.to_vec();
         request[1] = json!({"role": "user", "content": [{"type": "text", "text": "what is this"}]});
         request.push(m("user", "u3"));
-        assert_eq!(dropped(run(&previous, &request)).cause, Cause::MediaStripped);
+        assert_eq!(dropped(run(&previous, &request)).cause, Some(Cause::MediaStripped));
         let mut request = previous.to_vec();
         request[3] = m("user", "a different question altogether");
         request.push(m("user", "u3"));
-        assert_eq!(dropped(run(&previous, &request)).cause, Cause::Rewritten);
+        assert_eq!(dropped(run(&previous, &request)).cause, Some(Cause::Rewritten));
     }
 
     #[test]

@@ -53,6 +53,7 @@ pub async fn run(config: ProxyConfig, proxy: TcpListener, admin: TcpListener, sh
     let proxy_limits = ctxscope_http::ConnLimits::proxy(config.header_timeout, config.max_connections, nofile);
     let admin_limits = ctxscope_http::ConnLimits::admin(config.header_timeout, nofile);
     let handle = metrics::install();
+    detect::register_series();
     let webhook = match &config.alert_webhook {
         Some(c) => Some(alert::webhook::WebhookSink::start(c.clone(), tokio::runtime::Handle::current()).map_err(ConfigError::from)?),
         None => None,

@@ -176,9 +176,6 @@ pub fn register_findings() {
             metrics::counter!(FINDINGS_TOTAL, "kind" => kind.as_str(), "severity" => severity.as_str()).absolute(0);
         }
     }
-    for cause in crate::detect::history::Cause::ALL {
-        metrics::counter!(HISTORY_EDITS_TOTAL, "cause" => cause.as_str()).absolute(0);
-    }
 }
 
 /// Counts one request by endpoint kind and status (both from fixed sets).

@@ -314,6 +314,18 @@ impl Detectors {
     }
 }
 
+/// Creates every history-edit series at zero (after the recorder is installed), so that rate() and
+/// increase() see the first edit of each cause.
+/// Once per process: a second proxy in the same process must not reset the first one's counts.
+pub fn register_series() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        for cause in history::Cause::ALL {
+            metrics::counter!(crate::metrics::HISTORY_EDITS_TOTAL, "cause" => cause.as_str()).absolute(0);
+        }
+    });
+}
+
 /// Whether an extension carries the previous reply's place with another message than the reply on record.
 fn resent_otherwise(previous: &TurnRecord, obs: &Observation<'_>) -> bool {
     let Some(reply) = previous.reply.as_deref() else { return false };

@@ -204,3 +204,14 @@ fn images_stripped_from_earlier_messages_are_named() {
     );
     assert_eq!(found[0].severity.as_str(), "info");
 }
+
+#[test]
+fn a_side_request_sharing_only_developer_instructions_is_a_new_conversation() {
+    // Codex sends its base instructions as a developer message; its title request shares only that.
+    let mut h = Harness::new();
+    let developer = json!({"role": "developer", "content": "You are a coding agent running in the Codex CLI."});
+    let first = h.send("m", &[developer.clone(), user("Remember the code word PLUM.")], assistant("Noted.")).conversation;
+    let title = h.send("m", &[developer, user("Generate a concise title for this task.")], assistant("Code word"));
+    assert_ne!(title.conversation, first);
+    assert!(matches!(title.relation, Relation::New), "{:?}", title.relation);
+}

@@ -114,7 +114,8 @@ pub fn decide(store: &Store, request: &Request<'_>, name: Option<&str>) -> Resul
         }));
     };
     let base = Some(BaseRef { turn: entry.turn, len: len as u32 });
-    let beyond_system = messages[..len].iter().any(|m| m.role() != Some("system"));
+    // Responses clients (Codex) send their system prompt as `developer` messages.
+    let beyond_system = messages[..len].iter().any(|m| !matches!(m.role(), Some("system" | "developer")));
     if !beyond_system {
         return Ok(compacted(store, request, base)?.unwrap_or(Decision {
             conversation: None,

@@ -209,6 +209,59 @@ async fn a_collector_gets_the_resource_spans_content_and_finding_logs() {
     assert!(record.severity_number >= 13, "WARN or more: {}", record.severity_number);
 }
 
+/// A certain compaction (Codex's summary prefix) marks its turn's span `gen_ai.conversation.compacted`;
+/// a keep-the-last-N window does not; both finding events name their cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_certain_compaction_marks_the_span_compacted() {
+    let upstream = Upstream::start().await;
+    let collector = Collector::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = Proxy::builder(&upstream.url(), &dir.path().join("data")).arg("--otlp-endpoint").arg(&collector.url).start();
+    let url = format!("{}/v1/chat/completions", proxy.url());
+    let m = |role: &str, content: &str| json!({"role": role, "content": content});
+    let mut sent = 0;
+    let mut send = |messages: Vec<Value>| {
+        sent += 1;
+        let body = json!({"model": "scripted", "messages": messages, "max_tokens": 8});
+        let url = url.clone();
+        async move { assert_eq!(post_json(&url, &[], &body).await.status, 200) }
+    };
+    // The scripted upstream answers "You said: <the last user message>".
+    let (s1, s2) = (m("system", "You are a coding agent."), m("system", "You are a cook."));
+    send(vec![s1.clone(), m("user", "u1")]).await;
+    send(vec![s1.clone(), m("user", "u1"), m("assistant", "You said: u1"), m("user", "u2")]).await;
+    let summary =
+        "Another language model started to solve this problem and produced a summary of its thinking process.\nThe user asked u1 and u2.";
+    send(vec![s1, m("user", "u1"), m("user", "u2"), m("user", summary), m("user", "u3")]).await;
+    send(vec![s2.clone(), m("user", "a1")]).await;
+    send(vec![s2.clone(), m("user", "a1"), m("assistant", "You said: a1"), m("user", "a2")]).await;
+    send(vec![s2, m("assistant", "You said: a2"), m("user", "a3")]).await;
+    proxy.wait_turns(sent).await;
+    proxy.stop();
+
+    let traces: Vec<ExportTraceServiceRequest> = collector.decoded("/v1/traces");
+    let spans: Vec<_> = traces.iter().flat_map(|t| &t.resource_spans).flat_map(|rs| &rs.scope_spans).flat_map(|ss| &ss.spans).collect();
+    assert_eq!(spans.len(), 6, "one span per turn");
+    let compacted = |s: &opentelemetry_proto::tonic::trace::v1::Span| {
+        s.attributes.iter().any(|kv| {
+            kv.key == "gen_ai.conversation.compacted"
+                && matches!(kv.value.as_ref().and_then(|v| v.value.as_ref()), Some(any_value::Value::BoolValue(true)))
+        })
+    };
+    let causes: Vec<(bool, String)> = spans
+        .iter()
+        .flat_map(|s| {
+            s.events
+                .iter()
+                .filter(|e| e.name == "ctxscope.finding")
+                .map(move |e| (compacted(s), text(&e.attributes, "ctxscope.finding.cause").unwrap_or_default()))
+        })
+        .collect();
+    assert_eq!(spans.iter().filter(|s| compacted(s)).count(), 1, "only the compaction's span: {causes:?}");
+    assert!(causes.contains(&(true, "compaction".to_string())), "{causes:?}");
+    assert!(causes.contains(&(false, "windowed".to_string())), "{causes:?}");
+}
+
 // ---------------------------------------------------------------------------------------------------
 // 3. A dead endpoint: forwarded requests unaffected, every span a counted drop, a bounded stop
 // ---------------------------------------------------------------------------------------------------

@@ -102,6 +102,16 @@ function contextLimit(findings) {
   return null;
 }
 
+/** Four horizontal grid lines labelled with their values, and the x axis at `bottom`. */
+function gridAndAxis(left, right, bottom, max, y) {
+  let svg = "";
+  for (let k = 0; k <= 4; k++) {
+    const v = Math.round((max * k) / 4);
+    svg += `<line class="grid" x1="${left}" x2="${right}" y1="${y(v)}" y2="${y(v)}"/><text x="${left - 6}" y="${y(v) + 4}" text-anchor="end">${v}</text>`;
+  }
+  return svg + `<line class="axis" x1="${left}" x2="${right}" y1="${bottom}" y2="${bottom}"/>`;
+}
+
 function chart(turns, findings) {
   const W = 1000, H = 300, L = 56, R = 16, T = 16, B = 34;
   const series = [
@@ -117,11 +127,7 @@ function chart(turns, findings) {
   const x = (i) => L + (n <= 1 ? (W - L - R) / 2 : (i * (W - L - R)) / (n - 1));
   const y = (v) => T + (H - T - B) * (1 - v / max);
   let svg = `<svg id="chart" viewBox="0 0 ${W} ${H}" role="img" aria-label="tokens per turn">`;
-  for (let k = 0; k <= 4; k++) {
-    const v = Math.round((max * k) / 4);
-    svg += `<line class="grid" x1="${L}" x2="${W - R}" y1="${y(v)}" y2="${y(v)}"/><text x="${L - 6}" y="${y(v) + 4}" text-anchor="end">${v}</text>`;
-  }
-  svg += `<line class="axis" x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}"/>`;
+  svg += gridAndAxis(L, W - R, H - B, max, y);
   turns.forEach((t, i) => { svg += `<text x="${x(i)}" y="${H - B + 16}" text-anchor="middle">${t.index}</text>`; });
   svg += `<text x="${(L + W - R) / 2}" y="${H - 4}" text-anchor="middle">turn</text>`;
   if (limit) svg += `<line x1="${L}" x2="${W - R}" y1="${y(limit)}" y2="${y(limit)}" stroke="var(--limit)" stroke-dasharray="6 4"/><text x="${W - R}" y="${y(limit) - 4}" text-anchor="end">context limit ${limit}</text>`;
@@ -163,11 +169,7 @@ function contextChart(report) {
   const cx = (i) => L + slot * (i + 0.5);
   const y = (v) => T + (H - T - B) * (1 - v / max);
   let svg = `<svg id="context-chart" viewBox="0 0 ${W} ${H}" role="img" aria-label="characters the model could see per turn, against what was ever said">`;
-  for (let k = 0; k <= 4; k++) {
-    const v = Math.round((max * k) / 4);
-    svg += `<line class="grid" x1="${L}" x2="${W - R}" y1="${y(v)}" y2="${y(v)}"/><text x="${L - 6}" y="${y(v) + 4}" text-anchor="end">${v}</text>`;
-  }
-  svg += `<line class="axis" x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}"/>`;
+  svg += gridAndAxis(L, W - R, H - B, max, y);
   svg += `<text x="${(L + W - R) / 2}" y="${H - 4}" text-anchor="middle">turn (characters visible in front of characters ever said)</text>`;
   turns.forEach((t, i) => {
     const x0 = cx(i) - bw / 2, seen = total(t.visible), said = total(t.ever);

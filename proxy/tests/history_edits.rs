@@ -215,3 +215,14 @@ fn a_side_request_sharing_only_developer_instructions_is_a_new_conversation() {
     assert_ne!(title.conversation, first);
     assert!(matches!(title.relation, Relation::New), "{:?}", title.relation);
 }
+
+#[test]
+fn a_new_codex_session_sharing_only_its_preamble_is_not_a_branch() {
+    let mut h = Harness::new();
+    let developer = json!({"role": "developer", "content": "You are a coding agent running in the Codex CLI."});
+    let context = user("<environment_context>\n  <cwd>/work</cwd>\n  <shell>bash</shell>\n</environment_context>");
+    let first = h.send("m", &[developer.clone(), context.clone(), user("Fix the parser.")], assistant("Done.")).conversation;
+    let next = h.send("m", &[developer, context, user("Write the README.")], assistant("Written."));
+    assert_ne!(next.conversation, first);
+    assert!(matches!(next.relation, Relation::New), "{:?}", next.relation);
+}

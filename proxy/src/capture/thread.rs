@@ -114,8 +114,9 @@ pub fn decide(store: &Store, request: &Request<'_>, name: Option<&str>) -> Resul
         }));
     };
     let base = Some(BaseRef { turn: entry.turn, len: len as u32 });
-    // Responses clients (Codex) send their system prompt as `developer` messages.
-    let beyond_system = messages[..len].iter().any(|m| !matches!(m.role(), Some("system" | "developer")));
+    // Sharing only what a harness puts in front of every session (system and developer messages,
+    // Codex's environment context) is not sharing history.
+    let beyond_system = messages[..len].iter().any(|m| !markers::is_preamble(m));
     if !beyond_system {
         return Ok(compacted(store, request, base)?.unwrap_or(Decision {
             conversation: None,

@@ -30,13 +30,27 @@ struct Markers {
     #[serde(rename = "_doc")]
     _doc: String,
     markers: Vec<Marker>,
+    /// Openings of harness-injected session context (see the file's `_doc`).
+    preamble: Vec<String>,
 }
 
-static MARKERS: LazyLock<Vec<Marker>> = LazyLock::new(|| {
-    let parsed: Markers =
-        serde_json::from_str(include_str!("phrases/compaction.json")).expect("the built-in compaction markers parse (a test checks)");
-    parsed.markers
+static MARKERS: LazyLock<Markers> = LazyLock::new(|| {
+    serde_json::from_str(include_str!("phrases/compaction.json")).expect("the built-in compaction markers parse (a test checks)")
 });
+
+/// Whether `message` is session context a harness puts in front of every session (a system or
+/// developer message, or a user message opening with a known preamble): unrelated sessions share it.
+pub fn is_preamble(message: &Value) -> bool {
+    match message.get("role").and_then(Value::as_str) {
+        Some("system" | "developer") => true,
+        Some("user") => {
+            let text = anatomy::visible_text(message);
+            let text = text.trim_start();
+            MARKERS.preamble.iter().any(|p| text.starts_with(p.as_str()))
+        }
+        _ => false,
+    }
+}
 
 /// Characters of a message that markers are matched in.
 const HEAD_CHARS: usize = 4096;
@@ -49,6 +63,7 @@ pub fn harness_of(message: &Value) -> Option<&'static str> {
     let text = anatomy::squeezed(&head).to_lowercase();
     let lower = |s: &Option<String>| s.as_ref().map(|s| anatomy::squeezed(s).to_lowercase());
     MARKERS
+        .markers
         .iter()
         .find(|m| {
             let by_item = m.item_type.is_some() && m.item_type.as_deref() == item_type;
@@ -76,5 +91,13 @@ mod tests {
         assert_eq!(harness_of(&item), Some("agents_sdk"));
         assert_eq!(harness_of(&json!({"role": "user", "content": "What did we do so far? And then?"})), None);
         assert_eq!(harness_of(&json!({"role": "user", "content": ""})), None);
+    }
+
+    #[test]
+    fn session_preamble_is_told_from_the_users_words() {
+        assert!(is_preamble(&json!({"role": "developer", "content": "You are Codex."})));
+        assert!(is_preamble(&json!({"role": "user", "content": "<environment_context>\n  <cwd>/w</cwd>\n</environment_context>"})));
+        assert!(!is_preamble(&json!({"role": "user", "content": "Fix the <environment_context> parser."})));
+        assert!(!is_preamble(&json!({"role": "assistant", "content": "<system-reminder>"})));
     }
 }

@@ -242,9 +242,11 @@ fn compare_aligned(
     let mut minor = None;
     for (i, (old, fate)) in previous.iter().zip(&alignment.fates).enumerate().skip(shared) {
         let Some(edit) = edit_of(i, old.value, *fate, request, rule, last_instruction) else { continue };
-        if edit.edit == EditKind::Rewritten {
-            if let Some(change) = small_edit(old.value, request[edit.at.unwrap_or(0)].value) {
-                minor = minor.or(Some(located(i, old.value, request[edit.at.unwrap_or(0)].value, change)));
+        // A rewrite that only changed something volatile (a clock, an id) is a prefix break, not a loss.
+        if let (EditKind::Rewritten, Some(at)) = (edit.edit, edit.at) {
+            let new = request[at].value;
+            if let Some(change) = small_edit(old.value, new) {
+                minor = minor.or_else(|| Some(located(i, old.value, new, change)));
                 continue;
             }
         }

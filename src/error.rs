@@ -1,11 +1,16 @@
 //! The binary's errors, typed up to `main`, which prints them (each message names its cause).
 
 use std::net::SocketAddr;
+use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
     #[error(transparent)]
     Inspect(#[from] crate::inspect::InspectError),
+    #[error("{0}")]
+    Launch(String),
+    #[error(transparent)]
+    Job(#[from] ctxscope_replay::job::JobError),
     #[error(transparent)]
     Proxy(Box<ctxscope_proxy::RunError>),
     #[error(transparent)]
@@ -76,4 +81,8 @@ pub struct LengthsError(pub String);
 /// Binds a listener, naming the address when it cannot.
 pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, CliError> {
     tokio::net::TcpListener::bind(addr).await.map_err(|source| CliError::Listen { addr, source })
+}
+/// Writes a file the user asked for (`--html`, `--save`), naming it when it cannot.
+pub fn write_file(path: &Path, text: String) -> Result<(), CliError> {
+    std::fs::write(path, text).map_err(|source| CliError::Io { what: "write", path: path.to_path_buf(), source })
 }

@@ -6,11 +6,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::error::{CliError, LengthsError};
-use crate::replay::write_file;
+use crate::error::{write_file, CliError, LengthsError};
 
 use ctxscope_replay::fidelity::{self, report, SweepOptions};
-use ctxscope_replay::{TargetKind, TargetSpec};
+use ctxscope_replay::{Endpoints, TargetKind, TargetSpec};
+
+use ctxscope_replay::job::Suspects;
 
 use crate::serve::{EngineSettings, InProcessEngine};
 
@@ -20,9 +21,9 @@ pub struct FidelityArgs {
     /// A target, as for `ctxscope replay` (`engine:patches=kv_fp8`, `url=http://HOST:PORT`). Repeatable.
     #[arg(long = "target", value_name = "SPEC")]
     pub targets: Vec<String>,
-    /// The reference target.
-    #[arg(long, default_value = "engine")]
-    pub golden: String,
+    /// The reference target [default: engine; with --profile: the profile without toggles].
+    #[arg(long)]
+    pub golden: Option<String>,
     /// Conversation sizes in tokens, comma-separated (`512,1k,2k`).
     #[arg(long, default_value = "512,1k,2k")]
     pub lengths: String,
@@ -47,9 +48,19 @@ pub struct FidelityArgs {
     #[arg(long)]
     pub ctx: Option<usize>,
     /// Bisect by fidelity instead: the smallest subset of these patches (comma-separated) whose sweep
-    /// loses more than --threshold of golden's recall (ddmin, as `ctxscope bisect`).
-    #[arg(long, value_name = "PATCHES")]
+    /// loses more than --threshold of golden's recall (ddmin, as `ctxscope bisect`); with --profile,
+    /// give no patches: the suspects are --toggles.
+    #[arg(long, value_name = "PATCHES", num_args = 0..=1, default_missing_value = "")]
     pub bisect: Option<String>,
+    /// With --bisect: a launch profile (TOML) whose --toggles are bisected on the engine it starts.
+    #[arg(long, value_name = "FILE")]
+    pub profile: Option<PathBuf>,
+    /// With --bisect --profile: the profile's toggles to bisect over, comma-separated.
+    #[arg(long, value_name = "LIST")]
+    pub toggles: Option<String>,
+    /// Where engines started from launch profiles keep their stdout/stderr.
+    #[arg(long, value_name = "DIR", default_value = "ctxscope-launches")]
+    pub launch_logs: PathBuf,
     /// Share of golden's recall a subset must lose to count as diverging (with --bisect).
     #[arg(long, default_value_t = 0.2)]
     pub threshold: f64,
@@ -96,7 +107,19 @@ pub fn parse_lengths(text: &str) -> Result<Vec<usize>, LengthsError> {
 }
 
 pub async fn run(args: FidelityArgs) -> Result<(), CliError> {
-    let golden = TargetSpec::parse(&args.golden).map_err(|source| CliError::Target { flag: "--golden", source })?;
+    let suspects = match &args.bisect {
+        Some(patches) => {
+            let patches = Some(patches.as_str()).filter(|p| !p.trim().is_empty());
+            Some(Suspects::from_flags(patches, args.profile.as_deref(), args.toggles.as_deref())?)
+        }
+        None if args.profile.is_some() || args.toggles.is_some() => {
+            return Err(CliError::Usage("--profile and --toggles go with --bisect (for one configuration, use --target launch=FILE)"))
+        }
+        None => None,
+    };
+    let default_golden = suspects.as_ref().map_or_else(|| "engine".to_string(), Suspects::default_golden);
+    let golden = args.golden.clone().unwrap_or(default_golden);
+    let golden = TargetSpec::parse(&golden).map_err(|source| CliError::Target { flag: "--golden", source })?;
     let targets = args
         .targets
         .iter()
@@ -136,10 +159,12 @@ pub async fn run(args: FidelityArgs) -> Result<(), CliError> {
             cell.target, cell.length, cell.turns, cell.depth, cell.recall, cell.golden
         );
     };
-    if let Some(patches) = &args.bisect {
-        let patches: Vec<String> = patches.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::to_string).collect();
-        let url = engine.as_ref().map(|e| e.url.clone());
-        let result = fidelity::bisect::bisect(&golden, patches, url.as_deref(), &options, args.threshold).await;
+    let mut endpoints = Endpoints::engine(engine.as_ref().map(|e| e.url.clone()));
+    endpoints.launch_dir = Some(args.launch_logs.clone());
+    let _interrupt = kill_launches_on_ctrl_c();
+    if let Some(suspects) = &suspects {
+        let template = suspects.template();
+        let result = fidelity::bisect::bisect(&golden, &template, suspects.names(), &endpoints, &options, args.threshold).await;
         if let Some(engine) = engine {
             engine.stop().await;
         }
@@ -158,10 +183,11 @@ pub async fn run(args: FidelityArgs) -> Result<(), CliError> {
             }
             let culprit = if found.culprit.is_empty() { "none".to_string() } else { found.culprit.join("+") };
             println!("culprit: {culprit} ({} sweeps run, {} to test each patch alone)", found.replays_run, found.naive_replays);
+            print!("{}", report::launches(&golden_report.launches));
         }
         return Ok(());
     }
-    let result = fidelity::sweep(&golden, &targets, engine.as_ref().map(|e| e.url.as_str()), &options, &progress).await;
+    let result = fidelity::sweep(&golden, &targets, &endpoints, &options, &progress).await;
     if let Some(engine) = engine {
         engine.stop().await;
     }
@@ -179,6 +205,17 @@ pub async fn run(args: FidelityArgs) -> Result<(), CliError> {
         print!("{}", report::table(&report));
     }
     Ok(())
+}
+
+/// A fidelity sweep has no graceful stop: Ctrl-C kills every launched engine and exits.
+fn kill_launches_on_ctrl_c() -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("\ninterrupted: stopping launched engines and exiting");
+            ctxscope_replay::launch::kill_all();
+            std::process::exit(130);
+        }
+    })
 }
 
 /// Writes every conversation as export JSONL and its probes beside it.

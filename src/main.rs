@@ -248,6 +248,12 @@ struct CaptureArgs {
     /// a change mid-conversation raises engine_changed. 0: never ask.
     #[arg(long, value_name = "SECS", default_value_t = 60.0)]
     fingerprint_every: f64,
+    /// The engine's process id, for the fingerprint's live-process fields (command line, engine
+    /// environment variables, libraries and their build ids) when no process on this host listens on
+    /// the upstream's port: an upstream on another address, or a listener this user cannot see. The
+    /// process must be readable (same user, or a sidecar sharing the process namespace).
+    #[arg(long, value_name = "PID")]
+    engine_pid: Option<u32>,
     /// Seconds a client may take to send a request head, counted from connecting or from its
     /// previous response (so idle keep-alive connections close after it too); both listeners.
     #[arg(long, value_name = "SECS", default_value_t = 30.0)]
@@ -256,6 +262,13 @@ struct CaptureArgs {
     /// open-file limit, at most 10000).
     #[arg(long, value_name = "N")]
     max_connections: Option<usize>,
+    /// A launch profile (TOML) the web UI's replay form may start (`launch=NAME` with the file's stem
+    /// as NAME, or bisect over its toggles). Repeatable; checked at start.
+    #[arg(long = "profile", value_name = "FILE")]
+    profiles: Vec<PathBuf>,
+    /// Where engines launched from the UI keep their stdout/stderr (a folder per run).
+    #[arg(long, value_name = "DIR", default_value = "ctxscope-launches")]
+    launch_logs: PathBuf,
 }
 
 impl CaptureArgs {
@@ -288,12 +301,18 @@ impl CaptureArgs {
             return Err(CliError::Flag { flag: "--fingerprint-every", value, expected: "a number of seconds, 0 or more" });
         }
         config.fingerprint_every = (self.fingerprint_every > 0.0).then(|| Duration::from_secs_f64(self.fingerprint_every));
+        config.engine_pid = self.engine_pid;
         if !(self.header_timeout.is_finite() && self.header_timeout > 0.0) {
             let value = self.header_timeout.to_string();
             return Err(CliError::Flag { flag: "--header-timeout", value, expected: "a positive number of seconds" });
         }
         config.header_timeout = Duration::from_secs_f64(self.header_timeout);
         config.max_connections = self.max_connections.map(|n| n.max(1));
+        for path in &self.profiles {
+            ctxscope_replay::launch::Profile::load(path).map_err(|e| CliError::Launch(e.to_string()))?;
+        }
+        config.launch_profiles = self.profiles.clone();
+        config.launch_logs = self.launch_logs.clone();
         Ok(())
     }
 }

@@ -5,8 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use ctxscope_replay::{report, Endpoints, Metric, Plan, ProbeSpec, ReplayOptions, ReplayReport, StderrProgress, TargetKind, TargetSpec};
+use ctxscope_replay::job::{Job, Suspects, Work};
+use ctxscope_replay::{report, Endpoints, Metric, Plan, ProbeSpec, ReplayOptions, ReplayReport, StderrProgress, TargetSpec};
 
+use crate::error::write_file;
 use crate::error::CliError;
 use crate::inspect::{self, Records};
 use crate::serve::{EngineSettings, InProcessEngine};
@@ -14,7 +16,10 @@ use crate::serve::{EngineSettings, InProcessEngine};
 /// What every replay command shares: the run's shape and where its output goes.
 pub struct RunSettings {
     pub source: Box<dyn Records>,
-    pub golden: String,
+    /// `--golden` as given (None: the command's default).
+    pub golden: Option<String>,
+    /// Where launched engines' logs go.
+    pub launch_logs: PathBuf,
     pub probes: Option<PathBuf>,
     pub options: ReplayOptions,
     pub engine: EngineSettings,
@@ -34,34 +39,36 @@ pub async fn replay(conversation: u64, targets: &[String], resume: Option<u64>, 
         .map(|t| TargetSpec::parse(t).map_err(|source| CliError::Target { flag: "--target", source }))
         .collect::<Result<_, _>>()?;
     plan.id = resume.unwrap_or_else(new_id);
-    let engine = start_engine_if_needed(&plan, &run.engine).await?;
-    let endpoints = Endpoints { engine_url: engine.as_ref().map(|e| e.url.clone()) };
-    let (cancel, watch) = cancel_on_ctrl_c();
-    let result = ctxscope_replay::replay(&plan, &endpoints, &StderrProgress::new(), watch, previous.as_ref()).await;
-    cancel.abort();
-    if let Some(engine) = engine {
-        engine.stop().await;
-    }
-    finish(result?, &run).await
+    run_job(Job { plan, work: Work::Replay { resume: previous } }, &run).await
 }
 
-/// `ctxscope bisect CONV --patches LIST`.
-pub async fn bisect(conversation: u64, patches: &str, metric: Metric, threshold: f64, run: RunSettings) -> Result<(), CliError> {
+/// `ctxscope bisect CONV --patches LIST` or `--profile FILE --toggles LIST`.
+pub async fn bisect(conversation: u64, suspects: Suspects, metric: Metric, threshold: f64, mut run: RunSettings) -> Result<(), CliError> {
+    run.golden = Some(run.golden.take().unwrap_or_else(|| suspects.default_golden()));
     let mut plan = plan(conversation, &run).await?;
     plan.id = new_id();
-    let patches: Vec<String> = split_patches(patches);
-    if patches.is_empty() {
-        return Err(CliError::Usage("--patches needs at least one patch (see `ctxscope patches`)"));
-    }
-    let engine = start_engine_if_needed(&plan, &run.engine).await?;
-    let endpoints = Endpoints { engine_url: engine.as_ref().map(|e| e.url.clone()) };
+    run_job(Job::bisect(plan, suspects, metric, threshold), &run).await
+}
+
+/// Checks the job, starts this engine in-process when a target needs it, runs the job with a
+/// progress bar and Ctrl-C handling, then stores and prints the report.
+async fn run_job(job: Job, run: &RunSettings) -> Result<(), CliError> {
+    job.check(None)?;
+    let engine = if job.needs_engine() {
+        eprintln!("starting the engine in-process ({})", run.engine.model);
+        Some(InProcessEngine::start(&run.engine).await?)
+    } else {
+        None
+    };
+    let mut endpoints = Endpoints::engine(engine.as_ref().map(|e| e.url.clone()));
+    endpoints.launch_dir = Some(run.launch_logs.clone());
     let (cancel, watch) = cancel_on_ctrl_c();
-    let result = ctxscope_replay::bisect(&plan, &endpoints, patches, metric, threshold, &StderrProgress::new(), watch).await;
+    let result = job.run(&endpoints, &StderrProgress::new(), watch).await;
     cancel.abort();
     if let Some(engine) = engine {
         engine.stop().await;
     }
-    finish(result?, &run).await
+    finish(result?, run).await
 }
 
 /// `ctxscope replays [ID]`: the stored runs, or one run's report.
@@ -79,14 +86,10 @@ pub async fn replays(source: &dyn Records, id: Option<u64>, json: bool, html: Op
     output(&report, json, html)
 }
 
-/// Turn `a,b=1,c` into patch names (values stay attached).
-fn split_patches(list: &str) -> Vec<String> {
-    list.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::to_string).collect()
-}
-
 async fn plan(conversation: u64, run: &RunSettings) -> Result<Plan, CliError> {
     let detail = inspect::detail(&*run.source, conversation).await?;
-    let golden = TargetSpec::parse(&run.golden).map_err(|source| CliError::Target { flag: "--golden", source })?;
+    let golden =
+        TargetSpec::parse(run.golden.as_deref().unwrap_or("engine")).map_err(|source| CliError::Target { flag: "--golden", source })?;
     let mut plan = Plan::new(detail, golden);
     plan.options = run.options.clone();
     if let Some(path) = &run.probes {
@@ -115,23 +118,19 @@ fn read_probes(path: &Path) -> Result<Vec<ProbeSpec>, CliError> {
     serde_json::from_str(&text).map_err(|source| CliError::Probes { path: path.to_path_buf(), source })
 }
 
-/// Starts this engine when a target (the golden included) is an engine target without a URL.
-async fn start_engine_if_needed(plan: &Plan, settings: &EngineSettings) -> Result<Option<InProcessEngine>, CliError> {
-    let needs = plan.all_targets().iter().any(|t| matches!(&t.kind, TargetKind::Engine { url: None, .. }));
-    if !needs {
-        return Ok(None);
-    }
-    eprintln!("starting the engine in-process ({})", settings.model);
-    InProcessEngine::start(settings).await.map(Some)
-}
-
-/// A watch that turns true on Ctrl-C (the replay stops launching, finishes what is in flight).
-fn cancel_on_ctrl_c() -> (tokio::task::JoinHandle<()>, tokio::sync::watch::Receiver<bool>) {
+/// A watch that turns true on Ctrl-C (the replay stops launching, finishes what is in flight, stops
+/// what it launched); a second Ctrl-C kills every launched engine and exits at once.
+pub fn cancel_on_ctrl_c() -> (tokio::task::JoinHandle<()>, tokio::sync::watch::Receiver<bool>) {
     let (tx, rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(async move {
         if tokio::signal::ctrl_c().await.is_ok() {
-            eprintln!("\ninterrupted: finishing the requests in flight, keeping what finished");
+            eprintln!("\ninterrupted: finishing the requests in flight, stopping launched engines, keeping what finished");
             let _ = tx.send(true);
+        }
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("\ninterrupted again: killing launched engines and exiting");
+            ctxscope_replay::launch::kill_all();
+            std::process::exit(130);
         }
     });
     (task, rx)
@@ -165,22 +164,9 @@ async fn stored_report(source: &dyn Records, id: u64) -> Result<ReplayReport, Cl
     serde_json::from_value(entry.report).map_err(|source| CliError::StoredReport { id, source })
 }
 
-/// Writes a file the user asked for (`--html`, `--save`), naming it when it cannot.
-pub fn write_file(path: &Path, text: String) -> Result<(), CliError> {
-    std::fs::write(path, text).map_err(|source| CliError::Io { what: "write", path: path.to_path_buf(), source })
-}
-
 /// Replay ids are Unix milliseconds: unique per machine, ordered by time.
 fn new_id() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO).as_millis() as u64
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn patch_lists_split_on_commas_and_keep_values() {
-        assert_eq!(super::split_patches("rmsnorm_bf16, ctx_shift=256,,kv_fp8"), vec!["rmsnorm_bf16", "ctx_shift=256", "kv_fp8"]);
-    }
 }
 
 /// Flags of `ctxscope replay`.
@@ -188,8 +174,9 @@ mod tests {
 pub struct ReplayArgs {
     /// Conversation id (see `ctxscope conversations`; import an export first with `ctxscope import`).
     pub conversation: u64,
-    /// A target: `engine:patches=rmsnorm_bf16,kv_fp8[,path=fast][,url=http://...][,name=N]` or
-    /// `url=http://HOST:PORT[,model=NAME][,header=K:V][,name=N]`. Repeatable.
+    /// A target: `engine:patches=rmsnorm_bf16,kv_fp8[,path=fast][,url=http://...][,name=N]`,
+    /// `url=http://HOST:PORT[,model=NAME][,header=K:V][,name=N]` or
+    /// `launch=FILE.toml[,toggles=a+b][,name=N]` (an engine started from a launch profile). Repeatable.
     #[arg(long = "target", value_name = "SPEC")]
     pub targets: Vec<String>,
     /// Continue a stored run (same id): finished turns are kept, the rest are run.
@@ -206,7 +193,14 @@ pub struct BisectArgs {
     pub conversation: Option<u64>,
     /// The patch set to bisect, comma-separated (e.g. rmsnorm_bf16,rope_bf16,ctx_shift=256,kv_fp8).
     #[arg(long)]
-    pub patches: String,
+    pub patches: Option<String>,
+    /// A launch profile (TOML): bisect over its --toggles on the engine it starts, one configuration
+    /// per launch; golden is the profile with no toggles unless --golden says otherwise.
+    #[arg(long, value_name = "FILE")]
+    pub profile: Option<PathBuf>,
+    /// The profile's toggles to bisect over, comma-separated.
+    #[arg(long, value_name = "LIST")]
+    pub toggles: Option<String>,
     /// What counts as diverging: agreement (1 - mean token agreement with golden), probes (fraction of
     /// probes failed), exact (fraction of turns not exact), first_diff (fraction of turns that flip
     /// where golden was not nearly tied), kl (mean top-k KL from golden in nats), or fidelity (share
@@ -256,7 +250,8 @@ impl BisectArgs {
                 if self.lengths.is_some() || self.depths.is_some() || self.seed.is_some() {
                     return Err(CliError::Usage("--lengths, --depths and --seed belong to --metric fidelity"));
                 }
-                bisect(conversation, &self.patches, metric, self.threshold, self.run.settings()).await
+                let suspects = Suspects::from_flags(self.patches.as_deref(), self.profile.as_deref(), self.toggles.as_deref())?;
+                bisect(conversation, suspects, metric, self.threshold, self.run.settings()).await
             }
             (BisectMetric::Replay(_), None) => {
                 Err(CliError::Usage("bisect needs a captured conversation id (see `ctxscope conversations`), or --metric fidelity"))
@@ -275,7 +270,10 @@ impl BisectArgs {
         if run.probes.is_some() {
             return Err(CliError::Usage("--probes does not apply to --metric fidelity: the sweep plants and asks its own"));
         }
-        args.bisect = Some(self.patches);
+        args.bisect = Some(self.patches.unwrap_or_default());
+        args.profile = self.profile;
+        args.toggles = self.toggles;
+        args.launch_logs = run.launch_logs;
         args.threshold = self.threshold;
         args.golden = run.golden;
         args.model = run.model;
@@ -307,9 +305,12 @@ impl BisectArgs {
 /// Flags every replay run shares.
 #[derive(clap::Args)]
 pub struct RunArgs {
-    /// The reference target.
-    #[arg(long, default_value = "engine")]
-    pub golden: String,
+    /// The reference target [default: engine; with --profile: the profile without toggles].
+    #[arg(long)]
+    pub golden: Option<String>,
+    /// Where engines started from launch profiles keep their stdout/stderr (a folder per run).
+    #[arg(long, value_name = "DIR", default_value = "ctxscope-launches")]
+    pub launch_logs: PathBuf,
     /// Recall probes: a JSON list of {"after_turn": N, "question": "...", "expected": "..."}, turns
     /// counted from 0 as `ctxscope show` prints them; or `auto`: probes proposed from facts the user
     /// stated ("my X is Y"), asked after the last turn.
@@ -364,6 +365,7 @@ impl RunArgs {
         RunSettings {
             source: self.source.open(),
             golden: self.golden,
+            launch_logs: self.launch_logs,
             probes: self.probes,
             options,
             engine,

@@ -52,8 +52,15 @@ pub struct ProxyConfig {
     pub admin_token: Option<String>,
     /// This process's engine (`serve`), for replays started from the UI with `engine:` targets.
     pub replay_engine: Option<String>,
+    /// Launch profiles the UI may start (`--profile`); never a command typed into a browser.
+    pub launch_profiles: Vec<PathBuf>,
+    /// Where engines launched for UI runs keep their logs (`--launch-logs`).
+    pub launch_logs: PathBuf,
     /// How often the upstream is asked what it is running (`--fingerprint-every`); `None`: never.
     pub fingerprint_every: Option<Duration>,
+    /// The engine process to fingerprint when no process on this host listens on the upstream's port
+    /// (`--engine-pid`); a process that does is read without it.
+    pub engine_pid: Option<u32>,
     /// A client must send a complete request head within this long of connecting or of its previous
     /// response (`--header-timeout`); also how long an idle keep-alive connection stays open.
     pub header_timeout: Duration,
@@ -133,7 +140,10 @@ impl ProxyConfig {
             responses_state: false,
             admin_token: None,
             replay_engine: None,
+            launch_profiles: Vec::new(),
+            launch_logs: PathBuf::from("ctxscope-launches"),
             fingerprint_every: Some(Duration::from_secs(60)),
+            engine_pid: None,
             header_timeout: Duration::from_secs(30),
             max_connections: None,
         }

@@ -99,7 +99,7 @@ pub async fn run(config: ProxyConfig, proxy: TcpListener, admin: TcpListener, sh
     let upstream_counter = counts_upstream.then(|| UpstreamCounter::new(config.upstream.clone(), CountSettings::default()));
     let fingerprints = match (&store, config.fingerprint_every) {
         (Some(store), Some(every)) => {
-            let settings = fingerprint::FingerprintSettings { every, ..Default::default() };
+            let settings = fingerprint::FingerprintSettings { every, engine_pid: config.engine_pid, ..Default::default() };
             Some(fingerprint::spawn(config.upstream.clone(), store.clone(), settings))
         }
         _ => None,
@@ -124,7 +124,11 @@ pub async fn run(config: ProxyConfig, proxy: TcpListener, admin: TcpListener, sh
         upstream: config.upstream.display.clone(),
         token: config.admin_token.clone(),
         live: admin::ui::live::Live::new(stop_rx.clone()),
-        launcher: admin::ui::launch::Launcher::new(config.replay_engine.clone()),
+        launcher: admin::ui::launch::Launcher::new(
+            config.replay_engine.clone(),
+            config.launch_profiles.clone(),
+            config.launch_logs.clone(),
+        ),
     });
     let settings = CaptureSettings {
         session_header: config.session_header.as_deref().and_then(|h| http::HeaderName::from_bytes(h.as_bytes()).ok()),

@@ -6,9 +6,10 @@ use std::collections::BTreeMap;
 
 use tokio::sync::watch;
 
+use crate::launch::replay;
 use crate::metric::{score, Metric};
 use crate::model::{BisectReport, BisectStep, Outcome, ReplayReport, TargetKind, TargetSpec};
-use crate::run::{replay, Endpoints, Observer, Plan, PlanError};
+use crate::run::{merge, Endpoints, Observer, Plan, PlanError};
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum BisectError {
@@ -26,6 +27,8 @@ pub enum BisectError {
     GoldenFailed { target: String, error: String },
     #[error("target `{target}` failed on every turn; check the patch names and parameters (first error: {error})")]
     CandidateFailed { target: String, error: String },
+    #[error("configuration `{target}` did not start, so it cannot be compared (not a divergence): {error}")]
+    LaunchFailed { target: String, error: String },
 }
 
 /// Scores a patch subset (None: stop, the run was cancelled).
@@ -163,6 +166,9 @@ impl Oracle for ReplayOracle<'_> {
         let mut plan = self.plan.clone();
         plan.targets = vec![target.clone()];
         let report = replay(&plan, self.endpoints, self.observer, self.cancel.clone(), Some(&self.golden)).await?;
+        if let Some(error) = report.launches.iter().find(|l| l.target == target.name).and_then(|l| l.error.clone()) {
+            return Err(BisectError::LaunchFailed { target: target.name, error });
+        }
         if report.interrupted {
             self.runs.push(report);
             return Ok(None);
@@ -176,10 +182,10 @@ impl Oracle for ReplayOracle<'_> {
     }
 }
 
-/// The engine target a subset runs as: the plan's first engine target (else golden, if it is the
-/// engine) with its path, url, model and headers, and this patch set.
-fn template(plan: &Plan) -> TargetSpec {
-    let engine = |t: &&TargetSpec| matches!(t.kind, TargetKind::Engine { .. });
+/// The target a subset runs as: the plan's first engine or launch target (else golden, if it is
+/// one) with its path, url, model and headers, and this patch set (or these toggles of its profile).
+pub(crate) fn template(plan: &Plan) -> TargetSpec {
+    let engine = |t: &&TargetSpec| matches!(t.kind, TargetKind::Engine { .. } | TargetKind::Launch { .. });
     plan.targets
         .iter()
         .find(engine)
@@ -188,9 +194,16 @@ fn template(plan: &Plan) -> TargetSpec {
         .unwrap_or_else(|| TargetSpec::engine(Vec::new(), None, None))
 }
 
-fn candidate(template: &TargetSpec, subset: &[String]) -> TargetSpec {
+/// The target a subset runs as, shaped like `template` (see [`template`]).
+pub(crate) fn candidate(template: &TargetSpec, subset: &[String]) -> TargetSpec {
     let (path, url) = match &template.kind {
         TargetKind::Engine { path, url, .. } => (path.clone(), url.clone()),
+        TargetKind::Launch { profile, .. } => {
+            let mut target = TargetSpec::launch(profile, subset.to_vec());
+            target.model = template.model.clone();
+            target.headers = template.headers.clone();
+            return target;
+        }
         TargetKind::Url { .. } => (None, None),
     };
     let mut target = TargetSpec::engine(subset.to_vec(), path, url);
@@ -246,6 +259,9 @@ pub async fn bisect(
     cancel: watch::Receiver<bool>,
 ) -> Result<ReplayReport, BisectError> {
     check(plan, &patches, metric, threshold)?;
+    if let Some(profile) = crate::launch::load_for(&template(plan))? {
+        profile.check_toggles(&patches).map_err(|e| PlanError::Profile(e.to_string()))?;
+    }
     let mut golden_plan = plan.clone();
     golden_plan.targets.clear();
     let golden = replay(&golden_plan, endpoints, observer, cancel.clone(), None).await?;
@@ -271,8 +287,13 @@ pub async fn bisect(
     let found = if golden.interrupted { None } else { ddmin(&mut memo, &patches).await? };
     let interrupted = found.is_none();
     let culprit = found.unwrap_or_else(|| memo.smallest.clone());
+    let profile = match &memo.oracle.template.kind {
+        TargetKind::Launch { profile, .. } => Some(profile.clone()),
+        _ => None,
+    };
     let summary = BisectReport {
         naive_replays: patches.len(),
+        profile,
         patches,
         metric: metric.to_string(),
         threshold,
@@ -287,18 +308,9 @@ fn answered_turns(report: &ReplayReport) -> Vec<u32> {
     report.results.iter().filter(|r| r.target == report.golden && matches!(r.outcome, Outcome::Ok(_))).map(|r| r.turn).collect()
 }
 
-/// Golden's report with every subset's target and results added.
-fn combine(mut report: ReplayReport, runs: Vec<ReplayReport>, summary: BisectReport, interrupted: bool) -> ReplayReport {
-    for run in runs {
-        for target in run.targets.into_iter().filter(|t| t.name != report.golden) {
-            let name = target.name.clone();
-            report.results.extend(run.results.iter().filter(|r| r.target == name).cloned());
-            report.targets.push(target);
-        }
-        report.finished_unix_ms = report.finished_unix_ms.max(run.finished_unix_ms);
-    }
-    let order: Vec<String> = report.targets.iter().map(|t| t.name.clone()).collect();
-    report.results.sort_by_key(|r| (r.turn, order.iter().position(|n| *n == r.target)));
+/// Golden's report with every subset's target, results and launches added.
+fn combine(report: ReplayReport, runs: Vec<ReplayReport>, summary: BisectReport, interrupted: bool) -> ReplayReport {
+    let mut report = merge(report, runs);
     report.interrupted |= interrupted;
     report.bisect = Some(summary);
     report

@@ -34,6 +34,8 @@ pub enum ClientError {
     Url { target: String, source: TargetError },
     #[error("target `{target}`: header `{name}` is not a valid HTTP header")]
     Header { target: String, name: String },
+    #[error("target `{target}` is an engine started from a launch profile, and it is not running")]
+    NotLaunched { target: String },
 }
 
 /// One request: the captured messages and parameters, and the replay's generation settings.
@@ -68,15 +70,17 @@ struct Failure {
 }
 
 impl TargetClient {
-    /// `engine_url` is the base URL of the in-process engine, used by engine targets without `url`.
-    pub fn new(target: &TargetSpec, engine_url: Option<&str>, timeout: Duration) -> Result<TargetClient, ClientError> {
+    /// `local_url` is the base URL of what this run started for the target: the in-process engine
+    /// (engine targets without `url`) or the engine launched for a launch target.
+    pub fn new(target: &TargetSpec, local_url: Option<&str>, timeout: Duration) -> Result<TargetClient, ClientError> {
         let url_error = |source| ClientError::Url { target: target.name.clone(), source };
         let base = match &target.kind {
             TargetKind::Url { url } => url.clone(),
             TargetKind::Engine { url: Some(url), .. } => url.clone(),
             TargetKind::Engine { url: None, .. } => {
-                engine_url.ok_or_else(|| ClientError::NoEngine { target: target.name.clone() })?.to_string()
+                local_url.ok_or_else(|| ClientError::NoEngine { target: target.name.clone() })?.to_string()
             }
+            TargetKind::Launch { .. } => local_url.ok_or_else(|| ClientError::NotLaunched { target: target.name.clone() })?.to_string(),
         };
         let base = check_url(&base).map_err(url_error)?;
         // User information in the URL goes as Basic auth, never in the URI (nor in logs).

@@ -151,6 +151,7 @@ mod tests {
             bisect: None,
             interrupted: false,
             captured_fingerprints: Vec::new(),
+            launches: Vec::new(),
         }
     }
 

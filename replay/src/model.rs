@@ -2,6 +2,8 @@
 //! stable output of `ctxscope replay --json` (docs/replay.md); add fields with `#[serde(default)]`,
 //! never rename.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// Version of the JSON report.
@@ -31,6 +33,9 @@ pub enum TargetKind {
     Engine { patches: Vec<String>, path: Option<String>, url: Option<String> },
     /// Any OpenAI-compatible endpoint (base URL, `/v1/chat/completions` is appended).
     Url { url: String },
+    /// An engine this run starts from a launch profile (see `crate::launch`), with these toggles on,
+    /// reached on the port picked for it.
+    Launch { profile: String, toggles: Vec<String> },
 }
 
 /// One generated token with its logprob and the top alternatives, as the target reported them.
@@ -145,7 +150,11 @@ pub struct BisectStep {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BisectReport {
+    /// The suspects searched: engine patches, or a launch profile's toggles (see `profile`).
     pub patches: Vec<String>,
+    /// The launch profile whose toggles were searched (absent: engine patches).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
     /// `agreement` (1 - mean token agreement with golden), `probes` (fraction of probes failed),
     /// `exact` (fraction of turns not exactly equal) or `first_diff`.
     pub metric: String,
@@ -181,6 +190,39 @@ pub struct ReplayReport {
     /// the replay is compared with. See docs/findings.md, `engine_changed`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub captured_fingerprints: Vec<CapturedFingerprint>,
+    /// Every engine this run started from a launch profile, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub launches: Vec<LaunchRecord>,
+}
+
+/// One engine started from a launch profile: what ran, how long it took to be ready, where its
+/// output is, what /proc said about it, and why it failed when it did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LaunchRecord {
+    /// The target it served.
+    pub target: String,
+    pub profile: String,
+    pub toggles: Vec<String>,
+    /// Secret-looking values redacted.
+    pub argv: Vec<String>,
+    /// The profile's and the toggles' variables (the rest is inherited), secret-looking values redacted.
+    pub env: BTreeMap<String, String>,
+    pub port: u16,
+    #[serde(default)]
+    pub pid: Option<u32>,
+    /// Seconds from start to the first passing readiness check.
+    #[serde(default)]
+    pub startup_s: Option<f64>,
+    #[serde(default)]
+    pub stdout: Option<String>,
+    #[serde(default)]
+    pub stderr: Option<String>,
+    /// The live process's fingerprint (argv, env.NAME, lib.NAME, exe; see docs/findings.md).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub fingerprint: BTreeMap<String, String>,
+    /// Why it could not be used (it did not start, or was interrupted while starting).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// The fingerprint hash (`Store::fingerprint`) that served one captured turn.

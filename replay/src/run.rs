@@ -3,7 +3,8 @@
 //! results reused from an earlier report, compared with golden and with the capture as they come in
 //! (see [`crate::collect`]), reported to an [`Observer`], and stopped cleanly on cancel.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -16,7 +17,9 @@ use crate::client::{ChatRequest, ClientError, TargetClient};
 use crate::collect::{Collector, Unit};
 use crate::compare::DEFAULT_NEAR_TIE;
 use crate::conversation::{Conversation, TurnRequest};
-use crate::model::{CapturedFingerprint, Outcome, ProbeResult, ProbeSpec, ReplayReport, TargetSpec, TurnResult, REPORT_SCHEMA};
+use crate::model::{
+    CapturedFingerprint, LaunchRecord, Outcome, ProbeResult, ProbeSpec, ReplayReport, TargetKind, TargetSpec, TurnResult, REPORT_SCHEMA,
+};
 
 /// How requests are made.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,17 +81,40 @@ impl Plan {
     }
 }
 
-/// Where engine targets without a `url` are reached.
+/// Where engine targets without a `url` and launch targets are reached.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Endpoints {
     /// Base URL of the in-process engine (`http://127.0.0.1:PORT`).
     pub engine_url: Option<String>,
+    /// Base URL of each running launched engine, by target name (filled by [`crate::launch`]).
+    pub launched: BTreeMap<String, String>,
+    /// Where launched engines' logs go (`<dir>/<run id>/<target>.stdout.log`); a temporary
+    /// directory when None.
+    pub launch_dir: Option<PathBuf>,
+}
+
+impl Endpoints {
+    /// The in-process engine only.
+    pub fn engine(url: Option<String>) -> Endpoints {
+        Endpoints { engine_url: url, ..Endpoints::default() }
+    }
+
+    /// The local base URL `target` is reached at, if it has one (see [`TargetClient::new`]).
+    pub fn local_url(&self, target: &TargetSpec) -> Option<&str> {
+        match &target.kind {
+            TargetKind::Launch { .. } => self.launched.get(&target.name).map(String::as_str),
+            _ => self.engine_url.as_deref(),
+        }
+    }
 }
 
 /// Told about every turn result as it completes (reused ones first). Called from the replay's task,
 /// so keep it quick.
 pub trait Observer: Send + Sync {
     fn on_result(&self, result: &TurnResult, done: usize, total: usize);
+
+    /// Told when an engine was started from a launch profile, or failed to start (`error`).
+    fn on_launch(&self, _launch: &LaunchRecord) {}
 }
 
 /// An observer that ignores everything.
@@ -112,6 +138,10 @@ pub enum PlanError {
     ProbeTurn { turn: u32 },
     #[error("concurrency must be at least 1")]
     Concurrency,
+    #[error("{0}")]
+    Profile(String),
+    #[error("the golden target `{target}` could not be started, so nothing can be compared: {error}")]
+    Launch { target: String, error: String },
 }
 
 /// Generation settings shared by every request of a run.
@@ -128,10 +158,12 @@ struct Lane {
     permits: Semaphore,
 }
 
-/// Replays the plan (see the module doc). Results present in `resume` for the same target (same
-/// name and spec) and turn, with an Ok outcome and every probe answered, are reused. A cancel stops
-/// new requests, waits for those in flight, and returns what finished with `interrupted: true`.
-pub async fn replay(
+/// Replays the plan with every target reachable as it is (launch targets already running, see
+/// [`crate::launch::replay`], which callers use). Results present in `resume` for the same target
+/// (same name and spec) and turn, with an Ok outcome and every probe answered, are reused; a target
+/// needs to be reachable only when something of it is not. A cancel stops new requests, waits for
+/// those in flight, and returns what finished with `interrupted: true`.
+pub(crate) async fn replay_reachable(
     plan: &Plan,
     endpoints: &Endpoints,
     observer: &dyn Observer,
@@ -142,7 +174,10 @@ pub async fn replay(
     let targets = plan.all_targets();
     check_names(&targets)?;
     let conversation = Arc::new(select_turns(plan)?);
-    let lanes = lanes(&targets, endpoints, &plan.options)?;
+    if plan.options.concurrency == 0 {
+        return Err(PlanError::Concurrency);
+    }
+    let mut lanes: Vec<Option<Arc<Lane>>> = vec![None; targets.len()];
     let settings = Settings { max_tokens: plan.options.max_tokens, seed: plan.options.seed, top_logprobs: plan.options.top_logprobs };
     let mut collector = Collector::new(&conversation, targets.iter().map(|t| t.name.clone()).collect(), plan.options.near_tie);
     let total = targets.len() * conversation.turns.len();
@@ -155,7 +190,11 @@ pub async fn replay(
                 collector.add(Unit { target, turn: turn.turn, outcome: done.outcome.clone(), probes: done.probes.clone() });
                 continue;
             }
-            let job = run_unit(lanes[target].clone(), conversation.clone(), position, probes, settings, cancel.clone());
+            let lane = match &lanes[target] {
+                Some(lane) => lane.clone(),
+                None => lanes[target].insert(lane(spec, endpoints, &plan.options)?).clone(),
+            };
+            let job = run_unit(lane, conversation.clone(), position, probes, settings, cancel.clone());
             let id = jobs.spawn(job).id();
             keys.insert(id, (target, turn.turn));
         }
@@ -199,6 +238,7 @@ pub async fn replay(
             .iter()
             .filter_map(|v| v.turn.fingerprint.clone().map(|fingerprint| CapturedFingerprint { turn: v.turn.index, fingerprint }))
             .collect(),
+        launches: Vec::new(),
     })
 }
 
@@ -247,17 +287,30 @@ fn select_turns(plan: &Plan) -> Result<Conversation, PlanError> {
     Ok(conversation)
 }
 
-fn lanes(targets: &[TargetSpec], endpoints: &Endpoints, options: &ReplayOptions) -> Result<Vec<Arc<Lane>>, PlanError> {
-    if options.concurrency == 0 {
-        return Err(PlanError::Concurrency);
+fn lane(target: &TargetSpec, endpoints: &Endpoints, options: &ReplayOptions) -> Result<Arc<Lane>, PlanError> {
+    let client = TargetClient::new(target, endpoints.local_url(target), options.timeout)?;
+    Ok(Arc::new(Lane { client, permits: Semaphore::new(options.concurrency) }))
+}
+
+/// `report` with every target and result of `runs` added (targets it already has are kept as they
+/// are), results ordered by turn, then target.
+pub(crate) fn merge(mut report: ReplayReport, runs: Vec<ReplayReport>) -> ReplayReport {
+    for run in runs {
+        for target in run.targets {
+            if report.targets.iter().any(|k| k.name == target.name) {
+                continue;
+            }
+            let name = target.name.clone();
+            report.results.extend(run.results.iter().filter(|r| r.target == name).cloned());
+            report.targets.push(target);
+        }
+        report.launches.extend(run.launches);
+        report.interrupted |= run.interrupted;
+        report.finished_unix_ms = report.finished_unix_ms.max(run.finished_unix_ms);
     }
-    targets
-        .iter()
-        .map(|t| {
-            let client = TargetClient::new(t, endpoints.engine_url.as_deref(), options.timeout)?;
-            Ok(Arc::new(Lane { client, permits: Semaphore::new(options.concurrency) }))
-        })
-        .collect()
+    let order: Vec<String> = report.targets.iter().map(|t| t.name.clone()).collect();
+    report.results.sort_by_key(|r| (r.turn, order.iter().position(|n| *n == r.target)));
+    report
 }
 
 /// An earlier result worth keeping: same target spec, Ok, and all of its probes answered.
@@ -365,7 +418,7 @@ mod tests {
     #[tokio::test]
     async fn an_engine_target_without_an_engine_is_an_error() {
         let (_tx, rx) = watch::channel(false);
-        let e = replay(&plan(1), &Endpoints::default(), &Quiet, rx, None).await.unwrap_err();
+        let e = replay_reachable(&plan(1), &Endpoints::default(), &Quiet, rx, None).await.unwrap_err();
         assert!(matches!(e, PlanError::Client(ClientError::NoEngine { .. })), "{e}");
     }
 

@@ -9,16 +9,18 @@ use crate::model::{TargetKind, TargetSpec};
 /// The spec grammar, quoted in every parse error.
 pub const GRAMMAR: &str = "a target is `engine`, `engine:KEY=VALUE,...` (keys: patches=P1,P2,..., path=golden|fast, \
 url=http://HOST:PORT, model=NAME, header=K:V, name=N), or `url=http://HOST:PORT[/base],model=NAME,header=K:V,name=N` \
-(a spec starting with `http://` is a URL too); a comma-separated item without `=` continues the previous key's value";
+(a spec starting with `http://` is a URL too), or `launch=FILE.toml[,toggles=A+B][,model=NAME][,header=K:V][,name=N]` \
+(an engine started from a launch profile); a comma-separated item without `=` continues the previous key's value";
 
 const ENGINE_KEYS: [&str; 6] = ["patches", "path", "url", "model", "header", "name"];
 const URL_KEYS: [&str; 4] = ["url", "model", "header", "name"];
+const LAUNCH_KEYS: [&str; 5] = ["launch", "toggles", "model", "header", "name"];
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum TargetError {
     #[error("empty target spec; {}", GRAMMAR)]
     Empty,
-    #[error("target spec `{spec}` is neither `engine...` nor `url=...`; {}", GRAMMAR)]
+    #[error("target spec `{spec}` is neither `engine...`, `url=...` nor `launch=...`; {}", GRAMMAR)]
     UnknownKind { spec: String },
     #[error("unknown key `{key}` in target spec `{spec}` (this kind takes: {allowed}); {}", GRAMMAR)]
     UnknownKey { key: String, spec: String, allowed: String },
@@ -40,6 +42,8 @@ pub enum TargetError {
     BadHeader { item: String, spec: String, reason: String },
     #[error("target spec `{spec}` has no url (write url=http://HOST:PORT)")]
     MissingUrl { spec: String },
+    #[error("toggle `{toggle}` is listed twice in target spec `{spec}`")]
+    DuplicateToggle { toggle: String, spec: String },
 }
 
 impl FromStr for TargetSpec {
@@ -76,7 +80,7 @@ impl TargetSpec {
                 out.spec = out.spec.replace(url.as_str(), &clean);
                 *url = clean;
             }
-            TargetKind::Engine { url: None, .. } => {}
+            TargetKind::Engine { url: None, .. } | TargetKind::Launch { .. } => {}
         }
         out
     }
@@ -99,6 +103,9 @@ impl TargetSpec {
         if spec.starts_with("url=") {
             return build_url(spec, split_items(spec, spec, &URL_KEYS)?);
         }
+        if spec.starts_with("launch=") {
+            return build_launch(spec, split_items(spec, spec, &LAUNCH_KEYS)?);
+        }
         Err(TargetError::UnknownKind { spec: spec.to_string() })
     }
 
@@ -106,8 +113,19 @@ impl TargetSpec {
     pub fn patches(&self) -> &[String] {
         match &self.kind {
             TargetKind::Engine { patches, .. } => patches,
-            TargetKind::Url { .. } => &[],
+            TargetKind::Url { .. } | TargetKind::Launch { .. } => &[],
         }
+    }
+
+    /// A target started from `profile` with these toggles, named `STEM` (no toggles) or
+    /// `STEM:a+b` as the parser would name it.
+    pub fn launch(profile: &str, toggles: Vec<String>) -> TargetSpec {
+        let name = launch_name(profile, &toggles);
+        let mut spec = format!("launch={profile}");
+        if !toggles.is_empty() {
+            spec.push_str(&format!(",toggles={}", toggles.join("+")));
+        }
+        TargetSpec { name, kind: TargetKind::Launch { profile: profile.to_string(), toggles }, model: None, headers: Vec::new(), spec }
     }
 
     /// An engine target with this patch set, named as the parser would name it.
@@ -237,6 +255,47 @@ fn build_url(spec: &str, items: Items) -> Result<TargetSpec, TargetError> {
     Ok(TargetSpec { name, kind: TargetKind::Url { url }, model, headers, spec: spec.to_string() })
 }
 
+fn build_launch(spec: &str, items: Items) -> Result<TargetSpec, TargetError> {
+    let (mut profile, mut toggles, mut model, mut name, mut headers) = (String::new(), Vec::new(), None, None, Vec::new());
+    for (key, values) in &items {
+        match key.as_str() {
+            "launch" => profile = single(spec, key, values)?,
+            "toggles" => toggles = toggle_list(spec, &single(spec, key, values)?)?,
+            "model" => model = Some(single(spec, key, values)?),
+            "header" => headers.push(parse_header(spec, &single(spec, key, values)?)?),
+            _ => name = Some(single(spec, key, values)?),
+        }
+    }
+    let mut target = TargetSpec::launch(&profile, toggles);
+    target.name = name.unwrap_or(target.name);
+    target.model = model;
+    target.headers = headers;
+    target.spec = spec.to_string();
+    Ok(target)
+}
+
+/// `a+b+c` -> toggle names, each once.
+fn toggle_list(spec: &str, value: &str) -> Result<Vec<String>, TargetError> {
+    let mut toggles: Vec<String> = Vec::new();
+    for toggle in value.split('+').map(str::trim).filter(|t| !t.is_empty()) {
+        if toggles.iter().any(|t| t == toggle) {
+            return Err(TargetError::DuplicateToggle { toggle: toggle.to_string(), spec: spec.to_string() });
+        }
+        toggles.push(toggle.to_string());
+    }
+    Ok(toggles)
+}
+
+/// `STEM` for a profile's golden, `STEM:a+b` with toggles (STEM: the profile file's stem).
+pub fn launch_name(profile: &str, toggles: &[String]) -> String {
+    let stem = std::path::Path::new(profile).file_stem().map_or_else(|| profile.to_string(), |s| s.to_string_lossy().into_owned());
+    if toggles.is_empty() {
+        stem
+    } else {
+        format!("{stem}:{}", toggles.join("+"))
+    }
+}
+
 fn patch_list(spec: &str, values: &[String]) -> Result<Vec<String>, TargetError> {
     let mut patches: Vec<String> = Vec::new();
     for patch in values.iter().map(|v| v.trim()).filter(|v| !v.is_empty()) {
@@ -355,6 +414,24 @@ mod tests {
         assert!(matches!(TargetSpec::parse("url=,model=x").unwrap_err(), TargetError::EmptyValue { .. }));
         assert!(matches!(TargetSpec::parse("model=x").unwrap_err(), TargetError::UnknownKind { .. }));
         assert!(matches!(TargetSpec::parse("url=http://h:1,header=novalue").unwrap_err(), TargetError::BadHeader { .. }));
+    }
+
+    #[test]
+    fn launch_targets_name_their_profile_and_toggles() {
+        let t = TargetSpec::parse("launch=deploy/profiles/llama-server.toml,toggles=kv_q4+rope,model=m").unwrap();
+        assert_eq!(
+            t.kind,
+            TargetKind::Launch { profile: "deploy/profiles/llama-server.toml".into(), toggles: vec!["kv_q4".into(), "rope".into()] }
+        );
+        assert_eq!(t.name, "llama-server:kv_q4+rope");
+        assert_eq!(t.model.as_deref(), Some("m"));
+        let golden = TargetSpec::parse("launch=/p/sglang.toml").unwrap();
+        assert_eq!(golden.name, "sglang");
+        assert_eq!(golden, TargetSpec::launch("/p/sglang.toml", vec![]));
+        assert_eq!(TargetSpec::parse("launch=a.toml,toggles=x,name=N").unwrap().name, "N");
+        assert!(matches!(TargetSpec::parse("launch=a.toml,toggles=x+x").unwrap_err(), TargetError::DuplicateToggle { .. }));
+        assert!(matches!(TargetSpec::parse("launch=a.toml,patches=x").unwrap_err(), TargetError::UnknownKey { .. }));
+        assert!(matches!(TargetSpec::parse("launch=,toggles=x").unwrap_err(), TargetError::EmptyValue { .. }));
     }
 
     #[test]

@@ -53,7 +53,7 @@ impl Fake {
     }
 
     fn endpoints(&self) -> Endpoints {
-        Endpoints { engine_url: Some(self.url()) }
+        Endpoints::engine(Some(self.url()))
     }
 
     fn count(&self) -> usize {

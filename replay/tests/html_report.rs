@@ -104,9 +104,11 @@ fn report() -> ReplayReport {
             steps: vec![step(&["kv_q8", "spec"], 0.23, true), step(&["kv_q8"], 0.23, true), step(&["spec"], 0.0, false)],
             replays_run: 3,
             naive_replays: 2,
+            profile: None,
         }),
         interrupted: false,
         captured_fingerprints: Vec::new(),
+        launches: Vec::new(),
     }
 }
 

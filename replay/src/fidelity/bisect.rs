@@ -3,8 +3,10 @@
 //! 1-minimal subset scoring above the threshold.
 
 use super::run::{sweep, FidelityReport, SweepError, SweepOptions};
-use crate::bisect::{search, BisectError, Oracle};
-use crate::model::{BisectReport, TargetSpec};
+use crate::bisect::{candidate, search, BisectError, Oracle};
+use crate::launch;
+use crate::model::{BisectReport, LaunchRecord, TargetKind, TargetSpec};
+use crate::run::Endpoints;
 
 /// Share of golden's recall that `candidate` lost over the same conversations (0 when golden recalls
 /// nothing).
@@ -19,17 +21,21 @@ pub fn recall_lost(golden: &FidelityReport, candidate: &FidelityReport, target: 
 
 struct SweepOracle<'a> {
     golden: FidelityReport,
-    golden_spec: TargetSpec,
-    engine_url: Option<&'a str>,
+    template: TargetSpec,
+    endpoints: &'a Endpoints,
     options: &'a SweepOptions,
     error: Option<SweepError>,
+    /// Engines started for the subsets.
+    launches: Vec<LaunchRecord>,
 }
 
 impl Oracle for SweepOracle<'_> {
     async fn score(&mut self, subset: &[String]) -> Result<Option<f64>, BisectError> {
-        let candidate = TargetSpec::engine(subset.to_vec(), None, None);
-        match sweep(&self.golden_spec, std::slice::from_ref(&candidate), self.engine_url, self.options, &|_| {}).await {
+        let candidate = candidate(&self.template, subset);
+        // The candidate alone: golden's recall is already known.
+        match sweep(&candidate, &[], self.endpoints, self.options, &|_| {}).await {
             Ok(report) => {
+                self.launches.extend(report.launches.iter().cloned());
                 let mine = || report.cells.iter().filter(|c| c.target == candidate.name);
                 let failed = mine().flat_map(|c| &c.answers).find(|a| a.answer.starts_with("error: "));
                 if let (Some(first), true) = (failed, mine().all(|c| c.answers.iter().all(|a| a.answer.starts_with("error: ")))) {
@@ -38,6 +44,7 @@ impl Oracle for SweepOracle<'_> {
                 }
                 Ok(Some(recall_lost(&self.golden, &report, &candidate.name)))
             }
+            Err(SweepError::Launch(error)) => Err(BisectError::LaunchFailed { target: candidate.name.clone(), error }),
             Err(error) => {
                 self.error = Some(error);
                 Ok(None)
@@ -46,24 +53,47 @@ impl Oracle for SweepOracle<'_> {
     }
 }
 
-/// Runs the golden sweep, then bisects `patches` on this engine; returns the golden sweep and the
-/// bisection (metric `fidelity`: share of golden's recall lost).
+/// ddmin over `suspects` by recall lost: golden's sweep (with the launches of every subset added to
+/// it) and the bisect summary. `template` is what a subset runs as: an engine target (the suspects are
+/// patches) or a launch target (the suspects are its profile's toggles).
 pub async fn bisect(
     golden: &TargetSpec,
-    patches: Vec<String>,
-    engine_url: Option<&str>,
+    template: &TargetSpec,
+    suspects: Vec<String>,
+    endpoints: &Endpoints,
     options: &SweepOptions,
     threshold: f64,
 ) -> Result<(FidelityReport, BisectReport), SweepError> {
-    let golden_report = sweep(golden, &[], engine_url, options, &|_| {}).await?;
-    let oracle = SweepOracle { golden: golden_report.clone(), golden_spec: golden.clone(), engine_url, options, error: None };
-    let (found, steps, runs, oracle) = search(oracle, threshold, &patches).await.map_err(|e| SweepError::Bisect(e.to_string()))?;
+    let profile = match &template.kind {
+        TargetKind::Launch { profile, .. } => {
+            let loaded = launch::load_for(template).map_err(|e| SweepError::Launch(e.to_string()))?;
+            if let Some(loaded) = loaded {
+                loaded.check_toggles(&suspects).map_err(|e| SweepError::Launch(e.to_string()))?;
+            }
+            Some(profile.clone())
+        }
+        _ => None,
+    };
+    let golden_report = sweep(golden, &[], endpoints, options, &|_| {}).await?;
+    let oracle =
+        SweepOracle { golden: golden_report.clone(), template: template.clone(), endpoints, options, error: None, launches: Vec::new() };
+    let (found, steps, runs, oracle) = search(oracle, threshold, &suspects).await.map_err(|e| SweepError::Bisect(e.to_string()))?;
     if let Some(error) = oracle.error {
         return Err(error);
     }
     let culprit = found.unwrap_or_default();
-    let report =
-        BisectReport { naive_replays: patches.len(), patches, metric: "fidelity".into(), threshold, culprit, steps, replays_run: runs };
+    let mut golden_report = golden_report;
+    golden_report.launches.extend(oracle.launches);
+    let report = BisectReport {
+        naive_replays: suspects.len(),
+        profile,
+        patches: suspects,
+        metric: "fidelity".into(),
+        threshold,
+        culprit,
+        steps,
+        replays_run: runs,
+    };
     Ok((golden_report, report))
 }
 
@@ -92,6 +122,7 @@ mod tests {
             cells: recalls.iter().map(|r| cell(*r)).collect(),
             conversations: Vec::new(),
             wall_s: 0.0,
+            launches: Vec::new(),
         }
     }
 

@@ -39,7 +39,13 @@ pub fn table(report: &FidelityReport) -> String {
         let _ = writeln!(out, "  {:<24} {}", clip(t, 24), means.join("  "));
     }
     let _ = writeln!(out, "{} conversations, {} probes each, seed {}, {:.1} s", report.conversations.len(), 5, report.seed, report.wall_s);
+    out.push_str(&launches(&report.launches));
     out
+}
+
+/// The launched configurations as text (nothing when none was launched).
+pub fn launches(launches: &[crate::model::LaunchRecord]) -> String {
+    crate::report::launches(launches).iter().map(|l| format!("{l}\n")).collect()
 }
 
 /// The report as pretty JSON.

@@ -9,7 +9,9 @@ use serde_json::{json, Map};
 
 use super::gen::{self, SweepConversation};
 use crate::client::{ChatRequest, ClientError, TargetClient};
-use crate::model::{Outcome, TargetSpec};
+use crate::launch;
+use crate::model::{LaunchRecord, Outcome, TargetSpec};
+use crate::run::Endpoints;
 
 /// The sweep's shape.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,6 +51,8 @@ pub enum SweepError {
     DuplicateTarget(String),
     #[error("bisect: {0}")]
     Bisect(String),
+    #[error("{0}")]
+    Launch(String),
 }
 
 /// One probe on one target.
@@ -90,6 +94,9 @@ pub struct FidelityReport {
     /// The generated conversations, with their probes (replayable).
     pub conversations: Vec<SweepConversation>,
     pub wall_s: f64,
+    /// Every engine started from a launch profile for this sweep.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub launches: Vec<LaunchRecord>,
 }
 
 /// Builds the conversations of `options`.
@@ -105,11 +112,14 @@ pub fn conversations(options: &SweepOptions) -> Vec<SweepConversation> {
     list
 }
 
-/// Runs the sweep; `progress` hears each finished cell.
+/// Runs the sweep; `progress` hears each finished cell. Golden is asked first on every conversation,
+/// then each target in turn; a launch target's engine is started for its turn and stopped after it
+/// (one that does not start is recorded in `launches` with its error and has no cells). A golden
+/// that does not start is an error.
 pub async fn sweep(
     golden: &TargetSpec,
     targets: &[TargetSpec],
-    engine_url: Option<&str>,
+    endpoints: &Endpoints,
     options: &SweepOptions,
     progress: &(dyn Fn(&Cell) + Sync),
 ) -> Result<FidelityReport, SweepError> {
@@ -125,30 +135,31 @@ pub async fn sweep(
         }
         all.push(t.clone());
     }
-    let clients = all.iter().map(|t| TargetClient::new(t, engine_url, options.timeout)).collect::<Result<Vec<_>, _>>()?;
-    let mut cells: Vec<Cell> = Vec::new();
-    for conv in &convs {
-        let mut golden_recall = 0.0;
-        for (i, (target, client)) in all.iter().zip(&clients).enumerate() {
-            let answers = ask(client, conv, options).await;
-            let recall = answers.iter().filter(|a| a.passed).count() as f64 / answers.len().max(1) as f64;
-            if i == 0 {
-                golden_recall = recall;
-            }
-            let cell = Cell {
-                target: target.name.clone(),
-                length: conv.length,
-                turns: conv.turns,
-                depth: conv.depth,
-                recall,
-                golden: golden_recall,
-                prompt_tokens: answers.iter().find_map(|a| a.prompt_tokens),
-                answers,
-            };
-            progress(&cell);
-            cells.push(cell);
-        }
+    for target in &all {
+        launch::load_for(target).map_err(|e| SweepError::Launch(e.to_string()))?;
     }
+    let mut cells: Vec<Cell> = Vec::new();
+    let mut launches = Vec::new();
+    let mut golden_recall: Option<Vec<f64>> = None;
+    for (i, target) in all.iter().enumerate() {
+        let Some(answered) = on_target(target, &convs, endpoints, options, golden_recall.as_deref(), progress, &mut launches).await? else {
+            if i == 0 {
+                let error = launches.last().and_then(|l| l.error.clone()).unwrap_or_default();
+                return Err(SweepError::Launch(format!("the golden target `{}` did not start: {error}", target.name)));
+            }
+            continue;
+        };
+        if i == 0 {
+            golden_recall = Some(answered.iter().map(|c| c.recall).collect());
+        }
+        cells.extend(answered);
+    }
+    // Conversation by conversation, targets in order, as the table reads them.
+    let position = |c: &Cell| {
+        let conv = convs.iter().position(|v| v.length == c.length && v.turns == c.turns && v.depth == c.depth);
+        (conv, all.iter().position(|t| t.name == c.target))
+    };
+    cells.sort_by_key(position);
     Ok(FidelityReport {
         seed: options.seed,
         targets: all.iter().map(|t| t.name.clone()).collect(),
@@ -158,7 +169,62 @@ pub async fn sweep(
         cells,
         conversations: convs,
         wall_s: started.elapsed().as_secs_f64(),
+        launches,
     })
+}
+
+/// Every conversation on one target (its engine launched around it when it is a launch target):
+/// its cells, or None when it did not start.
+async fn on_target(
+    target: &TargetSpec,
+    convs: &[SweepConversation],
+    endpoints: &Endpoints,
+    options: &SweepOptions,
+    golden_recall: Option<&[f64]>,
+    progress: &(dyn Fn(&Cell) + Sync),
+    launches: &mut Vec<LaunchRecord>,
+) -> Result<Option<Vec<Cell>>, SweepError> {
+    let (never, cancel) = tokio::sync::watch::channel(false);
+    let mut running = Vec::new();
+    let mut reach = endpoints.clone();
+    if launch::is_launch(target) {
+        let dir = endpoints
+            .launch_dir
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join("ctxscope-launches"))
+            .join(format!("fidelity-{}", options.seed));
+        let (started, records) = launch::start_all(std::slice::from_ref(target), &dir, &crate::run::Quiet, &cancel).await;
+        launches.extend(records);
+        if started.is_empty() {
+            return Ok(None);
+        }
+        reach.launched.extend(started.iter().map(|(name, instance)| (name.clone(), instance.url.clone())));
+        running = started;
+    }
+    let client = TargetClient::new(target, reach.local_url(target), options.timeout);
+    let mut cells = Vec::new();
+    if let Ok(client) = &client {
+        for (index, conv) in convs.iter().enumerate() {
+            let answers = ask(client, conv, options).await;
+            let recall = answers.iter().filter(|a| a.passed).count() as f64 / answers.len().max(1) as f64;
+            let cell = Cell {
+                target: target.name.clone(),
+                length: conv.length,
+                turns: conv.turns,
+                depth: conv.depth,
+                recall,
+                golden: golden_recall.map_or(recall, |g| g[index]),
+                prompt_tokens: answers.iter().find_map(|a| a.prompt_tokens),
+                answers,
+            };
+            progress(&cell);
+            cells.push(cell);
+        }
+    }
+    launch::stop_all(&mut running).await;
+    drop(never);
+    client?;
+    Ok(Some(cells))
 }
 
 async fn ask(client: &TargetClient, conv: &SweepConversation, options: &SweepOptions) -> Vec<ProbeAnswer> {

@@ -45,6 +45,7 @@ pub fn html(report: &ReplayReport) -> String {
     divergences(&mut s, report);
     probes(&mut s, report);
     bisect(&mut s, report);
+    launches(&mut s, report);
     s.push_str("</body></html>\n");
     s
 }
@@ -92,6 +93,10 @@ fn kind(t: &TargetSpec) -> String {
             url.as_ref().map_or_else(|| ", in-process".to_string(), |u| format!(", at {u}"))
         ),
         TargetKind::Url { url } => format!("OpenAI-compatible endpoint {url}"),
+        TargetKind::Launch { profile, toggles } => {
+            let on = if toggles.is_empty() { "no toggles".to_string() } else { format!("toggles [{}]", toggles.join(", ")) };
+            format!("launched from {profile}, {on}")
+        }
     }
 }
 
@@ -278,11 +283,39 @@ fn probes(s: &mut String, report: &ReplayReport) {
     s.push_str("</tbody></table>\n");
 }
 
+/// Every launched configuration: argv, environment, start-up, process, error, logs.
+fn launches(s: &mut String, report: &ReplayReport) {
+    if report.launches.is_empty() {
+        return;
+    }
+    s.push_str("<h2>Launched configurations</h2>\n<table class=\"launches\"><thead><tr><th>configuration</th><th>ready</th><th>argv</th><th>environment</th><th>process</th><th>logs</th></tr></thead><tbody>\n");
+    for l in &report.launches {
+        let ready = match (&l.error, l.startup_s) {
+            (Some(e), _) => format!("<span class=\"badge\">did not start</span><pre>{}</pre>", escape(e)),
+            (None, Some(t)) => format!("{t:.1} s (pid {})", l.pid.unwrap_or(0)),
+            (None, None) => String::new(),
+        };
+        let env: Vec<String> = l.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let libs = l.fingerprint.keys().filter(|k| k.starts_with("lib.")).count();
+        let process = l.fingerprint.get("exe").map(|exe| format!("{} · {libs} libraries", escape(exe))).unwrap_or_default();
+        let logs = [&l.stdout, &l.stderr].iter().filter_map(|p| p.as_deref()).map(escape).collect::<Vec<_>>().join("<br>");
+        let _ = writeln!(
+            s,
+            "<tr><td>{}</td><td>{ready}</td><td><code>{}</code></td><td><code>{}</code></td><td>{process}</td><td>{logs}</td></tr>",
+            escape(&l.target),
+            escape(&l.argv.join(" ")),
+            escape(&env.join(" "))
+        );
+    }
+    s.push_str("</tbody></table>\n");
+}
+
 fn bisect(s: &mut String, report: &ReplayReport) {
     let Some(b) = &report.bisect else { return };
     let _ = write!(
         s,
-        "<h2>Bisect</h2>\n<p>Over <code>{}</code>, metric <code>{}</code>, threshold {}.</p>\n<ol class=\"bisect\">\n",
+        "<h2>Bisect</h2>\n<p>Over {}<code>{}</code>, metric <code>{}</code>, threshold {}.</p>\n<ol class=\"bisect\">\n",
+        b.profile.as_ref().map(|p| format!("the toggles of <code>{}</code>: ", escape(p))).unwrap_or_default(),
         escape(&view::patch_set(&b.patches)),
         escape(&b.metric),
         b.threshold

@@ -18,5 +18,5 @@ pub use context::CONTEXT_TOKENS;
 pub use entry::{entry, summary};
 pub use html::html;
 pub use json::json;
-pub use table::{table, WIDTH};
+pub use table::{launches, table, WIDTH};
 pub use view::escape;

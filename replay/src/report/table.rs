@@ -3,7 +3,7 @@
 //! [`WIDTH`] columns wrap into further bands, each repeating the turn column.
 
 use super::view::{self, clip};
-use crate::model::{Outcome, ReplayReport};
+use crate::model::{LaunchRecord, Outcome, ReplayReport};
 
 /// The width the table aims to fit.
 pub const WIDTH: usize = 120;
@@ -29,6 +29,10 @@ pub fn table(report: &ReplayReport) -> String {
     if report.bisect.is_some() {
         lines.push(String::new());
         lines.extend(bisect(report));
+    }
+    if !report.launches.is_empty() {
+        lines.push(String::new());
+        lines.extend(launches(&report.launches));
     }
     let mut out = lines.join("\n");
     out.push('\n');
@@ -297,8 +301,12 @@ fn bisect(report: &ReplayReport) -> Vec<String> {
     let Some(b) = &report.bisect else {
         return Vec::new();
     };
+    let over = match &b.profile {
+        Some(profile) => format!("the toggles of {profile}: "),
+        None => String::new(),
+    };
     let mut lines =
-        vec![format!("bisect over {} (metric {}, threshold {})", clip(&view::patch_set(&b.patches), 72), b.metric, b.threshold)];
+        vec![format!("bisect over {over}{} (metric {}, threshold {})", clip(&view::patch_set(&b.patches), 72), b.metric, b.threshold)];
     let set_w = b.steps.iter().map(|s| view::patch_set(&s.patches).chars().count()).max().unwrap_or(0).min(60);
     let num_w = b.steps.len().to_string().len();
     for (i, s) in b.steps.iter().enumerate() {
@@ -313,6 +321,40 @@ fn bisect(report: &ReplayReport) -> Vec<String> {
         format!("culprit: {}", view::patch_set(&b.culprit))
     });
     lines.push(format!("replays run: {} (naive: {})", b.replays_run, b.naive_replays));
+    lines
+}
+
+/// Every launched configuration: how it started, what it ran, what /proc saw, where its logs are.
+pub fn launches(launches: &[LaunchRecord]) -> Vec<String> {
+    if launches.is_empty() {
+        return Vec::new();
+    }
+    let mut lines = vec![format!("launched configurations ({})", launches.len())];
+    for l in launches {
+        let state = match (&l.error, l.startup_s) {
+            (Some(_), _) => "did not start".to_string(),
+            (None, Some(s)) => format!("ready in {s:.1} s, pid {}, port {}", l.pid.unwrap_or(0), l.port),
+            (None, None) => "started".to_string(),
+        };
+        lines.push(format!("  {}: {state}", l.target));
+        lines.push(format!("    argv: {}", clip(&l.argv.join(" "), 160)));
+        if !l.env.is_empty() {
+            let env: Vec<String> = l.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            lines.push(format!("    env:  {}", clip(&env.join(" "), 160)));
+        }
+        if !l.fingerprint.is_empty() {
+            let libs = l.fingerprint.keys().filter(|k| k.starts_with("lib.")).count();
+            let exe = l.fingerprint.get("exe").map_or("?", String::as_str);
+            let build = l.fingerprint.get("exe.build_id").map(|b| format!(" (build id {})", clip(b, 16))).unwrap_or_default();
+            lines.push(format!("    process: {exe}{build}, {libs} shared libraries"));
+        }
+        if let Some(error) = &l.error {
+            lines.extend(error.lines().map(|e| format!("    error: {e}")));
+        }
+        if let (Some(out), Some(err)) = (&l.stdout, &l.stderr) {
+            lines.push(format!("    logs: {out} {err}"));
+        }
+    }
     lines
 }
 

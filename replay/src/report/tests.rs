@@ -131,9 +131,11 @@ pub(super) fn sample() -> ReplayReport {
             ],
             replays_run: 4,
             naive_replays: 3,
+            profile: None,
         }),
         interrupted: false,
         captured_fingerprints: Vec::new(),
+        launches: Vec::new(),
     }
 }
 

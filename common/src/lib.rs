@@ -1,8 +1,10 @@
 //! Plumbing every ctxscope crate shares, with no dependencies of its own: the wire names the engine,
 //! the proxy and replay agree on ([`wire`]), one-line error chains ([`describe_error`]), UTC
-//! calendar time without a time-zone crate ([`civil`]) and scratch-allocation scopes ([`scratch`]).
+//! calendar time without a time-zone crate ([`civil`]), scratch-allocation scopes ([`scratch`]) and
+//! what a live engine process runs, read from Linux's `/proc` ([`process`]).
 
 pub mod civil;
+pub mod process;
 pub mod scratch;
 pub mod wire;
 

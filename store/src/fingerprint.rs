@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use ctxscope_common::process::VOLATILE_FIELDS;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -44,7 +45,9 @@ impl Fingerprint {
         crate::to_hex(&Sha256::digest(&bytes).into())
     }
 
-    /// The fields that differ, engine first, then in field order.
+    /// The fields that differ, engine first, then in field order. The live process's pid and start
+    /// time ([`VOLATILE_FIELDS`]) are left out: a restart changes them (and so the hash), but a
+    /// restart with the same settings is no change.
     pub fn diff(&self, newer: &Fingerprint) -> Vec<FieldChange> {
         let mut changes = Vec::new();
         if self.engine != newer.engine {
@@ -55,7 +58,7 @@ impl Fingerprint {
             });
         }
         let keys: std::collections::BTreeSet<&String> = self.fields.keys().chain(newer.fields.keys()).collect();
-        for key in keys {
+        for key in keys.into_iter().filter(|k| !VOLATILE_FIELDS.contains(&k.as_str())) {
             let (old, new) = (self.fields.get(key), newer.fields.get(key));
             if old != new {
                 changes.push(FieldChange { field: key.clone(), old: old.cloned(), new: new.cloned() });
@@ -114,5 +117,28 @@ mod tests {
         assert_eq!(store.fingerprint("00").unwrap(), None);
         let diff = a.diff(&b);
         assert_eq!(diff, vec![FieldChange { field: "props.n_ctx".into(), old: Some(json!(1024)), new: Some(json!(2048)) }]);
+    }
+
+    #[test]
+    fn a_restart_with_the_same_settings_is_a_new_print_but_no_change() {
+        let with_process = |pid: u32, started: u64, omp: &str| {
+            let mut print = print(1024);
+            print.sources.push(format!("/proc/{pid}"));
+            print.fields.insert("process.pid".into(), json!(pid.to_string()));
+            print.fields.insert("process.started_unix_ms".into(), json!(started.to_string()));
+            print.fields.insert("env.OMP_NUM_THREADS".into(), json!(omp));
+            print
+        };
+        let (before, after) = (with_process(100, 1_700_000_000_000, "4"), with_process(200, 1_700_000_060_000, "4"));
+        assert_ne!(before.hash(), after.hash());
+        assert_eq!(before.diff(&after), vec![]);
+        // A process field that is not volatile still shows, alone.
+        let changed = with_process(300, 1_700_000_120_000, "8");
+        let fields: Vec<String> = before.diff(&changed).into_iter().map(|c| c.field).collect();
+        assert_eq!(fields, ["env.OMP_NUM_THREADS"]);
+        // A field that appears only on one side (a first print without the process) is no exception.
+        let mut bare = print(1024);
+        bare.fields.insert("process.pid".into(), json!("1"));
+        assert_eq!(print(1024).diff(&bare), vec![]);
     }
 }

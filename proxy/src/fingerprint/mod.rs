@@ -1,10 +1,13 @@
 //! The engine fingerprint: what the upstream says about itself, asked off the request path by one
 //! background task (at start, then every `every`, and again soon after a request failed to reach
 //! the upstream), stored content-addressed, and handed to the capture pipeline so that every turn
-//! names the fingerprint that served it. Fails open: an upstream that answers none of the
-//! self-description endpoints keeps the last fingerprint known, and traffic never waits for a probe.
+//! names the fingerprint that served it. When the engine process is on this host (`live.rs`), what it
+//! runs (command line, environment, libraries) joins the fingerprint. Fails open: an upstream that
+//! answers none of the self-description endpoints keeps the last fingerprint known, and traffic never
+//! waits for a probe.
 
 mod flatten;
+mod live;
 mod probe;
 
 use std::sync::Arc;
@@ -14,6 +17,7 @@ use ctxscope_store::{Fingerprint, HashHex, Store};
 use tokio::sync::{watch, Notify};
 
 use crate::upstream::Upstream;
+use live::Live;
 pub use probe::{ProbeError, Prober};
 
 /// How the fingerprint task runs.
@@ -23,11 +27,13 @@ pub struct FingerprintSettings {
     pub every: Duration,
     /// Time allowed for each endpoint's answer.
     pub timeout: Duration,
+    /// `--engine-pid`: the engine process to read when none on this host listens on the upstream's port.
+    pub engine_pid: Option<u32>,
 }
 
 impl Default for FingerprintSettings {
     fn default() -> Self {
-        FingerprintSettings { every: Duration::from_secs(60), timeout: Duration::from_secs(3) }
+        FingerprintSettings { every: Duration::from_secs(60), timeout: Duration::from_secs(3), engine_pid: None }
     }
 }
 
@@ -55,19 +61,27 @@ pub fn spawn(upstream: Upstream, store: Store, settings: FingerprintSettings) ->
     let (tx, current) = watch::channel(None);
     let recheck = Arc::new(Notify::new());
     let handle = Fingerprints { current, recheck: recheck.clone() };
-    tokio::spawn(run(Prober::new(upstream, settings.timeout), store, settings, tx, recheck));
+    let live = Live::new(&upstream, settings.engine_pid);
+    tokio::spawn(run(Prober::new(upstream, settings.timeout), live, store, settings, tx, recheck));
     handle
 }
 
 /// The shortest wait between probes, however often a re-check is asked for.
 const MIN_GAP: Duration = Duration::from_millis(500);
 
-async fn run(prober: Prober, store: Store, settings: FingerprintSettings, tx: watch::Sender<Option<HashHex>>, recheck: Arc<Notify>) {
+async fn run(
+    prober: Prober,
+    mut live: Live,
+    store: Store,
+    settings: FingerprintSettings,
+    tx: watch::Sender<Option<HashHex>>,
+    recheck: Arc<Notify>,
+) {
     // After a failure the next probe comes sooner (1 s doubling up to `every`), so that a restarted
     // upstream is described again within seconds of coming back.
     let mut retry = Duration::from_secs(1);
     loop {
-        let wait = match prober.probe().await {
+        let wait = match live.complete(prober.probe().await).await {
             Ok(print) => {
                 retry = Duration::from_secs(1);
                 record(&store, print, &tx).await;

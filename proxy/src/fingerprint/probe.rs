@@ -36,6 +36,20 @@ pub enum ProbeError {
     Shape { method: Method, path: &'static str, detail: String },
     #[error("the upstream answered none of the self-description endpoints (last: {0})")]
     Nothing(Box<ProbeError>),
+    /// The upstream answered, but the process listening for it exited before it was read (a restart).
+    #[error("the engine process {pid} exited during the probe")]
+    Exited { pid: u32 },
+}
+
+impl ProbeError {
+    /// The upstream is up but describes itself on none of the endpoints (each answered 4xx or not
+    /// JSON), as opposed to not answering at all (down, loading, timing out).
+    pub fn undescribed(&self) -> bool {
+        match self {
+            ProbeError::Nothing(last) => matches!(**last, ProbeError::Status { status: 400..=499, .. } | ProbeError::Shape { .. }),
+            _ => false,
+        }
+    }
 }
 
 /// One upstream's HTTP client for probes.

@@ -147,9 +147,10 @@ struct EngineArgs {
     #[arg(long, default_value = "golden", value_parser = parse_path)]
     path: ctxscope_engine::Path,
     /// Patch set for requests without an x-ctxscope-patches header or body field (e.g. kv_fp8,rope_bf16;
-    /// `ctxscope patches` lists them).
-    #[arg(long, default_value = "", value_parser = parse_patches)]
-    patches: ctxscope_engine::PatchSet,
+    /// `ctxscope patches` lists them). Repeatable: the lists are joined (a launch profile's toggles
+    /// each add one).
+    #[arg(long, value_name = "LIST", value_parser = check_patches)]
+    patches: Vec<String>,
     /// Sequences computed together; more wait in line.
     #[arg(long, default_value_t = 16)]
     max_batch: usize,
@@ -317,23 +318,31 @@ impl CaptureArgs {
     }
 }
 
-impl From<EngineArgs> for serve::EngineSettings {
-    fn from(a: EngineArgs) -> serve::EngineSettings {
-        serve::EngineSettings {
-            model: a.model,
-            listen: a.listen,
-            ctx: a.ctx,
-            path: a.path,
-            patches: a.patches,
-            max_batch: a.max_batch,
-            device: a.device,
-            responses_store: a.responses_store,
-        }
+impl EngineArgs {
+    /// The engine's settings (every `--patches` list joined into one patch set).
+    fn settings(self) -> Result<serve::EngineSettings, CliError> {
+        let joined = self.patches.join(",");
+        let patches = ctxscope_engine::PatchSet::parse(&joined).map_err(|_| CliError::Flag {
+            flag: "--patches",
+            value: joined.clone(),
+            expected: "a patch list naming each patch once (see `ctxscope patches`)",
+        })?;
+        Ok(serve::EngineSettings {
+            model: self.model,
+            listen: self.listen,
+            ctx: self.ctx,
+            path: self.path,
+            patches,
+            max_batch: self.max_batch,
+            device: self.device,
+            responses_store: self.responses_store,
+        })
     }
 }
 
-fn parse_patches(text: &str) -> Result<ctxscope_engine::PatchSet, String> {
-    ctxscope_engine::PatchSet::parse(text).map_err(|e| e.to_string())
+/// One `--patches` list, checked as it is given.
+fn check_patches(text: &str) -> Result<String, String> {
+    ctxscope_engine::PatchSet::parse(text).map(|_| text.to_string()).map_err(|e| e.to_string())
 }
 
 fn parse_path(text: &str) -> Result<ctxscope_engine::Path, String> {
@@ -415,9 +424,9 @@ fn main() -> ExitCode {
                 let mut config = ProxyConfig::new(Upstream::parse("http://127.0.0.1:0")?);
                 args.capture.apply(&mut config)?;
                 let front = serve::FrontSettings { proxy: args.proxy, admin: args.capture.admin, config };
-                Ok(serve::run_serve(args.engine.into(), front, shutdown).await?)
+                Ok(serve::run_serve(args.engine.settings()?, front, shutdown).await?)
             }
-            Command::Engine(args) => Ok(serve::run_engine(args.into(), shutdown).await?),
+            Command::Engine(args) => Ok(serve::run_engine(args.settings()?, shutdown).await?),
             Command::Patches => {
                 print!("{}", ctxscope_engine::patch::describe());
                 Ok(())

@@ -39,7 +39,7 @@ pub async fn replay(conversation: u64, targets: &[String], resume: Option<u64>, 
         .map(|t| TargetSpec::parse(t).map_err(|source| CliError::Target { flag: "--target", source }))
         .collect::<Result<_, _>>()?;
     plan.id = resume.unwrap_or_else(new_id);
-    run_job(Job { plan, work: Work::Replay { resume: previous } }, &run).await
+    run_job(Job { plan, work: Work::Replay { resume: previous.map(Box::new) } }, &run).await
 }
 
 /// `ctxscope bisect CONV --patches LIST` or `--profile FILE --toggles LIST`.

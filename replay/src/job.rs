@@ -96,7 +96,7 @@ pub fn split_list(list: &str) -> Vec<String> {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Work {
     /// Replay every target (continuing `resume` when given).
-    Replay { resume: Option<ReplayReport> },
+    Replay { resume: Option<Box<ReplayReport>> },
     /// Find the smallest subset of the suspects that diverges.
     Bisect { suspects: Suspects, metric: Metric, threshold: f64 },
 }
@@ -159,7 +159,7 @@ impl Job {
     ) -> Result<ReplayReport, JobError> {
         self.check(None)?;
         match &self.work {
-            Work::Replay { resume } => Ok(launch::replay(&self.plan, endpoints, observer, cancel, resume.as_ref()).await?),
+            Work::Replay { resume } => Ok(launch::replay(&self.plan, endpoints, observer, cancel, resume.as_deref()).await?),
             Work::Bisect { suspects, metric, threshold } => {
                 Ok(bisect(&self.plan, endpoints, suspects.names(), *metric, *threshold, observer, cancel).await?)
             }

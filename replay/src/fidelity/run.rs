@@ -141,8 +141,12 @@ pub async fn sweep(
     let mut cells: Vec<Cell> = Vec::new();
     let mut launches = Vec::new();
     let mut golden_recall: Option<Vec<f64>> = None;
+    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let base = endpoints.launch_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("ctxscope-launches"));
+    let logs = base.join(format!("fidelity-{}", since_epoch.as_millis()));
     for (i, target) in all.iter().enumerate() {
-        let Some(answered) = on_target(target, &convs, endpoints, options, golden_recall.as_deref(), progress, &mut launches).await? else {
+        let asked = Asked { convs: &convs, endpoints, options, golden_recall: golden_recall.as_deref(), logs: &logs };
+        let Some(answered) = on_target(target, &asked, progress, &mut launches).await? else {
             if i == 0 {
                 let error = launches.last().and_then(|l| l.error.clone()).unwrap_or_default();
                 return Err(SweepError::Launch(format!("the golden target `{}` did not start: {error}", target.name)));
@@ -173,27 +177,31 @@ pub async fn sweep(
     })
 }
 
+/// What every target of a sweep is asked, and against what.
+struct Asked<'a> {
+    convs: &'a [SweepConversation],
+    endpoints: &'a Endpoints,
+    options: &'a SweepOptions,
+    /// Golden's recall per conversation (None while golden itself is asked).
+    golden_recall: Option<&'a [f64]>,
+    /// Where launched engines' logs go.
+    logs: &'a std::path::Path,
+}
+
 /// Every conversation on one target (its engine launched around it when it is a launch target):
 /// its cells, or None when it did not start.
 async fn on_target(
     target: &TargetSpec,
-    convs: &[SweepConversation],
-    endpoints: &Endpoints,
-    options: &SweepOptions,
-    golden_recall: Option<&[f64]>,
+    asked: &Asked<'_>,
     progress: &(dyn Fn(&Cell) + Sync),
     launches: &mut Vec<LaunchRecord>,
 ) -> Result<Option<Vec<Cell>>, SweepError> {
+    let Asked { convs, endpoints, options, golden_recall, logs } = *asked;
     let (never, cancel) = tokio::sync::watch::channel(false);
     let mut running = Vec::new();
     let mut reach = endpoints.clone();
     if launch::is_launch(target) {
-        let dir = endpoints
-            .launch_dir
-            .clone()
-            .unwrap_or_else(|| std::env::temp_dir().join("ctxscope-launches"))
-            .join(format!("fidelity-{}", options.seed));
-        let (started, records) = launch::start_all(std::slice::from_ref(target), &dir, &crate::run::Quiet, &cancel).await;
+        let (started, records) = launch::start_all(std::slice::from_ref(target), logs, &crate::run::Quiet, &cancel).await;
         launches.extend(records);
         if started.is_empty() {
             return Ok(None);

@@ -154,7 +154,7 @@ impl Profile {
     pub fn parse(path: &Path, text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<Profile, ProfileError> {
         let invalid = |message: String| ProfileError::Invalid { path: path.to_path_buf(), message };
         let file: File = toml::from_str(text).map_err(|e| ProfileError::Parse { path: path.to_path_buf(), message: e.to_string() })?;
-        let expand = |value: &str| expand_env(value, lookup).map_err(|m| invalid(m));
+        let expand = |value: &str| expand_env(value, lookup).map_err(&invalid);
         let command = file.command.iter().map(|a| expand(a)).collect::<Result<Vec<_>, _>>()?;
         let env = expand_map(&file.env, &expand)?;
         let model = file.model.as_deref().map(expand).transpose()?;

@@ -337,7 +337,7 @@ pub fn launches(launches: &[LaunchRecord]) -> Vec<String> {
             (None, None) => "started".to_string(),
         };
         lines.push(format!("  {}: {state}", l.target));
-        lines.push(format!("    argv: {}", clip(&l.argv.join(" "), 160)));
+        lines.push(format!("    argv: {}", l.argv.join(" ")));
         if !l.env.is_empty() {
             let env: Vec<String> = l.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
             lines.push(format!("    env:  {}", clip(&env.join(" "), 160)));

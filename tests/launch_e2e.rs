@@ -187,6 +187,49 @@ async fn bisect_over_llama_server_toggles_names_the_planted_one_and_cleans_up() 
 
     // Interrupted halfway: SIGINT once a subset's engine is up; nothing is left behind.
     interrupted_halfway(&lab, &profile, &server);
+    // From the web UI's API: only a profile given with --profile, by name.
+    from_the_admin_api(&lab, &profile, &server).await;
+}
+
+/// A proxy started with `--profile` runs a toggle bisect asked for by name over the admin API (as the
+/// conversation page's form asks), and refuses a profile it was not given.
+async fn from_the_admin_api(lab: &Lab, profile: &Path, server: &Path) {
+    // The proxy reads the profile with its own environment: fill in the two variables.
+    let text = std::fs::read_to_string(profile).unwrap();
+    let fixed = text.replace("${LLAMA_SERVER:-llama-server}", server.to_str().unwrap()).replace("${MODEL}", lab.model.to_str().unwrap());
+    let named = lab.dir.path().join("ui").join("llama-ui.toml");
+    std::fs::create_dir_all(named.parent().unwrap()).unwrap();
+    std::fs::write(&named, fixed).unwrap();
+    let logs = lab.dir.path().join("logs-ui");
+    let proxy = Proxy::builder("http://127.0.0.1:9", &lab.data)
+        .arg("--profile")
+        .arg(named.to_str().unwrap())
+        .arg("--launch-logs")
+        .arg(logs.to_str().unwrap())
+        .start();
+    let admin = proxy.admin_url();
+    let running = get_json(&format!("{admin}/ui/api/replays/running")).await;
+    assert_eq!(running["profiles"][0]["name"], "llama-ui", "{running}");
+    assert!(running["profiles"][0]["toggles"].as_array().unwrap().iter().any(|t| t["name"] == "rope_base"), "{running}");
+
+    let refused = json!({"conversation": lab.conversation, "targets": [format!("launch={}", profile.display())]});
+    let answer = post_json(&format!("{admin}/ui/api/replays/start"), &[], &refused).await;
+    assert_eq!(answer.status, 400, "{}", String::from_utf8_lossy(&answer.body));
+    assert!(String::from_utf8_lossy(&answer.body).contains("was not given to this process with --profile"));
+
+    let start =
+        json!({"conversation": lab.conversation, "max_tokens": 24, "bisect": {"profile": "llama-ui", "toggles": "cache_reuse,rope_base"}});
+    let answer = post_json(&format!("{admin}/ui/api/replays/start"), &[], &start).await;
+    assert_eq!(answer.status, 202, "{}", String::from_utf8_lossy(&answer.body));
+    let id = answer.json()["id"].clone();
+    let done = |v: &Value| v["runs"].as_array().is_some_and(|r| r.iter().any(|r| r["id"] == id && r["state"] != "running"));
+    let runs = wait_json(&format!("{admin}/ui/api/replays/running"), Duration::from_secs(300), done).await;
+    let run = runs["runs"].as_array().unwrap().iter().find(|r| r["id"] == id).unwrap().clone();
+    assert_eq!(run["state"], "done", "{run}");
+    assert!(run["summary"].as_str().unwrap_or("").contains("rope_base"), "{run}");
+    assert!(lab.leftovers().is_empty(), "left running after the UI's bisect: {:?}", lab.leftovers());
+    assert!(walk(&logs).iter().any(|p| p.to_string_lossy().ends_with("llama-ui_rope_base.stderr.log")), "{:?}", walk(&logs));
+    proxy.stop();
 }
 
 fn interrupted_halfway(lab: &Lab, profile: &Path, server: &Path) {

@@ -104,6 +104,20 @@ impl Launcher {
         self.profiles.iter().map(|p| stem(p)).collect()
     }
 
+    /// The allowed profiles as the page lists them: name and toggles (with descriptions); a profile
+    /// that no longer loads is listed with its error.
+    pub fn profile_views(&self) -> Vec<serde_json::Value> {
+        let view = |path: &PathBuf| match ctxscope_replay::launch::Profile::load(path) {
+            Ok(profile) => {
+                let toggles: Vec<serde_json::Value> =
+                    profile.toggles.iter().map(|(name, t)| json!({"name": name, "description": t.description})).collect();
+                json!({"name": stem(path), "toggles": toggles})
+            }
+            Err(e) => json!({"name": stem(path), "toggles": [], "error": e.to_string()}),
+        };
+        self.profiles.iter().map(view).collect()
+    }
+
     /// An allowed profile by stem or by path as given.
     fn profile(&self, name: &str) -> Option<&PathBuf> {
         self.profiles.iter().find(|p| stem(p) == name || p.as_path() == Path::new(name))
@@ -200,10 +214,11 @@ pub fn start(state: &Arc<AdminState>, body: &[u8]) -> Response<ProxyBody> {
                 Ok(m) => m,
                 Err(e) => return bad(e),
             };
-            let profile = match b.profile.as_deref().map(|name| launcher.profile(name).ok_or(name)).transpose() {
-                Ok(p) => p,
-                Err(name) => return bad(format!("launch profile `{name}` was not given to this process with --profile")),
-            };
+            let profile =
+                match b.profile.as_deref().filter(|p| !p.trim().is_empty()).map(|name| launcher.profile(name).ok_or(name)).transpose() {
+                    Ok(p) => p,
+                    Err(name) => return bad(format!("launch profile `{name}` was not given to this process with --profile")),
+                };
             let patches = b.patches.as_deref().filter(|p| !split_list(p).is_empty());
             let suspects = match Suspects::from_flags(patches, profile.map(PathBuf::as_path), b.toggles.as_deref()) {
                 Ok(s) => s,

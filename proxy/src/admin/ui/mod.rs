@@ -64,7 +64,11 @@ async fn route(state: &Arc<AdminState>, request: &Request<Incoming>, path: &str)
         ["api", "turns", id, "diff"] => api::turn_diff(state, id).await,
         ["api", "live"] => live::stream(state, &query).await,
         ["api", "replays", "running"] => {
-            let body = serde_json::json!({"runs": state.launcher.runs(), "engine_targets": state.launcher.can_run_engine()});
+            let body = serde_json::json!({
+                "runs": state.launcher.runs(),
+                "engine_targets": state.launcher.can_run_engine(),
+                "profiles": state.launcher.profile_views(),
+            });
             crate::admin::json_response(StatusCode::OK, body.to_string())
         }
         ["replays", id, "report"] => api::replay_report(state, id).await,

@@ -293,6 +293,8 @@ function replayForm(id) {
     <label>targets, one per line (as <code>ctxscope replay --target</code>)<textarea name="targets" rows="2" placeholder="engine:patches=kv_fp8&#10;url=http://127.0.0.1:8000,model=m,name=peer"></textarea></label>
     <label>golden<input name="golden" value="engine"></label>
     <label>or bisect over patches<input name="patches" placeholder="rmsnorm_bf16,kv_fp8,ctx_shift=256"></label>
+    <label>or over the toggles of a launch profile<select name="profile"><option value="">(none given with --profile)</option></select></label>
+    <label>toggles<input name="toggles" placeholder="kv_q8,flash_attn"></label>
     <label>metric<select name="metric"><option>agreement</option><option>probes</option><option>exact</option><option>first_diff</option></select></label>
     <label>max tokens<input name="max_tokens" type="number" min="1" value="32"></label>
     <button type="submit">Start</button>
@@ -320,13 +322,25 @@ async function pollRun(id) {
 function wireReplayForm(conversation) {
   const form = document.getElementById("replay-form");
   if (!form) return;
+  getJson("/ui/api/replays/running").then(({ profiles }) => {
+    const select = form.querySelector("select[name=profile]");
+    if (!select || !profiles?.length) return;
+    select.innerHTML = `<option value="">(none)</option>` + profiles.map((p) => `<option value="${esc(p.name)}" title="${esc(p.toggles.map((t) => t.name).join(", "))}">${esc(p.name)}</option>`).join("");
+    select.onchange = () => {
+      const p = profiles.find((x) => x.name === select.value);
+      form.querySelector("input[name=toggles]").placeholder = p ? p.toggles.map((t) => t.name).join(",") : "";
+    };
+  }).catch(() => {});
   form.onsubmit = async (e) => {
     e.preventDefault();
     const f = new FormData(form);
     const targets = String(f.get("targets")).split("\n").map((t) => t.trim()).filter(Boolean);
     const body = { conversation, targets, golden: String(f.get("golden")) || "engine", max_tokens: +f.get("max_tokens") || undefined };
     const patches = String(f.get("patches")).trim();
+    const profile = String(f.get("profile") || "").trim();
+    const toggles = String(f.get("toggles") || "").trim();
     if (patches) body.bisect = { patches, metric: String(f.get("metric")) };
+    else if (profile || toggles) body.bisect = { profile, toggles, metric: String(f.get("metric")) };
     const box = document.getElementById("replay-progress");
     const r = await fetch("/ui/api/replays/start", { method: "POST", credentials: "same-origin", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
     const answer = await r.json();

@@ -33,36 +33,15 @@ trap 'rm -rf "$out" "$work"' EXIT
   python3 - "$bin" "$model" "$server" "$PWD" "$work" <<'PY'
 import json, os, signal, socket, subprocess, sys, time, urllib.request
 
+sys.path.insert(0, "scripts/lib")
+from benchutil import free_port, log, wait_ok  # noqa: E402
+
 BIN, MODEL, SERVER, ROOT, WORK = sys.argv[1:6]
 FIXTURES = os.path.join(ROOT, "tests/fixtures/replay")
 DATA = os.path.join(WORK, "data")
 ENV = dict(os.environ, CTXSCOPE_LOG="warn", LLAMA_SERVER=SERVER, MODEL=MODEL, CTXSCOPE_BIN=BIN, CTXSCOPE_MODEL=MODEL, CTX_SHIFT="96")
 LLAMA_TOGGLES = "no_cont_batching,cache_reuse,swa_full,no_warmup,one_thread,cache_ram_off,flash_attn,rope_base"
 PATCHES = ["rmsnorm_bf16", "residual_gemm_bf16", "rope_bf16", "attn_splitk_bf16", "ctx_shift", "kv_fp8", "act_q8", "prefix_cache_off"]
-
-
-def log(*args):
-    print(*args, file=sys.stderr, flush=True)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ok(url, within=60):
-    deadline = time.time() + within
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        if time.time() > deadline:
-            raise SystemExit(f"{url} never answered 200")
-        time.sleep(0.05)
 
 
 def capture():

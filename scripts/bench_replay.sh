@@ -30,6 +30,9 @@ trap 'rm -rf "$out" "$work"' EXIT
   echo
   python3 - "$bin" "$model" "$PWD/tests/fixtures/replay" "$work" "${BENCH_REPS:-3}" <<'PY'
 import json, os, signal, socket, statistics, subprocess, sys, time, urllib.request
+
+sys.path.insert(0, "scripts/lib")
+from benchutil import free_port, log, wait_ok  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor
 
 BIN, MODEL, FIXTURES, WORK, REPS = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
@@ -41,35 +44,11 @@ PROBES = os.path.join(FIXTURES, "secret_word_probes.json")
 ENV = dict(os.environ, CTXSCOPE_LOG="warn")
 
 
-def log(*args):
-    print(*args, file=sys.stderr, flush=True)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def http(method, url, body=None, headers=None):
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data, {"content-type": "application/json", **(headers or {})}, method=method)
     with urllib.request.urlopen(request, timeout=300) as response:
         return json.loads(response.read())
-
-
-def wait_ok(url, within=60):
-    deadline = time.time() + within
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        if time.time() > deadline:
-            raise SystemExit(f"{url} never answered 200")
-        time.sleep(0.05)
 
 
 def start(args):

@@ -112,7 +112,7 @@ fn all_stopped(lab: &Lab, launches: &[LaunchRecord]) {
     assert!(lab.leftovers().is_empty(), "launched processes left running: {:?}", lab.leftovers());
     for launch in launches.iter().filter(|l| l.error.is_none()) {
         assert!(launch.startup_s.is_some_and(|s| s > 0.0), "{launch:?}");
-        std::net::TcpListener::bind(("127.0.0.1", launch.port)).unwrap_or_else(|e| panic!("port {} still bound: {e}", launch.port));
+        assert!(!listening(launch.port), "port {} still has a listener", launch.port);
     }
 }
 
@@ -191,7 +191,12 @@ async fn bisect_over_llama_server_toggles_names_the_planted_one_and_cleans_up() 
     all_stopped(&lab, &launches);
 
     // Interrupted halfway: SIGINT once a subset's engine is up; nothing is left behind.
-    interrupted_halfway(&lab, &profile, &server);
+    let data = lab.data.to_str().unwrap();
+    let path = profile.to_str().unwrap();
+    let bisect = ["bisect", &conversation, "--data", data, "--profile", path, "--toggles", TOGGLES, "--max-tokens", "24", "--json"];
+    interrupted_halfway(&lab, &bisect, &server);
+    let fidelity = ["fidelity", "--bisect", "--profile", path, "--toggles", TOGGLES, "--lengths", "256", "--depths", "0.5", "--turns", "2"];
+    interrupted_halfway(&lab, &fidelity, &server);
     // From the web UI's API: only a profile given with --profile, by name.
     from_the_admin_api(&lab, &profile, &server).await;
 }
@@ -237,13 +242,12 @@ async fn from_the_admin_api(lab: &Lab, profile: &Path, server: &Path) {
     proxy.stop();
 }
 
-fn interrupted_halfway(lab: &Lab, profile: &Path, server: &Path) {
-    let logs = lab.dir.path().join("logs-interrupted");
-    let conversation = lab.conversation.to_string();
+/// `ctxscope ARGS` (a bisect or a fidelity bisect over the marked profile) gets SIGINT once a
+/// subset's engine is up: it exits within a minute and leaves no launched process or bound port.
+fn interrupted_halfway(lab: &Lab, args: &[&str], server: &Path) {
+    let logs = lab.dir.path().join(format!("logs-interrupted-{}", args[0]));
     let mut child: Child = Command::new(bin())
-        .args(["bisect", &conversation, "--profile", profile.to_str().unwrap(), "--toggles", TOGGLES, "--max-tokens", "24", "--json"])
-        .arg("--data")
-        .arg(&lab.data)
+        .args(args)
         .arg("--launch-logs")
         .arg(&logs)
         .env("CTXSCOPE_LOG", "warn")
@@ -256,29 +260,48 @@ fn interrupted_halfway(lab: &Lab, profile: &Path, server: &Path) {
     // Golden's log, then a subset's: the second engine is starting or serving.
     let deadline = Instant::now() + Duration::from_secs(120);
     let launched = || walk(&logs).iter().filter(|p| p.to_string_lossy().ends_with(".stderr.log")).count();
-    while launched() < 2 {
-        assert!(Instant::now() < deadline, "no second launch within 120 s");
-        assert!(child.try_wait().unwrap().is_none(), "bisect ended before it could be interrupted");
+    while launched() < 2 || lab.leftovers().is_empty() {
+        assert!(Instant::now() < deadline, "{}: no second launch within 120 s", args[0]);
+        assert!(child.try_wait().unwrap().is_none(), "{} ended before it could be interrupted", args[0]);
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert!(!lab.leftovers().is_empty(), "an engine should be running now");
+    // The ports the running engines hold, from their argv.
+    let ports: Vec<u16> = lab
+        .leftovers()
+        .iter()
+        .filter_map(|p| p.split_whitespace().skip_while(|a| *a != "--port").nth(1).and_then(|n| n.parse().ok()))
+        .collect();
     // SAFETY: a signal to our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let deadline = Instant::now() + Duration::from_secs(60);
     while child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "bisect did not stop within 60 s of SIGINT");
+        assert!(Instant::now() < deadline, "{} did not stop within 60 s of SIGINT", args[0]);
         std::thread::sleep(Duration::from_millis(100));
     }
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("interrupted"), "{stderr}");
     assert!(lab.leftovers().is_empty(), "left running after SIGINT: {:?}\n{stderr}", lab.leftovers());
+    // Nothing listens on them any more (connections the killed engine held may linger in the kernel's
+    // closing states for a moment; those are no process's).
+    for port in ports {
+        assert_eq!(ctxscope_common::process::listening_pid(port).ok().flatten(), None, "port {port} still has a listener");
+        assert!(!listening(port), "port {port} is still in LISTEN state");
+    }
     if let Ok(report) = serde_json::from_slice::<ReplayReport>(&out.stdout) {
         assert!(report.interrupted, "a report after SIGINT says interrupted");
-        for launch in report.launches.iter().filter(|l| l.error.is_none()) {
-            std::net::TcpListener::bind(("127.0.0.1", launch.port)).unwrap_or_else(|e| panic!("port {} still bound: {e}", launch.port));
-        }
     }
+}
+
+/// Whether /proc/net/tcp{,6} shows a socket listening on `port`.
+fn listening(port: u16) -> bool {
+    let hex = format!(":{port:04X} ");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
+        std::fs::read_to_string(table).unwrap_or_default().lines().any(|l| {
+            l.split_whitespace().nth(1).is_some_and(|local| format!("{local} ").ends_with(&hex))
+                && l.split_whitespace().nth(3) == Some("0A")
+        })
+    })
 }
 
 fn walk(dir: &Path) -> Vec<PathBuf> {
@@ -327,7 +350,7 @@ async fn bisect_over_this_engines_patches_launched_as_a_process() {
     assert!(shifted.argv.windows(2).any(|w| w == ["--patches", "ctx_shift=96"]), "{shifted:?}");
     assert!(processes_with("--max-batch 15").is_empty(), "{:?}", processes_with("--max-batch 15"));
     for launch in &report.launches {
-        std::net::TcpListener::bind(("127.0.0.1", launch.port)).unwrap_or_else(|e| panic!("port {} still bound: {e}", launch.port));
+        assert!(!listening(launch.port), "port {} still has a listener", launch.port);
     }
 }
 

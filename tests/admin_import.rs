@@ -138,3 +138,44 @@ async fn a_100_mb_import_is_streamed_in_bounded_memory() {
     // (as before) added the whole 100 MB on top, and more while it grew: +238 MB against +130 MB here.
     assert!(peak - before < size_kib * 7 / 4, "peak grew by {} KiB for a {size_kib} KiB import", peak - before);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_line_past_the_limit_is_a_413_at_the_limit_in_bounded_memory() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let (child, admin) = spawn_proxy("http://127.0.0.1:9", &dir.path().join("data"));
+    let pid = child.0.id();
+    let before = status_kib(pid, "VmRSS:");
+    // A header line, then 300 MB with no newline (the probe that peaked at 917 MiB for 600 MB).
+    let header = json!({"kind": "header", "format": "ctxscope-conversation", "version": 1, "conversation": {
+        "id": 1, "name": null, "created_unix_ms": 1, "updated_unix_ms": 2, "upstream": "u", "model": "m",
+        "turns": 1, "last_turn": 1, "last_head": "", "last_message_count": 1, "last_tail": null, "branch_of": null}})
+    .to_string();
+    let long = 300usize << 20;
+    let addr = admin.trim_start_matches("http://").to_string();
+    let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+    let head = format!("POST /api/import HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{header}\n", header.len() + 1 + long);
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut writer = stream.try_clone().unwrap();
+    let sending = std::thread::spawn(move || {
+        let chunk = vec![b'z'; 1 << 20];
+        let mut sent = 0;
+        while sent < long && writer.write_all(&chunk).is_ok() {
+            sent += chunk.len();
+        }
+        sent
+    });
+    stream.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    let sent = sending.join().unwrap();
+    let peak = status_kib(pid, "VmHWM:");
+    eprintln!("long line: {} MiB sent before the answer, RSS {before} KiB before, peak {peak} KiB", sent >> 20);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("longer than the limit"), "{answer}");
+    // The line is cut at the limit (64 MiB) plus what was in flight, not read to its end.
+    assert!(sent < long, "the whole 300 MB was read before the answer");
+    assert!(peak - before < 200 << 10, "peak grew by {} KiB", peak - before);
+    drop(child);
+}

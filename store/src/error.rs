@@ -39,6 +39,8 @@ pub enum StoreError {
     Spill { path: PathBuf, source: std::io::Error },
     #[error("bad import line {line}: {detail}")]
     Import { line: usize, detail: String },
+    #[error("import line {line} is longer than the limit of {limit} bytes (one line is one message, turn or finding)")]
+    ImportLineTooLong { line: usize, limit: usize },
 }
 
 /// Whether a sled error is the disk being full (ENOSPC).

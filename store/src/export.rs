@@ -17,6 +17,8 @@ pub const EXPORT_FORMAT: &str = "ctxscope-conversation";
 pub const EXPORT_VERSION: u32 = 1;
 /// The note an imported turn carries (followed by its id in the store it was exported from).
 pub const IMPORTED_NOTE: &str = "imported from an export file";
+/// Longest import line read: memory for an import is bounded by it, whatever the body.
+pub const MAX_IMPORT_LINE: usize = 64 << 20;
 
 /// One line of an export file. (The header is larger than a message line; lines are read one at a
 /// time, so the size difference costs nothing worth a box.)
@@ -63,14 +65,21 @@ impl Store {
         let mut seen: HashSet<Hash> = HashSet::new();
         let mut turns = Vec::new();
         let mut last_line = 0;
-        for (n, line) in input.lines().enumerate() {
+        let mut raw = Vec::new();
+        for n in 0.. {
             let bad = |detail: String| StoreError::Import { line: n + 1, detail };
-            let line = line.map_err(|e| bad(e.to_string()))?;
+            match read_line(input, &mut raw, MAX_IMPORT_LINE) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(LineError::TooLong) => return Err(StoreError::ImportLineTooLong { line: n + 1, limit: MAX_IMPORT_LINE }),
+                Err(LineError::Io(e)) => return Err(bad(e.to_string())),
+            }
+            let line = std::str::from_utf8(&raw).map_err(|e| bad(format!("not UTF-8: {e}")))?;
             last_line = n + 1;
             if line.trim().is_empty() {
                 continue;
             }
-            let parsed = serde_json::from_str::<ExportLine>(&line).map_err(|e| bad(e.to_string()))?;
+            let parsed = serde_json::from_str::<ExportLine>(line).map_err(|e| bad(e.to_string()))?;
             if header.is_none() && !matches!(parsed, ExportLine::Header { .. }) {
                 return Err(bad("the first line must be the export header".into()));
             }
@@ -153,4 +162,67 @@ impl Store {
 
 fn common_prefix(a: &[HashHex], b: &[HashHex]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// Why a line could not be read.
+enum LineError {
+    TooLong,
+    Io(std::io::Error),
+}
+
+/// The next line of `input` into `line` (without its `\n` or `\r\n`); false at the end. A line
+/// longer than `limit` stops the read as soon as it passes the limit, so memory stays bounded.
+fn read_line(input: &mut dyn BufRead, line: &mut Vec<u8>, limit: usize) -> Result<bool, LineError> {
+    line.clear();
+    let mut any = false;
+    loop {
+        let available = input.fill_buf().map_err(LineError::Io)?;
+        if available.is_empty() {
+            return Ok(any);
+        }
+        any = true;
+        let (take, done) = match available.iter().position(|&b| b == b'\n') {
+            Some(at) => (at, true),
+            None => (available.len(), false),
+        };
+        if line.len() + take > limit {
+            return Err(LineError::TooLong);
+        }
+        line.extend_from_slice(&available[..take]);
+        input.consume(take + usize::from(done));
+        if done {
+            if line.last() == Some(&b'\r') {
+                line.pop();
+            }
+            return Ok(true);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(text: &[u8], limit: usize) -> Vec<Result<String, &'static str>> {
+        let mut input = std::io::BufReader::with_capacity(4, text);
+        let (mut out, mut line) = (Vec::new(), Vec::new());
+        loop {
+            match read_line(&mut input, &mut line, limit) {
+                Ok(true) => out.push(Ok(String::from_utf8(line.clone()).unwrap())),
+                Ok(false) => return out,
+                Err(LineError::TooLong) => {
+                    out.push(Err("too long"));
+                    return out;
+                }
+                Err(LineError::Io(_)) => panic!("io"),
+            }
+        }
+    }
+
+    #[test]
+    fn lines_are_read_within_the_limit_and_stop_past_it() {
+        assert_eq!(lines(b"ab\r\ncdef\n\nlast", 8), [Ok("ab".into()), Ok("cdef".into()), Ok(String::new()), Ok("last".into())]);
+        assert_eq!(lines(b"12345678\n123456789\nnever", 8), [Ok("12345678".into()), Err("too long")]);
+        assert!(lines(b"", 8).is_empty());
+    }
 }

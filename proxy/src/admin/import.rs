@@ -1,6 +1,7 @@
 //! `POST /api/import`: the body is checked against its Content-Length before anything is read, then
 //! streamed line by line into the store on the blocking pool through a small bounded channel, so
-//! memory follows the longest line, not the body (the whole body used to be collected first).
+//! memory is bounded by the store's line limit (`MAX_IMPORT_LINE`, a longer line is a 413 as soon as
+//! it passes the limit), not by the body.
 
 use std::io::{BufReader, Read};
 use std::sync::Arc;

@@ -185,6 +185,9 @@ where
         Ok(Ok(value)) => Ok(value),
         Ok(Err(StoreError::NotFound(what))) => Err(json_error(StatusCode::NOT_FOUND, "not_found", &format!("{what} not found"), None)),
         Ok(Err(e @ StoreError::Import { .. })) => Err(json_error(StatusCode::BAD_REQUEST, "bad_import", &e.to_string(), None)),
+        Ok(Err(e @ StoreError::ImportLineTooLong { .. })) => {
+            Err(json_error(StatusCode::PAYLOAD_TOO_LARGE, "bad_import", &e.to_string(), None))
+        }
         Ok(Err(e)) => Err(json_error(StatusCode::INTERNAL_SERVER_ERROR, "store_error", &e.to_string(), None)),
         Err(e) => Err(json_error(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None)),
     }

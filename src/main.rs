@@ -259,6 +259,14 @@ struct CaptureArgs {
     /// previous response (so idle keep-alive connections close after it too); both listeners.
     #[arg(long, value_name = "SECS", default_value_t = 30.0)]
     header_timeout: f64,
+    /// Seconds a request body may go without sending anything (proxy listener); past it the request
+    /// is answered 408 and the upstream request dropped.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    body_timeout: f64,
+    /// Lowest average rate of a request body, in bytes per second, counted after its first 10 s
+    /// (0: none); a slower body is answered 408.
+    #[arg(long, value_name = "BYTES", default_value_t = 4096)]
+    body_min_rate: u64,
     /// Proxy connections held at once; more are answered 503 and closed (default: fitted to the
     /// open-file limit, at most 10000).
     #[arg(long, value_name = "N")]
@@ -308,6 +316,15 @@ impl CaptureArgs {
             return Err(CliError::Flag { flag: "--header-timeout", value, expected: "a positive number of seconds" });
         }
         config.header_timeout = Duration::from_secs_f64(self.header_timeout);
+        if !(self.body_timeout.is_finite() && self.body_timeout > 0.0) {
+            let value = self.body_timeout.to_string();
+            return Err(CliError::Flag { flag: "--body-timeout", value, expected: "a positive number of seconds" });
+        }
+        config.body_limits = ctxscope_http::timed::BodyLimits {
+            idle: Duration::from_secs_f64(self.body_timeout),
+            min_rate: self.body_min_rate,
+            ..ctxscope_http::timed::BodyLimits::default()
+        };
         config.max_connections = self.max_connections.map(|n| n.max(1));
         for path in &self.profiles {
             ctxscope_replay::launch::Profile::load(path).map_err(|e| CliError::Launch(e.to_string()))?;

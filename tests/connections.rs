@@ -105,6 +105,48 @@ async fn slow_and_silent_connections_are_closed_after_the_header_timeout() {
     assert!(closed.is_some_and(|c| c < Duration::from_secs(5)), "idle keep-alive connection open for {closed:?}");
 }
 
+/// A request whose body trickles (headers with `Content-Length: 1000`, then a byte every 200 ms).
+async fn trickling(proxy: SocketAddr, drip: bool, limit: Duration) -> (Option<Duration>, Vec<u8>) {
+    let mut stream = TcpStream::connect(proxy).await.unwrap();
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{";
+    stream.write_all(head.as_bytes()).await.unwrap();
+    closed_after(stream, drip.then_some(b"       ".as_slice()), limit).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_request_bodies_are_answered_408_in_bounded_time() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    // Defaults: under 4096 bytes/s once 10 s have passed.
+    let (_child, proxy, _admin) = start(&up.url(), dir.path(), 4096, &[]);
+    let tasks: Vec<_> = (0..20).map(|_| tokio::spawn(trickling(proxy, true, Duration::from_secs(30)))).collect();
+    for (i, task) in tasks.into_iter().enumerate() {
+        let (closed, read) = task.await.unwrap();
+        let text = String::from_utf8_lossy(&read);
+        let closed = closed.unwrap_or_else(|| panic!("trickling body {i} still open after 30 s"));
+        assert!(closed >= Duration::from_secs(9) && closed < Duration::from_secs(15), "body {i} closed after {closed:?}");
+        assert!(text.starts_with("HTTP/1.1 408"), "body {i}: {text}");
+        assert!(text.contains("minimum of 4096 bytes/s"), "body {i}: {text}");
+    }
+    // A silent body under --body-timeout 2 (no rate limit): 408 after 2 s. The proxy still serves.
+    let dir = tempfile::tempdir().unwrap();
+    let (_child, proxy, admin) = start(&up.url(), dir.path(), 4096, &["--body-timeout", "2", "--body-min-rate", "0"]);
+    let (closed, read) = trickling(proxy, false, Duration::from_secs(10)).await;
+    let closed = closed.expect("a silent body is cut off");
+    assert!(closed >= Duration::from_millis(1800) && closed < Duration::from_secs(5), "closed after {closed:?}");
+    assert!(String::from_utf8_lossy(&read).contains("nothing for 2s"), "{}", String::from_utf8_lossy(&read));
+    // The admin port's bodies too: a silent import is refused after 2 s, naming why.
+    let mut stream = TcpStream::connect(admin).await.unwrap();
+    stream.write_all(b"POST /api/import HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{").await.unwrap();
+    let (closed, read) = closed_after(stream, None, Duration::from_secs(10)).await;
+    let text = String::from_utf8_lossy(&read);
+    assert!(closed.is_some_and(|c| c < Duration::from_secs(5)), "admin body open for {closed:?}: {text}");
+    assert!(text.starts_with("HTTP/1.1 4") && text.contains("arrived too slowly"), "{text}");
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+    let answer = post_json(&format!("http://{proxy}/v1/chat/completions"), &[], &body).await;
+    assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_under_a_low_file_limit_do_not_stop_service() {
     let up = Upstream::start().await;

@@ -2,10 +2,12 @@
 //! accept with a backoff while accepting fails (out of file descriptors), one hyper connection task
 //! each under the listener's [`ConnLimits`] (a request-head timeout, a connection cap answered 503
 //! beyond it), and graceful shutdown: stop accepting, let exchanges finish within the grace period,
-//! abort the rest. [`client`]: the outbound client and its settings.
+//! abort the rest. [`client`]: the outbound client and its settings. [`timed`]: request bodies read
+//! under an idle timeout and a minimum rate.
 
 pub mod client;
 pub mod limits;
+pub mod timed;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,7 +30,7 @@ where
     S::Error: std::error::Error + Send + Sync + 'static,
     B: hyper::body::Body + Send + 'static,
     B::Data: Send,
-    B::Error: std::error::Error + Send + Sync + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut connections = JoinSet::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections));

@@ -6,7 +6,11 @@ use http::{header, Response, StatusCode};
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full};
 
 /// Request and response bodies inside the proxy.
-pub type ProxyBody = UnsyncBoxBody<Bytes, hyper::Error>;
+pub type ProxyBody = UnsyncBoxBody<Bytes, BodyError>;
+
+/// What a body stream may end with: the connection's error, or a request body read too slowly
+/// ([`ctxscope_http::timed::BodyTimeout`]).
+pub use ctxscope_http::timed::BodyError;
 
 pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
     Full::new(bytes.into()).map_err(|never| match never {}).boxed_unsync()

@@ -64,6 +64,9 @@ pub struct ProxyConfig {
     /// A client must send a complete request head within this long of connecting or of its previous
     /// response (`--header-timeout`); also how long an idle keep-alive connection stays open.
     pub header_timeout: Duration,
+    /// How slowly a request body may arrive on the proxy listener (`--body-timeout`,
+    /// `--body-min-rate`): past it the request is answered 408 and the upstream request dropped.
+    pub body_limits: ctxscope_http::timed::BodyLimits,
     /// Proxy connections held at once (`--max-connections`); `None`: fitted to the open-file limit.
     pub max_connections: Option<usize>,
 }
@@ -145,6 +148,7 @@ impl ProxyConfig {
             fingerprint_every: Some(Duration::from_secs(60)),
             engine_pid: None,
             header_timeout: Duration::from_secs(30),
+            body_limits: ctxscope_http::timed::BodyLimits::default(),
             max_connections: None,
         }
     }

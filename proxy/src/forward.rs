@@ -14,7 +14,7 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 
 pub use ctxscope_common::describe_error;
 
-use crate::body::{json_error, ProxyBody};
+use crate::body::{json_error, BodyError, ProxyBody};
 use crate::upstream::Upstream;
 
 /// Response extension set when the upstream could not be reached.
@@ -75,7 +75,17 @@ impl tower::Service<Request<ProxyBody>> for Forward {
                 Ok(response) => {
                     let (mut parts, body) = response.into_parts();
                     strip_hop_by_hop(&mut parts.headers);
-                    Ok(Response::from_parts(parts, body.boxed_unsync()))
+                    Ok(Response::from_parts(parts, body.map_err(BodyError::from).boxed_unsync()))
+                }
+                Err(error) if ctxscope_http::timed::BodyTimeout::find(&error).is_some() => {
+                    let detail = describe_error(&error);
+                    tracing::debug!(error = %detail, "request body too slow; upstream request dropped");
+                    metrics::counter!(crate::metrics::SLOW_BODIES_TOTAL).increment(1);
+                    let message =
+                        format!("ctxscope: {}", ctxscope_http::timed::BodyTimeout::find(&error).map_or(detail, |t| t.to_string()));
+                    let mut response = json_error(StatusCode::REQUEST_TIMEOUT, "ctxscope_slow_body", &message, None);
+                    response.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+                    Ok(response)
                 }
                 Err(error) => {
                     let detail = describe_error(&error);

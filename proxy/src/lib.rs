@@ -23,6 +23,7 @@ pub mod upstream;
 use std::future::Future;
 use std::sync::Arc;
 
+use ctxscope_http::timed::TimedBody;
 use ctxscope_store::{Store, StoreOptions};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -139,10 +140,13 @@ pub async fn run(config: ProxyConfig, proxy: TcpListener, admin: TcpListener, sh
     // Box the incoming body, tee LLM exchanges into capture, expand Responses chains (with
     // --responses-state), forward to the upstream.
     let forward = forward::Forward::new(config.upstream.clone(), config.connect_timeout);
+    let body_limits = config.body_limits;
     let proxy_service = ServiceBuilder::new()
-        .map_request(|request: http::Request<Incoming>| request.map(|b| b.boxed_unsync()))
+        .map_request(move |request: http::Request<Incoming>| request.map(|b| TimedBody::new(b, body_limits).boxed_unsync()))
         .service(stack(settings, sender, state_layer, forward));
-    let admin_service = hyper::service::service_fn(move |request| admin::handle(admin_state.clone(), request));
+    let admin_service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
+        admin::handle(admin_state.clone(), request.map(|b| TimedBody::new(b, body_limits)))
+    });
 
     tracing::info!(proxy = ?proxy.local_addr().ok(), admin = ?admin.local_addr().ok(), upstream = %config.upstream.display, max_connections = proxy_limits.max_connections, open_files = nofile, "ctxscope proxy serving");
     let proxy_task = tokio::spawn(ctxscope_http::serve(

@@ -11,6 +11,7 @@ pub const CACHED_TOKENS: &str = "ctxscope_cached_tokens";
 pub const CAPTURE_DROPPED_TOTAL: &str = "ctxscope_capture_dropped_total";
 pub const PROXY_OVERHEAD_SECONDS: &str = "ctxscope_proxy_overhead_seconds";
 pub const UPSTREAM_ERRORS_TOTAL: &str = "ctxscope_upstream_errors_total";
+pub const SLOW_BODIES_TOTAL: &str = "ctxscope_slow_request_bodies_total";
 pub const TURNS_CAPTURED_TOTAL: &str = "ctxscope_turns_captured_total";
 pub const CAPTURE_QUEUE_DEPTH: &str = "ctxscope_capture_queue_depth";
 pub const CAPTURE_SECONDS: &str = "ctxscope_capture_seconds";
@@ -35,8 +36,9 @@ pub const OTLP_EXPORT_SECONDS: &str = "ctxscope_otlp_export_seconds";
 pub const HISTORY_EDITS_TOTAL: &str = "ctxscope_history_edits_total";
 
 /// Every metric name above, for checks that dashboards and alert rules only use real ones.
-pub const ALL: [&str; 28] = [
+pub const ALL: [&str; 29] = [
     REQUESTS_TOTAL,
+    SLOW_BODIES_TOTAL,
     PROMPT_TOKENS,
     CACHED_TOKENS,
     CAPTURE_DROPPED_TOTAL,
@@ -124,6 +126,7 @@ fn describe() {
     metrics::describe_counter!(STORE_DAMAGE_TOTAL, "Damage found in the capture store (records lost from its log).");
     metrics::describe_histogram!(PROXY_OVERHEAD_SECONDS, "Time spent in the proxy itself before and after the upstream.");
     metrics::describe_counter!(UPSTREAM_ERRORS_TOTAL, "Upstream connection failures answered with 502.");
+    metrics::describe_counter!(SLOW_BODIES_TOTAL, "Requests answered 408: the body arrived too slowly (--body-timeout, --body-min-rate).");
     metrics::describe_counter!(TURNS_CAPTURED_TOTAL, "Turns written to the store.");
     metrics::describe_gauge!(CAPTURE_QUEUE_DEPTH, "Exchanges waiting in the capture queue.");
     metrics::describe_histogram!(CAPTURE_SECONDS, "Capture pipeline time per exchange (parse, thread, count, store).");

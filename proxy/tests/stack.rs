@@ -43,12 +43,12 @@ struct Frames(std::collections::VecDeque<Bytes>);
 
 impl hyper::body::Body for Frames {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = ctxscope_proxy::body::BodyError;
 
     fn poll_frame(
         mut self: std::pin::Pin<&mut Self>,
         _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, hyper::Error>>> {
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, ctxscope_proxy::body::BodyError>>> {
         std::task::Poll::Ready(self.0.pop_front().map(|b| Ok(hyper::body::Frame::data(b))))
     }
 }

@@ -6,10 +6,10 @@
 use std::io::{BufReader, Read};
 use std::sync::Arc;
 
+use crate::admin::AdminBody;
 use bytes::{Buf, Bytes};
 use http::{header, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use serde_json::json;
 
 use crate::admin::{with_store, AdminState};
@@ -21,7 +21,7 @@ pub const MAX_IMPORT_BYTES: u64 = 512 << 20;
 /// Chunks in flight between the connection and the store.
 const CHANNEL_CHUNKS: usize = 8;
 
-pub async fn import(state: &Arc<AdminState>, request: Request<Incoming>) -> Response<ProxyBody> {
+pub async fn import(state: &Arc<AdminState>, request: Request<AdminBody>) -> Response<ProxyBody> {
     let announced = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if let Some(length) = announced.filter(|&l| l > MAX_IMPORT_BYTES) {
         let message = format!("import body of {length} bytes is over the limit of {MAX_IMPORT_BYTES}");

@@ -38,7 +38,11 @@ pub struct AdminState {
     pub launcher: ui::launch::Launcher,
 }
 
-pub async fn handle(state: Arc<AdminState>, request: Request<Incoming>) -> Result<Response<ProxyBody>, Infallible> {
+/// A request body on the admin port: read under the same idle timeout and minimum rate as the
+/// proxy's (`--body-timeout`, `--body-min-rate`).
+pub type AdminBody = ctxscope_http::timed::TimedBody<Incoming>;
+
+pub async fn handle(state: Arc<AdminState>, request: Request<AdminBody>) -> Result<Response<ProxyBody>, Infallible> {
     let request = match ui::intercept(&state, request).await {
         Ok(response) => return Ok(response),
         Err(request) => request,
@@ -105,7 +109,7 @@ pub async fn handle(state: Arc<AdminState>, request: Request<Incoming>) -> Resul
 }
 
 /// Stores a replay run sent by `ctxscope replay --admin` (the store is this process's while it runs).
-async fn put_replay(state: &Arc<AdminState>, request: Request<Incoming>) -> Response<ProxyBody> {
+async fn put_replay(state: &Arc<AdminState>, request: Request<AdminBody>) -> Response<ProxyBody> {
     let announced = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if announced.is_some_and(|length| length > MAX_REPLAY_BYTES as u64) {
         return json_error(

@@ -11,14 +11,14 @@ use hyper::body::{Body, Frame, SizeHint};
 
 use super::exchange::{Captured, Outcome};
 use super::guard::ExchangeGuard;
-use crate::body::ProxyBody;
+use crate::body::{BodyError, ProxyBody};
 
 /// What a tee tells its observer.
 pub trait Observer: Send + Unpin {
     fn frame(&mut self, data: &Bytes);
     /// The body reached its end (also called when it is dropped already at its end).
     fn end(&mut self);
-    fn error(&mut self, error: &hyper::Error);
+    fn error(&mut self, error: &BodyError);
 }
 
 /// Forwards `inner` unchanged while `observer` watches.
@@ -35,9 +35,9 @@ impl<O: Observer> Tee<O> {
 
 impl<O: Observer> Body for Tee<O> {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = &mut *self;
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         match &polled {
@@ -93,7 +93,7 @@ impl Observer for RequestCopy {
         }
     }
 
-    fn error(&mut self, _error: &hyper::Error) {}
+    fn error(&mut self, _error: &BodyError) {}
 }
 
 /// The response side owns the exchange and finishes it when the body ends, fails or is dropped.
@@ -106,7 +106,7 @@ impl Observer for ExchangeGuard {
         self.finish(Outcome::Complete);
     }
 
-    fn error(&mut self, error: &hyper::Error) {
+    fn error(&mut self, error: &BodyError) {
         self.finish(Outcome::UpstreamStreamError(error.to_string()));
     }
 }

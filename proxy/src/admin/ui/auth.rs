@@ -5,9 +5,9 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use crate::admin::AdminBody;
 use http::{header, HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 
 use crate::admin::AdminState;
 use crate::body::{full, json_error, ProxyBody};
@@ -81,7 +81,7 @@ pub fn refuse(path: &str) -> Response<ProxyBody> {
 
 /// GET: the form. POST (`token=...`, form-encoded): sets the cookie and goes to the UI, or shows the
 /// form again.
-pub async fn login(state: &Arc<AdminState>, request: Request<Incoming>) -> Response<ProxyBody> {
+pub async fn login(state: &Arc<AdminState>, request: Request<AdminBody>) -> Response<ProxyBody> {
     if request.method() != http::Method::POST {
         return form(StatusCode::OK, "");
     }

@@ -131,9 +131,9 @@ struct Channel(mpsc::Receiver<Bytes>);
 
 impl Body for Channel {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = crate::body::BodyError;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         self.0.poll_recv(cx).map(|chunk| chunk.map(|bytes| Ok(Frame::data(bytes))))
     }
 }

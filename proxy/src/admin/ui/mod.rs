@@ -12,14 +12,14 @@ mod query;
 
 use std::sync::Arc;
 
+use crate::admin::AdminBody;
 use http::{Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
 
 use crate::admin::AdminState;
 use crate::body::{json_error, ProxyBody};
 
 /// Answers UI routes and refused requests; hands every other request back to the admin router.
-pub async fn intercept(state: &Arc<AdminState>, request: Request<Incoming>) -> Result<Response<ProxyBody>, Request<Incoming>> {
+pub async fn intercept(state: &Arc<AdminState>, request: Request<AdminBody>) -> Result<Response<ProxyBody>, Request<AdminBody>> {
     let path = request.uri().path().to_string();
     if path == "/ui/login" {
         return Ok(auth::login(state, request).await);
@@ -41,7 +41,7 @@ pub async fn intercept(state: &Arc<AdminState>, request: Request<Incoming>) -> R
 }
 
 /// A request body of at most `limit` bytes, or why not.
-async fn read_limited(request: Request<Incoming>, limit: usize) -> Result<bytes::Bytes, String> {
+async fn read_limited(request: Request<AdminBody>, limit: usize) -> Result<bytes::Bytes, String> {
     use http_body_util::{BodyExt, Limited};
     match Limited::new(request.into_body(), limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
@@ -50,7 +50,7 @@ async fn read_limited(request: Request<Incoming>, limit: usize) -> Result<bytes:
     }
 }
 
-async fn route(state: &Arc<AdminState>, request: &Request<Incoming>, path: &str) -> Response<ProxyBody> {
+async fn route(state: &Arc<AdminState>, request: &Request<AdminBody>, path: &str) -> Response<ProxyBody> {
     if request.method() != Method::GET {
         return json_error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "the UI answers GET only", None);
     }

@@ -91,44 +91,44 @@ impl BodyTimeout {
     }
 }
 
-/// `inner` under [`BodyLimits`].
+/// `inner` under [`BodyLimits`]. Only time spent waiting on the client counts: while the reader
+/// does not ask for more (an upstream that reads slowly), no clock runs.
 pub struct TimedBody<B> {
     inner: B,
     limits: BodyLimits,
-    started: Instant,
     received: u64,
+    /// Time spent waiting for the client's next frame, closed waits only.
+    waited: Duration,
+    /// When the current wait began (the inner body answered Pending).
+    waiting_since: Option<Instant>,
     deadline: Pin<Box<Sleep>>,
     ended: bool,
 }
 
 impl<B> TimedBody<B> {
     pub fn new(inner: B, limits: BodyLimits) -> TimedBody<B> {
-        let started = Instant::now();
-        let mut body =
-            TimedBody { inner, limits, started, received: 0, deadline: Box::pin(tokio::time::sleep(Duration::ZERO)), ended: false };
-        let next = body.next_deadline(started);
-        body.deadline.as_mut().reset(next);
-        body
+        let deadline = Box::pin(tokio::time::sleep(Duration::ZERO));
+        TimedBody { inner, limits, received: 0, waited: Duration::ZERO, waiting_since: None, deadline, ended: false }
     }
 
-    /// The earlier of: `idle` after the last frame, and the moment the average rate would fall under
-    /// `min_rate` (never before `grace`).
-    fn next_deadline(&self, now: Instant) -> Instant {
-        let idle = now + self.limits.idle;
+    /// For a wait that began at `since`: the earlier of `idle` after it, and the moment the time
+    /// waited in all would pass what `min_rate` allows for the bytes received (never before `grace`).
+    fn deadline_from(&self, since: Instant) -> Instant {
+        let idle = since + self.limits.idle;
         if self.limits.min_rate == 0 {
             return idle;
         }
-        let by_rate = Duration::from_secs_f64(self.received as f64 / self.limits.min_rate as f64).max(self.limits.grace);
-        idle.min(self.started + by_rate)
+        let allowed = Duration::from_secs_f64(self.received as f64 / self.limits.min_rate as f64).max(self.limits.grace);
+        idle.min(since + allowed.saturating_sub(self.waited))
     }
 
     fn timeout(&self, now: Instant) -> BodyTimeout {
-        let elapsed = now - self.started;
-        let idle_for = self.limits.idle;
-        let reason = if self.limits.min_rate > 0 && elapsed.as_secs_f64() * self.limits.min_rate as f64 > self.received as f64 {
-            format!("under the minimum of {} bytes/s", self.limits.min_rate)
+        let this_wait = self.waiting_since.map_or(Duration::ZERO, |s| now - s);
+        let elapsed = self.waited + this_wait;
+        let reason = if this_wait >= self.limits.idle {
+            format!("nothing for {:?}", self.limits.idle)
         } else {
-            format!("nothing for {idle_for:?}")
+            format!("under the minimum of {} bytes/s", self.limits.min_rate)
         };
         BodyTimeout { received: self.received, elapsed, reason }
     }
@@ -146,11 +146,15 @@ where
         if self.ended {
             return Poll::Ready(None);
         }
-        match Pin::new(&mut self.inner).poll_frame(cx) {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if polled.is_ready() {
+            if let Some(since) = self.waiting_since.take() {
+                self.waited += Instant::now() - since;
+            }
+        }
+        match polled {
             Poll::Ready(Some(Ok(frame))) => {
                 self.received += frame.data_ref().map_or(0, |d| d.len() as u64);
-                let next = self.next_deadline(Instant::now());
-                self.deadline.as_mut().reset(next);
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(error))) => Poll::Ready(Some(Err(BodyError::new(error)))),
@@ -158,14 +162,22 @@ where
                 self.ended = true;
                 Poll::Ready(None)
             }
-            Poll::Pending => match self.deadline.as_mut().poll(cx) {
-                Poll::Ready(()) => {
-                    self.ended = true;
-                    let timeout = self.timeout(Instant::now());
-                    Poll::Ready(Some(Err(BodyError::new(timeout))))
+            Poll::Pending => {
+                if self.waiting_since.is_none() {
+                    let now = Instant::now();
+                    self.waiting_since = Some(now);
+                    let deadline = self.deadline_from(now);
+                    self.deadline.as_mut().reset(deadline);
                 }
-                Poll::Pending => Poll::Pending,
-            },
+                match self.deadline.as_mut().poll(cx) {
+                    Poll::Ready(()) => {
+                        self.ended = true;
+                        let timeout = self.timeout(Instant::now());
+                        Poll::Ready(Some(Err(BodyError::new(timeout))))
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
         }
     }
 
@@ -225,6 +237,19 @@ mod tests {
         assert_eq!(started.elapsed(), Duration::from_secs(10), "cut at the grace period");
         assert_eq!(timeout.received, 2, "the bytes of 5 s and 10 s");
         assert!(timeout.to_string().contains("minimum of 4096 bytes/s"), "{timeout}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reader_that_pauses_costs_the_client_nothing() {
+        // Bytes every 100 ms, but the reader takes one and then waits 60 s (a slow upstream).
+        let mut body = TimedBody::new(Trickle::new(Duration::from_millis(100), 20), BodyLimits::default());
+        let mut frames = 0;
+        while let Some(frame) = body.frame().await {
+            frame.expect("never cut off: the client was never slow");
+            frames += 1;
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        }
+        assert_eq!(frames, 20);
     }
 
     #[tokio::test(start_paused = true)]

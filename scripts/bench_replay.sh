@@ -18,12 +18,7 @@ cd "$(dirname "$0")/.."
 bench_flags scripts/bench_replay.sh "$@"
 
 bench_model
-cargo build --release -p ctxscope >&2
-bin="$PWD/target/release/ctxscope"
-
-out=$(mktemp)
-work=$(mktemp -d)
-trap 'rm -rf "$out" "$work"' EXIT
+bench_release_run
 {
   bench_header
   echo "Command: \`scripts/bench_replay.sh\`${BENCH_REPS:+ with BENCH_REPS=$BENCH_REPS} (release build; model $(basename "$model"))."

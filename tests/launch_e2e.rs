@@ -293,15 +293,9 @@ fn interrupted_halfway(lab: &Lab, args: &[&str], server: &Path) {
     }
 }
 
-/// Whether /proc/net/tcp{,6} shows a socket listening on `port`.
+/// Whether a socket listens on `port` (from /proc/net/tcp{,6}).
 fn listening(port: u16) -> bool {
-    let hex = format!(":{port:04X} ");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
-        std::fs::read_to_string(table).unwrap_or_default().lines().any(|l| {
-            l.split_whitespace().nth(1).is_some_and(|local| format!("{local} ").ends_with(&hex))
-                && l.split_whitespace().nth(3) == Some("0A")
-        })
-    })
+    ctxscope_common::process::is_listening(port).expect("read /proc/net/tcp")
 }
 
 fn walk(dir: &Path) -> Vec<PathBuf> {

@@ -199,10 +199,14 @@ pub fn inspect(pid: u32) -> Result<ProcessInfo, ProcessError> {
     Ok(ProcessInfo { pid, argv, env, exe, exe_build_id, libs, started_unix_ms })
 }
 
-/// The process whose socket listens on TCP `port` (IPv4 or IPv6) in this network namespace; `None`
-/// when nothing listens there. When several hold the socket (workers forked after `listen`), the one
-/// whose parent does not hold it.
-pub fn listening_pid(port: u16) -> Result<Option<u32>, ProcessError> {
+/// Whether any socket listens on TCP `port` (IPv4 or IPv6) in this network namespace, whoever holds
+/// it (a process of another user or namespace included).
+pub fn is_listening(port: u16) -> Result<bool, ProcessError> {
+    Ok(!listening_sockets(port)?.is_empty())
+}
+
+/// Inodes of the sockets listening on `port`, from `/proc/net/tcp` and `/proc/net/tcp6`.
+fn listening_sockets(port: u16) -> Result<BTreeSet<u64>, ProcessError> {
     let mut inodes = BTreeSet::new();
     for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
         match std::fs::read_to_string(table) {
@@ -211,6 +215,14 @@ pub fn listening_pid(port: u16) -> Result<Option<u32>, ProcessError> {
             Err(source) => return Err(ProcessError::Io { path: table.to_string(), source }),
         }
     }
+    Ok(inodes)
+}
+
+/// The process whose socket listens on TCP `port` (IPv4 or IPv6) in this network namespace; `None`
+/// when nothing listens there. When several hold the socket (workers forked after `listen`), the one
+/// whose parent does not hold it.
+pub fn listening_pid(port: u16) -> Result<Option<u32>, ProcessError> {
+    let inodes = listening_sockets(port)?;
     if inodes.is_empty() {
         return Ok(None);
     }

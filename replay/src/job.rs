@@ -157,7 +157,9 @@ impl Job {
         observer: &dyn Observer,
         cancel: watch::Receiver<bool>,
     ) -> Result<ReplayReport, JobError> {
-        self.check(None)?;
+        // Profiles are loaded and toggles checked again before anything starts, by the replay and
+        // the bisect themselves; `check` is for callers that want to refuse early (or apply an
+        // allow-list).
         match &self.work {
             Work::Replay { resume } => Ok(launch::replay(&self.plan, endpoints, observer, cancel, resume.as_deref()).await?),
             Work::Bisect { suspects, metric, threshold } => {

@@ -17,9 +17,7 @@ use crate::client::{ChatRequest, ClientError, TargetClient};
 use crate::collect::{Collector, Unit};
 use crate::compare::DEFAULT_NEAR_TIE;
 use crate::conversation::{Conversation, TurnRequest};
-use crate::model::{
-    CapturedFingerprint, LaunchRecord, Outcome, ProbeResult, ProbeSpec, ReplayReport, TargetKind, TargetSpec, TurnResult, REPORT_SCHEMA,
-};
+use crate::model::{CapturedFingerprint, Outcome, ProbeResult, ProbeSpec, ReplayReport, TargetKind, TargetSpec, TurnResult, REPORT_SCHEMA};
 
 /// How requests are made.
 #[derive(Debug, Clone, PartialEq)]
@@ -99,6 +97,11 @@ impl Endpoints {
         Endpoints { engine_url: url, ..Endpoints::default() }
     }
 
+    /// The folder launched engines' logs go under (`launch_dir`, else a temporary one).
+    pub fn launch_logs(&self) -> PathBuf {
+        self.launch_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("ctxscope-launches"))
+    }
+
     /// The local base URL `target` is reached at, if it has one (see [`TargetClient::new`]).
     pub fn local_url(&self, target: &TargetSpec) -> Option<&str> {
         match &target.kind {
@@ -112,9 +115,6 @@ impl Endpoints {
 /// so keep it quick.
 pub trait Observer: Send + Sync {
     fn on_result(&self, result: &TurnResult, done: usize, total: usize);
-
-    /// Told when an engine was started from a launch profile, or failed to start (`error`).
-    fn on_launch(&self, _launch: &LaunchRecord) {}
 }
 
 /// An observer that ignores everything.
@@ -314,7 +314,7 @@ pub(crate) fn merge(mut report: ReplayReport, runs: Vec<ReplayReport>) -> Replay
 }
 
 /// An earlier result worth keeping: same target spec, Ok, and all of its probes answered.
-fn reusable<'a>(resume: Option<&'a ReplayReport>, spec: &TargetSpec, turn: u32, probes: usize) -> Option<&'a TurnResult> {
+pub(crate) fn reusable<'a>(resume: Option<&'a ReplayReport>, spec: &TargetSpec, turn: u32, probes: usize) -> Option<&'a TurnResult> {
     let report = resume?;
     report.targets.iter().find(|t| t.name == spec.name).filter(|t| **t == spec.redacted())?;
     report

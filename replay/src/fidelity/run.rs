@@ -142,8 +142,7 @@ pub async fn sweep(
     let mut launches = Vec::new();
     let mut golden_recall: Option<Vec<f64>> = None;
     let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    let base = endpoints.launch_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("ctxscope-launches"));
-    let logs = base.join(format!("fidelity-{}", since_epoch.as_millis()));
+    let logs = endpoints.launch_logs().join(format!("fidelity-{}", since_epoch.as_millis()));
     for (i, target) in all.iter().enumerate() {
         let asked = Asked { convs: &convs, endpoints, options, golden_recall: golden_recall.as_deref(), logs: &logs };
         let Some(answered) = on_target(target, &asked, progress, &mut launches).await? else {
@@ -199,16 +198,15 @@ async fn on_target(
     let Asked { convs, endpoints, options, golden_recall, logs } = *asked;
     let (never, cancel) = tokio::sync::watch::channel(false);
     let mut running = Vec::new();
-    let mut reach = endpoints.clone();
     if launch::is_launch(target) {
-        let (started, records) = launch::start_all(std::slice::from_ref(target), logs, &crate::run::Quiet, &cancel).await;
+        let (started, records) = launch::start_all(std::slice::from_ref(target), logs, &cancel).await;
         launches.extend(records);
         if started.is_empty() {
             return Ok(None);
         }
-        reach.launched.extend(started.iter().map(|(name, instance)| (name.clone(), instance.url.clone())));
         running = started;
     }
+    let reach = launch::reaching(endpoints, &running);
     let client = TargetClient::new(target, reach.local_url(target), options.timeout);
     let mut cells = Vec::new();
     if let Ok(client) = &client {

@@ -10,7 +10,7 @@ pub mod instance;
 pub mod profile;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use tokio::sync::watch;
 
@@ -18,7 +18,7 @@ pub use instance::{kill_all, Instance, LaunchError};
 pub use profile::{Profile, ProfileError};
 
 use crate::model::{LaunchRecord, ReplayReport, TargetKind, TargetSpec};
-use crate::run::{merge, replay_reachable, Endpoints, Observer, Plan, PlanError};
+use crate::run::{self, merge, replay_reachable, Endpoints, Observer, Plan, PlanError};
 
 /// Replays the plan (see [`crate::run`] for what is compared and reused), starting and stopping the
 /// engines of launch targets as the module doc says.
@@ -33,31 +33,33 @@ pub async fn replay(
     if !all.iter().any(is_launch) {
         return replay_reachable(plan, endpoints, observer, cancel, resume).await;
     }
+    // Every profile checked before anything starts; how many of each may run at once.
+    let mut parallel = BTreeMap::new();
     for target in &all {
-        load_for(target)?;
+        if let Some(profile) = load_for(target)? {
+            parallel.insert(target.name.clone(), profile.parallel.max(1));
+        }
     }
-    let dir = log_dir(endpoints, plan.id);
+    let dir = endpoints.launch_logs().join(plan.id.to_string());
     let mut first = plan.clone();
     first.targets.retain(|t| !is_launch(t) || *t == plan.golden);
     let golden = if is_launch(&plan.golden) && !reusable(resume, &plan.golden, plan) { vec![plan.golden.clone()] } else { Vec::new() };
-    let (mut running, mut records) = start_all(&golden, &dir, observer, &cancel).await;
+    let (mut running, mut records) = start_all(&golden, &dir, &cancel).await;
     if let Some(failed) = records.iter().find_map(|r| r.error.clone()) {
         return Err(PlanError::Launch { target: plan.golden.name.clone(), error: failed });
     }
-    let mut reach = endpoints.clone();
-    reach.launched.extend(running.iter().map(|(name, instance)| (name.clone(), instance.url.clone())));
-    let result = replay_reachable(&first, &reach, observer, cancel.clone(), resume).await;
+    let result = replay_reachable(&first, &reaching(endpoints, &running), observer, cancel.clone(), resume).await;
     stop_all(&mut running).await;
     let mut report = result?;
 
     let pending: Vec<TargetSpec> = plan.targets.iter().filter(|t| is_launch(t) && **t != plan.golden).cloned().collect();
     let mut at = 0;
     while at < pending.len() && !*cancel.borrow() {
-        let width = load_for(&pending[at])?.map_or(1, |p| p.parallel).max(1);
+        let width = parallel.get(&pending[at].name).copied().unwrap_or(1);
         let batch: Vec<TargetSpec> = pending[at..(at + width).min(pending.len())].to_vec();
         at += batch.len();
         let needed: Vec<TargetSpec> = batch.iter().filter(|t| !reusable(resume, t, plan)).cloned().collect();
-        let (mut running, started) = start_all(&needed, &dir, observer, &cancel).await;
+        let (mut running, started) = start_all(&needed, &dir, &cancel).await;
         records.extend(started);
         let runnable: Vec<TargetSpec> =
             batch.iter().filter(|t| running.iter().any(|(n, _)| *n == t.name) || !needed.contains(t)).cloned().collect();
@@ -66,11 +68,9 @@ pub async fn replay(
         }
         let mut step = plan.clone();
         step.targets = runnable;
-        let mut reach = endpoints.clone();
-        reach.launched.extend(running.iter().map(|(name, instance)| (name.clone(), instance.url.clone())));
         // Golden's results (and anything resumed) are reused, not asked again.
         let known = merge(report.clone(), resume.into_iter().cloned().collect());
-        let result = replay_reachable(&step, &reach, observer, cancel.clone(), Some(&known)).await;
+        let result = replay_reachable(&step, &reaching(endpoints, &running), observer, cancel.clone(), Some(&known)).await;
         stop_all(&mut running).await;
         report = merge(report, vec![result?]);
     }
@@ -92,49 +92,36 @@ pub fn load_for(target: &TargetSpec) -> Result<Option<Profile>, PlanError> {
     Ok(Some(loaded))
 }
 
-/// Whether every result of `target` can come from `resume` (so it need not be launched).
+/// Whether every result of `target` the plan asks for can come from `resume` (so it need not be
+/// launched): the replay's own reuse rule, turn by turn.
 fn reusable(resume: Option<&ReplayReport>, target: &TargetSpec, plan: &Plan) -> bool {
-    let Some(report) = resume else { return false };
-    if !report.targets.iter().any(|t| *t == target.redacted()) {
-        return false;
-    }
     let turns = crate::conversation::Conversation::from_detail(&plan.conversation).turns;
     let wanted = turns.iter().filter(|t| plan.options.turns.as_ref().is_none_or(|w| w.contains(&t.turn)));
     wanted.into_iter().all(|turn| {
         let probes = plan.probes.iter().filter(|p| p.after_turn == turn.turn).count();
-        report.results.iter().any(|r| {
-            r.target == target.name && r.turn == turn.turn && matches!(r.outcome, crate::model::Outcome::Ok(_)) && r.probes.len() == probes
-        })
+        run::reusable(resume, target, turn.turn, probes).is_some()
     })
 }
 
-/// Where this run's launch logs go.
-fn log_dir(endpoints: &Endpoints, id: u64) -> PathBuf {
-    let base = endpoints.launch_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("ctxscope-launches"));
-    base.join(id.to_string())
+/// `endpoints` with the running launched engines' URLs added.
+pub fn reaching(endpoints: &Endpoints, running: &[(String, Instance)]) -> Endpoints {
+    let mut reach = endpoints.clone();
+    reach.launched.extend(running.iter().map(|(name, instance)| (name.clone(), instance.url.clone())));
+    reach
 }
 
 /// Starts each target (concurrently), returning those running by name and a record of every one.
-pub async fn start_all(
-    targets: &[TargetSpec],
-    dir: &Path,
-    observer: &dyn Observer,
-    cancel: &watch::Receiver<bool>,
-) -> (Vec<(String, Instance)>, Vec<LaunchRecord>) {
+pub async fn start_all(targets: &[TargetSpec], dir: &Path, cancel: &watch::Receiver<bool>) -> (Vec<(String, Instance)>, Vec<LaunchRecord>) {
     let starts = targets.iter().map(|t| start_target(t, dir, cancel));
     let mut running = Vec::new();
     let mut records = Vec::new();
     for (target, outcome) in targets.iter().zip(futures_join_all(starts).await) {
         match outcome {
             Ok((instance, record)) => {
-                observer.on_launch(&record);
                 running.push((target.name.clone(), instance));
                 records.push(record);
             }
-            Err(record) => {
-                observer.on_launch(&record);
-                records.push(record);
-            }
+            Err(record) => records.push(record),
         }
     }
     (running, records)

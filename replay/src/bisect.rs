@@ -166,12 +166,14 @@ impl Oracle for ReplayOracle<'_> {
         let mut plan = self.plan.clone();
         plan.targets = vec![target.clone()];
         let report = replay(&plan, self.endpoints, self.observer, self.cancel.clone(), Some(&self.golden)).await?;
-        if let Some(error) = report.launches.iter().find(|l| l.target == target.name).and_then(|l| l.error.clone()) {
-            return Err(BisectError::LaunchFailed { target: target.name, error });
-        }
-        if report.interrupted {
+        // A Ctrl-C while the engine was starting also ends its launch in an error: that is an
+        // interruption, not a configuration that cannot start.
+        if report.interrupted || *self.cancel.borrow() {
             self.runs.push(report);
             return Ok(None);
+        }
+        if let Some(error) = report.launches.iter().find(|l| l.target == target.name).and_then(|l| l.error.clone()) {
+            return Err(BisectError::LaunchFailed { target: target.name, error });
         }
         if let Some(error) = all_failed(&report, &target.name) {
             return Err(BisectError::CandidateFailed { target: target.name, error });

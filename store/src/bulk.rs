@@ -53,6 +53,10 @@ impl Store {
         // this removes.
         self.finish_intents()?;
         let doomed = self.doomed(id)?;
+        // Journaled first: replaying the journal must not bring back what this removes.
+        if let Some(journal) = &self.journal {
+            journal.append(crate::journal::segment::Kind::Deleted, id, 0, &crate::journal::encode_deleted())?;
+        }
         let conversation_key = id_key(id);
         let trees = [
             &self.turns,

@@ -57,25 +57,50 @@ impl Store {
     /// itself: the turn's entry in its conversation's turn list; the response id index, for a
     /// successful (2xx) Responses turn; the listing index and name of the conversation; its open ends
     /// (the head and tail of its latest turn, replacing the previous turn's) and its latest-reply mark.
+    /// The turn is journaled first (`journal`) and the journal record removed again if sled refuses it.
     pub fn commit_turn(&self, draft: &TurnDraft) -> Result<(), StoreError> {
         self.ensure_room(draft.messages.iter().map(|(_, json)| json.len() as u64 + 64).sum::<u64>() + 4096)?;
-        let ops = self.turn_ops(draft)?;
-        self.write_intended(&id_key(draft.turn.id), ops)
+        let commit = draft.commit();
+        let ops = self.turn_ops(&commit)?;
+        let mark = match &self.journal {
+            Some(journal) => {
+                let payload = crate::journal::encode_turn(
+                    commit.turn,
+                    commit.conversation,
+                    commit.messages,
+                    &commit.points,
+                    Some(commit.head),
+                    commit.tail,
+                )?;
+                Some(journal.append(crate::journal::segment::Kind::Turn, commit.conversation.id, commit.turn.id, &payload)?)
+            }
+            None => None,
+        };
+        let written = self.write_intended(&id_key(draft.turn.id), ops);
+        if let (Err(_), Some(journal), Some(mark)) = (&written, &self.journal, mark) {
+            journal.undo(mark);
+        }
+        written
     }
 
-    /// The writes of a turn, decided against the store as it is.
-    pub(crate) fn turn_ops(&self, draft: &TurnDraft) -> Result<Vec<Op>, StoreError> {
-        let (turn, conversation) = (&draft.turn, &draft.conversation);
+    /// The writes of a turn, decided against the store as it is: the turn's own records, then its
+    /// conversation's record and the indexes that follow it.
+    pub(crate) fn turn_ops(&self, commit: &Commit<'_>) -> Result<Vec<Op>, StoreError> {
+        let mut ops = self.turn_local_ops(commit)?;
+        self.conversation_ops(commit, &mut ops)?;
+        Ok(ops)
+    }
+
+    /// A turn's own records: its new messages and pack, the turn, its place in its conversation's
+    /// list, its Responses API id and its prefix entries.
+    pub(crate) fn turn_local_ops(&self, commit: &Commit<'_>) -> Result<Vec<Op>, StoreError> {
+        let (turn, conversation) = (commit.turn, commit.conversation);
         debug_assert_eq!(turn.conversation, conversation.id, "a turn commits with its own conversation");
         let turn_key = id_key(turn.id);
-        let (pack, messages, turn_value) = pack(draft, &turn_key)?;
-        let conversation_key = id_key(conversation.id);
-        let conversation_value = encode(trees::CONVERSATIONS, &conversation_key, conversation)?;
-        let prefixes = prefix_entries(draft)?;
+        let (pack, messages, turn_value) = pack(commit, &turn_key)?;
+        let prefixes = prefix_entries(commit)?;
         let succeeded = (200..300).contains(&turn.status);
         let response_id = turn.responses.as_ref().and_then(|r| r.response_id.as_deref()).filter(|_| succeeded);
-        let head = draft.chain.last().copied().unwrap_or(ZERO_HASH);
-        let reply = conversation.last_reply.as_deref().and_then(from_hex);
 
         let mut ops = Vec::with_capacity(messages.len() + prefixes.len() + 12);
         for (hash, value) in messages {
@@ -96,6 +121,15 @@ impl Store {
                 ops.push(Op::put(Slot::Prefixes, chain, value));
             }
         }
+        Ok(ops)
+    }
+
+    /// The conversation's record as it stands after the turn, and its indexes moved to it.
+    fn conversation_ops(&self, commit: &Commit<'_>, ops: &mut Vec<Op>) -> Result<(), StoreError> {
+        let conversation = commit.conversation;
+        let conversation_key = id_key(conversation.id);
+        let conversation_value = encode(trees::CONVERSATIONS, &conversation_key, conversation)?;
+        let reply = conversation.last_reply.as_deref().and_then(from_hex);
         // The previous conversation record says which index entries move.
         if let Some(old) = self.conversations.get(conversation_key)? {
             let old: ConversationRecord = decode(trees::CONVERSATIONS, &conversation_key, &old)?;
@@ -117,14 +151,43 @@ impl Store {
         if let Some(name) = &conversation.name {
             ops.push(Op::put(Slot::Names, name.as_bytes(), conversation_key));
         }
-        ops.push(Op::put(Slot::Ends, head, conversation_key));
-        if let Some(tail) = &draft.tail {
+        ops.push(Op::put(Slot::Ends, commit.head, conversation_key));
+        if let Some(tail) = &commit.tail {
             ops.push(Op::put(Slot::Ends, tail, conversation_key));
         }
         if let Some(reply) = &reply {
             ops.push(Op::put(Slot::Replies, reply, conversation_key));
         }
-        Ok(ops)
+        Ok(())
+    }
+}
+
+/// What a turn's commit writes, from a capture's [`TurnDraft`] or from the journal (which keeps
+/// the prefix points a turn recorded, not its whole chain).
+pub(crate) struct Commit<'a> {
+    pub messages: &'a [(Hash, Vec<u8>)],
+    /// The prefix lengths recorded ([`recorded_lengths`]) with their chain hashes.
+    pub points: Vec<(usize, Hash)>,
+    /// The request's chain hash (all zeros for a request without messages).
+    pub head: Hash,
+    pub tail: Option<Hash>,
+    pub turn: &'a TurnRecord,
+    pub conversation: &'a ConversationRecord,
+}
+
+impl TurnDraft {
+    pub(crate) fn commit(&self) -> Commit<'_> {
+        let head = self.chain.len();
+        let base = self.turn.base.map_or(0, |b| b.len as usize).min(head);
+        let point = |len: usize| (len, if len > head { self.tail.unwrap_or(ZERO_HASH) } else { self.chain[len - 1] });
+        Commit {
+            messages: &self.messages,
+            points: recorded_lengths(base, head, self.tail.is_some()).map(point).collect(),
+            head: self.chain.last().copied().unwrap_or(ZERO_HASH),
+            tail: self.tail,
+            turn: &self.turn,
+            conversation: &self.conversation,
+        }
     }
 }
 
@@ -133,8 +196,8 @@ impl Store {
 /// the pack).
 type Packed = (Option<Vec<u8>>, Vec<(Hash, Vec<u8>)>, Vec<u8>);
 
-fn pack(draft: &TurnDraft, turn_key: &[u8]) -> Result<Packed, StoreError> {
-    let turn = &draft.turn;
+fn pack(draft: &Commit<'_>, turn_key: &[u8]) -> Result<Packed, StoreError> {
+    let turn = draft.turn;
     debug_assert_eq!(
         draft.messages.iter().map(|(h, _)| *h).collect::<Vec<_>>(),
         turn.new_messages.iter().copied().chain(turn.reply.as_deref().and_then(from_hex)).collect::<Vec<_>>(),
@@ -142,7 +205,7 @@ fn pack(draft: &TurnDraft, turn_key: &[u8]) -> Result<Packed, StoreError> {
     );
     let mut entries = Vec::with_capacity(draft.messages.len());
     let mut large = Vec::new();
-    for (hash, json) in &draft.messages {
+    for (hash, json) in draft.messages {
         if json.len() < codec::PACK_LIMIT {
             entries.push(Some(json.as_slice()));
         } else {
@@ -157,16 +220,13 @@ fn pack(draft: &TurnDraft, turn_key: &[u8]) -> Result<Packed, StoreError> {
     Ok((Some(crate::pack::encode_pack(turn_key, &entries)), large, record))
 }
 
-/// The prefix entries a turn records (the lengths [`recorded_lengths`] picks past its base, its head
-/// and its tail).
-fn prefix_entries(draft: &TurnDraft) -> Result<Vec<(Hash, Vec<u8>)>, StoreError> {
-    let turn = &draft.turn;
-    let head = draft.chain.len();
-    let base_len = turn.base.map_or(0, |b| b.len as usize).min(head);
+/// The prefix entries a turn records (its points: the lengths [`recorded_lengths`] picks past its
+/// base, its head and its tail).
+fn prefix_entries(commit: &Commit<'_>) -> Result<Vec<(Hash, Vec<u8>)>, StoreError> {
+    let turn = commit.turn;
     let entry = |len: usize| PrefixEntry { conversation: turn.conversation, turn: turn.id, len: len as u32 };
-    let mut entries = Vec::new();
-    for len in recorded_lengths(base_len, head, draft.tail.is_some()) {
-        let chain = if len > head { draft.tail.unwrap_or(ZERO_HASH) } else { draft.chain[len - 1] };
+    let mut entries = Vec::with_capacity(commit.points.len());
+    for &(len, chain) in &commit.points {
         entries.push((chain, encode(trees::PREFIXES, &chain, &entry(len))?));
     }
     Ok(entries)

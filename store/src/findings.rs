@@ -22,6 +22,22 @@ impl Store {
     /// names ([`Store::commit_turn`]): sled recovers a prefix of its log, so a finding that survives a
     /// crash has its turn.
     pub fn put_finding(&self, finding: &FindingRecord) -> Result<bool, StoreError> {
+        let mark = match &self.journal {
+            Some(journal) if !self.has_cause(&finding.cause)? => {
+                let payload = crate::journal::encode_finding(finding)?;
+                Some(journal.append(crate::journal::segment::Kind::Finding, finding.conversation, finding.id, &payload)?)
+            }
+            _ => None,
+        };
+        let stored = self.store_finding(finding);
+        if let (Ok(false) | Err(_), Some(journal), Some(mark)) = (&stored, &self.journal, mark) {
+            journal.undo(mark);
+        }
+        stored
+    }
+
+    /// [`Store::put_finding`] without the journal (restoring from it).
+    pub(crate) fn store_finding(&self, finding: &FindingRecord) -> Result<bool, StoreError> {
         let key = id_key(finding.id);
         let value = encode(trees::FINDINGS, &key, finding)?;
         let trees = (&self.finding_causes, &self.findings, &self.conversation_findings);

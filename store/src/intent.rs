@@ -219,7 +219,7 @@ mod tests {
         {
             let store = Store::open(replay.path(), &StoreOptions::default()).unwrap();
             store.commit_turn(&first).unwrap();
-            let ops = store.turn_ops(&second).unwrap();
+            let ops = store.turn_ops(&second.commit()).unwrap();
             let intent = encode(&id_key(2), &ops);
             assert!(ops.len() > 6, "{ops:?}");
             store.intents.insert(id_key(2), intent).unwrap();

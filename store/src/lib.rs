@@ -23,7 +23,9 @@ pub mod export;
 mod findings;
 mod fingerprint;
 mod intent;
+pub mod journal;
 mod listing;
+mod losses;
 mod marks;
 pub mod pack;
 mod prefixes;
@@ -34,11 +36,13 @@ pub mod spill;
 #[cfg(test)]
 mod test_support;
 
-pub use check::{CheckReport, ConversationFate, Fate, Problem, ProblemKind};
+pub use check::{CheckReport, ConversationFate, Fate, JournalSummary, Problem, ProblemKind};
 pub use commit::TurnDraft;
 pub use findings::FindingFilter;
 pub use fingerprint::{FieldChange, Fingerprint};
+pub use journal::JOURNAL_DIR;
 pub use listing::{ConversationPage, Cursor, PageQuery};
+pub use losses::{Loss, NewLoss, LOSSES_FILE};
 pub use marks::MARKS_FILE;
 pub use prefixes::{PREFIX_EVERY, PREFIX_RUN};
 pub use read_only::ReadOnlyStore;

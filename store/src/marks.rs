@@ -10,6 +10,10 @@ use crate::{Store, StoreError};
 /// The marks file in a data directory.
 pub const MARKS_FILE: &str = "ctxscope-marks";
 
+/// The marks line naming the highest turn id sled held at the checkpoint (the counters also count
+/// ids handed out to turns that were never committed).
+const COMMITTED_TURN: &str = "committed_turn";
+
 /// Conversations whose latest turn [`Store::damage`] reads on open.
 pub const RECENT_CHECKED: usize = 64;
 
@@ -20,8 +24,10 @@ impl Store {
     /// which are still true.
     pub fn checkpoint(&self) -> Result<(), StoreError> {
         let counters = self.counters()?;
+        let committed = self.turns.last()?.and_then(|(key, _)| crate::codec::key_id(&key)).unwrap_or(0);
         self.flush()?;
-        let text: String = counters.iter().map(|(name, value)| format!("{name} {value}\n")).collect();
+        let mut text: String = counters.iter().map(|(name, value)| format!("{name} {value}\n")).collect();
+        text.push_str(&format!("{COMMITTED_TURN} {committed}\n"));
         let path = self.marks_path();
         let temporary = path.with_extension("tmp");
         std::fs::write(&temporary, text).and_then(|_| std::fs::rename(&temporary, &path)).map_err(sled::Error::Io)?;
@@ -93,31 +99,55 @@ impl Store {
     }
 
     /// Raises every id counter that is behind its mark to the mark, so that ids a damaged log lost
-    /// are never handed out again (`store check --repair`).
+    /// are never handed out again (`store check --repair`; open does it too).
     pub(crate) fn raise_counters_to_marks(&self) -> Result<(), StoreError> {
+        for (space, mark) in self.marks()? {
+            self.raise_counter(space, mark)?;
+        }
+        Ok(())
+    }
+
+    /// The marks recorded at the last checkpoint (none before the first).
+    pub(crate) fn marks(&self) -> Result<Vec<(IdSpace, u64)>, StoreError> {
         let Ok(text) = std::fs::read_to_string(self.marks_path()) else {
-            return Ok(());
+            return Ok(Vec::new());
         };
+        let mut marks = Vec::new();
         for line in text.lines() {
             let Some((name, mark)) = line.split_once(' ') else {
                 continue;
             };
-            let (Some((space, _)), Ok(mark)) = (SPACES.iter().find(|(_, n)| *n == name), mark.trim().parse::<u64>()) else {
-                continue;
-            };
-            self.meta.update_and_fetch(space.key(), |old| {
-                let old = old.and_then(|b| <[u8; 8]>::try_from(b).ok()).map_or(0, u64::from_be_bytes);
-                Some(old.max(mark).to_be_bytes().to_vec())
-            })?;
+            if let (Some((space, _)), Ok(mark)) = (SPACES.iter().find(|(_, n)| *n == name), mark.trim().parse::<u64>()) {
+                marks.push((*space, mark));
+            }
         }
+        Ok(marks)
+    }
+
+    /// The highest turn id sled held at the last checkpoint, where the marks say.
+    pub(crate) fn committed_turn_mark(&self) -> Option<u64> {
+        let text = std::fs::read_to_string(self.marks_path()).ok()?;
+        text.lines().find_map(|line| line.strip_prefix(COMMITTED_TURN)?.trim().parse().ok())
+    }
+
+    /// Raises one id counter to at least `floor` (the last id used): the next id is above it.
+    pub(crate) fn raise_counter(&self, space: IdSpace, floor: u64) -> Result<(), StoreError> {
+        self.meta.update_and_fetch(space.key(), |old| {
+            let old = old.and_then(|b| <[u8; 8]>::try_from(b).ok()).map_or(0, u64::from_be_bytes);
+            Some(old.max(floor).to_be_bytes().to_vec())
+        })?;
         Ok(())
+    }
+
+    /// The last id handed out in one space.
+    pub(crate) fn counter(&self, space: IdSpace) -> Result<u64, StoreError> {
+        Ok(self.meta.get(space.key())?.and_then(|b| <[u8; 8]>::try_from(b.as_ref()).ok()).map_or(0, u64::from_be_bytes))
     }
 
     fn counters(&self) -> Result<Vec<(&'static str, u64)>, StoreError> {
         let mut out = Vec::new();
         for (space, name) in SPACES {
-            let value = self.meta.get(space.key())?.and_then(|b| <[u8; 8]>::try_from(b.as_ref()).ok()).map_or(0, u64::from_be_bytes);
-            out.push((name, value));
+            out.push((name, self.counter(space)?));
         }
         Ok(out)
     }

@@ -32,8 +32,19 @@ impl Drop for ReadOnlyStore {
 
 impl Store {
     /// Opens `path` for reading without modifying it: copies the directory (while holding sled's
-    /// lock file shared, so no writer starts meanwhile) and opens the copy.
+    /// lock file shared, so no writer starts meanwhile) and opens the copy, putting back into it what
+    /// sled lost from the journal, as the next open for writing will.
     pub fn open_read_only(path: &Path, options: &StoreOptions) -> Result<ReadOnlyStore, StoreError> {
+        Store::open_copy(path, options, true)
+    }
+
+    /// [`Store::open_read_only`] without putting back what sled lost from the journal: the store as
+    /// a check finds it.
+    pub fn open_read_only_unrecovered(path: &Path, options: &StoreOptions) -> Result<ReadOnlyStore, StoreError> {
+        Store::open_copy(path, options, false)
+    }
+
+    fn open_copy(path: &Path, options: &StoreOptions, recover: bool) -> Result<ReadOnlyStore, StoreError> {
         let copy_error = |source: std::io::Error| StoreError::Copy { path: path.to_path_buf(), source };
         let lock = File::open(path.join("db")).map_err(copy_error)?;
         if !lock_shared(&lock) {
@@ -50,7 +61,7 @@ impl Store {
             let _ = std::fs::remove_dir_all(&copy);
             return Err(error);
         }
-        match Store::open(&copy, options) {
+        match Store::open_with(&copy, options, false, recover) {
             Ok(store) => Ok(ReadOnlyStore { store: Some(store), copy }),
             Err(error) => {
                 let _ = std::fs::remove_dir_all(&copy);
@@ -80,7 +91,8 @@ fn lock_shared(_file: &File) -> bool {
 
 /// Copies a store directory. Spilled values (`spill/`) are linked where the filesystem allows: they
 /// are never modified in place (written under another name and renamed, later unlinked), so a link
-/// reads the same bytes as a copy without copying large files.
+/// reads the same bytes as a copy without copying large files. Journal segments (`journal/`) are
+/// linked too: the copy only reads them (and no writer runs while the copy is made).
 fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
     copy_tree(from, to, false)
 }
@@ -91,7 +103,8 @@ fn copy_tree(from: &Path, to: &Path, immutable: bool) -> std::io::Result<()> {
         let entry = entry?;
         let target = to.join(entry.file_name());
         if entry.file_type()?.is_dir() {
-            copy_tree(&entry.path(), &target, immutable || entry.file_name() == "spill")?;
+            let linked = entry.file_name() == "spill" || entry.file_name() == crate::journal::JOURNAL_DIR;
+            copy_tree(&entry.path(), &target, immutable || linked)?;
         } else if !(immutable && std::fs::hard_link(entry.path(), &target).is_ok()) {
             std::fs::copy(entry.path(), &target)?;
         }

@@ -60,6 +60,8 @@ pub struct Store {
     pub(crate) by_updated: sled::Tree,
     pub(crate) response_ids: sled::Tree,
     pub(crate) intents: sled::Tree,
+    /// The record journal (`journal`); `None` for an inspection copy, which never appends to it.
+    pub(crate) journal: Option<std::sync::Arc<crate::journal::Journal>>,
 }
 
 /// The kinds of record that number their own ids.
@@ -81,8 +83,21 @@ impl IdSpace {
 }
 
 impl Store {
-    /// Opens (creating if needed) the store at `path`.
+    /// Opens (creating if needed) the store at `path`, putting back from the record journal what
+    /// sled lost (`journal`).
     pub fn open(path: &Path, options: &StoreOptions) -> Result<Store, StoreError> {
+        Store::open_with(path, options, true, true)
+    }
+
+    /// Opens the store as it is, sled's losses not yet put back (`store check --repair`, which
+    /// reports them first).
+    pub fn open_unrecovered(path: &Path, options: &StoreOptions) -> Result<Store, StoreError> {
+        Store::open_with(path, options, true, false)
+    }
+
+    /// Opens the store; `journal_writes` false for an inspection copy, whose journal segments are
+    /// links to the original's and are only read; `recover` false to leave sled as it was found.
+    pub(crate) fn open_with(path: &Path, options: &StoreOptions, journal_writes: bool, recover: bool) -> Result<Store, StoreError> {
         check_not_foreign(path)?;
         let db = sled::Config::new()
             .path(path)
@@ -115,6 +130,7 @@ impl Store {
             by_updated: tree(trees::CONVERSATIONS_BY_UPDATED)?,
             response_ids: tree(trees::RESPONSE_IDS)?,
             intents: tree(trees::INTENTS)?,
+            journal: None,
             db,
         };
         store.check_schema()?;
@@ -127,6 +143,16 @@ impl Store {
         }
         store.init_id_counters()?;
         store.backfill_updated_index()?;
+        let mut store = store;
+        let scan = crate::journal::restore::JournalScan::read(path)?;
+        if recover {
+            store.recover(&scan)?;
+        }
+        if journal_writes {
+            let journal = std::sync::Arc::new(crate::journal::Journal::open(path, scan.resume));
+            crate::journal::Journal::spawn_syncer(&journal, std::time::Duration::from_millis(options.flush_every_ms.max(1)));
+            store.journal = Some(journal);
+        }
         Ok(store)
     }
 
@@ -322,8 +348,15 @@ impl Store {
         Ok(removed)
     }
 
-    /// Forces buffered writes to disk.
+    /// Forces buffered writes to disk: the journal's, then sled's.
     pub fn flush(&self) -> Result<(), StoreError> {
+        if let Some(journal) = &self.journal {
+            journal.sync()?;
+        }
+        self.flush_sled()
+    }
+
+    pub(crate) fn flush_sled(&self) -> Result<(), StoreError> {
         self.db.flush()?;
         Ok(())
     }

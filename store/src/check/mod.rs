@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::journal::restore::JournalScan;
 use crate::{Store, StoreError};
 
 /// What a problem is.
@@ -91,6 +92,13 @@ pub struct CheckReport {
     pub conversations: Vec<ConversationFate>,
     pub turns_total: u64,
     pub turns_kept: u64,
+    /// The record journal: segments, records and damaged bytes read.
+    pub journal: JournalSummary,
+    /// Turns and findings the repair put back from the journal.
+    pub restored_turns: u64,
+    pub restored_findings: u64,
+    /// Losses recorded and not yet acknowledged (`ctxscope store ack`); each is also a problem.
+    pub losses: Vec<crate::Loss>,
     /// Whether `repair` applied this report's plan.
     pub repaired: bool,
     /// Records and index entries the repair removed, and those it wrote (moved conversations, their
@@ -99,6 +107,14 @@ pub struct CheckReport {
     pub written: u64,
     #[serde(skip)]
     plan: plan::Plan,
+}
+
+/// What a check read of the record journal.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct JournalSummary {
+    pub segments: u64,
+    pub records: u64,
+    pub damaged_bytes: u64,
 }
 
 impl CheckReport {
@@ -116,7 +132,67 @@ impl Store {
     /// Reads every record and index and reports what is damaged; writes nothing.
     pub fn check(&self) -> Result<CheckReport, StoreError> {
         let scanned = scan::Scanned::read(self)?;
-        plan::judge(self, scanned)
+        let mut report = plan::judge(self, scanned)?;
+        self.compare_journal(&mut report)?;
+        Ok(report)
+    }
+
+    /// Adds to a report what the journal holds that sled lacks, the journal's own damage, and the
+    /// losses not yet acknowledged.
+    fn compare_journal(&self, report: &mut CheckReport) -> Result<(), StoreError> {
+        let scan = JournalScan::read(self.path())?;
+        report.journal = JournalSummary {
+            segments: scan.segments.len() as u64,
+            records: scan.records.len() as u64,
+            damaged_bytes: scan.damaged.iter().map(|s| s.end - s.start).sum(),
+        };
+        let missing = self.missing_from(&scan)?;
+        for turn in &missing.turns {
+            report.problems.push(Problem {
+                tree: "turns".into(),
+                key: turn.id.to_string(),
+                kind: ProblemKind::Missing,
+                detail: format!(
+                    "turn {} of conversation {} is in the record journal but not in the store (repair puts it back)",
+                    turn.id, turn.conversation
+                ),
+                repairable: true,
+            });
+        }
+        for finding in &missing.findings {
+            report.problems.push(Problem {
+                tree: "findings".into(),
+                key: finding.id.to_string(),
+                kind: ProblemKind::Missing,
+                detail: "in the record journal but not in the store (repair puts it back)".into(),
+                repairable: true,
+            });
+        }
+        for (span, ids) in scan.gaps() {
+            report.problems.push(Problem {
+                tree: "journal".into(),
+                key: format!("{}/{}", crate::journal::segment::file_name(span.segment), span.start),
+                kind: ProblemKind::Damaged,
+                detail: format!(
+                    "{} bytes of the record journal are damaged (turn ids {}..={} could stand there; repair drops the bytes and records as lost those the store lacks)",
+                    span.end - span.start,
+                    ids.start(),
+                    ids.end()
+                ),
+                repairable: true,
+            });
+        }
+        report.losses = self.unacknowledged_losses()?;
+        for loss in &report.losses {
+            report.problems.push(Problem {
+                tree: "losses".into(),
+                key: loss.id.to_string(),
+                kind: ProblemKind::Lost,
+                detail: format!("{} (`ctxscope store ack {}` once dealt with)", loss.detail, loss.id),
+                repairable: false,
+            });
+        }
+        Ok(())
     }
 
     /// Applies what `report` (a check of this same store) planned, then flushes and records the
@@ -124,6 +200,31 @@ impl Store {
     /// marked repaired.
     pub fn repair(&self, mut report: CheckReport) -> Result<CheckReport, StoreError> {
         (report.removed, report.written) = report.plan.apply(self)?;
+        // What sled lacks now (lost, or just removed as damaged), put back from the journal; what
+        // the journal's own damage held and sled lacks, recorded as lost; then the damaged bytes go.
+        let scan = JournalScan::read(self.path())?;
+        self.record_gap_losses(&scan)?;
+        let scan = if scan.damaged.is_empty() { scan } else { self.drop_damaged_journal(&scan)? };
+        let restored = self.restore(&scan)?;
+        (report.restored_turns, report.restored_findings) = (restored.turns, restored.findings);
+        for fate in &report.conversations {
+            let had = fate.turns_kept + fate.turns_removed;
+            let now = self.conversation_turn_ids(fate.id)?.len() as u64;
+            if now < had {
+                self.record_loss(crate::NewLoss {
+                    key: format!("repair:conversation:{}:{had}", fate.id),
+                    conversations: vec![fate.id],
+                    turns: had - now,
+                    detail: format!(
+                        "conversation {} lost {} of its {had} turn(s) to damage the journal could not make good",
+                        fate.id,
+                        had - now
+                    ),
+                })?;
+            }
+        }
+        self.settle(&scan)?;
+        self.checkpoint()?;
         report.repaired = true;
         Ok(report)
     }

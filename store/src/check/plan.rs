@@ -1,6 +1,6 @@
 //! The judging half of a check: from what was read, which turns still resolve, what becomes of each
 //! conversation, which index entries name what is gone or are missing; and the plan that repairs
-//! it (removals, then insertions, then a checkpoint), applied only by `Store::repair`.
+//! it (removals, then insertions), applied only by `Store::repair`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
@@ -21,7 +21,7 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    /// Removals, then insertions, then a checkpoint; returns how many of each were made.
+    /// Removals, then insertions (`Store::repair` then checkpoints); returns how many of each were made.
     pub fn apply(&self, store: &Store) -> Result<(u64, u64), StoreError> {
         let mut removed = 0;
         for (tree, key) in &self.remove {
@@ -37,7 +37,6 @@ impl Plan {
         if self.raise_counters {
             store.raise_counters_to_marks()?;
         }
-        store.checkpoint()?;
         Ok((removed, self.insert.len() as u64))
     }
 
@@ -260,10 +259,8 @@ pub(crate) fn judge(store: &Store, mut s: Scanned) -> Result<CheckReport, StoreE
         conversations: fates,
         turns_total: (s.turns.len() + s.damaged_turns.len()) as u64,
         turns_kept: kept.len() as u64,
-        repaired: false,
-        removed: 0,
-        written: 0,
         plan,
+        ..CheckReport::default()
     })
 }
 

@@ -27,12 +27,30 @@ fn store_with_two_conversations(dir: &std::path::Path) -> (Store, Vec<TurnDraft>
     (store, drafts)
 }
 
+/// Removes the record journal, as for a store written before it: what `check` and `repair` do with
+/// sled alone.
+fn without_journal(dir: &std::path::Path) {
+    std::fs::remove_dir_all(dir.join(crate::JOURNAL_DIR)).unwrap();
+}
+
 fn flip_byte(store: &Store, tree: &str, key: &[u8]) {
     let tree = store.db_tree(tree.as_bytes()).unwrap();
     let mut value = tree.get(key).unwrap().unwrap().to_vec();
     let at = value.len() - 2;
     value[at] ^= 0x04;
     tree.insert(key, value).unwrap();
+}
+
+/// After a repair without the journal: the conversations named lost turns, each recorded as a loss
+/// (the only problem left) until acknowledged.
+fn only_losses_of(store: &Store, conversations: &[u64]) {
+    let again = store.check().unwrap();
+    assert!(again.problems.iter().all(|p| p.tree == "losses"), "{:?}", again.problems);
+    let named: Vec<u64> = again.losses.iter().flat_map(|l| l.conversations.clone()).collect();
+    assert_eq!(named, conversations);
+    store.acknowledge_losses(&[]).unwrap();
+    let again = store.check().unwrap();
+    assert!(again.is_clean(), "{:?}", again.problems);
 }
 
 #[test]
@@ -52,6 +70,7 @@ fn a_damaged_turn_cuts_its_conversation_and_repair_keeps_the_rest() {
     let (store, drafts) = store_with_two_conversations(dir.path());
     flip_byte(&store, trees::TURNS, &id_key(2));
 
+    without_journal(dir.path());
     let report = store.check().unwrap();
     let damaged: Vec<_> = report.problems.iter().filter(|p| p.kind == ProblemKind::Damaged).collect();
     assert_eq!(damaged.len(), 1, "{:?}", report.problems);
@@ -67,8 +86,7 @@ fn a_damaged_turn_cuts_its_conversation_and_repair_keeps_the_rest() {
 
     let repaired = store.repair(report).unwrap();
     assert!(repaired.repaired);
-    let again = store.check().unwrap();
-    assert!(again.is_clean(), "{:?}", again.problems);
+    only_losses_of(&store, &[1]);
     let cut = store.conversation(1).unwrap().unwrap();
     assert_eq!((cut.turns, cut.last_turn, cut.last_head.as_str()), (1, 1, drafts[0].turn.head.as_str()));
     let detail = store.conversation_detail(1).unwrap();
@@ -106,12 +124,12 @@ fn a_damaged_pack_loses_the_turns_that_need_it() {
     let (store, _) = store_with_two_conversations(dir.path());
     // Conversation 2's only turn: its request message and reply are packed in its record.
     flip_byte(&store, trees::PACKS, &id_key(4));
+    without_journal(dir.path());
     let report = store.check().unwrap();
     assert!(report.problems.iter().any(|p| p.tree == "packs" && p.key == "4" && p.kind == ProblemKind::Damaged), "{:?}", report.problems);
     assert_eq!(report.conversations, vec![ConversationFate { id: 2, fate: Fate::Lost, turns_kept: 0, turns_removed: 1 }]);
     store.repair(report).unwrap();
-    let again = store.check().unwrap();
-    assert!(again.is_clean(), "{:?}", again.problems);
+    only_losses_of(&store, &[2]);
     assert_eq!(store.conversations().unwrap().iter().map(|c| c.id).collect::<Vec<_>>(), vec![1]);
     assert_eq!(store.conversation_by_name("c2").unwrap(), None);
 }
@@ -126,12 +144,12 @@ fn a_damaged_large_message_loses_the_turns_that_need_it() {
     store.commit_turn(&big).unwrap();
     assert!(store.messages.contains_key(big.messages[0].0).unwrap());
     flip_byte(&store, trees::MESSAGES, &big.messages[0].0);
+    without_journal(dir.path());
     let report = store.check().unwrap();
     assert!(report.problems.iter().any(|p| p.tree == "messages" && p.kind == ProblemKind::Damaged));
     assert_eq!(report.conversations, vec![ConversationFate { id: 3, fate: Fate::Lost, turns_kept: 0, turns_removed: 1 }]);
     store.repair(report).unwrap();
-    let again = store.check().unwrap();
-    assert!(again.is_clean(), "{:?}", again.problems);
+    only_losses_of(&store, &[3]);
     assert_eq!(store.conversations().unwrap().iter().map(|c| c.id).collect::<std::collections::BTreeSet<_>>(), [1, 2].into());
     assert_eq!(store.packs.get(id_key(5)).unwrap(), None, "the lost turn's pack went with it");
 }
@@ -179,6 +197,27 @@ fn records_lost_from_the_log_are_reported_and_their_ids_never_reused() {
     );
     store.repair(report).unwrap();
     assert!(store.check().unwrap().is_clean());
+    assert_eq!(store.next_id_in(crate::IdSpace::Turn).unwrap(), 10);
+}
+
+#[test]
+fn committed_turns_in_neither_sled_nor_the_journal_are_a_loss_until_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = store_with_two_conversations(dir.path());
+    std::fs::write(dir.path().join(crate::MARKS_FILE), "conversation 2\nturn 9\nfinding 0\ncommitted_turn 9\n").unwrap();
+    let report = store.check().unwrap();
+    store.repair(report).unwrap();
+    let again = store.check().unwrap();
+    assert_eq!(again.losses.len(), 1, "{:?}", again.problems);
+    assert!(again.losses[0].detail.contains("turn ids 5..=9"), "{}", again.losses[0].detail);
+    assert!(!again.is_clean() && !again.fully_repairable());
+    // Remembered across a restart, and never recorded twice.
+    drop(store);
+    let store = crate::test_support::unlocked(|| Store::open(dir.path(), &StoreOptions::default()));
+    assert_eq!(store.unacknowledged_losses().unwrap().len(), 1);
+    assert_eq!(store.acknowledge_losses(&[]).unwrap(), 1);
+    assert!(store.check().unwrap().is_clean());
+    assert_eq!(store.losses().unwrap().len(), 1, "acknowledged, still on record");
     assert_eq!(store.next_id_in(crate::IdSpace::Turn).unwrap(), 10);
 }
 
@@ -261,4 +300,65 @@ fn turns_written_without_their_conversation_record_are_counted_in_it() {
     assert_eq!(store.end(&later.tail.unwrap()).unwrap(), Some(2));
     assert_eq!(store.end(&drafts[3].tail.unwrap()).unwrap(), None, "the old end moved with the record");
     assert_eq!(store.conversation(3).unwrap().unwrap().last_turn, 5);
+}
+
+#[test]
+fn repair_puts_back_from_the_journal_what_damage_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, drafts) = store_with_two_conversations(dir.path());
+    flip_byte(&store, trees::TURNS, &id_key(2));
+    flip_byte(&store, trees::PACKS, &id_key(4));
+    let report = store.check().unwrap();
+    assert_eq!(report.journal.records, 4);
+    let repaired = store.repair(report).unwrap();
+    assert_eq!(repaired.restored_turns, 3, "turn 2, turn 3 (which stood on it) and turn 4");
+    let again = store.check().unwrap();
+    assert!(again.is_clean(), "{:?}", again.problems);
+    assert_eq!(store.conversation(1).unwrap().unwrap(), drafts[2].conversation);
+    assert_eq!(store.conversation(2).unwrap().unwrap(), drafts[3].conversation);
+    assert_eq!(store.conversation_detail(1).unwrap().turns.len(), 3);
+    assert_eq!(store.turn(3).unwrap().unwrap(), drafts[2].turn);
+    assert!(store.unacknowledged_losses().unwrap().is_empty());
+}
+
+#[test]
+fn turns_sled_lost_are_reported_missing_and_come_back_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, drafts) = store_with_two_conversations(dir.path());
+    // As sled's recovery leaves it after damage to its log: the newest records gone.
+    store.turns.remove(id_key(3)).unwrap();
+    store.turns.remove(id_key(4)).unwrap();
+    let report = store.check().unwrap();
+    let missing: Vec<&str> =
+        report.problems.iter().filter(|p| p.kind == ProblemKind::Missing && p.tree == "turns").map(|p| p.key.as_str()).collect();
+    assert_eq!(missing, vec!["3", "4"], "{:?}", report.problems);
+    drop(store);
+    let store = crate::test_support::unlocked(|| Store::open(dir.path(), &StoreOptions::default()));
+    assert_eq!(store.turn(3).unwrap().unwrap(), drafts[2].turn);
+    assert_eq!(store.turn(4).unwrap().unwrap(), drafts[3].turn);
+    assert!(store.check().unwrap().is_clean());
+}
+
+#[test]
+fn damaged_journal_bytes_cost_only_what_sled_also_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = store_with_two_conversations(dir.path());
+    store.flush().unwrap();
+    let segment = dir.path().join(crate::JOURNAL_DIR).join(crate::journal::segment::file_name(0));
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let scan = crate::journal::restore::JournalScan::read(dir.path()).unwrap();
+    let second = scan.records[1];
+    bytes[second.offset as usize + 3] ^= 0xFF;
+    std::fs::write(&segment, &bytes).unwrap();
+    // Sled still has turn 2: the journal's damage is reported, repaired, and costs nothing.
+    let report = store.check().unwrap();
+    assert!(report.problems.iter().any(|p| p.tree == "journal" && p.kind == ProblemKind::Damaged), "{:?}", report.problems);
+    store.repair(report).unwrap();
+    assert!(store.check().unwrap().is_clean());
+    assert!(store.unacknowledged_losses().unwrap().is_empty());
+    assert_eq!(crate::journal::restore::JournalScan::read(dir.path()).unwrap().records.len(), 3);
+    // New turns append after the rewritten segment's last record and read back.
+    store.commit_turn(&draft(5, 5, &["new"], "r-new", None)).unwrap();
+    let scan = crate::journal::restore::JournalScan::read(dir.path()).unwrap();
+    assert!(scan.damaged.is_empty() && scan.records.len() == 4, "{scan:?}");
 }

@@ -1,0 +1,96 @@
+//! What a journal record's payload says: JSON, LZ4-compressed. A turn keeps what its commit wrote
+//! that cannot be derived from earlier turns: its record, its conversation after it, the canonical
+//! JSON of the messages it added, and the prefix points it recorded (not its whole chain, which
+//! would grow with the conversation on every turn).
+
+use serde::{Deserialize, Serialize};
+
+use crate::hash::{from_hex, to_hex, Hash};
+use crate::records::{ConversationRecord, FindingRecord, HashHex, TurnRecord};
+use crate::StoreError;
+
+/// A turn as the journal keeps it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnEntry {
+    pub turn: TurnRecord,
+    pub conversation: ConversationRecord,
+    /// Canonical JSON of the turn's new messages, then its reply (the hashes are the turn's).
+    pub messages: Vec<String>,
+    /// The prefix lengths the turn recorded, with their chain hashes.
+    pub points: Vec<(u32, HashHex)>,
+    /// The request's chain hash (the head; absent for a request without messages).
+    pub head: Option<HashHex>,
+    pub tail: Option<HashHex>,
+}
+
+impl TurnEntry {
+    /// The messages with their hashes, in the order a draft holds them; `None` when the turn's
+    /// hashes and the messages kept do not pair up.
+    pub fn hashed_messages(&self) -> Option<Vec<(Hash, Vec<u8>)>> {
+        let reply = self.turn.reply.as_deref().map(from_hex);
+        let hashes: Vec<Hash> = self.turn.new_messages.iter().copied().chain(reply.map(|r| r.unwrap_or_default())).collect();
+        (hashes.len() == self.messages.len()).then(|| hashes.into_iter().zip(self.messages.iter().map(|m| m.as_bytes().to_vec())).collect())
+    }
+
+    pub fn points(&self) -> Vec<(usize, Hash)> {
+        self.points.iter().filter_map(|(len, hex)| Some((*len as usize, from_hex(hex)?))).collect()
+    }
+}
+
+/// The payload of a turn record.
+pub fn encode_turn(
+    turn: &TurnRecord,
+    conversation: &ConversationRecord,
+    messages: &[(Hash, Vec<u8>)],
+    points: &[(usize, Hash)],
+    head: Option<Hash>,
+    tail: Option<Hash>,
+) -> Result<Vec<u8>, StoreError> {
+    #[derive(Serialize)]
+    struct Out<'a> {
+        turn: &'a TurnRecord,
+        conversation: &'a ConversationRecord,
+        messages: Vec<std::borrow::Cow<'a, str>>,
+        points: Vec<(u32, HashHex)>,
+        head: Option<HashHex>,
+        tail: Option<HashHex>,
+    }
+    let out = Out {
+        turn,
+        conversation,
+        messages: messages.iter().map(|(_, json)| String::from_utf8_lossy(json)).collect(),
+        points: points.iter().map(|(len, hash)| (*len as u32, to_hex(hash))).collect(),
+        head: head.as_ref().map(to_hex),
+        tail: tail.as_ref().map(to_hex),
+    };
+    compress("journal turn", &out)
+}
+
+/// A turn record's payload read back.
+pub fn decode_turn(payload: &[u8], id: u64) -> Result<TurnEntry, StoreError> {
+    decompress("journal turn", payload, id)
+}
+
+pub fn encode_finding(finding: &FindingRecord) -> Result<Vec<u8>, StoreError> {
+    compress("journal finding", finding)
+}
+
+pub fn decode_finding(payload: &[u8], id: u64) -> Result<FindingRecord, StoreError> {
+    decompress("journal finding", payload, id)
+}
+
+/// A removal says nothing past its header.
+pub fn encode_deleted() -> Vec<u8> {
+    Vec::new()
+}
+
+fn compress<T: Serialize + ?Sized>(kind: &'static str, value: &T) -> Result<Vec<u8>, StoreError> {
+    let json = serde_json::to_vec(value).map_err(|source| StoreError::Encode { kind, source })?;
+    Ok(lz4_flex::compress_prepend_size(&json))
+}
+
+fn decompress<T: serde::de::DeserializeOwned>(kind: &'static str, payload: &[u8], id: u64) -> Result<T, StoreError> {
+    let damaged = |detail: String| StoreError::Damaged { tree: "journal", key: id.to_string(), detail };
+    let json = lz4_flex::decompress_size_prepended(payload).map_err(|e| damaged(format!("cannot decompress: {e}")))?;
+    serde_json::from_slice(&json).map_err(|source| StoreError::Decode { kind, key: id.to_string(), source })
+}

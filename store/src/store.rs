@@ -106,6 +106,8 @@ impl Store {
             .open()
             .map_err(|source| match source {
                 sled::Error::Corruption { .. } => StoreError::Corrupt { path: path.to_path_buf(), detail: source.to_string() },
+                // What sled says of a damaged `conf` (this store never used a sled that old).
+                sled::Error::Unsupported(detail) => StoreError::Corrupt { path: path.to_path_buf(), detail },
                 source if crate::error::is_disk_full(&source) => StoreError::DiskFull { path: path.to_path_buf() },
                 source => StoreError::Open { path: path.to_path_buf(), source },
             })?;
@@ -389,7 +391,8 @@ fn check_not_foreign(path: &Path) -> Result<(), StoreError> {
     }
     let Ok(mut entries) = std::fs::read_dir(path) else { return Ok(()) };
     let non_empty = entries.next().is_some();
-    if non_empty && !path.join("conf").exists() && !path.join("db").exists() {
+    let ours = ["conf", "db", crate::journal::JOURNAL_DIR, crate::MARKS_FILE].iter().any(|name| path.join(name).exists());
+    if non_empty && !ours {
         return Err(StoreError::Foreign { path: path.to_path_buf() });
     }
     Ok(())

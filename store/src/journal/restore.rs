@@ -162,6 +162,28 @@ impl Store {
         Ok(restored)
     }
 
+    /// Opens a store whose sled files cannot be opened (damaged beyond sled's own recovery): moves
+    /// them (and the spilled values they named) aside into `damaged-<unix ms>/` in the directory,
+    /// opens a new sled there and puts back everything the journal holds. Returns the store and the
+    /// folder the old files went to.
+    pub fn rebuild(path: &Path, options: &crate::StoreOptions) -> Result<(Store, std::path::PathBuf), StoreError> {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+        let aside = path.join(format!("damaged-{now}"));
+        let io = |source| StoreError::Spill { path: aside.clone(), source };
+        std::fs::create_dir_all(&aside).map_err(io)?;
+        for entry in std::fs::read_dir(path).map_err(io)? {
+            let entry = entry.map_err(io)?;
+            let name = entry.file_name();
+            let text = name.to_string_lossy();
+            if matches!(text.as_ref(), "conf" | "db" | "blobs" | "spill") || text.starts_with("snap.") {
+                std::fs::rename(entry.path(), aside.join(&name)).map_err(io)?;
+            }
+        }
+        let store = Store::open(path, options)?;
+        tracing::warn!(aside = %aside.display(), "rebuilt the capture store from its record journal; sled's damaged files are kept aside");
+        Ok((store, aside))
+    }
+
     /// Rewrites every journal segment that has damaged bytes without them (its good records kept in
     /// order) and reads the journal again. The appending end moves to the rewritten newest segment.
     pub(crate) fn drop_damaged_journal(&self, scan: &JournalScan) -> Result<JournalScan, StoreError> {

@@ -121,6 +121,21 @@ enum StoreCommand {
     /// Verify every record's checksum and every index against its records; print what is damaged and
     /// what is kept (exit 1 when damage is found and left, 0 when the store is whole).
     Check(store_check::CheckArgs),
+    /// List the losses the store recorded (what damage cost that neither sled nor the journal could
+    /// give back) that no one has acknowledged.
+    Losses {
+        #[command(flatten)]
+        source: SourceArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Acknowledge losses (the ids `store losses` prints; none: all): `conversations`, `show`, the UI
+    /// and /healthz stop warning of them. They stay on record.
+    Ack {
+        ids: Vec<u64>,
+        #[command(flatten)]
+        source: SourceArgs,
+    },
 }
 
 #[derive(Subcommand)]
@@ -464,6 +479,8 @@ fn main() -> ExitCode {
             Command::Export { id, source } => Ok(inspect::export(&*source.open(), id).await?),
             Command::Import { file, source } => Ok(inspect::import(&*source.open(), &file).await?),
             Command::Store { command: StoreCommand::Check(args) } => Ok(store_check::run(&args)?),
+            Command::Store { command: StoreCommand::Losses { source, json } } => Ok(inspect::losses(&*source.open(), json).await?),
+            Command::Store { command: StoreCommand::Ack { ids, source } } => Ok(inspect::acknowledge(&*source.open(), &ids).await?),
         }
     });
     match result {

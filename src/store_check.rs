@@ -11,9 +11,11 @@ use ctxscope_store::{CheckReport, Fate, ProblemKind, Store, StoreError, StoreOpt
 
 #[derive(Args)]
 pub struct CheckArgs {
-    /// Remove damaged records and index entries naming what is gone; cut conversations back to the
-    /// turns that still resolve (noted on their last kept turn), rebuild damaged conversation records
-    /// from their turns. Stop the proxy first.
+    /// Remove damaged records and index entries naming what is gone; put back from the record
+    /// journal every turn and finding sled lacks (a new sled when sled cannot open its files); cut
+    /// conversations back to the turns that still resolve (noted on their last kept turn) and record
+    /// what neither copy holds as a loss; rebuild damaged conversation records from their turns.
+    /// Stop the proxy first.
     #[arg(long)]
     repair: bool,
     /// Print the report as JSON.
@@ -35,7 +37,7 @@ pub enum CheckError {
     Store { dir: PathBuf, source: StoreError },
     #[error("repair of {} failed: {source}", dir.display())]
     Repair { dir: PathBuf, source: StoreError },
-    #[error("{}: damage left that repair cannot remove (see above)", .0.display())]
+    #[error("{}: damage left that repair cannot remove, or losses not yet acknowledged (see above; `ctxscope store ack --data DIR` once dealt with)", .0.display())]
     DamageLeft(PathBuf),
     #[error("{}: damage found; nothing was changed. `ctxscope store check --repair --data {}` removes it (stop the proxy first)", .0.display(), .0.display())]
     Damaged(PathBuf),
@@ -50,7 +52,19 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
     }
     let failed = |source| CheckError::Store { dir: dir.clone(), source };
     let (report, after) = if args.repair {
-        let store = Store::open(dir, &StoreOptions::default()).map_err(|e| refusal(dir, e))?;
+        let store = match Store::open_unrecovered(dir, &StoreOptions::default()) {
+            // sled cannot open its own files: a new sled, filled from the record journal.
+            Err(StoreError::Corrupt { detail, .. }) => {
+                let (store, aside) =
+                    Store::rebuild(dir, &StoreOptions::default()).map_err(|source| CheckError::Repair { dir: dir.clone(), source })?;
+                println!(
+                    "sled could not open its files ({detail}); rebuilt the store from its record journal, the damaged files kept in {}",
+                    aside.display()
+                );
+                store
+            }
+            opened => opened.map_err(|e| refusal(dir, e))?,
+        };
         let report = store.check().map_err(failed)?;
         if report.is_clean() {
             (report, None)
@@ -60,7 +74,7 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
             (report, Some(after))
         }
     } else {
-        let store = Store::open_read_only(dir, &StoreOptions::default()).map_err(|e| refusal(dir, e))?;
+        let store = Store::open_read_only_unrecovered(dir, &StoreOptions::default()).map_err(|e| refusal(dir, e))?;
         (store.check().map_err(failed)?, None)
     };
     if args.json {
@@ -120,7 +134,18 @@ fn render(dir: &Path, report: &CheckReport) -> String {
         };
         let _ = writeln!(out, "  conversation {}: {what}", c.id);
     }
+    let journal = &report.journal;
+    let _ = writeln!(
+        out,
+        "journal: {} record(s) in {} segment(s), {} damaged byte(s)",
+        journal.records, journal.segments, journal.damaged_bytes
+    );
     if report.repaired {
+        let _ = writeln!(
+            out,
+            "repaired: put back from the journal {} turn(s) and {} finding(s)",
+            report.restored_turns, report.restored_findings
+        );
         let _ = writeln!(
             out,
             "repaired: {} record(s) and index entries removed, {} written (moved conversations, their indexes and notes)",

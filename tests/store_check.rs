@@ -1,10 +1,12 @@
 //! `ctxscope store check` on a store the real proxy wrote: a byte flipped inside a turn record and
 //! inside a conversation record (as bit rot or a bad write leaves them) is named, tree and key, with
-//! exit status 1 and the directory untouched; `--repair` cuts the damaged conversation back to the
-//! turns that still resolve, rebuilds the damaged record from its turns, and leaves a store that
-//! checks clean, with every undamaged conversation as it was and the proxy healthy on it again. A
-//! byte flipped in sled's own log file (which sled's checksums catch, cutting the log short on open)
-//! is reported as the ids lost since the last checkpoint.
+//! exit status 1 and the directory untouched; `--repair` puts the damaged turns back from the record
+//! journal, rebuilds the damaged record from its turns, and leaves a store that checks clean, every
+//! conversation as it was and the proxy healthy on it again. A byte flipped in sled's own log file
+//! (which sled's checksums catch, cutting the log short on open) is reported as missing turns and
+//! made good from the journal, by repair or by the proxy's next start, ids never handed out again.
+//! Damage to both copies is a loss that `conversations`, `/healthz` and `store check` report (exit
+//! status 1) until `store ack`.
 
 mod support;
 
@@ -135,16 +137,15 @@ async fn store_check_names_the_damage_and_repair_keeps_the_rest() {
     assert_eq!(after.len(), CONVERSATIONS, "{after:?}");
     for (old, new) in before.iter().zip(&after) {
         match old["id"].as_u64() {
-            Some(3) => assert_eq!((new["turns"].as_u64(), &new["last_turn"]), (Some(1), &json!(cut[0]))),
             Some(5) => {
                 assert_eq!((&new["turns"], &new["last_turn"], &new["last_head"]), (&old["turns"], &old["last_turn"], &old["last_head"]))
             }
-            _ => assert_eq!(old, new, "an undamaged conversation changed"),
+            _ => assert_eq!(old, new, "a conversation changed (conversation 3's turns come back from the journal)"),
         }
     }
     let shown = cli_json(&["show", "3", "--json", "--data", data.to_str().unwrap()]);
-    let notes = shown["turns"][0]["notes"].to_string();
-    assert!(notes.contains("cut this conversation"), "{notes}");
+    assert_eq!(shown["turns"].as_array().map(Vec::len), Some(TURNS));
+    assert!(!shown["turns"].to_string().contains("cut this conversation"), "{shown}");
 
     // The proxy runs on the repaired store, healthy, and captures into it.
     let proxy = Proxy::builder(&up.url(), &data).start();
@@ -152,7 +153,7 @@ async fn store_check_names_the_damage_and_repair_keeps_the_rest() {
     assert_eq!(health["capture"], "on", "{health}");
     let body = json!({"model": "m", "messages": [{"role": "user", "content": "after the repair"}]});
     assert_eq!(post_json(&url_of(&proxy), &[], &body).await.status, 200);
-    proxy.wait_turns((CONVERSATIONS * TURNS - 2 + 1) as u32).await;
+    proxy.wait_turns((CONVERSATIONS * TURNS + 1) as u32).await;
     proxy.stop();
     let (ok, text) = check(&data, false);
     assert!(ok, "{text}");
@@ -186,13 +187,111 @@ async fn a_byte_flipped_in_the_log_file_is_reported_as_lost_records() {
     let (ok, text) = check(&data, false);
     assert!(!ok, "{text}");
     assert!(has_line(&text, &["lost", "log:", "records written before its last checkpoint are missing"]), "{text}");
+    assert!(has_line(&text, &["missing", "is in the record journal but not in the store"]), "{text}");
+    // Inspection shows what the next start will: every conversation, put back from the journal.
+    assert_eq!(conversations(&data).len(), 20);
     let (ok, text) = check(&data, true);
-    assert!(ok && text.contains("id counters raised"), "{text}");
+    assert!(ok && text.contains("id counters raised") && text.contains("put back from the journal"), "{text}");
     let (ok, text) = check(&data, false);
     assert!(ok && text.contains("no damage"), "{text}");
-    let kept = conversations(&data);
-    assert!(!kept.is_empty() && kept.len() < 20, "{} conversations", kept.len());
+    assert_eq!(conversations(&data).len(), 20);
     let proxy = Proxy::builder(&up.url(), &data).start();
     let health = get_json(&format!("{}/healthz", proxy.admin_url())).await;
     assert_eq!(health["capture"], "on", "{health}");
+}
+
+/// 20 conversations of 3 turns through the proxy; the data directory.
+async fn twenty_conversations(up: &Upstream, data: &Path) {
+    let proxy = Proxy::builder(&up.url(), data).start();
+    let url = url_of(&proxy);
+    for c in 0..20 {
+        let mut messages = vec![json!({"role": "user", "content": format!("conversation {c} {}", "y".repeat(500))})];
+        for t in 0..3 {
+            let raw = post_json(&url, &[], &json!({"model": "m", "messages": messages})).await;
+            assert_eq!(raw.status, 200);
+            messages.push(raw.json()["choices"][0]["message"].clone());
+            messages.push(json!({"role": "user", "content": format!("conversation {c}, question {}", t + 1)}));
+        }
+    }
+    proxy.wait_turns(60).await;
+    proxy.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_restarts_on_a_damaged_log_with_every_conversation_and_no_id_reused() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    twenty_conversations(&up, &data).await;
+    // 16 bytes flipped at 10% of sled's log, as the hostile probe did.
+    let db = data.join("db");
+    let mut bytes = std::fs::read(&db).unwrap();
+    let at = bytes.len() / 10;
+    for b in &mut bytes[at..at + 16] {
+        *b ^= 0xA5;
+    }
+    std::fs::write(&db, &bytes).unwrap();
+
+    let proxy = Proxy::builder(&up.url(), &data).start();
+    let health = get_json(&format!("{}/healthz", proxy.admin_url())).await;
+    assert_eq!(health["capture"], "on", "{health}");
+    assert!(health.get("losses").is_none(), "nothing was lost: {health}");
+    let listed = get_json(&format!("{}/api/conversations", proxy.admin_url())).await;
+    assert_eq!(listed.as_array().unwrap().len(), 20, "{listed}");
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "a new conversation after the damage"}]});
+    assert_eq!(post_json(&url_of(&proxy), &[], &body).await.status, 200);
+    proxy.wait_turns(61).await;
+    proxy.stop();
+    let list = conversations(&data);
+    assert_eq!(list.len(), 21);
+    assert_eq!(list.last().unwrap()["id"], 21, "the new conversation's id is new");
+    let (ok, text) = check(&data, false);
+    assert!(ok && text.contains("no damage"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loss_of_both_copies_is_reported_until_acknowledged() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    twenty_conversations(&up, &data).await;
+    // Conversation 20's last turn: gone from sled, and its journal record damaged.
+    let db = open_sled(&data);
+    let last = *turn_ids(&db, 20).last().unwrap_or_else(|| panic!("conversation 20's turns: {:?}", conversations(&data)));
+    db.open_tree("turns").unwrap().remove(last.to_be_bytes()).unwrap();
+    db.flush().unwrap();
+    drop(db);
+    let segment = data.join("journal").join("0000000000000000.seg");
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let end = bytes.len();
+    bytes[end - 10] ^= 0x01;
+    std::fs::write(&segment, &bytes).unwrap();
+
+    let proxy = Proxy::builder(&up.url(), &data).start();
+    let health = get_json(&format!("{}/healthz", proxy.admin_url())).await;
+    let losses = health["losses"].as_array().unwrap_or_else(|| panic!("no losses in {health}"));
+    assert_eq!(losses.len(), 1, "{health}");
+    assert!(losses[0]["detail"].as_str().unwrap().contains(&last.to_string()), "{health}");
+    proxy.stop();
+    // Remembered across restarts, shown by `conversations` with a non-zero exit, and by check.
+    let listed = cli(&["conversations", "--data", data.to_str().unwrap()]);
+    assert!(!listed.status.success(), "a store with an unacknowledged loss listed with exit 0");
+    assert!(String::from_utf8_lossy(&listed.stderr).contains("lost records"), "{}", String::from_utf8_lossy(&listed.stderr));
+    let (ok, text) = check(&data, true);
+    assert!(!ok && has_line(&text, &["lost", "losses/1"]), "{text}");
+    let acked = cli(&["store", "ack", "--data", data.to_str().unwrap()]);
+    assert!(acked.status.success(), "{}", String::from_utf8_lossy(&acked.stderr));
+    let listed = cli(&["conversations", "--data", data.to_str().unwrap()]);
+    assert!(listed.status.success(), "{}", String::from_utf8_lossy(&listed.stderr));
+    let (ok, text) = check(&data, false);
+    assert!(ok, "{text}");
+    // The lost turn's id is never handed out again.
+    let proxy = Proxy::builder(&up.url(), &data).start();
+    assert!(get_json(&format!("{}/healthz", proxy.admin_url())).await.get("losses").is_none());
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "after the loss"}]});
+    assert_eq!(post_json(&url_of(&proxy), &[], &body).await.status, 200);
+    proxy.wait_turns(60).await;
+    proxy.stop();
+    let newest = cli_json(&["show", "21", "--json", "--data", data.to_str().unwrap()]);
+    assert!(newest["turns"][0]["id"].as_u64().is_some_and(|id| id > last), "{newest}");
 }

@@ -208,7 +208,16 @@ fn open_store(config: &ProxyConfig) -> (Option<Store>, String) {
         return (None, format!("unavailable: cannot create {}: {error}", dir.display()));
     }
     let options = StoreOptions { flush_every_ms: config.flush_every_ms, cache_bytes: config.store_cache_bytes };
-    match Store::open(dir, &options) {
+    let opened = match Store::open(dir, &options) {
+        // sled cannot open its own files: a new sled there, filled from the record journal (the
+        // damaged files are kept aside, and the start logged).
+        Err(ctxscope_store::StoreError::Corrupt { detail, .. }) => {
+            tracing::error!(%detail, "capture store damaged past sled's recovery; rebuilding it from the record journal");
+            Store::rebuild(dir, &options).map(|(store, _)| store)
+        }
+        opened => opened,
+    };
+    match opened {
         Ok(store) => (Some(store), "on".into()),
         Err(error) => {
             tracing::error!(%error, "capture store unavailable; traffic still flows uncaptured");

@@ -102,6 +102,18 @@ impl Records for AdminApi {
     fn replays(&self) -> Pending<'_, Vec<ReplayEntry>> {
         Box::pin(self.get("/api/replays"))
     }
+
+    fn losses(&self) -> Pending<'_, Vec<ctxscope_store::Loss>> {
+        Box::pin(self.get("/api/losses"))
+    }
+
+    fn acknowledge_losses<'a>(&'a self, ids: &'a [u64]) -> Pending<'a, usize> {
+        Box::pin(async move {
+            let body = serde_json::to_vec(&serde_json::json!({ "ids": ids }))?;
+            let answer: serde_json::Value = decode(&self.request("/api/losses/ack", http::Method::POST, Bytes::from(body)).await?)?;
+            answer["acknowledged"].as_u64().map(|n| n as usize).ok_or_else(|| InspectError::Unexpected(format!("no count in {answer}")))
+        })
+    }
 }
 
 #[cfg(test)]

@@ -32,9 +32,45 @@ fn print_json<T: serde::Serialize>(value: &T) -> Result<(), InspectError> {
 pub async fn conversations(source: &dyn Records, json: bool) -> Result<(), InspectError> {
     let list = source.conversations().await?;
     if json {
-        return print_json(&list);
+        print_json(&list)?;
+        return unacknowledged(source).await;
     }
     print!("{}", render::conversations(&list));
+    unacknowledged(source).await
+}
+
+/// An error naming the losses no one has acknowledged (after the listing was printed), so that a
+/// store that lost records never lists its survivors with a clean exit.
+async fn unacknowledged(source: &dyn Records) -> Result<(), InspectError> {
+    let losses = source.losses().await?;
+    if losses.is_empty() {
+        return Ok(());
+    }
+    let summary: Vec<String> = losses.iter().map(|l| format!("loss {}: {}", l.id, l.detail)).collect();
+    Err(InspectError::Losses(summary.join("; ")))
+}
+
+/// `ctxscope store losses`: the losses not acknowledged (all of them with `all`).
+pub async fn losses(source: &dyn Records, json: bool) -> Result<(), InspectError> {
+    let list = source.losses().await?;
+    if json {
+        return print_json(&list);
+    }
+    if list.is_empty() {
+        println!("no losses waiting to be acknowledged");
+    }
+    for loss in &list {
+        let conversations: Vec<String> = loss.conversations.iter().map(u64::to_string).collect();
+        let which = if conversations.is_empty() { String::new() } else { format!(" (conversations {})", conversations.join(", ")) };
+        println!("loss {}: {} turn(s){which}: {}", loss.id, loss.turns, loss.detail);
+    }
+    Ok(())
+}
+
+/// `ctxscope store ack [ID...]`: acknowledges losses (none named: all of them).
+pub async fn acknowledge(source: &dyn Records, ids: &[u64]) -> Result<(), InspectError> {
+    let changed = source.acknowledge_losses(ids).await?;
+    println!("acknowledged {changed} loss(es)");
     Ok(())
 }
 
@@ -49,10 +85,11 @@ pub async fn show(source: &dyn Records, id: u64, json: bool) -> Result<(), Inspe
         // The conversation as stored, with its context report (what the model could see at each turn).
         let mut value = serde_json::to_value(&detail)?;
         value["context_report"] = serde_json::to_value(ctxscope_proxy::detect::context_report::context_report(&detail))?;
-        return print_json(&value);
+        print_json(&value)?;
+        return unacknowledged(source).await;
     }
     print!("{}", render::conversation(&detail));
-    Ok(())
+    unacknowledged(source).await
 }
 
 pub async fn findings(source: &dyn Records, filter: &FindingFilter, json: bool) -> Result<(), InspectError> {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 
 use ctxscope_store::{
-    ConversationDetail, ConversationRecord, FindingFilter, FindingRecord, ReadOnlyStore, ReplayEntry, Store, StoreError, StoreOptions,
+    ConversationDetail, ConversationRecord, FindingFilter, FindingRecord, Loss, ReadOnlyStore, ReplayEntry, Store, StoreError, StoreOptions,
 };
 
 /// What an inspection command could not do.
@@ -33,6 +33,9 @@ pub enum InspectError {
     NoReplay(u64),
     #[error("cannot write to stdout: {0}")]
     Stdout(std::io::Error),
+    /// Printed in full, but the store recorded losses no one has acknowledged yet.
+    #[error("the store has lost records ({0}); `ctxscope store losses` lists them, `ctxscope store ack ID` acknowledges one")]
+    Losses(String),
 }
 
 /// A boxed future, so that [`Records`] can be used as a trait object.
@@ -52,6 +55,10 @@ pub trait Records: Send + Sync {
     fn replay(&self, id: u64) -> Pending<'_, ReplayEntry>;
     /// Stored replay runs, newest first.
     fn replays(&self) -> Pending<'_, Vec<ReplayEntry>>;
+    /// Losses the store recorded and no operator has acknowledged.
+    fn losses(&self) -> Pending<'_, Vec<Loss>>;
+    /// Acknowledges losses (`ids` empty: all); how many changed.
+    fn acknowledge_losses<'a>(&'a self, ids: &'a [u64]) -> Pending<'a, usize>;
 }
 
 /// A store directory opened directly (no proxy holds it: sled allows one process per directory).
@@ -131,5 +138,13 @@ impl Records for LocalStore {
 
     fn replays(&self) -> Pending<'_, Vec<ReplayEntry>> {
         done(self.read().and_then(|s| Ok(s.replays()?)))
+    }
+
+    fn losses(&self) -> Pending<'_, Vec<Loss>> {
+        done(self.read().and_then(|s| Ok(s.unacknowledged_losses()?)))
+    }
+
+    fn acknowledge_losses<'a>(&'a self, ids: &'a [u64]) -> Pending<'a, usize> {
+        done(self.open().and_then(|s| Ok(s.acknowledge_losses(ids)?)))
     }
 }

@@ -57,6 +57,14 @@ pub async fn handle(state: Arc<AdminState>, request: Request<AdminBody>) -> Resu
             if let Some(reason) = reason {
                 body["reason"] = json!(reason);
             }
+            // Losses stay in view until acknowledged (`ctxscope store ack`, POST /api/losses/ack).
+            if let Some(store) = &state.store {
+                match store.unacknowledged_losses() {
+                    Ok(losses) if losses.is_empty() => {}
+                    Ok(losses) => body["losses"] = serde_json::to_value(&losses).unwrap_or_default(),
+                    Err(error) => body["losses_error"] = json!(error.to_string()),
+                }
+            }
             json_response(StatusCode::OK, body.to_string())
         }
         (&Method::GET, ["api", "conversations"]) => with_store(&state, |s| s.conversations().map(|c| to_json(&c))).await,
@@ -90,6 +98,8 @@ pub async fn handle(state: Arc<AdminState>, request: Request<AdminBody>) -> Resu
             with_store(&state, move |s| s.turn_by_response_id(&id)?.ok_or(missing).map(|t| to_json(&t))).await
         }
         (&Method::POST, ["api", "import"]) => import::import(&state, request).await,
+        (&Method::GET, ["api", "losses"]) => with_store(&state, |s| s.unacknowledged_losses().map(|l| to_json(&l))).await,
+        (&Method::POST, ["api", "losses", "ack"]) => acknowledge_losses(&state, request).await,
         (&Method::GET, ["api", "replays"]) => with_store(&state, |s| s.replays().map(|r| to_json(&r))).await,
         (&Method::GET, ["api", "replays", id]) => match id.parse::<u64>() {
             Ok(id) => {
@@ -211,4 +221,21 @@ fn text(body: impl Into<Bytes>, content_type: &'static str) -> Response<ProxyBod
     let mut response = Response::new(full(body));
     response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static(content_type));
     response
+}
+
+/// `POST /api/losses/ack` with `{"ids": [..]}` (empty or absent: all): `{"acknowledged": n}`.
+async fn acknowledge_losses(state: &Arc<AdminState>, request: Request<AdminBody>) -> Response<ProxyBody> {
+    let bytes = match Limited::new(request.into_body(), 64 << 10).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) => return json_error(StatusCode::BAD_REQUEST, "bad_body", &error.to_string(), None),
+    };
+    let ids: Vec<u64> = if bytes.iter().all(u8::is_ascii_whitespace) {
+        Vec::new()
+    } else {
+        match serde_json::from_slice::<serde_json::Value>(&bytes).map(|v| serde_json::from_value::<Vec<u64>>(v["ids"].clone())) {
+            Ok(Ok(ids)) => ids,
+            _ => return json_error(StatusCode::BAD_REQUEST, "bad_body", "expected {\"ids\": [loss ids]} (or no body: all)", None),
+        }
+    };
+    with_store(state, move |s| s.acknowledge_losses(&ids).map(|n| json!({ "acknowledged": n }).to_string())).await
 }

@@ -146,6 +146,13 @@ impl Store {
             records: scan.records.len() as u64,
             damaged_bytes: scan.damaged.iter().map(|s| s.end - s.start).sum(),
         };
+        let journaled: std::collections::HashSet<u64> = scan.turn_ids().collect();
+        for problem in report.problems.iter_mut().filter(|p| matches!(p.kind, ProblemKind::Damaged | ProblemKind::Unresolvable)) {
+            let turn = matches!(problem.tree.as_str(), "turns" | "packs").then(|| problem.key.parse::<u64>().ok()).flatten();
+            if turn.is_some_and(|id| journaled.contains(&id)) {
+                problem.detail.push_str(" (the record journal holds this turn: repair puts it back)");
+            }
+        }
         let missing = self.missing_from(&scan)?;
         for turn in &missing.turns {
             report.problems.push(Problem {
@@ -195,30 +202,35 @@ impl Store {
         Ok(())
     }
 
-    /// Applies what `report` (a check of this same store) planned, then flushes and records the
-    /// counters as durable (ids lost from the log are never handed out again). Returns the report,
-    /// marked repaired.
+    /// Repairs what `report` (a check of this same store) found: first from the journal, then what
+    /// is left from sled alone; records what neither could give back as losses, raises the id
+    /// counters past every id used, and checkpoints. Returns the report with what was done.
     pub fn repair(&self, mut report: CheckReport) -> Result<CheckReport, StoreError> {
-        (report.removed, report.written) = report.plan.apply(self)?;
-        // What sled lacks now (lost, or just removed as damaged), put back from the journal; what
-        // the journal's own damage held and sled lacks, recorded as lost; then the damaged bytes go.
+        // 1. Damaged turns, packs and messages the journal can give back are removed first, and
+        //    everything sled lacks is put back from the journal; what the journal's own damage held
+        //    and sled lacks is recorded as lost, and its damaged bytes go.
         let scan = JournalScan::read(self.path())?;
+        let removed = self.remove_restorable(&report, &scan)?;
         self.record_gap_losses(&scan)?;
         let scan = if scan.damaged.is_empty() { scan } else { self.drop_damaged_journal(&scan)? };
         let restored = self.restore(&scan)?;
         (report.restored_turns, report.restored_findings) = (restored.turns, restored.findings);
+        // 2. What is still wrong is judged again and repaired from sled alone: conversations cut
+        //    back, records rebuilt, dangling entries removed. Its fates are what the repair did.
+        let left = plan::judge(self, scan::Scanned::read(self)?)?;
+        (report.removed, report.written) = left.plan.apply(self)?;
+        report.removed += removed;
+        report.conversations = left.conversations;
         for fate in &report.conversations {
-            let had = fate.turns_kept + fate.turns_removed;
-            let now = self.conversation_turn_ids(fate.id)?.len() as u64;
-            if now < had {
+            if fate.turns_removed > 0 {
+                let had = fate.turns_kept + fate.turns_removed;
                 self.record_loss(crate::NewLoss {
                     key: format!("repair:conversation:{}:{had}", fate.id),
                     conversations: vec![fate.id],
-                    turns: had - now,
+                    turns: fate.turns_removed,
                     detail: format!(
                         "conversation {} lost {} of its {had} turn(s) to damage the journal could not make good",
-                        fate.id,
-                        had - now
+                        fate.id, fate.turns_removed
                     ),
                 })?;
             }
@@ -227,6 +239,40 @@ impl Store {
         self.checkpoint()?;
         report.repaired = true;
         Ok(report)
+    }
+
+    /// Removes the damaged (or unresolvable) turns and packs whose turn the journal holds, and the
+    /// damaged messages, so that restoring from the journal writes them anew; returns how many went.
+    fn remove_restorable(&self, report: &CheckReport, scan: &JournalScan) -> Result<u64, StoreError> {
+        use crate::codec::{id_key, trees};
+        let journaled: std::collections::HashSet<u64> = scan.turn_ids().collect();
+        let mut removed = 0;
+        for problem in &report.problems {
+            let bad = matches!(problem.kind, ProblemKind::Damaged | ProblemKind::Unresolvable);
+            match problem.tree.as_str() {
+                trees::TURNS | trees::PACKS if bad => {
+                    let Ok(id) = problem.key.parse::<u64>() else { continue };
+                    if !journaled.contains(&id) {
+                        continue;
+                    }
+                    for (name, tree) in [(trees::TURNS, &self.turns), (trees::PACKS, &self.packs)] {
+                        if let Some(value) = tree.remove(id_key(id))? {
+                            self.spill.remove(name, &id_key(id), &value);
+                            removed += 1;
+                        }
+                    }
+                }
+                trees::MESSAGES if problem.kind == ProblemKind::Damaged => {
+                    let Some(hash) = crate::from_hex(&problem.key) else { continue };
+                    if let Some(value) = self.messages.remove(hash)? {
+                        self.spill.remove(trees::MESSAGES, &hash, &value);
+                        removed += 1;
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(removed)
     }
 }
 

@@ -57,6 +57,11 @@ impl JournalScan {
         max
     }
 
+    /// The turns the journal holds (of conversations not removed on purpose).
+    pub fn turn_ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.live(Kind::Turn).map(|r| r.id)
+    }
+
     /// The records of conversations not removed on purpose, of one kind.
     fn live(&self, kind: Kind) -> impl Iterator<Item = &Located> {
         self.records.iter().filter(move |r| r.kind == kind && !self.deleted.contains(&r.conversation))

@@ -5,6 +5,8 @@
 //! the records it sits in (here: nothing, since sled and the journal never share a byte), every loss
 //! is reported, and no id is handed out again.
 
+// Shared with tests/store.rs, which uses all of it.
+#[allow(dead_code)]
 mod common;
 
 use std::path::{Path, PathBuf};

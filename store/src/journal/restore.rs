@@ -75,7 +75,7 @@ impl JournalScan {
             .map(|span| {
                 let before_span = |r: &Located| (r.segment, r.offset) < (span.segment, span.start);
                 let mut turns = self.records.iter().filter(|r| r.kind == Kind::Turn);
-                let before = turns.clone().filter(|r| before_span(r)).last().map_or(0, |r| r.id);
+                let before = turns.clone().rfind(|r| before_span(r)).map_or(0, |r| r.id);
                 let after = turns.find(|r| !before_span(r)).map_or(u64::MAX, |r| r.id);
                 (*span, before + 1..=after.saturating_sub(1))
             })

@@ -76,7 +76,14 @@ impl LocalStore {
     fn read(&self) -> Result<ReadOnlyStore, InspectError> {
         self.exists()?;
         let store = Store::open_read_only(&self.dir, &StoreOptions::default())?;
-        // Never silent: what is shown may be short of what was stored.
+        // Never silent: what is shown may be short of what was stored, or made good from the journal.
+        let (turns, findings) = store.restored_on_open();
+        if turns + findings > 0 {
+            eprintln!(
+                "ctxscope: warning: {}: sled's files are damaged and had lost {turns} turn(s) and {findings} finding(s); shown from the record journal, which the proxy's next start (or `ctxscope store check --repair`) writes back",
+                self.dir.display()
+            );
+        }
         match store.damage() {
             Ok(Some(damage)) => eprintln!("ctxscope: warning: {}: {damage}", self.dir.display()),
             Ok(None) => {}

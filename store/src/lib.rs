@@ -30,6 +30,7 @@ mod marks;
 pub mod pack;
 mod prefixes;
 mod read_only;
+mod recover;
 mod replays;
 mod resolve;
 pub mod spill;

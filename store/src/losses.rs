@@ -133,7 +133,7 @@ impl Store {
     }
 
     /// After open: puts back from the journal what sled lost, then [`Store::settle`].
-    pub(crate) fn recover(&self, scan: &JournalScan) -> Result<(), StoreError> {
+    pub(crate) fn recover(&self, scan: &JournalScan) -> Result<crate::recover::Restored, StoreError> {
         let restored = self.restore(scan)?;
         if restored.turns + restored.findings > 0 {
             tracing::warn!(
@@ -144,7 +144,8 @@ impl Store {
             );
         }
         self.record_gap_losses(scan)?;
-        self.settle(scan)
+        self.settle(scan)?;
+        Ok(restored)
     }
 
     /// Records as lost what neither sled nor the journal holds that the marks say was durable, and

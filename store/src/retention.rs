@@ -51,6 +51,9 @@ impl Store {
         }
         if report.conversations > 0 {
             report.messages += self.sweep_messages()?;
+            if let Some(journal) = &self.journal {
+                journal.reclaim();
+            }
         }
         Ok(report)
     }

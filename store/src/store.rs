@@ -62,6 +62,8 @@ pub struct Store {
     pub(crate) intents: sled::Tree,
     /// The record journal (`journal`); `None` for an inspection copy, which never appends to it.
     pub(crate) journal: Option<std::sync::Arc<crate::journal::Journal>>,
+    /// What open put back from the journal: (turns, findings).
+    restored_on_open: (u64, u64),
 }
 
 /// The kinds of record that number their own ids.
@@ -87,6 +89,12 @@ impl Store {
     /// sled lost (`journal`).
     pub fn open(path: &Path, options: &StoreOptions) -> Result<Store, StoreError> {
         Store::open_with(path, options, true, true)
+    }
+
+    /// Opens the store with no record journal (benchmarks: what the journal costs a commit).
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn open_without_journal(path: &Path, options: &StoreOptions) -> Result<Store, StoreError> {
+        Store::open_with(path, options, false, false)
     }
 
     /// Opens the store as it is, sled's losses not yet put back (`store check --repair`, which
@@ -133,6 +141,7 @@ impl Store {
             response_ids: tree(trees::RESPONSE_IDS)?,
             intents: tree(trees::INTENTS)?,
             journal: None,
+            restored_on_open: (0, 0),
             db,
         };
         store.check_schema()?;
@@ -148,10 +157,11 @@ impl Store {
         let mut store = store;
         let scan = crate::journal::restore::JournalScan::read(path)?;
         if recover {
-            store.recover(&scan)?;
+            let restored = store.recover(&scan)?;
+            store.restored_on_open = (restored.turns, restored.findings);
         }
         if journal_writes {
-            let journal = std::sync::Arc::new(crate::journal::Journal::open(path, scan.resume));
+            let journal = std::sync::Arc::new(crate::journal::Journal::open(path, &scan));
             crate::journal::Journal::spawn_syncer(&journal, std::time::Duration::from_millis(options.flush_every_ms.max(1)));
             store.journal = Some(journal);
         }
@@ -193,6 +203,11 @@ impl Store {
             None => return Err(StoreError::Corrupt { path: self.path.clone(), detail: "records without a schema version".into() }),
         }
         Ok(())
+    }
+
+    /// The turns and findings sled had lost that open put back from the record journal.
+    pub fn restored_on_open(&self) -> (u64, u64) {
+        self.restored_on_open
     }
 
     pub fn path(&self) -> &Path {

@@ -59,6 +59,11 @@ pub async fn handle(state: Arc<AdminState>, request: Request<AdminBody>) -> Resu
             }
             // Losses stay in view until acknowledged (`ctxscope store ack`, POST /api/losses/ack).
             if let Some(store) = &state.store {
+                // sled had lost records this start put back from the record journal.
+                let (turns, findings) = store.restored_on_open();
+                if turns + findings > 0 {
+                    body["store_restored"] = json!({"turns": turns, "findings": findings});
+                }
                 match store.unacknowledged_losses() {
                     Ok(losses) if losses.is_empty() => {}
                     Ok(losses) => body["losses"] = serde_json::to_value(&losses).unwrap_or_default(),

@@ -94,6 +94,9 @@ pub struct CheckReport {
     pub turns_kept: u64,
     /// The record journal: segments, records and damaged bytes read.
     pub journal: JournalSummary,
+    /// Turns the journal holds past sled's last checkpoint (cut from sled's buffer by a crash; the
+    /// next open writes them back): not damage.
+    pub journal_pending_turns: u64,
     /// Turns and findings the repair put back from the journal.
     pub restored_turns: u64,
     pub restored_findings: u64,
@@ -154,7 +157,12 @@ impl Store {
             }
         }
         let missing = self.missing_from(&scan)?;
-        for turn in &missing.turns {
+        // Turns past the last checkpoint's flush are what a crash or kill -9 cut from sled's buffer:
+        // not damage, and the next open writes them back.
+        let flushed = self.committed_turn_mark().unwrap_or(0);
+        let (pending, missing_turns): (Vec<&crate::journal::segment::Located>, Vec<_>) = missing.turns.iter().partition(|t| t.id > flushed);
+        report.journal_pending_turns = pending.len() as u64;
+        for turn in missing_turns {
             report.problems.push(Problem {
                 tree: "turns".into(),
                 key: turn.id.to_string(),

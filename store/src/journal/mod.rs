@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-pub(crate) use entry::{decode_turn, encode_deleted, encode_finding, encode_turn, TurnEntry};
+pub(crate) use entry::{decode_finding, decode_turn, encode_deleted, encode_finding, encode_turn, TurnEntry};
 use segment::Kind;
 
 use crate::StoreError;
@@ -33,6 +33,17 @@ pub const SEGMENT_BYTES: u64 = 64 << 20;
 pub(crate) struct Journal {
     dir: PathBuf,
     writer: Mutex<Writer>,
+    /// A segment is closed past this size ([`SEGMENT_BYTES`]; smaller in tests).
+    segment_bytes: std::sync::atomic::AtomicU64,
+    /// Which conversations each segment holds, and which were removed on purpose: the oldest
+    /// segments go once all theirs are removed ([`Journal::reclaim`]).
+    held: Mutex<Held>,
+}
+
+#[derive(Default)]
+struct Held {
+    segments: std::collections::BTreeMap<u64, std::collections::HashSet<u64>>,
+    deleted: std::collections::HashSet<u64>,
 }
 
 struct Writer {
@@ -53,16 +64,54 @@ pub(crate) struct Mark {
 impl Journal {
     /// The journal in `data`, appending after the last record that checks in its newest segment
     /// (`resume`: that segment and its valid end, from the scan made on open).
-    pub fn open(data: &Path, resume: Option<(u64, u64)>) -> Journal {
-        let (segment, len) = resume.unwrap_or((0, 0));
-        Journal { dir: data.join(JOURNAL_DIR), writer: Mutex::new(Writer { file: None, segment, len, dirty: false }) }
+    pub fn open(data: &Path, scan: &restore::JournalScan) -> Journal {
+        let (segment, len) = scan.resume.unwrap_or((0, 0));
+        let mut held = Held { deleted: scan.deleted.clone(), ..Held::default() };
+        for (number, _) in &scan.segments {
+            held.segments.entry(*number).or_default();
+        }
+        for record in &scan.records {
+            held.segments.entry(record.segment).or_default().insert(record.conversation);
+        }
+        Journal {
+            dir: data.join(JOURNAL_DIR),
+            writer: Mutex::new(Writer { file: None, segment, len, dirty: false }),
+            held: Mutex::new(held),
+            segment_bytes: std::sync::atomic::AtomicU64::new(SEGMENT_BYTES),
+        }
+    }
+
+    #[cfg(test)]
+    pub fn set_segment_bytes(&self, bytes: u64) {
+        self.segment_bytes.store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Removes the oldest closed segments whose every conversation was removed on purpose; returns
+    /// how many went. (A removal's record always follows its conversation's turns, so the segments
+    /// left still hold every removal that matters to them.)
+    pub fn reclaim(&self) -> usize {
+        let current = self.writer.lock().unwrap_or_else(|p| p.into_inner()).segment;
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut removed = 0;
+        while let Some((&oldest, conversations)) = held.segments.iter().next() {
+            if oldest >= current || !conversations.iter().all(|c| held.deleted.contains(c)) {
+                break;
+            }
+            if let Err(error) = std::fs::remove_file(self.path(oldest)) {
+                tracing::warn!(segment = oldest, %error, "cannot remove a journal segment no kept conversation needs");
+                break;
+            }
+            held.segments.remove(&oldest);
+            removed += 1;
+        }
+        removed
     }
 
     /// Appends one record; returns where it started, for [`Journal::undo`].
     pub fn append(&self, kind: Kind, conversation: u64, id: u64, payload: &[u8]) -> Result<Mark, StoreError> {
         let record = segment::frame(kind, conversation, id, payload);
         let mut writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        if writer.len >= SEGMENT_BYTES {
+        if writer.len >= self.segment_bytes.load(std::sync::atomic::Ordering::Relaxed) {
             writer.file = None;
             writer.segment += 1;
             writer.len = 0;
@@ -81,6 +130,11 @@ impl Journal {
         }
         writer.len += record.len() as u64;
         writer.dirty = true;
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.segments.entry(mark.segment).or_default().insert(conversation);
+        if kind == Kind::Deleted {
+            held.deleted.insert(conversation);
+        }
         Ok(mark)
     }
 
@@ -171,5 +225,35 @@ fn cut(path: &Path, len: u64) -> std::io::Result<()> {
 fn sync_dir(dir: &Path) {
     if let Ok(dir) = File::open(dir) {
         let _ = dir.sync_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::commit::tests::draft;
+    use crate::{RetentionPolicy, Store, StoreOptions};
+
+    #[test]
+    fn segments_roll_and_the_oldest_go_once_their_conversations_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        store.journal.as_ref().unwrap().set_segment_bytes(1);
+        for c in 1..=4 {
+            let mut turn = draft(c, c, &[&format!("m{c}")], "r", None);
+            turn.conversation.updated_unix_ms = c * 1000;
+            store.commit_turn(&turn).unwrap();
+        }
+        let segments = || super::segment::list(&dir.path().join(super::JOURNAL_DIR)).unwrap().len();
+        assert_eq!(segments(), 4, "one record a segment at this size");
+        // Conversations 1 and 2 expire: their segments go; 3's stays, and so does the newest.
+        let policy = RetentionPolicy { max_age: Some(std::time::Duration::from_millis(500)), max_bytes: None };
+        assert_eq!(store.apply_retention(&policy, 3_200).unwrap().conversations, 2);
+        let left: Vec<u64> = super::segment::list(&dir.path().join(super::JOURNAL_DIR)).unwrap().iter().map(|(n, _)| *n).collect();
+        assert_eq!(left.first(), Some(&2), "{left:?}");
+        // Reopened, what is left restores nothing removed, and everything kept reads.
+        drop(store);
+        let store = crate::test_support::unlocked(|| Store::open(dir.path(), &StoreOptions::default()));
+        assert_eq!(store.conversations().unwrap().iter().map(|c| c.id).collect::<Vec<_>>(), vec![4, 3]);
+        assert!(store.check().unwrap().is_clean());
     }
 }

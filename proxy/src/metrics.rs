@@ -30,13 +30,14 @@ pub const ALERTS_DROPPED_TOTAL: &str = "ctxscope_alerts_dropped_total";
 pub const UPSTREAM_COUNT_FAILURES_TOTAL: &str = "ctxscope_upstream_count_failures_total";
 pub const UPSTREAM_COUNT_SECONDS: &str = "ctxscope_upstream_count_seconds";
 pub const STORE_DAMAGE_TOTAL: &str = "ctxscope_store_damage_total";
+pub const STORE_REOPENS_TOTAL: &str = "ctxscope_store_reopens_total";
 pub const OTLP_EXPORTED_TOTAL: &str = "ctxscope_otlp_exported_total";
 pub const OTLP_DROPPED_TOTAL: &str = "ctxscope_otlp_dropped_total";
 pub const OTLP_EXPORT_SECONDS: &str = "ctxscope_otlp_export_seconds";
 pub const HISTORY_EDITS_TOTAL: &str = "ctxscope_history_edits_total";
 
 /// Every metric name above, for checks that dashboards and alert rules only use real ones.
-pub const ALL: [&str; 29] = [
+pub const ALL: [&str; 30] = [
     REQUESTS_TOTAL,
     SLOW_BODIES_TOTAL,
     PROMPT_TOKENS,
@@ -62,6 +63,7 @@ pub const ALL: [&str; 29] = [
     UPSTREAM_COUNT_FAILURES_TOTAL,
     UPSTREAM_COUNT_SECONDS,
     STORE_DAMAGE_TOTAL,
+    STORE_REOPENS_TOTAL,
     OTLP_EXPORTED_TOTAL,
     OTLP_DROPPED_TOTAL,
     OTLP_EXPORT_SECONDS,
@@ -124,6 +126,7 @@ fn describe() {
     metrics::describe_histogram!(CACHED_TOKENS, "Engine-reported cached prompt tokens per captured request.");
     metrics::describe_counter!(CAPTURE_DROPPED_TOTAL, "Exchanges not captured, by reason; traffic still flowed.");
     metrics::describe_counter!(STORE_DAMAGE_TOTAL, "Damage found in the capture store (records lost from its log).");
+    metrics::describe_counter!(STORE_REOPENS_TOTAL, "Times the capture store was reopened after sled failed to write (a full disk).");
     metrics::describe_histogram!(PROXY_OVERHEAD_SECONDS, "Time spent in the proxy itself before and after the upstream.");
     metrics::describe_counter!(UPSTREAM_ERRORS_TOTAL, "Upstream connection failures answered with 502.");
     metrics::describe_counter!(SLOW_BODIES_TOTAL, "Requests answered 408: the body arrived too slowly (--body-timeout, --body-min-rate).");

@@ -32,7 +32,7 @@ impl Store {
             .iter()
             .map(|turn| Ok((id_key(turn.id), codec::encode_turn(&id_key(turn.id), turn)?)))
             .collect::<Result<Vec<_>, StoreError>>()?;
-        let all = (&self.turns, &self.conversation_turns, &self.conversations, &self.by_updated);
+        let all = (&self.t()?.turns, &self.t()?.conversation_turns, &self.t()?.conversations, &self.t()?.by_updated);
         let result = all.transaction(|(t_turns, t_conversation_turns, t_conversations, t_by_updated)| {
             for ((turn_key, record), turn) in records.iter().zip(turns) {
                 t_turns.insert(&turn_key[..], record.as_slice())?;
@@ -59,18 +59,18 @@ impl Store {
         }
         let conversation_key = id_key(id);
         let trees = [
-            &self.turns,
-            &self.packs,
-            &self.conversation_turns,
-            &self.conversations,
-            &self.by_updated,
-            &self.names,
-            &self.prefixes,
-            &self.ends,
-            &self.replies,
-            &self.findings,
-            &self.conversation_findings,
-            &self.response_ids,
+            &self.t()?.turns,
+            &self.t()?.packs,
+            &self.t()?.conversation_turns,
+            &self.t()?.conversations,
+            &self.t()?.by_updated,
+            &self.t()?.names,
+            &self.t()?.prefixes,
+            &self.t()?.ends,
+            &self.t()?.replies,
+            &self.t()?.findings,
+            &self.t()?.conversation_findings,
+            &self.t()?.response_ids,
         ];
         let result = trees[..].transaction(|t| {
             let [t_turns, t_packs, t_conversation_turns, t_conversations, t_by_updated, t_names, t_prefixes, t_ends, t_replies, t_findings, t_conversation_findings, t_response_ids] =
@@ -125,19 +125,19 @@ impl Store {
             .filter_map(|turn| self.turn(*turn).ok().flatten())
             .filter_map(|turn| turn.responses.and_then(|r| r.response_id))
             .collect();
-        let conversation = match self.conversations.get(id_key(id))? {
+        let conversation = match self.t()?.conversations.get(id_key(id))? {
             Some(bytes) => decode::<ConversationRecord>(trees::CONVERSATIONS, &id_key(id), &bytes).ok(),
             None => None,
         };
         let mut prefixes = Vec::new();
-        for item in self.prefixes.iter() {
+        for item in self.t()?.prefixes.iter() {
             let (key, value) = item?;
             if decode::<PrefixEntry>(trees::PREFIXES, &key, &value)?.conversation == id {
                 prefixes.push(key);
             }
         }
         let mut findings = Vec::new();
-        for item in self.conversation_findings.scan_prefix(id_key(id)) {
+        for item in self.t()?.conversation_findings.scan_prefix(id_key(id)) {
             let (key, _) = item?;
             let finding = key.get(8..).and_then(key_id);
             findings.push((key, finding));
@@ -146,8 +146,8 @@ impl Store {
             turns,
             conversation,
             prefixes,
-            ends: marks_of(&self.ends, id)?,
-            replies: marks_of(&self.replies, id)?,
+            ends: marks_of(&self.t()?.ends, id)?,
+            replies: marks_of(&self.t()?.replies, id)?,
             findings,
             response_ids,
         })
@@ -194,25 +194,30 @@ mod tests {
         let names = |tree: &sled::Tree, id: u64| tree.iter().values().flatten().filter(|v| key_id(v) == Some(id)).count();
         let prefixes_of = |id: u64| {
             store
+                .t()
+                .unwrap()
                 .prefixes
                 .iter()
                 .flatten()
                 .filter(|(k, v)| decode::<PrefixEntry>(trees::PREFIXES, k, v).unwrap().conversation == id)
                 .count()
         };
-        assert!(names(&store.ends, 2) > 0 && names(&store.replies, 2) > 0 && prefixes_of(2) > 0, "the doomed one is indexed");
+        assert!(
+            names(&store.t().unwrap().ends, 2) > 0 && names(&store.t().unwrap().replies, 2) > 0 && prefixes_of(2) > 0,
+            "the doomed one is indexed"
+        );
 
         assert_eq!(store.delete_conversation(2).unwrap(), 1);
         assert!(store.conversation(2).unwrap().is_none());
-        assert!(store.turns.get(id_key(2)).unwrap().is_none() && store.packs.get(id_key(2)).unwrap().is_none());
+        assert!(store.t().unwrap().turns.get(id_key(2)).unwrap().is_none() && store.t().unwrap().packs.get(id_key(2)).unwrap().is_none());
         assert!(store.conversation_turn_ids(2).unwrap().is_empty());
         assert_eq!(store.conversation_by_name("c2").unwrap(), None);
-        assert!(store.response_ids.get(b"resp_gone").unwrap().is_none());
-        assert_eq!((names(&store.ends, 2), names(&store.replies, 2), prefixes_of(2)), (0, 0, 0));
+        assert!(store.t().unwrap().response_ids.get(b"resp_gone").unwrap().is_none());
+        assert_eq!((names(&store.t().unwrap().ends, 2), names(&store.t().unwrap().replies, 2), prefixes_of(2)), (0, 0, 0));
         // The other conversation is whole, and the store checks clean.
         assert_eq!(store.conversation_by_name("c1").unwrap(), Some(1));
         assert_eq!(store.conversation_turn_ids(1).unwrap(), vec![1]);
-        assert!(names(&store.ends, 1) > 0 && prefixes_of(1) > 0);
+        assert!(names(&store.t().unwrap().ends, 1) > 0 && prefixes_of(1) > 0);
         let report = store.check().unwrap();
         assert!(report.problems.is_empty(), "{:?}", report.problems);
     }

@@ -104,7 +104,7 @@ impl Store {
 
         let mut ops = Vec::with_capacity(messages.len() + prefixes.len() + 12);
         for (hash, value) in messages {
-            if !self.messages.contains_key(hash)? {
+            if !self.t()?.messages.contains_key(hash)? {
                 ops.push(Op::put(Slot::Messages, hash, value));
             }
         }
@@ -117,7 +117,7 @@ impl Store {
             ops.push(Op::put(Slot::ResponseIds, id.as_bytes(), turn_key));
         }
         for (chain, value) in prefixes {
-            if !self.prefixes.contains_key(chain)? {
+            if !self.t()?.prefixes.contains_key(chain)? {
                 ops.push(Op::put(Slot::Prefixes, chain, value));
             }
         }
@@ -131,17 +131,17 @@ impl Store {
         let conversation_value = encode(trees::CONVERSATIONS, &conversation_key, conversation)?;
         let reply = conversation.last_reply.as_deref().and_then(from_hex);
         // The previous conversation record says which index entries move.
-        if let Some(old) = self.conversations.get(conversation_key)? {
+        if let Some(old) = self.t()?.conversations.get(conversation_key)? {
             let old: ConversationRecord = decode(trees::CONVERSATIONS, &conversation_key, &old)?;
             ops.push(Op::remove(Slot::ByUpdated, pair_key(old.updated_unix_ms, old.id)));
             let old_ends = [from_hex(&old.last_head), old.last_tail.as_deref().and_then(from_hex)];
             for end in old_ends.iter().flatten() {
-                if self.ends.get(end)?.as_deref() == Some(&conversation_key[..]) {
+                if self.t()?.ends.get(end)?.as_deref() == Some(&conversation_key[..]) {
                     ops.push(Op::remove(Slot::Ends, end));
                 }
             }
             if let Some(old_reply) = old.last_reply.as_deref().and_then(from_hex) {
-                if self.replies.get(old_reply)?.as_deref() == Some(&conversation_key[..]) {
+                if self.t()?.replies.get(old_reply)?.as_deref() == Some(&conversation_key[..]) {
                     ops.push(Op::remove(Slot::Replies, old_reply));
                 }
             }
@@ -347,10 +347,10 @@ pub(crate) mod tests {
         // Damage the conversation record: the next commit reads it last, after deciding the messages,
         // the turn, its list entry and prefixes, and must write none of them.
         let key = id_key(1);
-        let mut bytes = store.conversations.get(key).unwrap().unwrap().to_vec();
+        let mut bytes = store.t().unwrap().conversations.get(key).unwrap().unwrap().to_vec();
         let at = bytes.len() - 3;
         bytes[at] ^= 0x01;
-        store.conversations.insert(key, bytes).unwrap();
+        store.t().unwrap().conversations.insert(key, bytes).unwrap();
         let before = store.message_count();
         let mut second = draft(1, 2, &["a", "ra", "b"], "rb", Some(BaseRef { turn: 1, len: 2 }));
         second.conversation.turns = 2;
@@ -389,10 +389,10 @@ pub(crate) mod tests {
         all.push(&big);
         let turn = draft(1, 1, &all, "ra", None);
         store.commit_turn(&turn).unwrap();
-        let pack = store.packs.get(id_key(1)).unwrap().unwrap();
+        let pack = store.t().unwrap().packs.get(id_key(1)).unwrap().unwrap();
         assert!(crate::spill::is_spilled(&pack) && pack.len() < 64, "sled holds a marker of {} bytes", pack.len());
         let (big_hash, _) = message_hash(&json!({"role": "user", "content": big}));
-        assert!(crate::spill::is_spilled(&store.messages.get(big_hash).unwrap().unwrap()));
+        assert!(crate::spill::is_spilled(&store.t().unwrap().messages.get(big_hash).unwrap().unwrap()));
         let files = |tree: &str| std::fs::read_dir(dir.path().join("spill").join(tree)).map_or(0, |d| d.count());
         assert_eq!((files("packs"), files("messages")), (1, 1));
         // Retention by size counts a spilled value at its file's length, not its marker's.

@@ -28,6 +28,9 @@ pub enum StoreError {
     Locked { path: PathBuf },
     #[error("cannot copy capture store at {path} to inspect it without modifying it: {source}")]
     Copy { path: PathBuf, source: std::io::Error },
+    /// Between closing sled and opening it again (`Store::reopen`), or after a reopen that failed.
+    #[error("capture store at {path} is being reopened after a write error (it is retried until it opens)")]
+    Reopening { path: PathBuf },
     #[error("{0} not found")]
     NotFound(String),
     /// Refused before sled saw it: a write sled fails with ENOSPC in its background flusher poisons
@@ -41,6 +44,14 @@ pub enum StoreError {
     Import { line: usize, detail: String },
     #[error("import line {line} is longer than the limit of {limit} bytes (one line is one message, turn or finding)")]
     ImportLineTooLong { line: usize, limit: usize },
+}
+
+impl StoreError {
+    /// Whether sled itself failed to write (it then fails every later call until reopened), or is
+    /// closed by a reopen that has not opened it again: [`crate::Store::reopen`] is the cure.
+    pub fn needs_reopen(&self) -> bool {
+        matches!(self, StoreError::Sled(sled::Error::Io(_) | sled::Error::ReportableBug(_)) | StoreError::Reopening { .. })
+    }
 }
 
 /// Whether a sled error is the disk being full (ENOSPC).

@@ -40,7 +40,7 @@ impl Store {
     pub(crate) fn store_finding(&self, finding: &FindingRecord) -> Result<bool, StoreError> {
         let key = id_key(finding.id);
         let value = encode(trees::FINDINGS, &key, finding)?;
-        let trees = (&self.finding_causes, &self.findings, &self.conversation_findings);
+        let trees = (&self.t()?.finding_causes, &self.t()?.findings, &self.t()?.conversation_findings);
         let stored = trees.transaction(|(causes, findings, by_conversation)| {
             if causes.get(finding.cause.as_bytes())?.is_some() {
                 return Ok(false);
@@ -55,11 +55,11 @@ impl Store {
 
     /// Whether a cause has already been raised.
     pub fn has_cause(&self, cause: &str) -> Result<bool, StoreError> {
-        Ok(self.finding_causes.contains_key(cause.as_bytes())?)
+        Ok(self.t()?.finding_causes.contains_key(cause.as_bytes())?)
     }
 
     pub fn finding(&self, id: u64) -> Result<Option<FindingRecord>, StoreError> {
-        match self.findings.get(id_key(id))? {
+        match self.t()?.findings.get(id_key(id))? {
             Some(bytes) => Ok(Some(decode(trees::FINDINGS, &id_key(id), &bytes)?)),
             None => Ok(None),
         }
@@ -69,11 +69,11 @@ impl Store {
     pub fn findings(&self, filter: &FindingFilter) -> Result<Vec<FindingRecord>, StoreError> {
         let mut found = Vec::new();
         let ids: Box<dyn Iterator<Item = Result<u64, StoreError>>> = match filter.conversation {
-            Some(c) => Box::new(self.conversation_findings.scan_prefix(id_key(c)).rev().map(|item| {
+            Some(c) => Box::new(self.t()?.conversation_findings.scan_prefix(id_key(c)).rev().map(|item| {
                 let (key, _) = item?;
                 Ok(key.get(8..16).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes).unwrap_or(0))
             })),
-            None => Box::new(self.findings.iter().keys().rev().map(|key| Ok(crate::codec::key_id(&key?).unwrap_or(0)))),
+            None => Box::new(self.t()?.findings.iter().keys().rev().map(|key| Ok(crate::codec::key_id(&key?).unwrap_or(0)))),
         };
         for id in ids {
             let Some(finding) = self.finding(id?)? else { continue };

@@ -70,7 +70,7 @@ impl Fingerprint {
 
 impl Store {
     fn fingerprint_tree(&self) -> Result<sled::Tree, StoreError> {
-        Ok(self.db.open_tree(TREE)?)
+        Ok(self.t()?.db.open_tree(TREE)?)
     }
 
     /// Stores `fingerprint` under its hash (idempotent) and returns the hash.

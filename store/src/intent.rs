@@ -105,19 +105,19 @@ fn decode(key: &[u8], bytes: &[u8]) -> Result<Vec<Op>, StoreError> {
 }
 
 impl Store {
-    fn slot_tree(&self, slot: Slot) -> &sled::Tree {
+    fn slot_tree(trees: &crate::store::Trees, slot: Slot) -> &sled::Tree {
         match slot {
-            Slot::Messages => &self.messages,
-            Slot::Packs => &self.packs,
-            Slot::Turns => &self.turns,
-            Slot::ConversationTurns => &self.conversation_turns,
-            Slot::ResponseIds => &self.response_ids,
-            Slot::Prefixes => &self.prefixes,
-            Slot::Conversations => &self.conversations,
-            Slot::ByUpdated => &self.by_updated,
-            Slot::Names => &self.names,
-            Slot::Ends => &self.ends,
-            Slot::Replies => &self.replies,
+            Slot::Messages => &trees.messages,
+            Slot::Packs => &trees.packs,
+            Slot::Turns => &trees.turns,
+            Slot::ConversationTurns => &trees.conversation_turns,
+            Slot::ResponseIds => &trees.response_ids,
+            Slot::Prefixes => &trees.prefixes,
+            Slot::Conversations => &trees.conversations,
+            Slot::ByUpdated => &trees.by_updated,
+            Slot::Names => &trees.names,
+            Slot::Ends => &trees.ends,
+            Slot::Replies => &trees.replies,
         }
     }
 
@@ -133,8 +133,9 @@ impl Store {
     }
 
     fn apply(&self, ops: &[Op]) -> Result<(), StoreError> {
+        let trees = self.t()?;
         for op in ops {
-            let tree = self.slot_tree(op.slot);
+            let tree = Store::slot_tree(&trees, op.slot);
             match &op.value {
                 Some(value) => tree.insert(&op.key, value.as_slice())?,
                 None => tree.remove(&op.key)?,
@@ -149,9 +150,9 @@ impl Store {
     pub(crate) fn write_intended(&self, key: &[u8], ops: Vec<Op>) -> Result<(), StoreError> {
         self.finish_intents()?;
         let ops = ops.into_iter().map(|op| self.spill_large(op)).collect::<Result<Vec<_>, _>>()?;
-        self.intents.insert(key, encode(key, &ops))?;
+        self.t()?.intents.insert(key, encode(key, &ops))?;
         self.apply(&ops)?;
-        self.intents.remove(key)?;
+        self.t()?.intents.remove(key)?;
         Ok(())
     }
 
@@ -160,10 +161,10 @@ impl Store {
     /// had applied, if anything, is left for `store check` to judge.
     pub(crate) fn finish_intents(&self) -> Result<usize, StoreError> {
         let mut finished = 0;
-        if self.intents.is_empty() {
+        if self.t()?.intents.is_empty() {
             return Ok(finished);
         }
-        for item in self.intents.iter() {
+        for item in self.t()?.intents.iter() {
             let (key, value) = item?;
             match decode(&key, &value) {
                 Ok(ops) => {
@@ -172,7 +173,7 @@ impl Store {
                 }
                 Err(error) => tracing::error!(%error, "an unfinished turn's write intent is damaged; dropped it"),
             }
-            self.intents.remove(&key)?;
+            self.t()?.intents.remove(&key)?;
         }
         Ok(finished)
     }
@@ -212,7 +213,7 @@ mod tests {
             let store = Store::open(whole.path(), &StoreOptions::default()).unwrap();
             store.commit_turn(&first).unwrap();
             store.commit_turn(&second).unwrap();
-            assert!(store.intents.is_empty(), "a finished commit leaves no intent");
+            assert!(store.t().unwrap().intents.is_empty(), "a finished commit leaves no intent");
         }
         // The same two turns, the second cut short after half its writes: its intent stays behind.
         let replay = tempfile::tempdir().unwrap();
@@ -222,16 +223,16 @@ mod tests {
             let ops = store.turn_ops(&second.commit()).unwrap();
             let intent = encode(&id_key(2), &ops);
             assert!(ops.len() > 6, "{ops:?}");
-            store.intents.insert(id_key(2), intent).unwrap();
+            store.t().unwrap().intents.insert(id_key(2), intent).unwrap();
             store.apply(&ops[..ops.len() / 2]).unwrap();
             store.flush().unwrap();
         }
         let store = unlocked(|| Store::open(replay.path(), &StoreOptions::default()));
-        assert!(store.intents.is_empty(), "open finished the intent");
+        assert!(store.t().unwrap().intents.is_empty(), "open finished the intent");
         let expected = unlocked(|| Store::open(whole.path(), &StoreOptions::default()));
         for slot in SLOTS {
-            let ours: Vec<_> = store.slot_tree(slot).iter().flatten().collect();
-            let theirs: Vec<_> = expected.slot_tree(slot).iter().flatten().collect();
+            let ours: Vec<_> = Store::slot_tree(&store.t().unwrap(), slot).iter().flatten().collect();
+            let theirs: Vec<_> = Store::slot_tree(&expected.t().unwrap(), slot).iter().flatten().collect();
             assert_eq!(ours, theirs, "{slot:?}");
         }
         assert!(store.check().unwrap().problems.is_empty());

@@ -80,7 +80,7 @@ impl Store {
         if low > high {
             return Ok(page);
         }
-        let mut entries = self.by_updated.range(low..high).rev().peekable();
+        let mut entries = self.t()?.by_updated.range(low..high).rev().peekable();
         while let Some(item) = entries.next() {
             let (key, _) = item?;
             let cursor = cursor_of(&key);
@@ -141,7 +141,7 @@ impl Store {
     /// Findings per kind over the whole store (one pass over the findings, which are one per cause).
     pub fn finding_counts(&self) -> Result<BTreeMap<FindingKind, u64>, StoreError> {
         let mut counts = BTreeMap::new();
-        for item in self.findings.iter() {
+        for item in self.t()?.findings.iter() {
             let (key, value) = item?;
             let finding: FindingRecord = decode(trees::FINDINGS, &key, &value)?;
             *counts.entry(finding.kind).or_insert(0) += 1;
@@ -151,18 +151,18 @@ impl Store {
 
     /// The newest turn id, if any turn is stored.
     pub fn latest_turn_id(&self) -> Result<Option<u64>, StoreError> {
-        Ok(self.turns.last()?.and_then(|(k, _)| key_id(&k)))
+        Ok(self.t()?.turns.last()?.and_then(|(k, _)| key_id(&k)))
     }
 
     /// The newest finding id, if any.
     pub fn latest_finding_id(&self) -> Result<Option<u64>, StoreError> {
-        Ok(self.findings.last()?.and_then(|(k, _)| key_id(&k)))
+        Ok(self.t()?.findings.last()?.and_then(|(k, _)| key_id(&k)))
     }
 
     /// Turns with ids above `id`, oldest first, at most `limit`.
     pub fn turns_after(&self, id: u64, limit: usize) -> Result<Vec<TurnRecord>, StoreError> {
         let mut out = Vec::new();
-        for item in self.turns.range(id_key(id.saturating_add(1))..).take(limit) {
+        for item in self.t()?.turns.range(id_key(id.saturating_add(1))..).take(limit) {
             let (key, value) = item?;
             out.push(self.decode_turn(&key, &value)?);
         }
@@ -172,7 +172,7 @@ impl Store {
     /// Findings with ids above `id`, oldest first, at most `limit`.
     pub fn findings_after(&self, id: u64, limit: usize) -> Result<Vec<FindingRecord>, StoreError> {
         let mut out = Vec::new();
-        for item in self.findings.range(id_key(id.saturating_add(1))..).take(limit) {
+        for item in self.t()?.findings.range(id_key(id.saturating_add(1))..).take(limit) {
             let (key, value) = item?;
             out.push(decode(trees::FINDINGS, &key, &value)?);
         }
@@ -185,33 +185,33 @@ impl Store {
         if let Some(old) = previous {
             self.unindex_updated(&id_key(conversation.id), old)?;
         }
-        self.by_updated.insert(pair_key(conversation.updated_unix_ms, conversation.id), &[])?;
+        self.t()?.by_updated.insert(pair_key(conversation.updated_unix_ms, conversation.id), &[])?;
         Ok(())
     }
 
     pub(crate) fn unindex_updated(&self, key: &[u8], record: &[u8]) -> Result<(), StoreError> {
         let old: ConversationRecord = decode(trees::CONVERSATIONS, key, record)?;
-        self.by_updated.remove(pair_key(old.updated_unix_ms, old.id))?;
+        self.t()?.by_updated.remove(pair_key(old.updated_unix_ms, old.id))?;
         Ok(())
     }
 
     /// Builds the index once for a store written before it existed.
     pub(crate) fn backfill_updated_index(&self) -> Result<(), StoreError> {
-        if self.meta.contains_key(BY_UPDATED_BUILT)? {
+        if self.t()?.meta.contains_key(BY_UPDATED_BUILT)? {
             return Ok(());
         }
-        self.by_updated.clear()?;
-        for item in self.conversations.iter() {
+        self.t()?.by_updated.clear()?;
+        for item in self.t()?.conversations.iter() {
             let (key, value) = item?;
             // A damaged record is left out of the index and said so; `store check` reports it too.
             match decode::<ConversationRecord>(trees::CONVERSATIONS, &key, &value) {
                 Ok(c) => {
-                    self.by_updated.insert(pair_key(c.updated_unix_ms, c.id), &[])?;
+                    self.t()?.by_updated.insert(pair_key(c.updated_unix_ms, c.id), &[])?;
                 }
                 Err(error) => tracing::warn!(%error, "conversation left out of the listing index"),
             }
         }
-        self.meta.insert(BY_UPDATED_BUILT, &[1])?;
+        self.t()?.meta.insert(BY_UPDATED_BUILT, &[1])?;
         Ok(())
     }
 }
@@ -279,9 +279,9 @@ mod tests {
         {
             let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
             store.put_conversation(&conversation(3, 10, "a")).unwrap();
-            store.by_updated.clear().unwrap();
-            store.meta.remove(BY_UPDATED_BUILT).unwrap();
-            store.db.flush().unwrap();
+            store.t().unwrap().by_updated.clear().unwrap();
+            store.t().unwrap().meta.remove(BY_UPDATED_BUILT).unwrap();
+            store.t().unwrap().db.flush().unwrap();
         }
         let store = crate::test_support::unlocked(|| Store::open(dir.path(), &StoreOptions::default()));
         let page = store.conversations_page(&PageQuery::default(), |_| Ok(true)).unwrap();

@@ -155,7 +155,7 @@ impl Store {
         let marks = self.marks()?;
         let mark = |space: IdSpace| marks.iter().find(|(s, _)| *s == space).map_or(0, |(_, m)| *m);
         let turn_mark = mark(IdSpace::Turn);
-        let in_sled = self.turns.last()?.and_then(|(key, _)| crate::codec::key_id(&key)).unwrap_or(0);
+        let in_sled = self.t()?.turns.last()?.and_then(|(key, _)| crate::codec::key_id(&key)).unwrap_or(0);
         let known = turns.max(in_sled);
         if let Some(committed) = self.committed_turn_mark().filter(|&c| c > known) {
             let from = known + 1;
@@ -189,7 +189,7 @@ impl Store {
             }
             let mut lost = Vec::new();
             for id in *ids.start()..=(*ids.end()).min(newest) {
-                if !self.turns.contains_key(crate::codec::id_key(id))? {
+                if !self.t()?.turns.contains_key(crate::codec::id_key(id))? {
                     lost.push(id);
                 }
             }

@@ -24,7 +24,7 @@ impl Store {
     /// which are still true.
     pub fn checkpoint(&self) -> Result<(), StoreError> {
         let counters = self.counters()?;
-        let committed = self.turns.last()?.and_then(|(key, _)| crate::codec::key_id(&key)).unwrap_or(0);
+        let committed = self.t()?.turns.last()?.and_then(|(key, _)| crate::codec::key_id(&key)).unwrap_or(0);
         self.flush()?;
         let mut text: String = counters.iter().map(|(name, value)| format!("{name} {value}\n")).collect();
         text.push_str(&format!("{COMMITTED_TURN} {committed}\n"));
@@ -51,7 +51,7 @@ impl Store {
     /// match (a conversation pointing at a turn that is not there, or at another conversation's).
     pub fn recent_inconsistency(&self, count: usize) -> Result<Option<String>, StoreError> {
         let mut problems = Vec::new();
-        for item in self.by_updated.iter().rev().take(count) {
+        for item in self.t()?.by_updated.iter().rev().take(count) {
             let (key, _) = item?;
             let id = crate::listing::cursor_of(&key).id;
             let problem = match self.conversation(id) {
@@ -132,7 +132,7 @@ impl Store {
 
     /// Raises one id counter to at least `floor` (the last id used): the next id is above it.
     pub(crate) fn raise_counter(&self, space: IdSpace, floor: u64) -> Result<(), StoreError> {
-        self.meta.update_and_fetch(space.key(), |old| {
+        self.t()?.meta.update_and_fetch(space.key(), |old| {
             let old = old.and_then(|b| <[u8; 8]>::try_from(b).ok()).map_or(0, u64::from_be_bytes);
             Some(old.max(floor).to_be_bytes().to_vec())
         })?;
@@ -141,7 +141,7 @@ impl Store {
 
     /// The last id handed out in one space.
     pub(crate) fn counter(&self, space: IdSpace) -> Result<u64, StoreError> {
-        Ok(self.meta.get(space.key())?.and_then(|b| <[u8; 8]>::try_from(b.as_ref()).ok()).map_or(0, u64::from_be_bytes))
+        Ok(self.t()?.meta.get(space.key())?.and_then(|b| <[u8; 8]>::try_from(b.as_ref()).ok()).map_or(0, u64::from_be_bytes))
     }
 
     fn counters(&self) -> Result<Vec<(&'static str, u64)>, StoreError> {
@@ -185,7 +185,7 @@ mod tests {
         store.commit_turn(&crate::commit::tests::draft(2, 2, &["b"], "rb", None)).unwrap();
         assert_eq!(store.damage().unwrap(), None);
         // A crash between writes of the old, many-call layout could leave exactly this.
-        store.turns.remove(crate::codec::id_key(2)).unwrap();
+        store.t().unwrap().turns.remove(crate::codec::id_key(2)).unwrap();
         let damage = store.damage().unwrap().unwrap();
         assert!(damage.contains("conversation 2's latest turn 2 is missing") && damage.contains("store check"), "{damage}");
         assert!(!damage.contains("conversation 1"), "{damage}");

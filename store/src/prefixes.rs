@@ -33,7 +33,7 @@ pub(crate) fn recorded_lengths(base: usize, head: usize, tail: bool) -> impl Ite
 impl Store {
     /// The first turn whose messages began with the prefix this chain hash covers, where recorded.
     pub fn prefix(&self, chain: &Hash) -> Result<Option<PrefixEntry>, StoreError> {
-        crate::store::get(&self.prefixes, trees::PREFIXES, chain)
+        crate::store::get(&self.t()?.prefixes, trees::PREFIXES, chain)
     }
 
     /// The longest recorded prefix of `chain` (`chain[i]` covers messages `0..=i`) that an earlier

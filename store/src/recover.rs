@@ -44,18 +44,19 @@ impl Store {
     pub(crate) fn missing_from(&self, scan: &JournalScan) -> Result<Missing, StoreError> {
         let mut missing = Missing::default();
         for record in scan.live(Kind::Turn) {
-            if !self.turns.contains_key(id_key(record.id))? {
+            if !self.t()?.turns.contains_key(id_key(record.id))? {
                 missing.turns.push(*record);
             }
         }
         // A finding counts when the turn it names is there: one without it is dangling (`check`).
         let mut reader = Reader::new(self.path());
+        let trees = self.t()?;
         for record in scan.live(Kind::Finding) {
-            if self.findings.contains_key(id_key(record.id))? || !self.conversations.contains_key(id_key(record.conversation))? {
+            if self.t()?.findings.contains_key(id_key(record.id))? || !self.t()?.conversations.contains_key(id_key(record.conversation))? {
                 continue;
             }
             let finding = reader.payload(record).and_then(|payload| crate::journal::decode_finding(&payload, record.id));
-            if finding.is_ok_and(|f| self.turns.contains_key(id_key(f.turn)).unwrap_or(false)) {
+            if finding.is_ok_and(|f| trees.turns.contains_key(id_key(f.turn)).unwrap_or(false)) {
                 missing.findings.push(*record);
             }
         }
@@ -160,7 +161,7 @@ impl Store {
             conversation: &entry.conversation,
         };
         let current: Option<crate::ConversationRecord> =
-            crate::store::get(&self.conversations, trees::CONVERSATIONS, &id_key(entry.conversation.id)).unwrap_or(None);
+            crate::store::get(&self.t()?.conversations, trees::CONVERSATIONS, &id_key(entry.conversation.id)).unwrap_or(None);
         let newer = current.is_some_and(|c| c.last_turn > entry.turn.id);
         let ops = if newer { self.turn_local_ops(&commit)? } else { self.turn_ops(&commit)? };
         self.write_intended(&id_key(entry.turn.id), ops)

@@ -11,7 +11,7 @@ impl Store {
     /// Stores (or replaces, when resumed) a replay run.
     pub fn put_replay(&self, entry: &ReplayEntry) -> Result<(), StoreError> {
         let key = id_key(entry.id);
-        self.replays.insert(key, encode(trees::REPLAYS, &key, entry)?)?;
+        self.t()?.replays.insert(key, encode(trees::REPLAYS, &key, entry)?)?;
         Ok(())
     }
 
@@ -21,21 +21,21 @@ impl Store {
         let key = id_key(entry.id);
         let value = encode(trees::REPLAYS, &key, entry)?;
         loop {
-            let current = self.replays.get(key)?;
+            let current = self.t()?.replays.get(key)?;
             if let Some(bytes) = &current {
                 let existing: ReplayEntry = decode(trees::REPLAYS, &key, bytes)?;
                 if existing.conversation != entry.conversation || existing.started_unix_ms != entry.started_unix_ms {
                     return Ok(Some(existing));
                 }
             }
-            if self.replays.compare_and_swap(key, current, Some(value.clone()))?.is_ok() {
+            if self.t()?.replays.compare_and_swap(key, current, Some(value.clone()))?.is_ok() {
                 return Ok(None);
             }
         }
     }
 
     pub fn replay(&self, id: u64) -> Result<Option<ReplayEntry>, StoreError> {
-        match self.replays.get(id_key(id))? {
+        match self.t()?.replays.get(id_key(id))? {
             Some(bytes) => Ok(Some(decode(trees::REPLAYS, &id_key(id), &bytes)?)),
             None => Ok(None),
         }
@@ -44,7 +44,7 @@ impl Store {
     /// Every replay run, newest first, without the reports.
     pub fn replays(&self) -> Result<Vec<ReplayEntry>, StoreError> {
         let mut all = Vec::new();
-        for item in self.replays.iter().rev() {
+        for item in self.t()?.replays.iter().rev() {
             let (key, value) = item?;
             let mut entry: ReplayEntry = decode(trees::REPLAYS, &key, &value)?;
             entry.report = Value::Null;

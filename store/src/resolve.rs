@@ -76,7 +76,7 @@ impl<'s> Resolver<'s> {
     fn read_pack(&mut self, turn: &TurnRecord) -> Result<(), StoreError> {
         let Some(packed) = self.packed.as_mut() else { return Ok(()) };
         let key = id_key(turn.id);
-        let Some(bytes) = self.store.value(&self.store.packs, trees::PACKS, &key)? else { return Ok(()) };
+        let Some(bytes) = self.store.value(&self.store.t()?.packs, trees::PACKS, &key)? else { return Ok(()) };
         let pack = crate::pack::decode_pack(&key, &bytes)?;
         let hashes: Vec<Hash> = turn.new_messages.iter().copied().chain(turn.reply.as_deref().and_then(from_hex)).collect();
         if pack.len() != hashes.len() {

@@ -62,7 +62,7 @@ impl Store {
     /// (sled's files shrink later, on its own schedule).
     pub fn logical_size(&self) -> Result<u64, StoreError> {
         let mut total = 0u64;
-        for name in self.db_tree_names() {
+        for name in self.db_tree_names()? {
             let tree = self.db_tree(&name)?;
             let spilled = [trees::PACKS, trees::MESSAGES].into_iter().find(|tree_name| tree_name.as_bytes() == &name[..]);
             for item in tree.iter() {

@@ -1,6 +1,7 @@
 //! Opening the sled directory (schema and foreign-directory checks) and typed access to each tree.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 
 use serde_json::Value;
 
@@ -36,34 +37,80 @@ impl Default for StoreOptions {
     }
 }
 
-/// The capture store. Cheap to clone; all clones share one sled database.
+/// The capture store. Cheap to clone; all clones share one sled database, which [`Store::reopen`]
+/// can replace under all of them (after a write error sled keeps failing until reopened).
 #[derive(Clone)]
 pub struct Store {
     path: PathBuf,
-    pub(crate) db: sled::Db,
-    pub(crate) meta: sled::Tree,
-    pub(crate) messages: sled::Tree,
-    pub(crate) turns: sled::Tree,
-    pub(crate) packs: sled::Tree,
+    options: StoreOptions,
+    /// sled's trees; `None` while a reopen has closed sled and not yet opened it again.
+    live: Arc<RwLock<Option<Arc<Trees>>>>,
     /// Large packs and messages, each in its own file (`spill`).
     pub(crate) spill: crate::spill::Spill,
-    pub(crate) conversations: sled::Tree,
-    pub(crate) conversation_turns: sled::Tree,
-    pub(crate) prefixes: sled::Tree,
-    pub(crate) ends: sled::Tree,
-    pub(crate) names: sled::Tree,
-    pub(crate) replies: sled::Tree,
-    pub(crate) findings: sled::Tree,
-    pub(crate) finding_causes: sled::Tree,
-    pub(crate) conversation_findings: sled::Tree,
-    pub(crate) replays: sled::Tree,
-    pub(crate) by_updated: sled::Tree,
-    pub(crate) response_ids: sled::Tree,
-    pub(crate) intents: sled::Tree,
     /// The record journal (`journal`); `None` for an inspection copy, which never appends to it.
-    pub(crate) journal: Option<std::sync::Arc<crate::journal::Journal>>,
+    pub(crate) journal: Option<Arc<crate::journal::Journal>>,
     /// What open put back from the journal: (turns, findings).
     restored_on_open: (u64, u64),
+}
+
+/// One open sled database and its trees.
+pub(crate) struct Trees {
+    pub db: sled::Db,
+    pub meta: sled::Tree,
+    pub messages: sled::Tree,
+    pub turns: sled::Tree,
+    pub packs: sled::Tree,
+    pub conversations: sled::Tree,
+    pub conversation_turns: sled::Tree,
+    pub prefixes: sled::Tree,
+    pub ends: sled::Tree,
+    pub names: sled::Tree,
+    pub replies: sled::Tree,
+    pub findings: sled::Tree,
+    pub finding_causes: sled::Tree,
+    pub conversation_findings: sled::Tree,
+    pub replays: sled::Tree,
+    pub by_updated: sled::Tree,
+    pub response_ids: sled::Tree,
+    pub intents: sled::Tree,
+}
+
+impl Trees {
+    fn open(path: &Path, options: &StoreOptions) -> Result<Trees, StoreError> {
+        let db = sled::Config::new()
+            .path(path)
+            .cache_capacity(options.cache_bytes)
+            .flush_every_ms(Some(options.flush_every_ms.max(1)))
+            .open()
+            .map_err(|source| match source {
+                sled::Error::Corruption { .. } => StoreError::Corrupt { path: path.to_path_buf(), detail: source.to_string() },
+                // What sled says of a damaged `conf` (this store never used a sled that old).
+                sled::Error::Unsupported(detail) => StoreError::Corrupt { path: path.to_path_buf(), detail },
+                source if crate::error::is_disk_full(&source) => StoreError::DiskFull { path: path.to_path_buf() },
+                source => StoreError::Open { path: path.to_path_buf(), source },
+            })?;
+        let tree = |name: &str| db.open_tree(name);
+        Ok(Trees {
+            meta: tree(trees::META)?,
+            messages: tree(trees::MESSAGES)?,
+            turns: tree(trees::TURNS)?,
+            packs: tree(trees::PACKS)?,
+            conversations: tree(trees::CONVERSATIONS)?,
+            conversation_turns: tree(trees::CONVERSATION_TURNS)?,
+            prefixes: tree(trees::PREFIXES)?,
+            ends: tree(trees::ENDS)?,
+            names: tree(trees::NAMES)?,
+            replies: tree(trees::REPLIES)?,
+            findings: tree(trees::FINDINGS)?,
+            finding_causes: tree(trees::FINDING_CAUSES)?,
+            conversation_findings: tree(trees::CONVERSATION_FINDINGS)?,
+            replays: tree(trees::REPLAYS)?,
+            by_updated: tree(trees::CONVERSATIONS_BY_UPDATED)?,
+            response_ids: tree(trees::RESPONSE_IDS)?,
+            intents: tree(trees::INTENTS)?,
+            db,
+        })
+    }
 }
 
 /// The kinds of record that number their own ids.
@@ -107,46 +154,17 @@ impl Store {
     /// links to the original's and are only read; `recover` false to leave sled as it was found.
     pub(crate) fn open_with(path: &Path, options: &StoreOptions, journal_writes: bool, recover: bool) -> Result<Store, StoreError> {
         check_not_foreign(path)?;
-        let db = sled::Config::new()
-            .path(path)
-            .cache_capacity(options.cache_bytes)
-            .flush_every_ms(Some(options.flush_every_ms.max(1)))
-            .open()
-            .map_err(|source| match source {
-                sled::Error::Corruption { .. } => StoreError::Corrupt { path: path.to_path_buf(), detail: source.to_string() },
-                // What sled says of a damaged `conf` (this store never used a sled that old).
-                sled::Error::Unsupported(detail) => StoreError::Corrupt { path: path.to_path_buf(), detail },
-                source if crate::error::is_disk_full(&source) => StoreError::DiskFull { path: path.to_path_buf() },
-                source => StoreError::Open { path: path.to_path_buf(), source },
-            })?;
-        let tree = |name: &str| db.open_tree(name);
         let store = Store {
             path: path.to_path_buf(),
-            meta: tree(trees::META)?,
-            messages: tree(trees::MESSAGES)?,
-            turns: tree(trees::TURNS)?,
-            packs: tree(trees::PACKS)?,
+            options: options.clone(),
+            live: Arc::new(RwLock::new(Some(Arc::new(Trees::open(path, options)?)))),
             spill: crate::spill::Spill::new(path),
-            conversations: tree(trees::CONVERSATIONS)?,
-            conversation_turns: tree(trees::CONVERSATION_TURNS)?,
-            prefixes: tree(trees::PREFIXES)?,
-            ends: tree(trees::ENDS)?,
-            names: tree(trees::NAMES)?,
-            replies: tree(trees::REPLIES)?,
-            findings: tree(trees::FINDINGS)?,
-            finding_causes: tree(trees::FINDING_CAUSES)?,
-            conversation_findings: tree(trees::CONVERSATION_FINDINGS)?,
-            replays: tree(trees::REPLAYS)?,
-            by_updated: tree(trees::CONVERSATIONS_BY_UPDATED)?,
-            response_ids: tree(trees::RESPONSE_IDS)?,
-            intents: tree(trees::INTENTS)?,
             journal: None,
             restored_on_open: (0, 0),
-            db,
         };
         store.check_schema()?;
         store.finish_intents()?;
-        for (name, tree) in [(trees::PACKS, &store.packs), (trees::MESSAGES, &store.messages)] {
+        for (name, tree) in [(trees::PACKS, &store.t()?.packs), (trees::MESSAGES, &store.t()?.messages)] {
             let swept = store.spill.sweep(name, tree)?;
             if swept > 0 {
                 tracing::info!(swept, tree = name, "removed spilled values no record names (an interrupted write or removal)");
@@ -161,7 +179,7 @@ impl Store {
             store.restored_on_open = (restored.turns, restored.findings);
         }
         if journal_writes {
-            let journal = std::sync::Arc::new(crate::journal::Journal::open(path, &scan));
+            let journal = Arc::new(crate::journal::Journal::open(path, &scan));
             crate::journal::Journal::spawn_syncer(&journal, std::time::Duration::from_millis(options.flush_every_ms.max(1)));
             store.journal = Some(journal);
         }
@@ -171,18 +189,18 @@ impl Store {
     /// Each id space's counter starts at 0 in a new store; in one written before the spaces had their
     /// own counters, above every id the shared counter handed out.
     fn init_id_counters(&self) -> Result<(), StoreError> {
-        let empty = self.turns.is_empty() && self.findings.is_empty() && self.conversations.is_empty();
+        let empty = self.t()?.turns.is_empty() && self.t()?.findings.is_empty() && self.t()?.conversations.is_empty();
         for space in [IdSpace::Conversation, IdSpace::Turn, IdSpace::Finding] {
-            if self.meta.get(space.key())?.is_none() {
-                let floor = if empty { 0 } else { self.db.generate_id()? + 1 };
-                self.meta.insert(space.key(), &floor.to_be_bytes())?;
+            if self.t()?.meta.get(space.key())?.is_none() {
+                let floor = if empty { 0 } else { self.t()?.db.generate_id()? + 1 };
+                self.t()?.meta.insert(space.key(), &floor.to_be_bytes())?;
             }
         }
         Ok(())
     }
 
     fn check_schema(&self) -> Result<(), StoreError> {
-        match self.meta.get(codec::SCHEMA_KEY)? {
+        match self.t()?.meta.get(codec::SCHEMA_KEY)? {
             Some(bytes) => {
                 let found = bytes
                     .as_ref()
@@ -193,16 +211,81 @@ impl Store {
                     return Err(StoreError::Schema { path: self.path.clone(), found, expected: SCHEMA_VERSION });
                 }
                 if found != SCHEMA_VERSION {
-                    self.meta.insert(codec::SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes())?;
+                    self.t()?.meta.insert(codec::SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes())?;
                 }
             }
-            None if self.turns.is_empty() && self.messages.is_empty() => {
-                self.meta.insert(codec::SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes())?;
-                self.db.flush()?;
+            None if self.t()?.turns.is_empty() && self.t()?.messages.is_empty() => {
+                self.t()?.meta.insert(codec::SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes())?;
+                self.t()?.db.flush()?;
             }
             None => return Err(StoreError::Corrupt { path: self.path.clone(), detail: "records without a schema version".into() }),
         }
         Ok(())
+    }
+
+    /// sled's trees as they are now; an error while a reopen has sled closed.
+    pub(crate) fn t(&self) -> Result<Arc<Trees>, StoreError> {
+        match &*self.live.read().unwrap_or_else(|p| p.into_inner()) {
+            Some(trees) => Ok(trees.clone()),
+            None => Err(StoreError::Reopening { path: self.path.clone() }),
+        }
+    }
+
+    /// Closes sled and opens it again, under every clone of this store: sled 0.34 keeps the first I/O
+    /// error its log writer meets (a full disk) and fails every later call until reopened. Waits up to
+    /// `wait` for calls in flight to let go of the old database; if they do not, or sled cannot open
+    /// (the disk still full), the store is left closed and the error returned: calling this again
+    /// later retries. The journal and spilled files are not sled's and stay as they are.
+    pub fn reopen(&self, wait: std::time::Duration) -> Result<(), StoreError> {
+        let deadline = std::time::Instant::now() + wait;
+        let mut slot = self.live.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = slot.take() {
+            // Calls in flight hold the old trees; they finish without this lock.
+            let mut old = old;
+            loop {
+                match Arc::try_unwrap(old) {
+                    Ok(trees) => {
+                        drop(trees);
+                        break;
+                    }
+                    Err(shared) if std::time::Instant::now() < deadline => {
+                        old = shared;
+                        drop(slot);
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                        slot = self.live.write().unwrap_or_else(|p| p.into_inner());
+                        if slot.is_some() {
+                            return Ok(());
+                        }
+                    }
+                    Err(shared) => {
+                        *slot = Some(shared);
+                        return Err(StoreError::Reopening { path: self.path.clone() });
+                    }
+                }
+            }
+        }
+        // sled lets go of its lock file a moment after the last handle drops.
+        loop {
+            match Trees::open(&self.path, &self.options) {
+                Ok(trees) => {
+                    *slot = Some(Arc::new(trees));
+                    break;
+                }
+                Err(StoreError::Open { .. }) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(5))
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        drop(slot);
+        self.finish_intents()?;
+        tracing::info!(path = %self.path.display(), "reopened the capture store");
+        Ok(())
+    }
+
+    /// Whether sled is open (false after a reopen that could not open it again).
+    pub fn is_open(&self) -> bool {
+        self.live.read().unwrap_or_else(|p| p.into_inner()).is_some()
     }
 
     /// The turns and findings sled had lost that open put back from the record journal.
@@ -219,7 +302,7 @@ impl Store {
     /// above every id it used.
     pub fn next_id_in(&self, space: IdSpace) -> Result<u64, StoreError> {
         let key = space.key();
-        let next = self.meta.update_and_fetch(key, |old| {
+        let next = self.t()?.meta.update_and_fetch(key, |old| {
             let old = old.and_then(|b| <[u8; 8]>::try_from(b).ok()).map_or(0, u64::from_be_bytes);
             Some((old + 1).to_be_bytes().to_vec())
         })?;
@@ -232,16 +315,16 @@ impl Store {
 
     /// Stores a canonical message once; returns whether it was new.
     pub fn put_message(&self, hash: &Hash, canonical_json: &[u8]) -> Result<bool, StoreError> {
-        if self.messages.contains_key(hash)? {
+        if self.t()?.messages.contains_key(hash)? {
             return Ok(false);
         }
         let value = self.spill.put(trees::MESSAGES, hash, codec::frame(hash, canonical_json))?;
-        let previous = self.messages.compare_and_swap(hash, None as Option<&[u8]>, Some(value))?;
+        let previous = self.t()?.messages.compare_and_swap(hash, None as Option<&[u8]>, Some(value))?;
         Ok(previous.is_ok())
     }
 
     pub fn message(&self, hash: &Hash) -> Result<Option<Value>, StoreError> {
-        let Some(value) = self.value(&self.messages, trees::MESSAGES, hash)? else { return Ok(None) };
+        let Some(value) = self.value(&self.t()?.messages, trees::MESSAGES, hash)? else { return Ok(None) };
         codec::decode(trees::MESSAGES, hash, &value).map(Some)
     }
 
@@ -253,24 +336,25 @@ impl Store {
     /// Messages stored: those stored by hash, and those packed into their turns' records (a message
     /// packed by two turns counts twice).
     pub fn message_count(&self) -> usize {
-        let packed = self.packs.iter().flatten().map(|(key, value)| {
+        let Ok(t) = self.t() else { return 0 };
+        let packed = t.packs.iter().flatten().map(|(key, value)| {
             let value = self.spill.load(trees::PACKS, &key, value);
             value.and_then(|value| crate::pack::decode_pack(&key, &value)).map_or(0, |p| p.entries().flatten().count())
         });
-        self.messages.len() + packed.sum::<usize>()
+        t.messages.len() + packed.sum::<usize>()
     }
 
     /// Writes a turn whose messages are already stored by hash ([`Store::put_message`]; import).
     pub fn put_turn(&self, turn: &TurnRecord) -> Result<(), StoreError> {
         let key = id_key(turn.id);
-        self.turns.insert(key, codec::encode_turn(&key, turn)?)?;
-        self.conversation_turns.insert(pair_key(turn.conversation, turn.id), &[])?;
+        self.t()?.turns.insert(key, codec::encode_turn(&key, turn)?)?;
+        self.t()?.conversation_turns.insert(pair_key(turn.conversation, turn.id), &[])?;
         Ok(())
     }
 
     pub fn turn(&self, id: u64) -> Result<Option<TurnRecord>, StoreError> {
         let key = id_key(id);
-        self.turns.get(key)?.map(|bytes| self.decode_turn(&key, &bytes)).transpose()
+        self.t()?.turns.get(key)?.map(|bytes| self.decode_turn(&key, &bytes)).transpose()
     }
 
     /// A turn record read from `turns`, with its pack when its layout leaves hashes to it.
@@ -278,33 +362,33 @@ impl Store {
         if !codec::needs_pack(bytes) {
             return codec::decode_turn(key, bytes, None::<std::iter::Empty<_>>);
         }
-        let pack = self.value(&self.packs, trees::PACKS, key)?.map(|value| crate::pack::decode_pack(key, &value)).transpose()?;
+        let pack = self.value(&self.t()?.packs, trees::PACKS, key)?.map(|value| crate::pack::decode_pack(key, &value)).transpose()?;
         codec::decode_turn(key, bytes, pack.as_ref().map(crate::pack::Pack::entries))
     }
 
     pub fn put_conversation(&self, conversation: &ConversationRecord) -> Result<(), StoreError> {
         let key = id_key(conversation.id);
-        let previous = self.conversations.insert(key, encode(trees::CONVERSATIONS, &key, conversation)?)?;
+        let previous = self.t()?.conversations.insert(key, encode(trees::CONVERSATIONS, &key, conversation)?)?;
         self.index_updated(previous.as_deref(), conversation)?;
         if let Some(name) = &conversation.name {
-            self.names.insert(name.as_bytes(), &id_key(conversation.id))?;
+            self.t()?.names.insert(name.as_bytes(), &id_key(conversation.id))?;
         }
         Ok(())
     }
 
     pub fn conversation(&self, id: u64) -> Result<Option<ConversationRecord>, StoreError> {
-        get(&self.conversations, trees::CONVERSATIONS, &id_key(id))
+        get(&self.t()?.conversations, trees::CONVERSATIONS, &id_key(id))
     }
 
     /// The conversation a header named, if it exists.
     pub fn conversation_by_name(&self, name: &str) -> Result<Option<u64>, StoreError> {
-        Ok(self.names.get(name.as_bytes())?.and_then(|v| codec::key_id(&v)))
+        Ok(self.t()?.names.get(name.as_bytes())?.and_then(|v| codec::key_id(&v)))
     }
 
     /// All conversations, most recently updated first.
     pub fn conversations(&self) -> Result<Vec<ConversationRecord>, StoreError> {
         let mut all = Vec::new();
-        for item in self.conversations.iter() {
+        for item in self.t()?.conversations.iter() {
             let (key, value) = item?;
             all.push(decode::<ConversationRecord>(trees::CONVERSATIONS, &key, &value)?);
         }
@@ -315,7 +399,7 @@ impl Store {
     /// Turn ids of a conversation in order.
     pub fn conversation_turn_ids(&self, conversation: u64) -> Result<Vec<u64>, StoreError> {
         let mut ids = Vec::new();
-        for item in self.conversation_turns.scan_prefix(id_key(conversation)) {
+        for item in self.t()?.conversation_turns.scan_prefix(id_key(conversation)) {
             let (key, _) = item?;
             if let Some(id) = key.get(8..16).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes) {
                 ids.push(id);
@@ -327,17 +411,17 @@ impl Store {
     /// The conversation whose latest turn ends (head or tail) at this chain hash: a request extending
     /// it continues that conversation. Kept by [`Store::commit_turn`].
     pub fn end(&self, chain: &Hash) -> Result<Option<u64>, StoreError> {
-        marked(&self.ends, chain)
+        marked(&self.t()?.ends, chain)
     }
 
     /// The conversation whose latest reply this message is. Kept by [`Store::commit_turn`].
     pub fn reply_of(&self, message: &Hash) -> Result<Option<u64>, StoreError> {
-        marked(&self.replies, message)
+        marked(&self.t()?.replies, message)
     }
 
     /// The turn that produced a Responses API response id, when it was captured (and not since removed).
     pub fn turn_by_response_id(&self, response_id: &str) -> Result<Option<TurnRecord>, StoreError> {
-        match self.response_ids.get(response_id.as_bytes())?.and_then(|v| codec::key_id(&v)) {
+        match self.t()?.response_ids.get(response_id.as_bytes())?.and_then(|v| codec::key_id(&v)) {
             Some(id) => self.turn(id),
             None => Ok(None),
         }
@@ -347,17 +431,17 @@ impl Store {
     /// (A turn's packed messages go with the turn.)
     pub fn sweep_messages(&self) -> Result<usize, StoreError> {
         let mut live = std::collections::HashSet::new();
-        for item in self.turns.iter() {
+        for item in self.t()?.turns.iter() {
             let (key, value) = item?;
             let turn = self.decode_turn(&key, &value)?;
             live.extend(turn.new_messages);
             live.extend(turn.reply.as_deref().and_then(crate::from_hex));
         }
         let mut removed = 0;
-        for item in self.messages.iter() {
+        for item in self.t()?.messages.iter() {
             let (key, value) = item?;
             if !Hash::try_from(&key[..]).is_ok_and(|hash| live.contains(&hash)) {
-                self.messages.remove(&key)?;
+                self.t()?.messages.remove(&key)?;
                 self.spill.remove(trees::MESSAGES, &key, &value);
                 removed += 1;
             }
@@ -374,12 +458,12 @@ impl Store {
     }
 
     pub(crate) fn flush_sled(&self) -> Result<(), StoreError> {
-        self.db.flush()?;
+        self.t()?.db.flush()?;
         Ok(())
     }
 
     pub fn size_on_disk(&self) -> u64 {
-        self.db.size_on_disk().unwrap_or(0) + self.spill.bytes()
+        self.t().map_or(0, |t| t.db.size_on_disk().unwrap_or(0)) + self.spill.bytes()
     }
 
     /// Hex of a hash, re-exported for callers building records.
@@ -414,11 +498,11 @@ fn check_not_foreign(path: &Path) -> Result<(), StoreError> {
 }
 
 impl Store {
-    pub(crate) fn db_tree_names(&self) -> Vec<Vec<u8>> {
-        self.db.tree_names().into_iter().map(|n| n.to_vec()).collect()
+    pub(crate) fn db_tree_names(&self) -> Result<Vec<Vec<u8>>, StoreError> {
+        Ok(self.t()?.db.tree_names().into_iter().map(|n| n.to_vec()).collect())
     }
 
     pub(crate) fn db_tree(&self, name: &[u8]) -> Result<sled::Tree, StoreError> {
-        Ok(self.db.open_tree(name)?)
+        Ok(self.t()?.db.open_tree(name)?)
     }
 }

@@ -308,3 +308,63 @@ impl JournalScanFacts {
         (journal::segment::file_name(segment), offset)
     }
 }
+
+/// A full disk under sled: its log writer fails for good, so the store is reopened once there is
+/// room, under the clones that hold it, and every write works again. Needs root for a small tmpfs
+/// (CTXSCOPE_SKIP_PRIVILEGED=1 skips it where that is impossible).
+#[test]
+fn a_store_sled_failed_to_write_is_reopened_once_there_is_room() {
+    let dir = tempfile::tempdir().unwrap();
+    let point = dir.path().join("small");
+    std::fs::create_dir(&point).unwrap();
+    let mounted = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"]).arg(&point).status();
+    if !mounted.is_ok_and(|s| s.success()) {
+        assert!(
+            std::env::var_os("CTXSCOPE_SKIP_PRIVILEGED").is_some(),
+            "cannot mount a tmpfs (needs root); CTXSCOPE_SKIP_PRIVILEGED=1 skips"
+        );
+        eprintln!("skipped: cannot mount tmpfs");
+        return;
+    }
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(point.clone());
+    let data = point.join("data");
+    let store = common::open(&data);
+    let reader = store.clone();
+    store.commit_turn(&draft(1, 1, &[("user", "before".into())], "r", 1)).unwrap();
+    store.flush().unwrap();
+    // Fill the disk to the last byte, then write past the free-space guard straight into sled.
+    let filler = point.join("filler");
+    let mut file = std::fs::File::create(&filler).unwrap();
+    let block = vec![7u8; 64 << 10];
+    while std::io::Write::write_all(&mut file, &block).is_ok() {}
+    while std::io::Write::write_all(&mut file, &block[..512]).is_ok() {}
+    drop(file);
+    let mut failed = false;
+    for i in 0..64 {
+        let (hash, bytes) = message_hash(&json!({"role": "user", "content": format!("{i} {}", "z".repeat(20_000))}));
+        if store.put_message(&hash, &bytes).and_then(|_| store.flush()).is_err() {
+            failed = true;
+            break;
+        }
+    }
+    assert!(failed, "sled wrote 1.3 MB to a full disk");
+    // Still failing with room again: sled keeps its error until reopened.
+    std::fs::remove_file(&filler).unwrap();
+    let (hash, bytes) = message_hash(&json!({"role": "user", "content": "after"}));
+    let sticky = store.put_message(&hash, &bytes).and_then(|_| store.flush());
+    assert!(sticky.as_ref().is_err_and(StoreError::needs_reopen), "{sticky:?}");
+    store.reopen(std::time::Duration::from_secs(2)).unwrap();
+    assert!(store.is_open());
+    store.commit_turn(&draft(2, 2, &[("user", "after the reopen".into())], "r", 1)).unwrap();
+    store.flush().unwrap();
+    // Every clone sees the reopened store, and nothing stored before the disk filled is lost.
+    assert_eq!(reader.conversation_detail(1).unwrap().turns.len(), 1);
+    assert_eq!(reader.conversation_detail(2).unwrap().turns.len(), 1);
+    assert!(reader.check().unwrap().problems.iter().all(|p| p.tree != "turns"), "{:?}", reader.check().unwrap().problems);
+}

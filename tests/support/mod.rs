@@ -73,7 +73,7 @@ impl ProxyBuilder {
             .args(["--listen", &format!("127.0.0.1:{port}"), "--admin", &format!("127.0.0.1:{admin_port}")])
             .arg("--data")
             .arg(&self.data)
-            .args(["--flush-ms", "50"])
+            .args((!self.extra.iter().any(|a| a == "--flush-ms")).then_some(["--flush-ms", "50"]).into_iter().flatten())
             .args(&self.extra)
             .env("CTXSCOPE_LOG", "warn")
             .stdout(Stdio::null())

@@ -68,7 +68,14 @@ pub struct Pipeline {
     checkpointed: Instant,
     /// Latest replies of recent conversations (threading a compaction that kept only the system prompt).
     recent_replies: thread::RecentReplies,
+    /// Set after sled failed to write: when to try reopening it next, and the wait after that.
+    reopen: Option<(Instant, Duration)>,
 }
+
+/// The first wait before reopening a store whose writes failed, and the longest (the wait doubles
+/// between tries): capture resumes within about this long of space returning.
+const REOPEN_FIRST: Duration = Duration::from_millis(100);
+const REOPEN_LONGEST: Duration = Duration::from_secs(2);
 
 /// At most one warning per interval; the rest are counted and reported with the next one.
 struct Throttle {
@@ -110,6 +117,7 @@ impl Pipeline {
             health: None,
             checkpointed: Instant::now(),
             recent_replies: Default::default(),
+            reopen: None,
         }
     }
 
@@ -423,8 +431,35 @@ fn record_metrics(turn: &TurnRecord) {
     }
 }
 
+impl Pipeline {
+    /// After sled failed to write, reopens it once the wait is over (doubling the wait, up to
+    /// [`REOPEN_LONGEST`], while it cannot be reopened: the disk still full). The exchanges that fail
+    /// meanwhile are counted as dropped; none is stored in part.
+    fn heal(&mut self) {
+        let Some((at, wait)) = self.reopen else { return };
+        if Instant::now() < at {
+            return;
+        }
+        match self.store.reopen(Duration::from_millis(500)) {
+            Ok(()) => {
+                self.reopen = None;
+                metrics::counter!(m::STORE_REOPENS_TOTAL).increment(1);
+                tracing::info!("capture store reopened after write errors; capture resumes");
+            }
+            Err(error) => {
+                let wait = (wait * 2).min(REOPEN_LONGEST);
+                self.reopen = Some((Instant::now() + wait, wait));
+                if let Some(health) = &self.health {
+                    health.write_failed(&error);
+                }
+            }
+        }
+    }
+}
+
 impl Sink for Pipeline {
     fn process(&mut self, mut exchange: Exchange) {
+        self.heal();
         let started = Instant::now();
         let reply = exchange.findings_reply.take();
         let raised = match self.capture_with_findings(&exchange) {
@@ -435,8 +470,13 @@ impl Sink for Pipeline {
             }
             Err(CaptureError::NothingSent) => Vec::new(),
             Err(error) => {
-                if let (CaptureError::Store(store_error), Some(health)) = (&error, &self.health) {
-                    health.write_failed(store_error);
+                if let CaptureError::Store(store_error) = &error {
+                    if let Some(health) = &self.health {
+                        health.write_failed(store_error);
+                    }
+                    if store_error.needs_reopen() && self.reopen.is_none() {
+                        self.reopen = Some((Instant::now() + REOPEN_FIRST, REOPEN_FIRST));
+                    }
                 }
                 m::dropped(error.reason());
                 self.warnings.warn(&exchange.path, &error);
@@ -453,8 +493,15 @@ impl Sink for Pipeline {
             self.checkpointed = Instant::now();
             if let Err(error) = self.store.checkpoint() {
                 tracing::warn!(%error, "store checkpoint failed");
+                if error.needs_reopen() && self.reopen.is_none() {
+                    self.reopen = Some((Instant::now() + REOPEN_FIRST, REOPEN_FIRST));
+                }
             }
         }
+    }
+
+    fn idle(&mut self) {
+        self.heal();
     }
 
     fn upkeep(&mut self) {

@@ -49,9 +49,14 @@ impl CaptureSender {
     }
 }
 
+/// How often an idle worker calls [`Sink::idle`].
+pub const IDLE_EVERY: Duration = Duration::from_millis(250);
+
 /// Something that consumes exchanges and does periodic upkeep.
 pub trait Sink: Send + 'static {
     fn process(&mut self, exchange: Exchange);
+    /// Called at least every [`IDLE_EVERY`] while no exchange arrives.
+    fn idle(&mut self) {}
     fn upkeep(&mut self) {}
     fn finish(&mut self) {}
 }
@@ -71,7 +76,7 @@ pub fn spawn(mut sink: impl Sink, capacity: usize, upkeep_every: Duration) -> (C
         .spawn(move || {
             let mut next_upkeep = Instant::now() + upkeep_every;
             loop {
-                let wait = next_upkeep.saturating_duration_since(Instant::now());
+                let wait = next_upkeep.saturating_duration_since(Instant::now()).min(IDLE_EVERY);
                 match rx.recv_timeout(wait) {
                     Ok(exchange) => {
                         worker_depth.fetch_sub(1, Ordering::Relaxed);
@@ -81,7 +86,7 @@ pub fn spawn(mut sink: impl Sink, capacity: usize, upkeep_every: Duration) -> (C
                         let depth = worker_depth.load(Ordering::Relaxed).max(0);
                         metrics::gauge!(m::CAPTURE_QUEUE_DEPTH).set(depth as f64);
                     }
-                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Timeout) => sink.idle(),
                     Err(RecvTimeoutError::Disconnected) => break,
                 }
                 if Instant::now() >= next_upkeep {

@@ -263,7 +263,7 @@ impl Store {
                     if !journaled.contains(&id) {
                         continue;
                     }
-                    for (name, tree) in [(trees::TURNS, &self.turns), (trees::PACKS, &self.packs)] {
+                    for (name, tree) in [(trees::TURNS, &self.t()?.turns), (trees::PACKS, &self.t()?.packs)] {
                         if let Some(value) = tree.remove(id_key(id))? {
                             self.spill.remove(name, &id_key(id), &value);
                             removed += 1;
@@ -272,7 +272,7 @@ impl Store {
                 }
                 trees::MESSAGES if problem.kind == ProblemKind::Damaged => {
                     let Some(hash) = crate::from_hex(&problem.key) else { continue };
-                    if let Some(value) = self.messages.remove(hash)? {
+                    if let Some(value) = self.t()?.messages.remove(hash)? {
                         self.spill.remove(trees::MESSAGES, &hash, &value);
                         removed += 1;
                     }

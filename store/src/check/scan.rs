@@ -55,7 +55,7 @@ impl Scanned {
             Ok(value) => message_problem(key, &value),
             Err(detail) => Some(detail),
         };
-        s.each(&store.messages, trees::MESSAGES, |s, key, value| match message_problem(key, value) {
+        s.each(&store.t()?.messages, trees::MESSAGES, |s, key, value| match message_problem(key, value) {
             None => {
                 if let Ok(hash) = Hash::try_from(key) {
                     s.messages.insert(hash);
@@ -63,7 +63,7 @@ impl Scanned {
             }
             Some(detail) => s.damage(trees::MESSAGES, key, detail),
         });
-        s.each(&store.turns, trees::TURNS, |s, key, value| match s.turn(store, key, value) {
+        s.each(&store.t()?.turns, trees::TURNS, |s, key, value| match s.turn(store, key, value) {
             Some(mut turn) => {
                 turn.reply_text = String::new();
                 turn.params.clear();
@@ -73,11 +73,11 @@ impl Scanned {
                 s.damaged_turns.extend(key_id(key));
             }
         });
-        s.each(&store.packs, trees::PACKS, |s, key, value| match unspilled(store, trees::PACKS, key, value) {
+        s.each(&store.t()?.packs, trees::PACKS, |s, key, value| match unspilled(store, trees::PACKS, key, value) {
             Ok(value) => s.pack(key, &value),
             Err(detail) => s.damage(trees::PACKS, key, detail),
         });
-        s.each(&store.conversations, trees::CONVERSATIONS, |s, key, value| {
+        s.each(&store.t()?.conversations, trees::CONVERSATIONS, |s, key, value| {
             match s.record::<ConversationRecord>(trees::CONVERSATIONS, key, value, |c| c.id) {
                 Some(conversation) => {
                     s.conversations.insert(conversation.id, conversation);
@@ -87,44 +87,44 @@ impl Scanned {
                 }
             }
         });
-        s.each(&store.prefixes, trees::PREFIXES, |s, key, value| {
+        s.each(&store.t()?.prefixes, trees::PREFIXES, |s, key, value| {
             if let Some(entry) = s.decoded::<PrefixEntry>(trees::PREFIXES, key, value) {
                 s.prefixes.push((key.to_vec(), entry));
             }
         });
-        s.each(&store.findings, trees::FINDINGS, |s, key, value| {
+        s.each(&store.t()?.findings, trees::FINDINGS, |s, key, value| {
             if let Some(mut finding) = s.record::<FindingRecord>(trees::FINDINGS, key, value, |f| f.id) {
                 finding.evidence = serde_json::Value::Null;
                 finding.summary = String::new();
                 s.findings.insert(finding.id, finding);
             }
         });
-        s.each(&store.replays, trees::REPLAYS, |s, key, value| {
+        s.each(&store.t()?.replays, trees::REPLAYS, |s, key, value| {
             s.decoded::<IgnoredAny>(trees::REPLAYS, key, value);
         });
         let fingerprints = store.db_tree(trees::FINGERPRINTS.as_bytes())?;
         s.each(&fingerprints, trees::FINGERPRINTS, |s, key, value| {
             s.decoded::<IgnoredAny>(trees::FINGERPRINTS, key, value);
         });
-        s.each(&store.conversation_turns, trees::CONVERSATION_TURNS, |s, key, _| {
+        s.each(&store.t()?.conversation_turns, trees::CONVERSATION_TURNS, |s, key, _| {
             if let Some(pair) = s.pair(trees::CONVERSATION_TURNS, key) {
                 s.conversation_turns.push(pair);
             }
         });
-        s.each(&store.conversation_findings, trees::CONVERSATION_FINDINGS, |s, key, _| {
+        s.each(&store.t()?.conversation_findings, trees::CONVERSATION_FINDINGS, |s, key, _| {
             if let Some(pair) = s.pair(trees::CONVERSATION_FINDINGS, key) {
                 s.conversation_findings.push(pair);
             }
         });
-        s.each(&store.by_updated, trees::CONVERSATIONS_BY_UPDATED, |s, key, _| {
+        s.each(&store.t()?.by_updated, trees::CONVERSATIONS_BY_UPDATED, |s, key, _| {
             if let Some(pair) = s.pair(trees::CONVERSATIONS_BY_UPDATED, key) {
                 s.by_updated.push(pair);
             }
         });
-        s.each(&store.ends, trees::ENDS, |s, key, value| s.ends.push(entry(key, value)));
-        s.each(&store.replies, trees::REPLIES, |s, key, value| s.replies.push(entry(key, value)));
-        s.each(&store.names, trees::NAMES, |s, key, value| s.names.push(entry(key, value)));
-        s.each(&store.response_ids, trees::RESPONSE_IDS, |s, key, value| s.response_ids.push(entry(key, value)));
+        s.each(&store.t()?.ends, trees::ENDS, |s, key, value| s.ends.push(entry(key, value)));
+        s.each(&store.t()?.replies, trees::REPLIES, |s, key, value| s.replies.push(entry(key, value)));
+        s.each(&store.t()?.names, trees::NAMES, |s, key, value| s.names.push(entry(key, value)));
+        s.each(&store.t()?.response_ids, trees::RESPONSE_IDS, |s, key, value| s.response_ids.push(entry(key, value)));
         Ok(s)
     }
 

@@ -142,7 +142,7 @@ fn a_damaged_large_message_loses_the_turns_that_need_it() {
     let large = "x".repeat(crate::codec::PACK_LIMIT);
     let big = draft(3, 5, &[large.as_str()], "r-big", None);
     store.commit_turn(&big).unwrap();
-    assert!(store.messages.contains_key(big.messages[0].0).unwrap());
+    assert!(store.t().unwrap().messages.contains_key(big.messages[0].0).unwrap());
     flip_byte(&store, trees::MESSAGES, &big.messages[0].0);
     without_journal(dir.path());
     let report = store.check().unwrap();
@@ -151,7 +151,7 @@ fn a_damaged_large_message_loses_the_turns_that_need_it() {
     store.repair(report).unwrap();
     only_losses_of(&store, &[3]);
     assert_eq!(store.conversations().unwrap().iter().map(|c| c.id).collect::<std::collections::BTreeSet<_>>(), [1, 2].into());
-    assert_eq!(store.packs.get(id_key(5)).unwrap(), None, "the lost turn's pack went with it");
+    assert_eq!(store.t().unwrap().packs.get(id_key(5)).unwrap(), None, "the lost turn's pack went with it");
 }
 
 #[test]
@@ -173,7 +173,7 @@ fn dangling_entries_and_a_finding_without_its_turn_are_removed() {
         cause: "cache_miss/2".into(),
     };
     store.put_finding(&finding).unwrap();
-    store.names.insert(b"ghost", &id_key(77)).unwrap();
+    store.t().unwrap().names.insert(b"ghost", &id_key(77)).unwrap();
     let report = store.check().unwrap();
     let keys: Vec<(&str, &str)> = report.problems.iter().map(|p| (p.tree.as_str(), p.key.as_str())).collect();
     assert!(keys.contains(&("findings", "1")) && keys.contains(&("conversation_findings", "2/1")), "{keys:?}");
@@ -227,20 +227,20 @@ fn a_store_written_before_checksums_and_packs_checks_clean() {
     let (store, _) = store_with_two_conversations(dir.path());
     // Rewrite every record bare, as a release before framing stored it: turns as JSON, their packed
     // messages stored by hash, every length's prefix entry.
-    for item in store.packs.iter() {
+    for item in store.t().unwrap().packs.iter() {
         let (key, value) = item.unwrap();
         let turn = store.turn(crate::codec::key_id(&key).unwrap()).unwrap().unwrap();
         let hashes = turn.new_messages.iter().copied().chain(turn.reply.as_deref().and_then(crate::from_hex));
         for (hash, json) in hashes.zip(crate::pack::decode_pack(&key, &value).unwrap().entries()) {
-            store.messages.insert(hash, json.unwrap()).unwrap();
+            store.t().unwrap().messages.insert(hash, json.unwrap()).unwrap();
         }
-        store.turns.insert(&key, crate::codec::json("turn", &turn).unwrap()).unwrap();
-        store.packs.remove(&key).unwrap();
+        store.t().unwrap().turns.insert(&key, crate::codec::json("turn", &turn).unwrap()).unwrap();
+        store.t().unwrap().packs.remove(&key).unwrap();
     }
-    for item in store.turns.iter() {
+    for item in store.t().unwrap().turns.iter() {
         let (key, value) = item.unwrap();
         let turn = store.decode_turn(&key, &value).unwrap();
-        store.turns.insert(&key, crate::codec::json("turn", &turn).unwrap()).unwrap();
+        store.t().unwrap().turns.insert(&key, crate::codec::json("turn", &turn).unwrap()).unwrap();
     }
     for name in [trees::CONVERSATIONS, trees::PREFIXES] {
         let tree = store.db_tree(name.as_bytes()).unwrap();
@@ -261,7 +261,7 @@ fn a_store_written_before_checksums_and_packs_checks_clean() {
 fn a_pack_whose_turn_is_gone_is_dangling() {
     let dir = tempfile::tempdir().unwrap();
     let (store, _) = store_with_two_conversations(dir.path());
-    store.packs.insert(id_key(9), crate::pack::encode_pack(&id_key(9), &[Some(&b"{}"[..])])).unwrap();
+    store.t().unwrap().packs.insert(id_key(9), crate::pack::encode_pack(&id_key(9), &[Some(&b"{}"[..])])).unwrap();
     let report = store.check().unwrap();
     assert!(report.problems.iter().any(|p| p.tree == "packs" && p.key == "9" && p.kind == ProblemKind::Dangling), "{:?}", report.problems);
     store.repair(report).unwrap();
@@ -328,8 +328,8 @@ fn turns_sled_lost_are_reported_missing_and_come_back_on_open() {
     // As sled's recovery leaves it after damage to its log: the newest records gone, though the
     // last checkpoint saw them flushed (past it they would be a crash's cut, not damage).
     store.checkpoint().unwrap();
-    store.turns.remove(id_key(3)).unwrap();
-    store.turns.remove(id_key(4)).unwrap();
+    store.t().unwrap().turns.remove(id_key(3)).unwrap();
+    store.t().unwrap().turns.remove(id_key(4)).unwrap();
     let report = store.check().unwrap();
     let missing: Vec<&str> =
         report.problems.iter().filter(|p| p.kind == ProblemKind::Missing && p.tree == "turns").map(|p| p.key.as_str()).collect();

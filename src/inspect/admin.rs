@@ -81,8 +81,10 @@ impl Records for AdminApi {
         )
     }
 
-    fn import(&self, jsonl: Vec<u8>) -> Pending<'_, u64> {
+    fn import<'a>(&'a self, file: &'a std::path::Path) -> Pending<'a, u64> {
         Box::pin(async move {
+            // One body; the proxy reads it line by line under its line limit.
+            let jsonl = std::fs::read(file).map_err(|source| InspectError::Io { what: "read", path: file.to_path_buf(), source })?;
             let answer: serde_json::Value = decode(&self.request("/api/import", http::Method::POST, Bytes::from(jsonl)).await?)?;
             answer["conversation"].as_u64().ok_or_else(|| InspectError::Unexpected(format!("no conversation id in {answer}")))
         })

@@ -107,8 +107,7 @@ pub async fn export(source: &dyn Records, id: u64) -> Result<(), InspectError> {
 }
 
 pub async fn import(source: &dyn Records, file: &Path) -> Result<(), InspectError> {
-    let bytes = std::fs::read(file).map_err(|source| InspectError::Io { what: "read", path: file.to_path_buf(), source })?;
-    let id = source.import(bytes).await?;
+    let id = source.import(file).await?;
     println!("imported as conversation {id}");
     Ok(())
 }

@@ -49,8 +49,8 @@ pub trait Records: Send + Sync {
     fn findings<'a>(&'a self, filter: &'a FindingFilter) -> Pending<'a, Vec<FindingRecord>>;
     /// The conversation as `ctxscope export` JSONL.
     fn export(&self, id: u64) -> Pending<'_, Vec<u8>>;
-    /// Reads an export in as a new conversation; its id.
-    fn import(&self, jsonl: Vec<u8>) -> Pending<'_, u64>;
+    /// Reads an export file in as a new conversation; its id.
+    fn import<'a>(&'a self, file: &'a Path) -> Pending<'a, u64>;
     fn put_replay<'a>(&'a self, entry: &'a ReplayEntry) -> Pending<'a, ()>;
     fn replay(&self, id: u64) -> Pending<'_, ReplayEntry>;
     /// Stored replay runs, newest first.
@@ -131,8 +131,14 @@ impl Records for LocalStore {
         }))
     }
 
-    fn import(&self, jsonl: Vec<u8>) -> Pending<'_, u64> {
-        done(Self::create(&self.dir).and_then(|()| Ok(self.open()?.import_conversation(&mut jsonl.as_slice())?)))
+    fn import<'a>(&'a self, file: &'a Path) -> Pending<'a, u64> {
+        // Read line by line as it is imported (each line bounded by the store's line limit).
+        let read = || {
+            let opened = std::fs::File::open(file).map_err(|source| InspectError::Io { what: "read", path: file.to_path_buf(), source })?;
+            Self::create(&self.dir)?;
+            Ok(self.open()?.import_conversation(&mut std::io::BufReader::new(opened))?)
+        };
+        done(read())
     }
 
     fn put_replay<'a>(&'a self, entry: &'a ReplayEntry) -> Pending<'a, ()> {

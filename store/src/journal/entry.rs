@@ -1,9 +1,12 @@
 //! What a journal record's payload says: JSON, LZ4-compressed. A turn keeps what its commit wrote
 //! that cannot be derived from earlier turns: its record, its conversation after it, the canonical
 //! JSON of the messages it added, and the prefix points it recorded (not its whole chain, which
-//! would grow with the conversation on every turn).
+//! would grow with the conversation on every turn). The turn's message hashes are left out: each is
+//! the SHA-256 of its message's canonical JSON, computed again when the record is read (as hex they
+//! would be most of a long request's record, and do not compress).
 
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::hash::{from_hex, to_hex, Hash};
 use crate::records::{ConversationRecord, FindingRecord, HashHex, TurnRecord};
@@ -25,11 +28,20 @@ pub struct TurnEntry {
 
 impl TurnEntry {
     /// The messages with their hashes, in the order a draft holds them; `None` when the turn's
-    /// hashes and the messages kept do not pair up.
+    /// reply is not the last message kept.
     pub fn hashed_messages(&self) -> Option<Vec<(Hash, Vec<u8>)>> {
-        let reply = self.turn.reply.as_deref().map(from_hex);
-        let hashes: Vec<Hash> = self.turn.new_messages.iter().copied().chain(reply.map(|r| r.unwrap_or_default())).collect();
-        (hashes.len() == self.messages.len()).then(|| hashes.into_iter().zip(self.messages.iter().map(|m| m.as_bytes().to_vec())).collect())
+        let hashed: Vec<(Hash, Vec<u8>)> =
+            self.messages.iter().map(|m| (Sha256::digest(m.as_bytes()).into(), m.as_bytes().to_vec())).collect();
+        match self.turn.reply.as_deref() {
+            Some(reply) => (hashed.last().map(|(h, _)| Some(*h)) == Some(from_hex(reply))).then_some(hashed),
+            None => Some(hashed),
+        }
+    }
+
+    /// The turn as committed: its new messages' hashes put back from the messages kept.
+    fn restore_hashes(&mut self) {
+        let new = self.messages.len() - usize::from(self.turn.reply.is_some() && !self.messages.is_empty());
+        self.turn.new_messages = self.messages[..new].iter().map(|m| Sha256::digest(m.as_bytes()).into()).collect();
     }
 
     pub fn points(&self) -> Vec<(usize, Hash)> {
@@ -55,6 +67,8 @@ pub fn encode_turn(
         head: Option<HashHex>,
         tail: Option<HashHex>,
     }
+    // The hashes go (see the module's note); a copy of the record without them.
+    let turn = &TurnRecord { new_messages: Vec::new(), ..turn.clone() };
     let out = Out {
         turn,
         conversation,
@@ -68,7 +82,9 @@ pub fn encode_turn(
 
 /// A turn record's payload read back.
 pub fn decode_turn(payload: &[u8], id: u64) -> Result<TurnEntry, StoreError> {
-    decompress("journal turn", payload, id)
+    let mut entry: TurnEntry = decompress("journal turn", payload, id)?;
+    entry.restore_hashes();
+    Ok(entry)
 }
 
 pub fn encode_finding(finding: &FindingRecord) -> Result<Vec<u8>, StoreError> {

@@ -4,34 +4,15 @@
 
 mod support;
 
-use std::process::Command;
-
+use ctxscope_testkit::tmpfs::Tmpfs;
 use serde_json::json;
 use support::upstream::Upstream;
 use support::*;
 
-struct Mount(std::path::PathBuf);
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_disk_drops_capture_not_traffic() {
-    let dir = tempfile::tempdir().unwrap();
-    let point = dir.path().join("small");
-    std::fs::create_dir(&point).unwrap();
-    let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", "size=3m", "tmpfs"]).arg(&point).status();
-    if !mounted.is_ok_and(|s| s.success()) {
-        if std::env::var_os("CTXSCOPE_SKIP_PRIVILEGED").is_some() {
-            eprintln!("skipped: cannot mount tmpfs and CTXSCOPE_SKIP_PRIVILEGED is set");
-            return;
-        }
-        panic!("cannot mount a tmpfs for the full-disk test (needs root); set CTXSCOPE_SKIP_PRIVILEGED=1 to skip");
-    }
-    let _mount = Mount(point.clone());
+    let Some(tmpfs) = Tmpfs::mount("3m") else { return };
+    let point = tmpfs.path().to_path_buf();
     let up = Upstream::start().await;
     let data = point.join("data");
     let proxy = Proxy::builder(&up.url(), &data).start();
@@ -68,8 +49,7 @@ async fn full_disk_drops_capture_not_traffic() {
     let stored = live.as_array().unwrap().len();
     assert!(stored > 0, "nothing stored before the disk filled");
     // Once there is room again, the next stored turn puts health back to "on".
-    let grown = Command::new("mount").args(["-o", "remount,size=64m"]).arg(&point).status().unwrap();
-    assert!(grown.success());
+    tmpfs.resize("64m");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let mut recovered = json!(null);
     for i in 0.. {
@@ -98,8 +78,7 @@ async fn full_disk_drops_capture_not_traffic() {
         let stderr = String::from_utf8_lossy(&listed.stderr);
         assert!(stderr.contains("disk is full"), "unclear error on a full disk: {stderr}");
         // ...and once space is freed, everything stored before is there.
-        let grown = Command::new("mount").args(["-o", "remount,size=16m"]).arg(&point).status().unwrap();
-        assert!(grown.success());
+        tmpfs.resize("16m");
     }
     let listed = cli(&["conversations", "--json", "--data", data.to_str().unwrap()]);
     assert!(listed.status.success(), "store unreadable after a full disk: {}", String::from_utf8_lossy(&listed.stderr));
@@ -120,18 +99,8 @@ async fn full_disk_drops_capture_not_traffic() {
 /// and none is stored in part.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capture_resumes_by_itself_after_sled_hit_a_full_disk() {
-    let dir = tempfile::tempdir().unwrap();
-    let point = dir.path().join("small");
-    std::fs::create_dir(&point).unwrap();
-    let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", "size=24m", "tmpfs"]).arg(&point).status();
-    if !mounted.is_ok_and(|s| s.success()) {
-        if std::env::var_os("CTXSCOPE_SKIP_PRIVILEGED").is_some() {
-            eprintln!("skipped: cannot mount tmpfs and CTXSCOPE_SKIP_PRIVILEGED is set");
-            return;
-        }
-        panic!("cannot mount a tmpfs for the full-disk test (needs root); set CTXSCOPE_SKIP_PRIVILEGED=1 to skip");
-    }
-    let _mount = Mount(point.clone());
+    let Some(tmpfs) = Tmpfs::mount("24m") else { return };
+    let point = tmpfs.path().to_path_buf();
     let up = Upstream::start().await;
     let data = point.join("data");
     // A long flush interval: turns wait in sled's buffer while the disk fills.
@@ -154,12 +123,7 @@ async fn capture_resumes_by_itself_after_sled_hit_a_full_disk() {
         send(i, 15_000).await;
     }
     proxy.wait_turns(15).await;
-    let filler = point.join("filler");
-    let mut file = std::fs::File::create(&filler).unwrap();
-    let block = vec![7u8; 64 << 10];
-    while std::io::Write::write_all(&mut file, &block).is_ok() {}
-    while std::io::Write::write_all(&mut file, &block[..512]).is_ok() {}
-    drop(file);
+    let filler = tmpfs.fill("filler");
     // sled's flush fails; requests keep being answered, their capture dropped.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
     let mut i = 15;

@@ -8,7 +8,6 @@
 use std::time::Instant;
 
 use ctxscope_store::*;
-use serde_json::json;
 
 const CONVERSATIONS: u64 = 3;
 const TURNS: u64 = 100;
@@ -18,53 +17,13 @@ fn drafts() -> Vec<TurnDraft> {
     let mut out = Vec::new();
     let mut id = 0;
     for c in 1..=CONVERSATIONS {
-        let mut hashes: Vec<Hash> = Vec::new();
-        let mut chain = Vec::new();
-        let mut h = ZERO_HASH;
+        let mut history: Vec<(&str, String)> = Vec::new();
         for t in 1..=TURNS {
             id += 1;
-            let text = format!("conversation {c} turn {t}: {}", "lorem ipsum dolor sit amet ".repeat(11));
-            let (user, user_bytes) = message_hash(&json!({"role": "user", "content": text}));
-            h = chain_next(&h, &user);
-            chain.push(h);
-            hashes.push(user);
-            let (reply, reply_bytes) = message_hash(&json!({"role": "assistant", "content": format!("reply {c}.{t} {}", "x".repeat(300))}));
-            let tail = chain_next(&h, &reply);
-            let mut turn = store_test_turn(id, c, vec![user]);
-            turn.index = (t - 1) as u32;
-            if t > 1 {
-                turn.base = Some(BaseRef { turn: id - 1, len: (hashes.len() - 1) as u32 });
-                turn.relation = Relation::Extend { parent_turn: id - 1 };
-            }
-            turn.message_count = hashes.len() as u32;
-            turn.head = to_hex(&h);
-            turn.reply = Some(to_hex(&reply));
-            turn.tail = Some(to_hex(&tail));
-            let conversation = ConversationRecord {
-                id: c,
-                name: None,
-                created_unix_ms: 1,
-                updated_unix_ms: id,
-                upstream: "u".into(),
-                model: None,
-                turns: t as u32,
-                last_turn: id,
-                last_head: turn.head.clone(),
-                last_message_count: turn.message_count,
-                last_tail: turn.tail.clone(),
-                branch_of: None,
-                last_reply: turn.reply.clone(),
-            };
-            out.push(TurnDraft {
-                messages: vec![(user, user_bytes), (reply, reply_bytes)],
-                chain: chain.clone(),
-                tail: Some(tail),
-                turn,
-                conversation,
-            });
-            h = tail;
-            chain.push(tail);
-            hashes.push(reply);
+            history.push(("user", format!("conversation {c} turn {t}: {}", "lorem ipsum dolor sit amet ".repeat(11))));
+            let reply = format!("reply {c}.{t} {}", "x".repeat(300));
+            out.push(store_test_draft(c, id, &history, &reply, t));
+            history.push(("assistant", reply));
         }
     }
     out

@@ -86,3 +86,50 @@ pub fn store_test_turn(id: u64, conversation: u64, new_messages: Vec<Hash>) -> T
         fingerprint: None,
     }
 }
+
+/// Turn `id`, the `t`-th (from 1) of conversation `c`: its request is `history` (role, text), its reply
+/// `reply`; past the first it extends the turn before it (id - 1) by its last request message. For
+/// tests and benchmarks in this crate and its dependents (feature `test-support`).
+#[cfg(any(test, feature = "test-support"))]
+pub fn store_test_draft(c: u64, id: u64, history: &[(&str, String)], reply: &str, t: u64) -> TurnDraft {
+    use serde_json::json;
+    let hashed: Vec<(Hash, Vec<u8>)> = history.iter().map(|(role, text)| message_hash(&json!({"role": role, "content": text}))).collect();
+    let mut chain = Vec::new();
+    let mut h = ZERO_HASH;
+    for (hash, _) in &hashed {
+        h = chain_next(&h, hash);
+        chain.push(h);
+    }
+    let base_len = if t == 1 { 0 } else { hashed.len() - 1 };
+    let (reply_hash, reply_bytes) = message_hash(&json!({"role": "assistant", "content": reply}));
+    let tail = chain_next(&h, &reply_hash);
+    let mut turn = store_test_turn(id, c, hashed[base_len..].iter().map(|(h, _)| *h).collect());
+    turn.index = (t - 1) as u32;
+    if t > 1 {
+        turn.base = Some(BaseRef { turn: id - 1, len: base_len as u32 });
+        turn.relation = Relation::Extend { parent_turn: id - 1 };
+    }
+    turn.message_count = hashed.len() as u32;
+    turn.head = to_hex(&h);
+    turn.reply = Some(to_hex(&reply_hash));
+    turn.tail = Some(to_hex(&tail));
+    turn.time_unix_ms = 1_000 + id;
+    let conversation = ConversationRecord {
+        id: c,
+        name: None,
+        created_unix_ms: 1_000,
+        updated_unix_ms: turn.time_unix_ms,
+        upstream: "u".into(),
+        model: None,
+        turns: t as u32,
+        last_turn: id,
+        last_head: turn.head.clone(),
+        last_message_count: turn.message_count,
+        last_tail: turn.tail.clone(),
+        branch_of: None,
+        last_reply: turn.reply.clone(),
+    };
+    let mut messages: Vec<(Hash, Vec<u8>)> = hashed[base_len..].to_vec();
+    messages.push((reply_hash, reply_bytes));
+    TurnDraft { messages, chain, tail: Some(tail), turn, conversation }
+}

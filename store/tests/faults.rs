@@ -29,7 +29,7 @@ fn build(dir: &Path) {
             let text = if c == 7 && t == 1 { "x".repeat(80_000) } else { format!("conversation {c} turn {t}") };
             history.push(("user", text));
             let reply = format!("reply {c}.{t}");
-            store.commit_turn(&draft(c, next_turn, &history, &reply, t)).unwrap();
+            store.commit_turn(&store_test_draft(c, next_turn, &history, &reply, t)).unwrap();
             history.push(("assistant", reply));
         }
         assert_eq!(store.next_id_in(IdSpace::Conversation).unwrap(), c);
@@ -38,49 +38,6 @@ fn build(dir: &Path) {
         store.next_id_in(IdSpace::Turn).unwrap();
     }
     store.checkpoint().unwrap();
-}
-
-/// A turn extending the conversation's previous one (`t` > 1) with its last request message.
-fn draft(c: u64, id: u64, history: &[(&str, String)], reply: &str, t: u64) -> TurnDraft {
-    let hashed: Vec<(Hash, Vec<u8>)> = history.iter().map(|(role, text)| message_hash(&json!({"role": role, "content": text}))).collect();
-    let mut chain = Vec::new();
-    let mut h = ZERO_HASH;
-    for (hash, _) in &hashed {
-        h = chain_next(&h, hash);
-        chain.push(h);
-    }
-    let base_len = if t == 1 { 0 } else { hashed.len() - 1 };
-    let (reply_hash, reply_bytes) = message_hash(&json!({"role": "assistant", "content": reply}));
-    let tail = chain_next(&h, &reply_hash);
-    let mut turn = store_test_turn(id, c, hashed[base_len..].iter().map(|(h, _)| *h).collect());
-    turn.index = (t - 1) as u32;
-    if t > 1 {
-        turn.base = Some(BaseRef { turn: id - 1, len: base_len as u32 });
-        turn.relation = Relation::Extend { parent_turn: id - 1 };
-    }
-    turn.message_count = hashed.len() as u32;
-    turn.head = to_hex(&h);
-    turn.reply = Some(to_hex(&reply_hash));
-    turn.tail = Some(to_hex(&tail));
-    turn.time_unix_ms = 1_000 + id;
-    let conversation = ConversationRecord {
-        id: c,
-        name: None,
-        created_unix_ms: 1_000,
-        updated_unix_ms: turn.time_unix_ms,
-        upstream: "u".into(),
-        model: None,
-        turns: t as u32,
-        last_turn: id,
-        last_head: turn.head.clone(),
-        last_message_count: turn.message_count,
-        last_tail: turn.tail.clone(),
-        branch_of: None,
-        last_reply: turn.reply.clone(),
-    };
-    let mut messages: Vec<(Hash, Vec<u8>)> = hashed[base_len..].to_vec();
-    messages.push((reply_hash, reply_bytes));
-    TurnDraft { messages, chain, tail: Some(tail), turn, conversation }
 }
 
 /// Every file of the store, largest first, with its length.
@@ -314,37 +271,15 @@ impl JournalScanFacts {
 /// (CTXSCOPE_SKIP_PRIVILEGED=1 skips it where that is impossible).
 #[test]
 fn a_store_sled_failed_to_write_is_reopened_once_there_is_room() {
-    let dir = tempfile::tempdir().unwrap();
-    let point = dir.path().join("small");
-    std::fs::create_dir(&point).unwrap();
-    let mounted = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"]).arg(&point).status();
-    if !mounted.is_ok_and(|s| s.success()) {
-        assert!(
-            std::env::var_os("CTXSCOPE_SKIP_PRIVILEGED").is_some(),
-            "cannot mount a tmpfs (needs root); CTXSCOPE_SKIP_PRIVILEGED=1 skips"
-        );
-        eprintln!("skipped: cannot mount tmpfs");
-        return;
-    }
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-    let _unmount = Unmount(point.clone());
+    let Some(tmpfs) = ctxscope_testkit::tmpfs::Tmpfs::mount("4m") else { return };
+    let point = tmpfs.path().to_path_buf();
     let data = point.join("data");
     let store = common::open(&data);
     let reader = store.clone();
-    store.commit_turn(&draft(1, 1, &[("user", "before".into())], "r", 1)).unwrap();
+    store.commit_turn(&store_test_draft(1, 1, &[("user", "before".into())], "r", 1)).unwrap();
     store.flush().unwrap();
     // Fill the disk to the last byte, then write past the free-space guard straight into sled.
-    let filler = point.join("filler");
-    let mut file = std::fs::File::create(&filler).unwrap();
-    let block = vec![7u8; 64 << 10];
-    while std::io::Write::write_all(&mut file, &block).is_ok() {}
-    while std::io::Write::write_all(&mut file, &block[..512]).is_ok() {}
-    drop(file);
+    let filler = tmpfs.fill("filler");
     let mut failed = false;
     for i in 0..64 {
         let (hash, bytes) = message_hash(&json!({"role": "user", "content": format!("{i} {}", "z".repeat(20_000))}));
@@ -361,7 +296,7 @@ fn a_store_sled_failed_to_write_is_reopened_once_there_is_room() {
     assert!(sticky.as_ref().is_err_and(StoreError::needs_reopen), "{sticky:?}");
     store.reopen(std::time::Duration::from_secs(2)).unwrap();
     assert!(store.is_open());
-    store.commit_turn(&draft(2, 2, &[("user", "after the reopen".into())], "r", 1)).unwrap();
+    store.commit_turn(&store_test_draft(2, 2, &[("user", "after the reopen".into())], "r", 1)).unwrap();
     store.flush().unwrap();
     // Every clone sees the reopened store, and nothing stored before the disk filled is lost.
     assert_eq!(reader.conversation_detail(1).unwrap().turns.len(), 1);

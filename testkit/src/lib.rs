@@ -8,8 +8,10 @@
 //! it is served is here, once. The `scripted-upstream` binary serves one fixed OpenAI-compatible
 //! script on it in a process of its own, for the `openai`-client tests in tests/python.
 //! [`sled_lock`]: opening a sled database again while the last handle's lock is still being let go.
+//! [`tmpfs`]: a small filesystem for full-disk tests, filled to its last byte on demand.
 
 pub mod sled_lock;
+pub mod tmpfs;
 pub mod upstream;
 
 pub use upstream::{json, raw, stream, Body, FakeUpstream, Options, Received, StreamWriter};

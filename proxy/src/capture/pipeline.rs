@@ -340,7 +340,7 @@ impl Pipeline {
             turn: turn.id,
             turn_index: turn.index,
             summary: draft.summary,
-            evidence: draft.evidence,
+            evidence: crate::detect::bound::evidence(draft.evidence),
             cause: draft.cause,
         };
         if !self.store.put_finding(&finding)? {

@@ -7,6 +7,7 @@
 mod align;
 mod amnesia;
 pub mod anatomy;
+pub mod bound;
 pub mod cache;
 pub mod config;
 pub mod context_report;

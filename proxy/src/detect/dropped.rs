@@ -11,8 +11,13 @@ use super::history::{self, Cause, Dropped, History};
 use super::{Context, Draft, Observation};
 
 /// The previous turn's history (messages and reply) against this request.
+/// Its working data (both sides' hashes and canonical messages: hundreds of MB of small blocks for a
+/// history of 100,000 messages) is scratch, like a request's parse tree, so that it does not pin the
+/// capture thread's pages once the turn is done.
 pub(crate) fn compare_history(store: &Store, previous: &TurnRecord, obs: &Observation<'_>) -> Result<History, StoreError> {
-    with_sides(store, previous, obs.hashes, obs.messages, |before, after| history::compare(before, after, rule_for(obs.turn)))
+    ctxscope_common::scratch::scope(|| {
+        with_sides(store, previous, obs.hashes, obs.messages, |before, after| history::compare(before, after, rule_for(obs.turn)))
+    })
 }
 
 /// Runs `f` on the previous turn's history (messages and reply) and a request's messages, both as

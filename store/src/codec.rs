@@ -12,8 +12,6 @@
 
 use serde::{de::DeserializeOwned, Serialize};
 
-use sha2::{Digest, Sha256};
-
 use crate::hash::Hash;
 use crate::records::TurnRecord;
 use crate::StoreError;
@@ -199,7 +197,7 @@ where
     let mut messages = Vec::with_capacity(requested);
     for entry in pack.take(requested) {
         messages.push(match entry {
-            Some(json) => Sha256::digest(json).into(),
+            Some(json) => crate::hash::canonical_hash(json),
             None => stored.next().ok_or_else(|| bad("fewer message hashes than its pack leaves out"))?,
         });
     }
@@ -294,9 +292,9 @@ mod tests {
     fn a_packed_turn_leaves_its_packed_hashes_to_its_pack() {
         let (a, b, reply) = (&b"{\"content\":\"a\"}"[..], &b"{\"content\":\"b\"}"[..], &b"{\"content\":\"r\"}"[..]);
         let large: Hash = [9; 32];
-        let hashes: Vec<Hash> = vec![Sha256::digest(a).into(), large, Sha256::digest(b).into()];
+        let hashes: Vec<Hash> = vec![crate::hash::canonical_hash(a), large, crate::hash::canonical_hash(b)];
         let mut turn = crate::store_test_turn(7, 1, hashes.clone());
-        turn.reply = Some(crate::to_hex(&Sha256::digest(reply).into()));
+        turn.reply = Some(crate::to_hex(&crate::hash::canonical_hash(reply)));
         let key = id_key(7);
         let value = encode_packed_turn(&key, &turn, |i| i != 1).unwrap();
         assert_eq!(value[0], FRAME_TURN_V3);

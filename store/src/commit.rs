@@ -94,6 +94,7 @@ impl Store {
     /// A turn's own records: its new messages and pack, the turn, its place in its conversation's
     /// list, its Responses API id and its prefix entries.
     pub(crate) fn turn_local_ops(&self, commit: &Commit<'_>) -> Result<Vec<Op>, StoreError> {
+        let t = self.t()?;
         let (turn, conversation) = (commit.turn, commit.conversation);
         debug_assert_eq!(turn.conversation, conversation.id, "a turn commits with its own conversation");
         let turn_key = id_key(turn.id);
@@ -104,7 +105,7 @@ impl Store {
 
         let mut ops = Vec::with_capacity(messages.len() + prefixes.len() + 12);
         for (hash, value) in messages {
-            if !self.t()?.messages.contains_key(hash)? {
+            if !t.messages.contains_key(hash)? {
                 ops.push(Op::put(Slot::Messages, hash, value));
             }
         }
@@ -117,7 +118,7 @@ impl Store {
             ops.push(Op::put(Slot::ResponseIds, id.as_bytes(), turn_key));
         }
         for (chain, value) in prefixes {
-            if !self.t()?.prefixes.contains_key(chain)? {
+            if !t.prefixes.contains_key(chain)? {
                 ops.push(Op::put(Slot::Prefixes, chain, value));
             }
         }
@@ -126,22 +127,23 @@ impl Store {
 
     /// The conversation's record as it stands after the turn, and its indexes moved to it.
     fn conversation_ops(&self, commit: &Commit<'_>, ops: &mut Vec<Op>) -> Result<(), StoreError> {
+        let t = self.t()?;
         let conversation = commit.conversation;
         let conversation_key = id_key(conversation.id);
         let conversation_value = encode(trees::CONVERSATIONS, &conversation_key, conversation)?;
         let reply = conversation.last_reply.as_deref().and_then(from_hex);
         // The previous conversation record says which index entries move.
-        if let Some(old) = self.t()?.conversations.get(conversation_key)? {
+        if let Some(old) = t.conversations.get(conversation_key)? {
             let old: ConversationRecord = decode(trees::CONVERSATIONS, &conversation_key, &old)?;
             ops.push(Op::remove(Slot::ByUpdated, pair_key(old.updated_unix_ms, old.id)));
             let old_ends = [from_hex(&old.last_head), old.last_tail.as_deref().and_then(from_hex)];
             for end in old_ends.iter().flatten() {
-                if self.t()?.ends.get(end)?.as_deref() == Some(&conversation_key[..]) {
+                if t.ends.get(end)?.as_deref() == Some(&conversation_key[..]) {
                     ops.push(Op::remove(Slot::Ends, end));
                 }
             }
             if let Some(old_reply) = old.last_reply.as_deref().and_then(from_hex) {
-                if self.t()?.replies.get(old_reply)?.as_deref() == Some(&conversation_key[..]) {
+                if t.replies.get(old_reply)?.as_deref() == Some(&conversation_key[..]) {
                     ops.push(Op::remove(Slot::Replies, old_reply));
                 }
             }

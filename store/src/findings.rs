@@ -38,9 +38,10 @@ impl Store {
 
     /// [`Store::put_finding`] without the journal (restoring from it).
     pub(crate) fn store_finding(&self, finding: &FindingRecord) -> Result<bool, StoreError> {
+        let t = self.t()?;
         let key = id_key(finding.id);
         let value = encode(trees::FINDINGS, &key, finding)?;
-        let trees = (&self.t()?.finding_causes, &self.t()?.findings, &self.t()?.conversation_findings);
+        let trees = (&t.finding_causes, &t.findings, &t.conversation_findings);
         let stored = trees.transaction(|(causes, findings, by_conversation)| {
             if causes.get(finding.cause.as_bytes())?.is_some() {
                 return Ok(false);

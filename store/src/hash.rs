@@ -70,7 +70,12 @@ fn only_text_keys(part: &Value) -> bool {
 pub fn message_hash(message: &Value) -> (Hash, Vec<u8>) {
     let canonical = canonical_message(message);
     let bytes = serde_json::to_vec(&canonical).unwrap_or_default();
-    (Sha256::digest(&bytes).into(), bytes)
+    (canonical_hash(&bytes), bytes)
+}
+
+/// A message's content address from its canonical JSON (what [`message_hash`] computes).
+pub fn canonical_hash(canonical: &[u8]) -> Hash {
+    Sha256::digest(canonical).into()
 }
 
 /// One step of the prefix chain.

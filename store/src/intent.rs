@@ -148,11 +148,12 @@ impl Store {
     /// finishing any an earlier write left). Large packs and messages go to their own files first
     /// (`spill`); the intent and sled hold their markers.
     pub(crate) fn write_intended(&self, key: &[u8], ops: Vec<Op>) -> Result<(), StoreError> {
+        let t = self.t()?;
         self.finish_intents()?;
         let ops = ops.into_iter().map(|op| self.spill_large(op)).collect::<Result<Vec<_>, _>>()?;
-        self.t()?.intents.insert(key, encode(key, &ops))?;
+        t.intents.insert(key, encode(key, &ops))?;
         self.apply(&ops)?;
-        self.t()?.intents.remove(key)?;
+        t.intents.remove(key)?;
         Ok(())
     }
 
@@ -160,11 +161,12 @@ impl Store {
     /// first; returns how many. One that cannot be read (damaged) is removed and reported: what it
     /// had applied, if anything, is left for `store check` to judge.
     pub(crate) fn finish_intents(&self) -> Result<usize, StoreError> {
+        let t = self.t()?;
         let mut finished = 0;
-        if self.t()?.intents.is_empty() {
+        if t.intents.is_empty() {
             return Ok(finished);
         }
-        for item in self.t()?.intents.iter() {
+        for item in t.intents.iter() {
             let (key, value) = item?;
             match decode(&key, &value) {
                 Ok(ops) => {
@@ -173,7 +175,7 @@ impl Store {
                 }
                 Err(error) => tracing::error!(%error, "an unfinished turn's write intent is damaged; dropped it"),
             }
-            self.t()?.intents.remove(&key)?;
+            t.intents.remove(&key)?;
         }
         Ok(finished)
     }

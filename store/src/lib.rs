@@ -18,6 +18,7 @@ pub use retention::{RetentionPolicy, RetentionReport};
 pub use store::{IdSpace, Store, StoreOptions, SCHEMA_VERSION};
 mod bulk;
 pub mod check;
+mod clock;
 mod commit;
 pub mod export;
 mod findings;

@@ -90,7 +90,7 @@ impl Store {
         }
         let recorded = Loss {
             id: known.iter().map(|l| l.id).max().unwrap_or(0) + 1,
-            found_unix_ms: now_ms(),
+            found_unix_ms: crate::clock::now_ms(),
             conversations: loss.conversations,
             turns: loss.turns,
             detail: loss.detail,
@@ -111,7 +111,7 @@ impl Store {
     /// losses stay in the file, no longer shown as warnings.
     pub fn acknowledge_losses(&self, ids: &[u64]) -> Result<usize, StoreError> {
         let mut losses = self.losses()?;
-        let now = now_ms();
+        let now = crate::clock::now_ms();
         let mut changed = 0;
         for loss in losses.iter_mut().filter(|l| !l.acknowledged() && (ids.is_empty() || ids.contains(&l.id))) {
             loss.acknowledged_unix_ms = Some(now);
@@ -180,6 +180,7 @@ impl Store {
 
     /// Records as lost the turns a damaged stretch of the journal may have held that sled lacks.
     pub(crate) fn record_gap_losses(&self, scan: &JournalScan) -> Result<(), StoreError> {
+        let t = self.t()?;
         let newest = scan.max_ids().1.max(self.counter(IdSpace::Turn)?);
         for (span, ids) in scan.gaps() {
             let last_len = scan.segments.last().filter(|(n, _)| *n == span.segment).map(|(_, len)| *len);
@@ -189,7 +190,7 @@ impl Store {
             }
             let mut lost = Vec::new();
             for id in *ids.start()..=(*ids.end()).min(newest) {
-                if !self.t()?.turns.contains_key(crate::codec::id_key(id))? {
+                if !t.turns.contains_key(crate::codec::id_key(id))? {
                     lost.push(id);
                 }
             }
@@ -227,8 +228,4 @@ pub(crate) fn ranges(ids: &[u64]) -> String {
         }
     }
     runs.iter().map(|(a, b)| if a == b { a.to_string() } else { format!("{a}..={b}") }).collect::<Vec<_>>().join(", ")
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }

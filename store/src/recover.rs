@@ -42,17 +42,17 @@ pub struct Restored {
 impl Store {
     /// The journal's turns and findings that sled lacks (of conversations not removed on purpose).
     pub(crate) fn missing_from(&self, scan: &JournalScan) -> Result<Missing, StoreError> {
+        let trees = self.t()?;
         let mut missing = Missing::default();
         for record in scan.live(Kind::Turn) {
-            if !self.t()?.turns.contains_key(id_key(record.id))? {
+            if !trees.turns.contains_key(id_key(record.id))? {
                 missing.turns.push(*record);
             }
         }
         // A finding counts when the turn it names is there: one without it is dangling (`check`).
         let mut reader = Reader::new(self.path());
-        let trees = self.t()?;
         for record in scan.live(Kind::Finding) {
-            if self.t()?.findings.contains_key(id_key(record.id))? || !self.t()?.conversations.contains_key(id_key(record.conversation))? {
+            if trees.findings.contains_key(id_key(record.id))? || !trees.conversations.contains_key(id_key(record.conversation))? {
                 continue;
             }
             let finding = reader.payload(record).and_then(|payload| crate::journal::decode_finding(&payload, record.id));
@@ -102,8 +102,7 @@ impl Store {
     /// opens a new sled there and puts back everything the journal holds. Returns the store and the
     /// folder the old files went to.
     pub fn rebuild(path: &Path, options: &crate::StoreOptions) -> Result<(Store, std::path::PathBuf), StoreError> {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
-        let aside = path.join(format!("damaged-{now}"));
+        let aside = path.join(format!("damaged-{}", crate::clock::now_ms()));
         let io = |source| StoreError::Spill { path: aside.clone(), source };
         std::fs::create_dir_all(&aside).map_err(io)?;
         for entry in std::fs::read_dir(path).map_err(io)? {

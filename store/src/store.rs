@@ -173,6 +173,10 @@ impl Store {
         store.init_id_counters()?;
         store.backfill_updated_index()?;
         let mut store = store;
+        if !(recover || journal_writes) {
+            // Opened as found and never appended to: the journal is not read (a check reads it).
+            return Ok(store);
+        }
         let scan = crate::journal::restore::JournalScan::read(path)?;
         if recover {
             let restored = store.recover(&scan)?;
@@ -189,18 +193,20 @@ impl Store {
     /// Each id space's counter starts at 0 in a new store; in one written before the spaces had their
     /// own counters, above every id the shared counter handed out.
     fn init_id_counters(&self) -> Result<(), StoreError> {
-        let empty = self.t()?.turns.is_empty() && self.t()?.findings.is_empty() && self.t()?.conversations.is_empty();
+        let t = self.t()?;
+        let empty = t.turns.is_empty() && t.findings.is_empty() && t.conversations.is_empty();
         for space in [IdSpace::Conversation, IdSpace::Turn, IdSpace::Finding] {
-            if self.t()?.meta.get(space.key())?.is_none() {
-                let floor = if empty { 0 } else { self.t()?.db.generate_id()? + 1 };
-                self.t()?.meta.insert(space.key(), &floor.to_be_bytes())?;
+            if t.meta.get(space.key())?.is_none() {
+                let floor = if empty { 0 } else { t.db.generate_id()? + 1 };
+                t.meta.insert(space.key(), &floor.to_be_bytes())?;
             }
         }
         Ok(())
     }
 
     fn check_schema(&self) -> Result<(), StoreError> {
-        match self.t()?.meta.get(codec::SCHEMA_KEY)? {
+        let t = self.t()?;
+        match t.meta.get(codec::SCHEMA_KEY)? {
             Some(bytes) => {
                 let found = bytes
                     .as_ref()
@@ -211,12 +217,12 @@ impl Store {
                     return Err(StoreError::Schema { path: self.path.clone(), found, expected: SCHEMA_VERSION });
                 }
                 if found != SCHEMA_VERSION {
-                    self.t()?.meta.insert(codec::SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes())?;
+                    t.meta.insert(codec::SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes())?;
                 }
             }
-            None if self.t()?.turns.is_empty() && self.t()?.messages.is_empty() => {
-                self.t()?.meta.insert(codec::SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes())?;
-                self.t()?.db.flush()?;
+            None if t.turns.is_empty() && t.messages.is_empty() => {
+                t.meta.insert(codec::SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes())?;
+                t.db.flush()?;
             }
             None => return Err(StoreError::Corrupt { path: self.path.clone(), detail: "records without a schema version".into() }),
         }
@@ -315,11 +321,12 @@ impl Store {
 
     /// Stores a canonical message once; returns whether it was new.
     pub fn put_message(&self, hash: &Hash, canonical_json: &[u8]) -> Result<bool, StoreError> {
-        if self.t()?.messages.contains_key(hash)? {
+        let t = self.t()?;
+        if t.messages.contains_key(hash)? {
             return Ok(false);
         }
         let value = self.spill.put(trees::MESSAGES, hash, codec::frame(hash, canonical_json))?;
-        let previous = self.t()?.messages.compare_and_swap(hash, None as Option<&[u8]>, Some(value))?;
+        let previous = t.messages.compare_and_swap(hash, None as Option<&[u8]>, Some(value))?;
         Ok(previous.is_ok())
     }
 
@@ -346,9 +353,10 @@ impl Store {
 
     /// Writes a turn whose messages are already stored by hash ([`Store::put_message`]; import).
     pub fn put_turn(&self, turn: &TurnRecord) -> Result<(), StoreError> {
+        let t = self.t()?;
         let key = id_key(turn.id);
-        self.t()?.turns.insert(key, codec::encode_turn(&key, turn)?)?;
-        self.t()?.conversation_turns.insert(pair_key(turn.conversation, turn.id), &[])?;
+        t.turns.insert(key, codec::encode_turn(&key, turn)?)?;
+        t.conversation_turns.insert(pair_key(turn.conversation, turn.id), &[])?;
         Ok(())
     }
 
@@ -430,18 +438,19 @@ impl Store {
     /// Deletes every message stored by hash that no remaining turn references; returns how many went.
     /// (A turn's packed messages go with the turn.)
     pub fn sweep_messages(&self) -> Result<usize, StoreError> {
+        let t = self.t()?;
         let mut live = std::collections::HashSet::new();
-        for item in self.t()?.turns.iter() {
+        for item in t.turns.iter() {
             let (key, value) = item?;
             let turn = self.decode_turn(&key, &value)?;
             live.extend(turn.new_messages);
             live.extend(turn.reply.as_deref().and_then(crate::from_hex));
         }
         let mut removed = 0;
-        for item in self.t()?.messages.iter() {
+        for item in t.messages.iter() {
             let (key, value) = item?;
             if !Hash::try_from(&key[..]).is_ok_and(|hash| live.contains(&hash)) {
-                self.t()?.messages.remove(&key)?;
+                t.messages.remove(&key)?;
                 self.spill.remove(trees::MESSAGES, &key, &value);
                 removed += 1;
             }

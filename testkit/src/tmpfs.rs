@@ -5,21 +5,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// A mounted tmpfs; unmounted (lazily) when dropped.
+/// A mounted tmpfs; unmounted (lazily) when dropped, then its mount point removed.
 pub struct Tmpfs {
     point: PathBuf,
-    _dir: tempfile_dir::TempDir,
-}
-
-mod tempfile_dir {
-    /// A directory removed when dropped (std only: the kit has no tempfile dependency).
-    pub struct TempDir(pub std::path::PathBuf);
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    _dir: tempfile::TempDir,
 }
 
 impl Tmpfs {
@@ -27,11 +16,9 @@ impl Tmpfs {
     /// mount: `None` when CTXSCOPE_SKIP_PRIVILEGED is set (the test says it skipped), else a panic
     /// that says how to skip.
     pub fn mount(size: &str) -> Option<Tmpfs> {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        let dir = std::env::temp_dir().join(format!("ctxscope-tmpfs-{}-{nanos}", std::process::id()));
-        let point = dir.join("small");
-        std::fs::create_dir_all(&point).expect("create the mount point");
-        let dir = tempfile_dir::TempDir(dir);
+        let dir = tempfile::tempdir().expect("create a temporary directory");
+        let point = dir.path().join("small");
+        std::fs::create_dir(&point).expect("create the mount point");
         let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"]).arg(&point).status();
         if mounted.is_ok_and(|s| s.success()) {
             return Some(Tmpfs { point, _dir: dir });

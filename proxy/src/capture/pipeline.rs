@@ -432,6 +432,13 @@ fn record_metrics(turn: &TurnRecord) {
 }
 
 impl Pipeline {
+    /// Schedules a reopen after an error that sled keeps until reopened ([`Pipeline::heal`]).
+    fn reopen_after(&mut self, error: &StoreError) {
+        if error.needs_reopen() && self.reopen.is_none() {
+            self.reopen = Some((Instant::now() + REOPEN_FIRST, REOPEN_FIRST));
+        }
+    }
+
     /// After sled failed to write, reopens it once the wait is over (doubling the wait, up to
     /// [`REOPEN_LONGEST`], while it cannot be reopened: the disk still full). The exchanges that fail
     /// meanwhile are counted as dropped; none is stored in part.
@@ -474,9 +481,7 @@ impl Sink for Pipeline {
                     if let Some(health) = &self.health {
                         health.write_failed(store_error);
                     }
-                    if store_error.needs_reopen() && self.reopen.is_none() {
-                        self.reopen = Some((Instant::now() + REOPEN_FIRST, REOPEN_FIRST));
-                    }
+                    self.reopen_after(store_error);
                 }
                 m::dropped(error.reason());
                 self.warnings.warn(&exchange.path, &error);
@@ -493,9 +498,7 @@ impl Sink for Pipeline {
             self.checkpointed = Instant::now();
             if let Err(error) = self.store.checkpoint() {
                 tracing::warn!(%error, "store checkpoint failed");
-                if error.needs_reopen() && self.reopen.is_none() {
-                    self.reopen = Some((Instant::now() + REOPEN_FIRST, REOPEN_FIRST));
-                }
+                self.reopen_after(&error);
             }
         }
     }

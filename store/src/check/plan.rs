@@ -87,7 +87,7 @@ pub(crate) fn judge(store: &Store, mut s: Scanned) -> Result<CheckReport, StoreE
     for (id, turn) in &s.turns {
         belonged.entry(turn.conversation).or_default().insert(*id);
     }
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let now = crate::clock::now_ms();
     let ids: BTreeSet<u64> = s.conversations.keys().chain(&s.damaged_conversations).chain(turns_of.keys()).copied().collect();
     let mut alive: BTreeMap<u64, ConversationRecord> = BTreeMap::new();
     let mut changed: BTreeSet<u64> = BTreeSet::new();

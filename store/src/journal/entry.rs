@@ -6,9 +6,8 @@
 //! would be most of a long request's record, and do not compress).
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
-use crate::hash::{from_hex, to_hex, Hash};
+use crate::hash::{canonical_hash, from_hex, to_hex, Hash};
 use crate::records::{ConversationRecord, FindingRecord, HashHex, TurnRecord};
 use crate::StoreError;
 
@@ -27,21 +26,23 @@ pub struct TurnEntry {
 }
 
 impl TurnEntry {
-    /// The messages with their hashes, in the order a draft holds them; `None` when the turn's
-    /// reply is not the last message kept.
+    /// The messages with their hashes, in the order a draft holds them (the turn's new messages' hashes,
+    /// put back on reading, then its reply's); `None` when the last message kept is not the reply the
+    /// turn names.
     pub fn hashed_messages(&self) -> Option<Vec<(Hash, Vec<u8>)>> {
-        let hashed: Vec<(Hash, Vec<u8>)> =
-            self.messages.iter().map(|m| (Sha256::digest(m.as_bytes()).into(), m.as_bytes().to_vec())).collect();
-        match self.turn.reply.as_deref() {
-            Some(reply) => (hashed.last().map(|(h, _)| Some(*h)) == Some(from_hex(reply))).then_some(hashed),
-            None => Some(hashed),
-        }
+        let reply = match (self.turn.reply.as_deref(), self.messages.last()) {
+            (Some(hex), Some(last)) => Some(from_hex(hex).filter(|hash| *hash == canonical_hash(last.as_bytes()))?),
+            (Some(_), None) => return None,
+            (None, _) => None,
+        };
+        let hashes = self.turn.new_messages.iter().copied().chain(reply);
+        Some(hashes.zip(&self.messages).map(|(hash, message)| (hash, message.as_bytes().to_vec())).collect())
     }
 
     /// The turn as committed: its new messages' hashes put back from the messages kept.
     fn restore_hashes(&mut self) {
         let new = self.messages.len() - usize::from(self.turn.reply.is_some() && !self.messages.is_empty());
-        self.turn.new_messages = self.messages[..new].iter().map(|m| Sha256::digest(m.as_bytes()).into()).collect();
+        self.turn.new_messages = self.messages[..new].iter().map(|m| canonical_hash(m.as_bytes())).collect();
     }
 
     pub fn points(&self) -> Vec<(usize, Hash)> {

@@ -15,6 +15,9 @@ pub enum CliError {
     Proxy(Box<ctxscope_proxy::RunError>),
     #[error(transparent)]
     Upstream(#[from] ctxscope_proxy::upstream::UpstreamError),
+    /// `ctxscope run` could not start or watch its child.
+    #[error(transparent)]
+    Run(crate::run::RunError),
     #[error(transparent)]
     AdminBind(#[from] ctxscope_proxy::admin::ui::auth::BindError),
     #[error(transparent)]
@@ -65,6 +68,17 @@ pub enum CliError {
     Usage(&'static str),
     #[error(transparent)]
     Check(#[from] crate::store_check::CheckError),
+}
+
+impl CliError {
+    /// The process's exit code for this error: a shell's 127/126 when `run` cannot start its child,
+    /// else 1.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Run(error) => error.exit_code(),
+            _ => 1,
+        }
+    }
 }
 
 impl From<ctxscope_proxy::RunError> for CliError {

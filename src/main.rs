@@ -10,6 +10,7 @@ mod inspect;
 mod models;
 mod render;
 mod replay;
+mod run;
 mod serve;
 mod store_check;
 
@@ -47,6 +48,11 @@ enum Command {
     },
     /// Run the capture proxy in front of an OpenAI/Anthropic-compatible engine.
     Proxy(ProxyArgs),
+    /// Run a harness with a capture proxy in front of its engine: `ctxscope run -- CMD ARGS...`.
+    /// The proxy takes free loopback ports, the child's OPENAI_BASE_URL, ANTHROPIC_BASE_URL and
+    /// OLLAMA_HOST point at it, signals sent to ctxscope reach the child, and when the child exits
+    /// capture is drained and its exit code returned. Logs only warnings unless CTXSCOPE_LOG says more.
+    Run(RunArgs),
     /// List captured conversations.
     Conversations {
         #[command(flatten)]
@@ -192,9 +198,9 @@ struct ServeArgs {
 /// Capture flags shared by `proxy` and `serve`.
 #[derive(Args)]
 struct CaptureArgs {
-    /// Metrics, health and the JSON API.
-    #[arg(long, default_value = "127.0.0.1:9090")]
-    admin: SocketAddr,
+    /// Metrics, health and the JSON API (default 127.0.0.1:9090; `run`: a free loopback port).
+    #[arg(long)]
+    admin: Option<SocketAddr>,
     /// Capture store directory.
     #[arg(long, default_value = "./ctxscope-data")]
     data: PathBuf,
@@ -295,10 +301,18 @@ struct CaptureArgs {
     launch_logs: PathBuf,
 }
 
+/// The admin port of `proxy` and `serve` without `--admin`.
+const DEFAULT_ADMIN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9090);
+
 impl CaptureArgs {
+    /// `--admin`, or `default` without it.
+    fn admin_or(&self, default: SocketAddr) -> SocketAddr {
+        self.admin.unwrap_or(default)
+    }
+
     /// Applies the capture flags to a proxy configuration.
     fn apply(&self, config: &mut ProxyConfig) -> Result<(), CliError> {
-        ctxscope_proxy::admin::ui::auth::check_bind(self.admin, self.admin_token.as_deref())?;
+        ctxscope_proxy::admin::ui::auth::check_bind(self.admin_or(DEFAULT_ADMIN), self.admin_token.as_deref())?;
         config.admin_token = self.admin_token.clone();
         config.data_dir = (!self.no_capture).then(|| self.data.clone());
         config.session_header = self.session_header.clone();
@@ -389,6 +403,30 @@ struct ProxyArgs {
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
     #[command(flatten)]
+    options: ProxyOptions,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Base URL of the engine (default: where the child would have sent its requests:
+    /// OPENAI_BASE_URL, else ANTHROPIC_BASE_URL, else OLLAMA_HOST). With it, all three variables
+    /// are pointed at the proxy; without it, a variable naming another server is left alone.
+    #[arg(long)]
+    upstream: Option<String>,
+    /// The proxy's address (default: a free loopback port).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    #[command(flatten)]
+    options: ProxyOptions,
+    /// The harness to run, after `--`: e.g. `ctxscope run -- codex exec "..."`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<std::ffi::OsString>,
+}
+
+/// The proxy's flags, shared by `proxy` and `run`.
+#[derive(Args)]
+struct ProxyOptions {
+    #[command(flatten)]
     capture: CaptureArgs,
     /// The upstream model's tokenizer: a tokenizer.json (or its directory) or a GGUF file.
     #[arg(long)]
@@ -442,20 +480,32 @@ fn parse_finding_kind(text: &str) -> Result<ctxscope_store::FindingKind, String>
 
 fn main() -> ExitCode {
     alloc::release_freed_memory_at_once();
-    init_tracing();
     let cli = Cli::parse();
+    // `run` shares the terminal with the harness: only warnings, unless CTXSCOPE_LOG says more.
+    init_tracing(if matches!(cli.command, Command::Run(_)) { "warn" } else { "info" });
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().on_thread_park(alloc::collect_when_idle).build() {
         Ok(rt) => rt,
         Err(e) => return fail(&format!("cannot start the async runtime: {e}")),
     };
+    if let Command::Run(args) = cli.command {
+        // The child decides when to stop: signals are passed on to it, not acted on.
+        return match runtime.block_on(run_child(args)) {
+            Ok(code) => ExitCode::from(code),
+            Err(error) => {
+                eprintln!("ctxscope: {error}");
+                ExitCode::from(error.exit_code())
+            }
+        };
+    }
     let result: Result<(), CliError> = runtime.block_on(async move {
         // Installed before anything starts, so that a signal during start-up stops it cleanly.
         let shutdown = shutdown_signal();
         match cli.command {
+            Command::Run(_) => unreachable!("handled above"),
             Command::Serve(args) => {
                 let mut config = ProxyConfig::new(Upstream::parse("http://127.0.0.1:0")?);
                 args.capture.apply(&mut config)?;
-                let front = serve::FrontSettings { proxy: args.proxy, admin: args.capture.admin, config };
+                let front = serve::FrontSettings { proxy: args.proxy, admin: args.capture.admin_or(DEFAULT_ADMIN), config };
                 Ok(serve::run_serve(args.engine.settings()?, front, shutdown).await?)
             }
             Command::Engine(args) => Ok(serve::run_engine(args.settings()?, shutdown).await?),
@@ -489,20 +539,45 @@ fn main() -> ExitCode {
     }
 }
 
+impl ProxyOptions {
+    /// The proxy's configuration in front of `upstream`.
+    fn config(&self, upstream: &str) -> Result<ProxyConfig, CliError> {
+        let mut config = ProxyConfig::new(Upstream::parse(upstream)?);
+        self.capture.apply(&mut config)?;
+        config.tokenizer = self.tokenizer.clone();
+        config.chat_format = self.chat_format;
+        config.queue_capacity = self.queue_capacity;
+        config.max_request_bytes = self.max_request_bytes;
+        config.max_capture_bytes = self.max_capture_bytes;
+        config.retention.max_age = self.retain_days.map(|d| Duration::from_secs_f64(d * 86400.0));
+        config.retention.max_bytes = self.retain_bytes;
+        Ok(config)
+    }
+}
+
 async fn run_proxy(args: ProxyArgs, shutdown: impl std::future::Future<Output = ()>) -> Result<(), CliError> {
-    let upstream = Upstream::parse(&args.upstream)?;
-    let mut config = ProxyConfig::new(upstream);
-    args.capture.apply(&mut config)?;
-    config.tokenizer = args.tokenizer;
-    config.chat_format = args.chat_format;
-    config.queue_capacity = args.queue_capacity;
-    config.max_request_bytes = args.max_request_bytes;
-    config.max_capture_bytes = args.max_capture_bytes;
-    config.retention.max_age = args.retain_days.map(|d| Duration::from_secs_f64(d * 86400.0));
-    config.retention.max_bytes = args.retain_bytes;
+    let config = args.options.config(&args.upstream)?;
     let proxy = error::bind(args.listen).await?;
-    let admin = error::bind(args.capture.admin).await?;
+    let admin = error::bind(args.options.capture.admin_or(DEFAULT_ADMIN)).await?;
     Ok(ctxscope_proxy::run(config, proxy, admin, shutdown).await?)
+}
+
+/// `ctxscope run`: the proxy around one child; the child's exit code.
+async fn run_child(args: RunArgs) -> Result<u8, CliError> {
+    let plan = run::plan(args.upstream.as_deref(), |name| std::env::var(name).ok()).map_err(CliError::Run)?;
+    let config = args.options.config(&plan.upstream)?;
+    let data = config.data_dir.clone();
+    let proxy = error::bind(args.listen).await?;
+    let loopback = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
+    let admin = error::bind(args.options.capture.admin_or(loopback)).await?;
+    let mut command = args.command.into_iter();
+    let child = run::Child { program: command.next().unwrap_or_default(), args: command.collect() };
+    let serve = move |proxy, admin, stop: tokio::sync::oneshot::Receiver<()>| {
+        tokio::spawn(ctxscope_proxy::run(config, proxy, admin, async move {
+            let _ = stop.await;
+        }))
+    };
+    run::run(&plan, proxy, admin, data.as_deref(), serve, child).await.map_err(CliError::Run)
 }
 
 /// Resolves on SIGINT or SIGTERM. The handlers are installed when this is called, not when the
@@ -533,8 +608,8 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     }
 }
 
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("CTXSCOPE_LOG").unwrap_or_else(|_| "info".into());
+fn init_tracing(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CTXSCOPE_LOG").unwrap_or_else(|_| default.into());
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
 }
 

@@ -292,6 +292,11 @@ struct CaptureArgs {
     /// open-file limit, at most 10000).
     #[arg(long, value_name = "N")]
     max_connections: Option<usize>,
+    /// The context limit, in tokens, each turn's prompt is measured against (`ctxscope show`, the
+    /// UI's budget chart, ctxscope_context_pressure), in place of the one the engine reports
+    /// (llama.cpp n_ctx, vLLM max_model_len, SGLang context_length, Ollama num_ctx).
+    #[arg(long, value_name = "TOKENS")]
+    context_limit: Option<u64>,
     /// A launch profile (TOML) the web UI's replay form may start (`launch=NAME` with the file's stem
     /// as NAME, or bisect over its toggles). Repeatable; checked at start.
     #[arg(long = "profile", value_name = "FILE")]
@@ -355,6 +360,7 @@ impl CaptureArgs {
             ..ctxscope_http::timed::BodyLimits::default()
         };
         config.max_connections = self.max_connections.map(|n| n.max(1));
+        config.context_limit = self.context_limit.filter(|n| *n > 0);
         for path in &self.profiles {
             ctxscope_replay::launch::Profile::load(path).map_err(|e| CliError::Launch(e.to_string()))?;
         }

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use ctxscope_store::{ConversationDetail, ConversationRecord, FindingRecord, Relation, ReplayEntry, TurnRecord};
+use ctxscope_store::{Composition, ConversationDetail, ConversationRecord, FindingRecord, Parts, Relation, ReplayEntry, TurnRecord};
 
 pub fn conversations(list: &[ConversationRecord]) -> String {
     let mut out = String::new();
@@ -54,6 +54,7 @@ pub fn conversation(detail: &ConversationDetail) -> String {
     }
     out.push_str(&fingerprints(detail));
     out.push_str(&context(&ctxscope_proxy::detect::context_report::context_report(detail)));
+    out.push_str(&budget(detail));
     if !detail.findings.is_empty() {
         let _ = writeln!(out, "\nfindings:");
         out.push_str(&findings(&detail.findings));
@@ -81,6 +82,43 @@ fn context(report: &ctxscope_proxy::detect::context_report::ContextReport) -> St
             let _ = write!(out, "  {:>15}", format!("{}/{}", count(&t.visible), count(&t.ever)));
         }
         let _ = writeln!(out, "  {:>7.1}%", t.visible_share * 100.0);
+    }
+    out
+}
+
+/// Each turn's prompt tokens by part (the parts any turn has), and the prompt against the context
+/// limit: "N of LIMIT tokens (P%)", marked `! near the limit` within 10% of it (or past it).
+/// Nothing when no turn has a composition (turns captured before they were recorded).
+fn budget(detail: &ConversationDetail) -> String {
+    let turns: Vec<(&TurnRecord, &Composition)> =
+        detail.turns.iter().filter_map(|v| v.turn.composition.as_ref().map(|c| (&v.turn, c))).collect();
+    if turns.is_empty() {
+        return String::new();
+    }
+    let shown: Vec<&str> = Parts::NAMES.into_iter().filter(|p| turns.iter().any(|(_, c)| c.parts.get(p) > 0)).collect();
+    let mut out = String::from("\nbudget (prompt tokens by part; ~ estimated):\n");
+    let _ = write!(out, "{:>3}  {:<13}", "#", "METHOD");
+    for part in &shown {
+        let _ = write!(out, "  {part:>12}");
+    }
+    let _ = writeln!(out, "  AGAINST THE CONTEXT LIMIT");
+    for (t, c) in turns {
+        let method = format!("{}{}", c.method, if c.estimated { " ~" } else { "" });
+        let _ = write!(out, "{:>3}  {:<13}", t.index, method);
+        for part in &shown {
+            let _ = write!(out, "  {:>12}", c.parts.get(part));
+        }
+        let against = match (&c.limit, c.pressure()) {
+            (Some(limit), Some(pressure)) => {
+                let near = if c.near_limit() { "  ! near the limit" } else { "" };
+                format!("{} of {} tokens ({:.1}%){near}", c.total, limit.tokens, pressure * 100.0)
+            }
+            _ => format!("{} tokens (limit unknown)", c.total),
+        };
+        let _ = writeln!(out, "  {against}");
+    }
+    if let Some(limit) = detail.turns.iter().rev().find_map(|v| v.turn.composition.as_ref()?.limit.as_ref()) {
+        let _ = writeln!(out, "context limit {} tokens, from {}", limit.tokens, limit.source);
     }
     out
 }

@@ -7,7 +7,8 @@
 //! `--admin-token` (on the admin port and from the CLI). And an agent whose harness prunes old tool
 //! results and cuts the latest: the diff page names the causes, strikes the removed results through
 //! and shows the exact characters the cut changed; the conversation page's context chart shows the
-//! turn no longer sees all that was said. Needs `chromium` (scripts/test.sh installs it); skips
+//! turn no longer sees all that was said, and its budget chart stacks each turn's prompt tokens by part
+//! under the engine's context limit. Needs `chromium` (scripts/test.sh installs it); skips
 //! without it unless `CI` is set.
 
 mod support;
@@ -368,6 +369,33 @@ async fn pruned_tool_results_in_the_diff_and_context_pages() {
     assert_eq!(share(first_turn), 1.0, "nothing lost on the first turn");
     let lost = share(pruned_turn);
     assert!(lost > 0.0 && lost < 1.0, "the pruned turn's visible share: {lost}");
+
+    // The budget card: one stacked bar per turn of its prompt tokens by part, as stored, and the
+    // engine's context limit (its /props n_ctx, from the fingerprint) as a line with a warning band.
+    assert!(dom.contains("<svg id=\"composition-chart\""), "no composition chart: {dom}");
+    let comp: Vec<(u64, u64)> = dom
+        .match_indices("<g class=\"comp-bar")
+        .map(|(at, _)| (attr_after(&dom, at, "data-turn").parse().unwrap(), attr_after(&dom, at, "data-total").parse().unwrap()))
+        .collect();
+    let stored: Vec<(u64, u64)> = turns.iter().map(|t| (t["id"].as_u64().unwrap(), t["composition"]["total"].as_u64().unwrap())).collect();
+    assert_eq!(comp, stored, "one bar per turn, its stored total: {dom}");
+    let last = &turns[3]["composition"];
+    assert_eq!(last["method"], "tokenizer", "serve counts with the model's own tokenizer: {last}");
+    assert!(last["parts"]["tool_results"].as_u64().unwrap() > 0, "{last}");
+    let limit = last["limit"]["tokens"].as_u64().unwrap_or_else(|| panic!("the engine's limit is known by the last turn: {last}"));
+    assert_eq!(last["limit"]["source"], "props.n_ctx", "{last}");
+    let chart = dom.find("<svg id=\"composition-chart\"").unwrap();
+    assert_eq!(attr_after(&dom, chart, "data-limit"), limit.to_string());
+    let with_limit = turns.iter().filter(|t| t["composition"]["limit"].is_object()).count();
+    assert_eq!(dom.matches("class=\"limit-line\"").count(), with_limit, "a limit line over each turn that has one: {dom}");
+    assert_eq!(dom.matches("class=\"warn-band\"").count(), with_limit, "{dom}");
+    let last_bar =
+        dom.find(&format!("<g class=\"comp-bar\" data-turn=\"{pruned_turn}\"")).expect("the pruned turn's bar, not near the limit");
+    assert_eq!(attr_after(&dom, last_bar, "data-limit"), limit.to_string());
+    assert_eq!(attr_after(&dom, last_bar, "data-near"), "false");
+    let rects = dom[last_bar..].split("</g>").next().unwrap().matches("<rect data-part=").count();
+    let nonzero = last["parts"].as_object().unwrap().values().filter(|v| v.as_u64() > Some(0)).count();
+    assert_eq!(rects, nonzero, "one segment per part of the prompt: {last}");
     screenshot(&bin, dir.path(), &url, "context");
     serve.stop();
 }

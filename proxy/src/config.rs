@@ -69,6 +69,9 @@ pub struct ProxyConfig {
     pub body_limits: ctxscope_http::timed::BodyLimits,
     /// Proxy connections held at once (`--max-connections`); `None`: fitted to the open-file limit.
     pub max_connections: Option<usize>,
+    /// `--context-limit`: the context limit turns are measured against (their composition's
+    /// `limit`, `ctxscope_context_pressure`), in place of the one the engine's fingerprint gives.
+    pub context_limit: Option<u64>,
 }
 
 /// `--count-with`: who counts a prompt's tokens.
@@ -150,6 +153,7 @@ impl ProxyConfig {
             header_timeout: Duration::from_secs(30),
             body_limits: ctxscope_http::timed::BodyLimits::default(),
             max_connections: None,
+            context_limit: None,
         }
     }
 

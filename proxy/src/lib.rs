@@ -249,6 +249,9 @@ fn start_capture(
             if let Some(fingerprints) = fingerprints {
                 pipeline = pipeline.with_fingerprints(fingerprints);
             }
+            if let Some(tokens) = config.context_limit {
+                pipeline = pipeline.with_context_limit(tokens);
+            }
             let (sender, worker) = queue::spawn(pipeline, config.queue_capacity, config.retention_every);
             (sender, Some(worker))
         }

@@ -35,9 +35,10 @@ pub const OTLP_EXPORTED_TOTAL: &str = "ctxscope_otlp_exported_total";
 pub const OTLP_DROPPED_TOTAL: &str = "ctxscope_otlp_dropped_total";
 pub const OTLP_EXPORT_SECONDS: &str = "ctxscope_otlp_export_seconds";
 pub const HISTORY_EDITS_TOTAL: &str = "ctxscope_history_edits_total";
+pub const CONTEXT_PRESSURE: &str = "ctxscope_context_pressure";
 
 /// Every metric name above, for checks that dashboards and alert rules only use real ones.
-pub const ALL: [&str; 30] = [
+pub const ALL: [&str; 31] = [
     REQUESTS_TOTAL,
     SLOW_BODIES_TOTAL,
     PROMPT_TOKENS,
@@ -68,6 +69,7 @@ pub const ALL: [&str; 30] = [
     OTLP_DROPPED_TOTAL,
     OTLP_EXPORT_SECONDS,
     HISTORY_EDITS_TOTAL,
+    CONTEXT_PRESSURE,
 ];
 
 /// Why a capture was dropped (the `reason` label of `ctxscope_capture_dropped_total`).
@@ -170,6 +172,10 @@ fn describe() {
     metrics::describe_counter!(
         OTLP_DROPPED_TOTAL,
         "Spans and log records not exported over OTLP, by signal and reason (queue_full, export_failed, shutdown); traffic unaffected."
+    );
+    metrics::describe_gauge!(
+        CONTEXT_PRESSURE,
+        "The latest captured turn's prompt tokens over its context limit (the engine's, or --context-limit); only when the limit is known."
     );
     metrics::describe_histogram!(OTLP_EXPORT_SECONDS, "Time to post one OTLP batch (off the capture worker and the request path).");
 }

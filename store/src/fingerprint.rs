@@ -10,6 +10,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::codec::{decode, encode, trees};
+use crate::composition::ContextLimit;
 use crate::records::HashHex;
 use crate::{Store, StoreError};
 
@@ -66,6 +67,38 @@ impl Fingerprint {
         }
         changes
     }
+
+    /// The context length the engine serves `model` with, and the field that says so: llama.cpp's
+    /// `/props` `default_generation_settings.n_ctx`, this project's engine's `/props` `n_ctx`, the
+    /// `/v1/models` entry's `max_model_len` (vLLM, SGLang, this project's engine), SGLang's server
+    /// `context_length`, Ollama's `/api/ps` `context_length` of the loaded model or the `num_ctx` of
+    /// its parameters. A model's trained length (llama.cpp `n_ctx_train`, Ollama `model_info`) is
+    /// not the limit it is served with, and is not used.
+    pub fn context_limit(&self, model: Option<&str>) -> Option<ContextLimit> {
+        let number = |field: &str| match self.fields.get(field)? {
+            Value::Number(n) => n.as_u64(),
+            Value::String(s) => s.trim().parse().ok(),
+            _ => None,
+        };
+        let found = |field: String| number(&field).filter(|n| *n > 0).map(|tokens| ContextLimit { tokens, source: field });
+        // The list entry naming `model` (by `id`, `name` or `model`), else the first.
+        let entry = |list: &str| {
+            let names = |i: usize| ["id", "name", "model"].map(|k| self.fields.get(&format!("{list}.{i}.{k}")).and_then(Value::as_str));
+            (0..16).find(|i| model.is_some() && names(*i).contains(&model)).unwrap_or(0)
+        };
+        let ollama_params = || {
+            let text = self.fields.get(&format!("show.{}.parameters", model?))?.as_str()?;
+            let line = text.lines().find_map(|l| l.trim().strip_prefix("num_ctx"))?;
+            let tokens = line.trim().parse().ok().filter(|n| *n > 0)?;
+            Some(ContextLimit { tokens, source: format!("show.{}.parameters num_ctx", model?) })
+        };
+        found("props.default_generation_settings.n_ctx".into())
+            .or_else(|| found("props.n_ctx".into()))
+            .or_else(|| found(format!("models.data.{}.max_model_len", entry("models.data"))))
+            .or_else(|| found("server_info.context_length".into()))
+            .or_else(|| found(format!("ps.models.{}.context_length", entry("ps.models"))))
+            .or_else(ollama_params)
+    }
 }
 
 impl Store {
@@ -117,6 +150,40 @@ mod tests {
         assert_eq!(store.fingerprint("00").unwrap(), None);
         let diff = a.diff(&b);
         assert_eq!(diff, vec![FieldChange { field: "props.n_ctx".into(), old: Some(json!(1024)), new: Some(json!(2048)) }]);
+    }
+
+    #[test]
+    fn the_context_limit_of_each_engine() {
+        let with = |pairs: &[(&str, Value)]| Fingerprint {
+            engine: "x".into(),
+            sources: Vec::new(),
+            fields: pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
+        };
+        let limit = |print: &Fingerprint, model: Option<&str>| print.context_limit(model).map(|l| (l.tokens, l.source));
+        let llama = with(&[("props.default_generation_settings.n_ctx", json!(4096)), ("models.data.0.max_model_len", json!(9))]);
+        assert_eq!(limit(&llama, None), Some((4096, "props.default_generation_settings.n_ctx".into())));
+        assert_eq!(limit(&print(1024), None), Some((1024, "props.n_ctx".into())));
+        let vllm = with(&[
+            ("models.data.0.id", json!("a")),
+            ("models.data.0.max_model_len", json!(8192)),
+            ("models.data.1.id", json!("b")),
+            ("models.data.1.max_model_len", json!(32768)),
+        ]);
+        assert_eq!(limit(&vllm, Some("b")), Some((32768, "models.data.1.max_model_len".into())));
+        assert_eq!(limit(&vllm, Some("unknown")), Some((8192, "models.data.0.max_model_len".into())));
+        let sglang = with(&[("server_info.context_length", json!("16384")), ("server_info.max_total_num_tokens", json!(99))]);
+        assert_eq!(limit(&sglang, None), Some((16384, "server_info.context_length".into())));
+        let ollama_ps =
+            with(&[("ps.models.0.name", json!("q:7b")), ("ps.models.1.name", json!("l:3b")), ("ps.models.1.context_length", json!(2048))]);
+        assert_eq!(limit(&ollama_ps, Some("l:3b")), Some((2048, "ps.models.1.context_length".into())));
+        let ollama_show = with(&[
+            ("show.l:3b.parameters", json!("stop \"<|eot|>\"\nnum_ctx                        8192")),
+            ("show.l:3b.model_info.llama.context_length", json!(131072)),
+        ]);
+        assert_eq!(limit(&ollama_show, Some("l:3b")), Some((8192, "show.l:3b.parameters num_ctx".into())));
+        // A trained length is not a served limit; a zero or null is no limit.
+        assert_eq!(limit(&with(&[("show.l:3b.model_info.llama.context_length", json!(131072))]), Some("l:3b")), None);
+        assert_eq!(limit(&with(&[("props.n_ctx", json!(0)), ("server_info.context_length", Value::Null)]), None), None);
     }
 
     #[test]

@@ -5,12 +5,14 @@
 //! and size. The proxy writes through it off the request path; the CLI and replay read through it.
 
 pub mod codec;
+pub mod composition;
 pub mod error;
 pub mod hash;
 pub mod records;
 pub mod retention;
 mod store;
 
+pub use composition::{Composition, ContextLimit, Parts};
 pub use error::StoreError;
 pub use hash::{canonical_message, chain_next, extend_chain, from_hex, message_hash, to_hex, Hash, ZERO_HASH};
 pub use records::*;
@@ -74,6 +76,7 @@ pub fn store_test_turn(id: u64, conversation: u64, new_messages: Vec<Hash>) -> T
         tail: None,
         local_tokens: None,
         usage: None,
+        composition: None,
         timing: Timing::default(),
         chunks: 1,
         request_bytes: 0,

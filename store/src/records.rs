@@ -123,6 +123,10 @@ pub struct TurnRecord {
     pub tail: Option<HashHex>,
     pub local_tokens: Option<LocalTokens>,
     pub usage: Option<Usage>,
+    /// The prompt's tokens by part and the context limit known for the turn (docs/capture.md,
+    /// "Composition and budget"). None: captured before compositions were recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub composition: Option<crate::composition::Composition>,
     pub timing: Timing,
     /// SSE events (streaming) or body frames (otherwise) in the response.
     pub chunks: u32,

@@ -181,6 +181,16 @@ impl TokenCounter {
         Ok(self.format.render(messages, &self.options(add_generation_prompt))?)
     }
 
+    /// Tokens that tool definitions `tools` (an OpenAI `tools` array) add to a prompt of `messages`:
+    /// the render with them less the render without them (0 for a template that does not render
+    /// tools). Counts never include them otherwise (`render` passes none).
+    pub fn tools_tokens(&self, messages: &[Json], tools: &Json) -> Result<usize, CounterError> {
+        let with = RenderOptions { tools: Some(tools), ..self.options(false) };
+        let with = self.tokenizer.encode(&self.format.render(messages, &with)?, true).len();
+        let without = self.tokenizer.encode(&self.render(messages, false)?, true).len();
+        Ok(with.saturating_sub(without))
+    }
+
     /// Splits the render (without generation prompt) into one segment per message: segment i is
     /// render(messages[..=i]) minus render(messages[..i]). A template-added preamble (a default
     /// system prompt) belongs to the first message. Costs one render per message.

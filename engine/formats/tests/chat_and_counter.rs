@@ -160,3 +160,28 @@ fn inconsistent_prefix_renders_fall_back_to_the_last_message() {
     assert_eq!(s.texts, ["", "", "3<a><b><c>"]);
     assert!(matches!(TokenCounter::open("/nonexistent/model.bin"), Err(ctxscope_formats::CounterError::UnknownSource(_))));
 }
+
+#[test]
+fn tools_tokens_are_what_the_template_adds_for_them() {
+    use ctxscope_formats::{ChatTemplate, Tokenizer};
+    let gguf = Gguf::open(common::model_path()).unwrap();
+    let tools =
+        json!([{"type": "function", "function": {"name": "read_file", "description": "Read one file", "parameters": {"type": "object"}}}]);
+    let msgs = [json!({"role": "system", "content": "rules"}), json!({"role": "user", "content": "hi"})];
+    // A template that writes the tool definitions as JSON ahead of the messages.
+    let source = "{% if tools %}<tools>{{ tools | tojson }}</tools>\n{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}";
+    let options = |tools| ctxscope_formats::template::RenderOptions { tools, ..Default::default() };
+    let (with, without) = {
+        let template = ChatTemplate::new(source).unwrap();
+        (template.render(&msgs, &options(Some(&tools))).unwrap(), template.render(&msgs, &options(None)).unwrap())
+    };
+    let added = with.strip_suffix(without.as_str()).expect("the tools go ahead of the messages");
+    assert!(added.starts_with("<tools>[{") && added.contains("read_file"), "{added}");
+    let counter = TokenCounter::new(Tokenizer::from_gguf(&gguf).unwrap(), ChatTemplate::new(source).unwrap()).unwrap();
+    let alone = counter.tokenizer().encode(added, true).len();
+    let n = counter.tools_tokens(&msgs, &tools).unwrap();
+    assert!(n > 10 && n.abs_diff(alone) <= 2, "{n} tokens for the tools, {alone} for their text alone");
+    // SmolLM2's own template renders no tools: they add nothing to its prompt.
+    let smol = TokenCounter::open(common::model_path()).unwrap();
+    assert_eq!(smol.tools_tokens(&msgs, &tools).unwrap(), 0);
+}

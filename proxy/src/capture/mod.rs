@@ -1,6 +1,7 @@
 //! Capture: the middleware that tees exchanges off the hot path, the bounded queue, and the worker
 //! pipeline that turns them into stored, threaded, token-counted turns.
 
+pub mod composition;
 pub mod exchange;
 pub mod guard;
 pub mod hashes;

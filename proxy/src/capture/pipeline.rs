@@ -7,10 +7,11 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ctxscope_store::{
-    chain_next, extend_chain, message_hash, to_hex, ConversationRecord, Endpoint, FindingRecord, Hash, IdSpace, ResponsesInfo,
-    RetentionPolicy, Store, StoreError, Timing, TurnDraft, TurnRecord, ZERO_HASH,
+    chain_next, extend_chain, message_hash, to_hex, ContextLimit, ConversationRecord, Endpoint, FindingRecord, Hash, IdSpace,
+    ResponsesInfo, RetentionPolicy, Store, StoreError, Timing, TurnDraft, TurnRecord, ZERO_HASH,
 };
 
+use super::composition::{Composer, Count};
 use super::exchange::{Exchange, Outcome};
 use super::hashes::MessageHashes;
 use super::known::KnownRequests;
@@ -70,6 +71,14 @@ pub struct Pipeline {
     recent_replies: thread::RecentReplies,
     /// Set after sled failed to write: when to try reopening it next, and the wait after that.
     reopen: Option<(Instant, Duration)>,
+    /// Each turn's prompt by part (message shapes cached across turns).
+    composer: Composer,
+    /// `--context-limit`: the limit every turn is measured against, whatever the engine says.
+    context_limit: Option<u64>,
+    /// The limit last read from a fingerprint: its hash, the model asked for, the answer.
+    fingerprint_limit: Option<(String, Option<String>, Option<ContextLimit>)>,
+    /// `ctxscope_context_pressure{upstream}`, registered on the first turn with a limit.
+    pressure: Option<metrics::Gauge>,
 }
 
 /// The first wait before reopening a store whose writes failed, and the longest (the wait doubles
@@ -118,7 +127,18 @@ impl Pipeline {
             checkpointed: Instant::now(),
             recent_replies: Default::default(),
             reopen: None,
+            composer: Composer::default(),
+            context_limit: None,
+            fingerprint_limit: None,
+            pressure: None,
         }
+    }
+
+    /// Measures every turn against a context limit of `tokens` (`--context-limit`), whatever the
+    /// engine's fingerprint says.
+    pub fn with_context_limit(mut self, tokens: u64) -> Pipeline {
+        self.context_limit = Some(tokens).filter(|t| *t > 0);
+        self
     }
 
     /// Counts prompts through the upstream (used when no local tokenizer is configured).
@@ -245,6 +265,10 @@ impl Pipeline {
             }
         }
 
+        let mut composition =
+            self.compose(exchange.endpoint, &request, &hashes, &body, counted.as_ref(), local_tokens.as_ref(), &response, ok);
+        composition.limit = self.context_limit(request.model.as_deref());
+
         let (conversation_id, index) = match &decision.conversation {
             Some(c) => (c.id, c.turns),
             None => (self.store.next_id_in(IdSpace::Conversation)?, 0),
@@ -274,6 +298,7 @@ impl Pipeline {
             tail: tail.as_ref().map(to_hex),
             local_tokens,
             usage: response.usage.clone(),
+            composition: Some(composition),
             timing: Timing { headers_us: exchange.headers_us, ttfb_us: exchange.ttfb_us, total_us: exchange.total_us },
             chunks: if request.stream { response.events } else { exchange.frames },
             request_bytes,
@@ -298,6 +323,10 @@ impl Pipeline {
         }
         let TurnDraft { turn, .. } = draft;
         record_metrics(&turn);
+        if let Some(pressure) = turn.composition.as_ref().and_then(|c| c.pressure()) {
+            let upstream = &self.upstream;
+            self.pressure.get_or_insert_with(|| metrics::gauge!(m::CONTEXT_PRESSURE, "upstream" => upstream.clone())).set(pressure);
+        }
 
         if !self.detectors.config().enabled {
             return Ok((turn, Vec::new()));
@@ -352,6 +381,61 @@ impl Pipeline {
             sink.send(&finding);
         }
         Ok(Some(finding))
+    }
+
+    /// The prompt's composition, counted the best way this turn allows: the local tokenizer's
+    /// segments, else a whole-prompt count (the local one, the upstream's, the engine's usage), else
+    /// bytes (see `composition`).
+    #[allow(clippy::too_many_arguments)]
+    fn compose(
+        &mut self,
+        endpoint: Endpoint,
+        request: &parse::ParsedRequest,
+        hashes: &[Hash],
+        body: &[u8],
+        counted: Option<&Counted>,
+        local: Option<&ctxscope_store::LocalTokens>,
+        response: &ParsedResponse,
+        ok: bool,
+    ) -> ctxscope_store::Composition {
+        let segments: Vec<u64> = match counted {
+            Some(c) if self.tokens.is_some() && c.segment_ends.len() == request.messages.len() => {
+                c.segment_ends.iter().scan(0, |at, end| Some((*end - std::mem::replace(at, *end)) as u64)).collect()
+            }
+            _ => Vec::new(),
+        };
+        let engine = response.usage.as_ref().and_then(|u| u.prompt_tokens).filter(|_| ok);
+        let count = match (counted, local, engine) {
+            (Some(c), _, _) if self.tokens.is_some() => Count::Segments { segments: &segments, prompt: c.local.prompt },
+            // The upstream counted Responses turns as chat, without their tools (another shape).
+            (_, Some(l), _) => Count::Whole { prompt: l.prompt, method: "upstream", with_tools: endpoint != Endpoint::Responses },
+            (_, None, Some(prompt)) => Count::Whole { prompt, method: "engine_usage", with_tools: true },
+            _ => Count::None,
+        };
+        let input = super::composition::Request {
+            messages: &request.messages,
+            hashes,
+            tools_hash: request.tools.as_ref().map(|t| t.hash.as_str()),
+            body,
+        };
+        self.composer.compose(&input, self.tokens.as_ref(), count)
+    }
+
+    /// The context limit of this turn: `--context-limit`, else what the engine's current
+    /// fingerprint says for `model` (read from the store when the fingerprint or model changes).
+    fn context_limit(&mut self, model: Option<&str>) -> Option<ContextLimit> {
+        if let Some(tokens) = self.context_limit {
+            return Some(ContextLimit { tokens, source: "--context-limit".into() });
+        }
+        let hash = self.fingerprints.as_ref()?.current()?;
+        if let Some((known, asked, limit)) = &self.fingerprint_limit {
+            if *known == hash && asked.as_deref() == model {
+                return limit.clone();
+            }
+        }
+        let limit = self.store.fingerprint(&hash).ok().flatten().and_then(|print| print.context_limit(model));
+        self.fingerprint_limit = Some((hash, model.map(str::to_string), limit.clone()));
+        limit
     }
 
     fn response(&self, exchange: &Exchange, streaming: bool, notes: &mut Vec<String>) -> ParsedResponse {

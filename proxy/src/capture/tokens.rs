@@ -60,6 +60,12 @@ impl TokenCache {
         self.counter.tokenizer().encode(text, false)
     }
 
+    /// Tokens that tool definitions add to a prompt that starts with `messages` (the template's
+    /// render with them less without; 0 for a template that does not render tools).
+    pub fn tools_tokens(&self, messages: &[Value], tools: &Value) -> Option<u64> {
+        self.counter.tools_tokens(messages, tools).ok().map(|n| n as u64)
+    }
+
     /// Counts the prompt; `new_from` is the index of the first message in the turn's delta.
     pub fn count(&mut self, endpoint: Endpoint, messages: &[Value], chain: &[Hash], new_from: usize) -> Option<Counted> {
         let bos: Vec<u32> = self.counter.tokenizer().bos().filter(|_| self.counter.bos_tokens() > 0).into_iter().collect();

@@ -109,6 +109,27 @@ fn part_text(part: &Value) -> String {
     }
 }
 
+/// The reasoning the message carries, as text: reasoning fields (Responses items as their JSON)
+/// and the text of `thinking` blocks (a `redacted_thinking` block's opaque data), joined by lines.
+pub fn reasoning_text(message: &Value) -> String {
+    let fields = REASONING_KEYS.iter().filter_map(|k| message.get(*k)).filter_map(|v| match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Null => None,
+        other => Some(other.to_string()),
+    });
+    let blocks = parts(message)
+        .into_iter()
+        .flatten()
+        .filter(|p| part_type(p).is_some_and(|t| REASONING_PARTS.contains(&t)))
+        .filter_map(|p| p.get("thinking").or_else(|| p.get("data")).and_then(Value::as_str).map(str::to_string));
+    fields.chain(blocks).filter(|t| !t.is_empty()).collect::<Vec<_>>().join("\n")
+}
+
+/// Whether a content part is media (an image, audio, a file).
+pub fn is_media(part: &Value) -> bool {
+    part_type(part).is_some_and(|t| MEDIA_PARTS.contains(&t))
+}
+
 /// Characters of reasoning the message carries (0: none).
 pub fn reasoning_chars(message: &Value) -> usize {
     let fields: usize = REASONING_KEYS

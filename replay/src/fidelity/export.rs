@@ -52,6 +52,7 @@ pub fn export_jsonl(conv: &SweepConversation) -> String {
             tail: tail.as_ref().map(to_hex),
             local_tokens: None,
             usage: None,
+            composition: None,
             timing: Timing::default(),
             chunks: 1,
             request_bytes: 0,

@@ -93,7 +93,9 @@ async function conversationsPage(params) {
 }
 
 // ---- one conversation ----------------------------------------------------------------------------
-function contextLimit(findings) {
+function contextLimit(findings, turns) {
+  const known = [...(turns || [])].reverse().find((t) => t.composition?.limit);
+  if (known) return known.composition.limit.tokens;
   for (const f of findings) {
     for (const [k, val] of Object.entries(f.evidence || {})) {
       if (/context_(limit|length|tokens)|max_model_len/.test(k) && typeof val === "number") return val;
@@ -119,7 +121,7 @@ function chart(turns, findings) {
     ["engine", "engine prompt tokens", (t) => t.usage?.prompt_tokens],
     ["cached", "cached tokens", (t) => t.usage?.cached_tokens],
   ];
-  const limit = contextLimit(findings);
+  const limit = contextLimit(findings, turns);
   let max = limit || 1;
   for (const t of turns) for (const [, , f] of series) max = Math.max(max, f(t) || 0);
   max = Math.ceil(max * 1.1);
@@ -204,6 +206,64 @@ function contextChart(report) {
   return `${svg}<div class="legend">${legend}</div>`;
 }
 
+// Each turn's prompt tokens by part (the turn's `composition`), stacked, against its context limit:
+// the limit as a dashed line over the turn's slot, the last 10% below it as a warning band, and a
+// turn inside that band (or past the limit) marked "!".
+const COMP_PARTS = { system: ["system", "--k-system"], tools: ["tool definitions", "--k-tools"], tool_results: ["tool results", "--k-tool_result"],
+  user: ["user", "--k-user"], assistant: ["assistant", "--k-assistant"], reasoning: ["reasoning", "--k-reasoning"], images: ["images", "--k-media"],
+  summary: ["summaries", "--k-summary"], other: ["other / template", "--k-other"] };
+function compositionChart(turns) {
+  const W = 1000, H = 260, L = 56, R = 16, T = 22, B = 34;
+  const rows = turns.filter((t) => t.composition);
+  if (!rows.length) return '<p class="muted">No turn has a composition (captured before ctxscope recorded them).</p>';
+  const parts = Object.keys(COMP_PARTS);
+  const limitOf = (t) => t.composition.limit?.tokens || null;
+  let max = 1;
+  for (const t of rows) max = Math.max(max, t.composition.total, limitOf(t) || 0);
+  max = Math.ceil(max * 1.1);
+  const n = rows.length, slot = (W - L - R) / n, bw = Math.min(56, slot * 0.7);
+  const cx = (i) => L + slot * (i + 0.5);
+  const y = (v) => T + (H - T - B) * (1 - v / max);
+  const latest = [...rows].reverse().map(limitOf).find((l) => l) || null;
+  let svg = `<svg id="composition-chart" viewBox="0 0 ${W} ${H}" role="img" aria-label="prompt tokens by part per turn, against the context limit"${latest ? ` data-limit="${latest}"` : ""}>`;
+  svg += gridAndAxis(L, W - R, H - B, max, y);
+  svg += `<text x="${(L + W - R) / 2}" y="${H - 4}" text-anchor="middle">turn (prompt tokens by part${latest ? ", against the context limit" : ""})</text>`;
+  // The limit and its warning band, over each turn's slot (an engine restarted with another size shows as a step).
+  let limits = "";
+  rows.forEach((t, i) => {
+    const lim = limitOf(t);
+    if (!lim) return;
+    const x0 = L + slot * i, x1 = x0 + slot;
+    limits += `<rect class="warn-band" x="${x0}" y="${y(lim)}" width="${slot}" height="${y(lim * 0.9) - y(lim)}"/>`;
+    limits += `<line class="limit-line" data-turn="${t.id}" data-limit="${lim}" x1="${x0}" x2="${x1}" y1="${y(lim)}" y2="${y(lim)}"/>`;
+  });
+  if (latest) svg += `<g class="limit" data-limit="${latest}">${limits}<text x="${W - R}" y="${y(latest) - 4}" text-anchor="end">context limit ${latest}</text></g>`;
+  rows.forEach((t, i) => {
+    const c = t.composition, lim = limitOf(t), x0 = cx(i) - bw / 2;
+    const pressure = lim ? c.total / lim : null, near = pressure != null && pressure >= 0.9;
+    const named = parts.filter((p) => c.parts[p]).map((p) => `${COMP_PARTS[p][0]} ${c.parts[p]}`).join(", ");
+    svg += `<g class="comp-bar${near ? " near" : ""}" data-turn="${t.id}" data-index="${t.index}" data-total="${c.total}" data-method="${esc(c.method)}"` +
+      (lim ? ` data-limit="${lim}" data-pressure="${pressure.toFixed(4)}"` : "") + ` data-near="${near}">`;
+    svg += `<title>turn ${t.index}: ${c.total}${lim ? ` of ${lim} tokens (${(pressure * 100).toFixed(1)}%)` : " tokens"}${c.estimated ? ", estimated" : ""} (${esc(c.method)}): ${esc(named)}</title>`;
+    let acc = 0;
+    for (const p of parts) {
+      const v = c.parts[p] || 0;
+      if (!v) continue;
+      svg += `<rect data-part="${p}" x="${x0}" y="${y(acc + v)}" width="${bw}" height="${y(acc) - y(acc + v)}" fill="var(${COMP_PARTS[p][1]})"/>`;
+      acc += v;
+    }
+    if (near) svg += `<text class="near-mark" x="${cx(i)}" y="${y(c.total) - 4}" text-anchor="middle">!</text>`;
+    svg += (i % Math.ceil(n / 30) === 0 ? `<text x="${cx(i)}" y="${H - B + 16}" text-anchor="middle">${t.index}</text>` : "") + "</g>";
+  });
+  svg += "</svg>";
+  const used = parts.filter((p) => rows.some((t) => t.composition.parts[p]));
+  const legend = used.map((p) => `<span><i class="box" style="background:var(${COMP_PARTS[p][1]})"></i>${COMP_PARTS[p][0]}</span>`).join("") +
+    (latest ? `<span><i style="background:var(--limit)"></i>context limit</span><span><i class="box warn-key"></i>within 10% of it</span>` : "");
+  const last = rows[rows.length - 1];
+  const note = last.composition.limit ? ` Limit from <span class="mono">${esc(last.composition.limit.source)}</span>.` : " No context limit known (the engine reported none; see --context-limit).";
+  return `${svg}<div class="legend">${legend}</div><p class="muted">Counted by ${esc(last.composition.method)}${last.composition.estimated ? " (estimated)" : ""}.${note}</p>`;
+}
+
 async function contextCard(id) {
   const box = document.getElementById("context");
   if (!box) return;
@@ -255,6 +315,7 @@ async function conversationPage(id, params) {
     <p class="muted">${esc(c.model)} via <span class="mono">${esc(c.upstream)}</span> · ${c.turns} turns · created ${time(c.created_unix_ms)} · updated ${time(c.updated_unix_ms)}
     ${c.branch_of ? ` · branch of <a href="#/c/${c.branch_of.conversation}">conversation ${c.branch_of.conversation}</a>` : ""}</p>
     ${chart(d.turns, d.findings)}
+    <div class="card chart" id="budget"><h2>Budget</h2>${compositionChart(d.turns)}</div>
     <div class="card chart" id="context"><h2>Context</h2><p class="muted">Loading what the model could see…</p></div>
     <h2>Findings (${d.findings.length})</h2>${d.findings.map(findingCard).join("") || '<p class="muted">none</p>'}
     <h2>Replay</h2>${replayForm(c.id)}

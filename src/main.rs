@@ -225,8 +225,9 @@ struct CaptureArgs {
     /// Export every captured turn as an OpenTelemetry span (GenAI semantic conventions), its findings
     /// as span events and log records, over OTLP/HTTP protobuf to this base URL (e.g.
     /// http://127.0.0.1:4318; /v1/traces and /v1/logs are appended). Batched off the request path;
-    /// a dead endpoint only counts drops (ctxscope_otlp_dropped_total).
-    #[arg(long, value_name = "URL")]
+    /// a dead endpoint only counts drops (ctxscope_otlp_dropped_total). Without the flag, the standard
+    /// OTEL_EXPORTER_OTLP_ENDPOINT (empty: no export); its value is not shown (it may hold credentials).
+    #[arg(long, value_name = "URL", env = "OTEL_EXPORTER_OTLP_ENDPOINT", hide_env_values = true)]
     otlp_endpoint: Option<String>,
     /// `service.name` of the exported spans.
     #[arg(long, value_name = "NAME", default_value = "ctxscope")]
@@ -263,7 +264,9 @@ struct CaptureArgs {
     count_with: ctxscope_proxy::config::CountWith,
     /// Require this token on the admin port (UI, JSON API; not /healthz or /metrics): `Authorization:
     /// Bearer TOKEN`, or the UI's login form. Needed to listen with --admin on a non-loopback address.
-    #[arg(long, value_name = "TOKEN")]
+    /// Without the flag, CTXSCOPE_ADMIN_TOKEN: that keeps the token off the command line, which `ps`
+    /// and /proc/PID/cmdline show to every process that can see this one.
+    #[arg(long, value_name = "TOKEN", env = "CTXSCOPE_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
     /// Seconds between asks of what the upstream runs (llama.cpp /props, vLLM /version, SGLang
     /// /server_info, Ollama /api/show, the engine's /props), kept as each turn's engine fingerprint;
@@ -325,7 +328,8 @@ impl CaptureArgs {
         config.store_cache_bytes = self.store_cache_mib << 20;
         config.alert_webhook =
             self.alert_webhook.as_ref().map(|url| WebhookConfig { format: self.alert_webhook_format, ..WebhookConfig::new(url.clone()) });
-        config.otlp = self.otlp_endpoint.as_ref().map(|url| OtlpConfig {
+        // Empty (as OpenTelemetry reads an empty variable): no export.
+        config.otlp = self.otlp_endpoint.as_ref().filter(|url| !url.is_empty()).map(|url| OtlpConfig {
             service_name: self.otlp_service_name.clone(),
             instance_id: self.otlp_instance_id.clone(),
             content: self.otlp_content,

@@ -256,6 +256,12 @@ struct CaptureArgs {
     /// gets OpenAI's 404). Without it the proxy forwards /v1/responses untouched.
     #[arg(long)]
     responses_state: bool,
+    /// How much of each turn's text is stored, journaled, alerted and exported: full (as sent),
+    /// redacted (secrets, keys, e-mail addresses, card and phone numbers masked as [redacted:KIND]),
+    /// or hashes (no text at all: message hashes, counts, sizes, timings, findings without excerpts).
+    /// Hashes are of the messages as sent, so threading and detection work at every level.
+    #[arg(long, value_name = "LEVEL", default_value = "full")]
+    capture: ctxscope_store::CaptureLevel,
     /// Who counts prompt tokens: local (--tokenizer), upstream (the engine's own /apply-template and
     /// /tokenize endpoints: llama.cpp, vLLM, ctxscope engine; one extra request per new prompt, on the
     /// capture worker), auto (local with --tokenizer, else upstream when it offers them, else none),
@@ -342,6 +348,11 @@ impl CaptureArgs {
         config.detect.enabled = !self.no_detect;
         config.findings_header = self.findings_header;
         config.responses_state = self.responses_state;
+        config.capture = self.capture;
+        if self.responses_state && !self.capture.is_full() {
+            // Refused before `serve` loads a model (the proxy's own validation says the same).
+            return Err(ctxscope_proxy::RunError::Config(ctxscope_proxy::ConfigError::StateWithoutText(self.capture)).into());
+        }
         config.count_with = self.count_with;
         if !(self.fingerprint_every.is_finite() && self.fingerprint_every >= 0.0) {
             let value = self.fingerprint_every.to_string();

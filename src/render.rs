@@ -8,11 +8,14 @@ pub fn conversations(list: &[ConversationRecord]) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "{:>20}  {:>5}  {:<24}  {:<20}  NOTE", "ID", "TURNS", "MODEL", "UPDATED (UTC)");
     for c in list {
-        let note = match (&c.name, &c.branch_of) {
+        let mut note = match (&c.name, &c.branch_of) {
             (Some(name), _) => format!("name={name}"),
             (None, Some(b)) => format!("branch of {} at turn {} ({} messages shared)", b.conversation, b.turn, b.shared_messages),
             _ => String::new(),
         };
+        if !c.capture.is_full() {
+            note = format!("capture={} {note}", c.capture).trim_end().to_string();
+        }
         let model = c.model.clone().unwrap_or_else(|| "-".into());
         let _ = writeln!(out, "{:>20}  {:>5}  {:<24}  {:<20}  {}", c.id, c.turns, clip(&model, 24), time(c.updated_unix_ms), note);
     }
@@ -25,7 +28,24 @@ pub fn conversations(list: &[ConversationRecord]) -> String {
 pub fn conversation(detail: &ConversationDetail) -> String {
     let c = &detail.conversation;
     let mut out = String::new();
-    let _ = writeln!(out, "conversation {}  upstream {}  model {}  turns {}", c.id, c.upstream, c.model.as_deref().unwrap_or("-"), c.turns);
+    let _ = writeln!(
+        out,
+        "conversation {}  upstream {}  model {}  turns {}  capture {}",
+        c.id,
+        c.upstream,
+        c.model.as_deref().unwrap_or("-"),
+        c.turns,
+        c.capture
+    );
+    match c.capture {
+        ctxscope_store::CaptureLevel::Full => {}
+        ctxscope_store::CaptureLevel::Redacted => {
+            let _ = writeln!(out, "captured with --capture redacted: secrets and personal data in its text are masked ([redacted:KIND])");
+        }
+        ctxscope_store::CaptureLevel::Hashes => {
+            let _ = writeln!(out, "captured with --capture hashes: no message or reply text was stored (hashes, counts and timings only)");
+        }
+    }
     if let Some(b) = &c.branch_of {
         let _ = writeln!(out, "branch of conversation {} at turn {} ({} messages shared)", b.conversation, b.turn, b.shared_messages);
     }
@@ -203,6 +223,7 @@ fn relation(r: &Relation) -> String {
 fn summary(t: &TurnRecord) -> String {
     match &t.error {
         Some(e) => format!("ERROR {}", clip(e, 70)),
+        None if t.capture == ctxscope_store::CaptureLevel::Hashes => "(text not stored: --capture hashes)".into(),
         None => clip(&t.reply_text.replace('\n', " "), 70),
     }
 }

@@ -88,6 +88,11 @@ pub async fn replays(source: &dyn Records, id: Option<u64>, json: bool, html: Op
 
 async fn plan(conversation: u64, run: &RunSettings) -> Result<Plan, CliError> {
     let detail = inspect::detail(&*run.source, conversation).await?;
+    // Captured without text: refused before any engine starts; masked: said before it replays.
+    ctxscope_replay::run::check_text(&detail)?;
+    if let Some(note) = ctxscope_replay::conversation::masked_note(&detail) {
+        eprintln!("warning: {note}");
+    }
     let golden =
         TargetSpec::parse(run.golden.as_deref().unwrap_or("engine")).map_err(|source| CliError::Target { flag: "--golden", source })?;
     let mut plan = Plan::new(detail, golden);
@@ -106,7 +111,8 @@ async fn plan(conversation: u64, run: &RunSettings) -> Result<Plan, CliError> {
             read_probes(path)?
         };
     }
-    for note in ctxscope_replay::Conversation::from_detail(&plan.conversation).notes {
+    let masked = ctxscope_replay::conversation::masked_note(&plan.conversation);
+    for note in ctxscope_replay::Conversation::from_detail(&plan.conversation).notes.into_iter().filter(|n| Some(n) != masked.as_ref()) {
         eprintln!("note: {note}");
     }
     Ok(plan)

@@ -251,6 +251,7 @@ fn import_of_an_export_file_never_panics() {
         last_tail: None,
         branch_of: None,
         last_reply: None,
+        capture: Default::default(),
     };
     source.put_conversation(&conversation).unwrap();
     let mut export = Vec::new();

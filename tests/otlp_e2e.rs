@@ -209,6 +209,40 @@ async fn a_collector_gets_the_resource_spans_content_and_finding_logs() {
     assert!(record.severity_number >= 13, "WARN or more: {}", record.severity_number);
 }
 
+/// `--otlp-content` follows `--capture`: masked text at `redacted`, no content at all at `hashes`
+/// (nothing of the message in any byte posted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exported_content_is_masked_or_left_out_by_the_capture_level() {
+    let upstream = Upstream::start().await;
+    for level in ["redacted", "hashes"] {
+        let collector = Collector::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let proxy = Proxy::builder(&upstream.url(), &dir.path().join("data"))
+            .arg("--otlp-endpoint")
+            .arg(&collector.url)
+            .arg("--otlp-content")
+            .arg("--capture")
+            .arg(level)
+            .start();
+        let body = json!({"model": "scripted", "messages": [{"role": "user", "content": "mail ada@example.com"}]});
+        assert_eq!(post_json(&format!("{}/v1/chat/completions", proxy.url()), &[], &body).await.status, 200);
+        proxy.wait_turns(1).await;
+        proxy.stop();
+        let posted: Vec<u8> = collector.bodies.lock().unwrap().iter().flat_map(|(_, b)| b.to_vec()).collect();
+        assert!(!posted.windows(15).any(|w| w == b"ada@example.com"), "{level}: the address was exported");
+        let traces: Vec<ExportTraceServiceRequest> = collector.decoded("/v1/traces");
+        let spans: Vec<_> = traces.iter().flat_map(|t| &t.resource_spans).flat_map(|rs| &rs.scope_spans).flat_map(|ss| &ss.spans).collect();
+        assert_eq!(spans.len(), 1, "{level}");
+        let (input, output) = (text(&spans[0].attributes, "gen_ai.input.messages"), text(&spans[0].attributes, "gen_ai.output.messages"));
+        if level == "redacted" {
+            assert!(input.unwrap().contains("mail [redacted:email]"));
+            assert!(output.unwrap().contains("You said: mail [redacted:email]"));
+        } else {
+            assert_eq!((input, output), (None, None), "no content without text");
+        }
+    }
+}
+
 /// A certain compaction (Codex's summary prefix) marks its turn's span `gen_ai.conversation.compacted`;
 /// a keep-the-last-N window does not; both finding events name their cause.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -48,6 +48,9 @@ pub struct ProxyConfig {
     pub findings_header: bool,
     /// Answer Responses API `previous_response_id` from the capture store (`--responses-state`).
     pub responses_state: bool,
+    /// How much of each turn's text is stored (`--capture full|redacted|hashes`; docs/capture.md,
+    /// "Privacy levels"): also what is journaled, alerted and exported over OTLP.
+    pub capture: ctxscope_store::CaptureLevel,
     /// `--admin-token`: the admin port's API and UI require it (bearer header or login cookie).
     pub admin_token: Option<String>,
     /// This process's engine (`serve`), for replays started from the UI with `engine:` targets.
@@ -114,6 +117,10 @@ pub enum ConfigError {
     CountWithoutTokenizer,
     #[error("--responses-state keeps conversation state in the capture store: it cannot be used with --no-capture")]
     StateWithoutStore,
+    #[error(
+        "--responses-state sends the upstream the stored text of a previous_response_id chain, and --capture {0} does not store it whole: use --capture full with --responses-state"
+    )]
+    StateWithoutText(ctxscope_store::CaptureLevel),
     #[error(transparent)]
     Webhook(#[from] crate::alert::webhook::WebhookError),
     #[error(transparent)]
@@ -144,6 +151,7 @@ impl ProxyConfig {
             otlp: None,
             findings_header: false,
             responses_state: false,
+            capture: ctxscope_store::CaptureLevel::Full,
             admin_token: None,
             replay_engine: None,
             launch_profiles: Vec::new(),
@@ -173,6 +181,9 @@ impl ProxyConfig {
         }
         if self.responses_state && self.data_dir.is_none() {
             return Err(ConfigError::StateWithoutStore);
+        }
+        if self.responses_state && self.capture != ctxscope_store::CaptureLevel::Full {
+            return Err(ConfigError::StateWithoutText(self.capture));
         }
         if let Some(path) = &self.tokenizer {
             if !path.exists() {

@@ -17,6 +17,7 @@ pub mod health;
 pub mod metrics;
 pub mod otlp;
 pub mod parse;
+pub mod privacy;
 pub mod responses_state;
 pub mod upstream;
 
@@ -88,6 +89,15 @@ pub async fn run(config: ProxyConfig, proxy: TcpListener, admin: TcpListener, sh
     let mut sinks: Vec<Box<dyn alert::AlertSink>> = webhook.iter().map(|w| Box::new(w.clone()) as Box<dyn alert::AlertSink>).collect();
     let otlp = match &config.otlp {
         Some(c) => {
+            match (c.content, config.capture) {
+                (true, ctxscope_store::CaptureLevel::Hashes) => tracing::warn!(
+                    "--otlp-content with --capture hashes: no message content is exported (spans carry hashes, counts and timings only)"
+                ),
+                (true, ctxscope_store::CaptureLevel::Redacted) => {
+                    tracing::info!("--otlp-content with --capture redacted: exported content is masked as it is stored")
+                }
+                _ => {}
+            }
             let instance = otlp::default_instance_id(proxy.local_addr().map_or(0, |a| a.port()));
             let exporter =
                 otlp::OtlpExporter::start(c, &config.upstream, instance, &tokio::runtime::Handle::current()).map_err(ConfigError::from)?;
@@ -239,6 +249,7 @@ fn start_capture(
         (Some(store), _) => {
             let mut pipeline = Pipeline::new(store, config.upstream.display.clone(), tokens, config.retention.clone())
                 .with_detect_config(config.detect.clone())
+                .with_capture(config.capture)
                 .with_health(health);
             for sink in sinks {
                 pipeline = pipeline.with_sink(sink);

@@ -18,7 +18,7 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 
 use crate::body::{full, json_error, ProxyBody};
-use crate::capture::responses::parent_context;
+use crate::capture::responses::{parent_context, ParentContext};
 use crate::parse::responses::messages_to_items;
 
 /// How long a request waits for its parent response to reach the store (the capture worker stores
@@ -33,6 +33,10 @@ pub enum StateError {
     NoStore,
     #[error("ctxscope --responses-state: reading the chain of {id} from the store failed: {source}")]
     Store { id: String, source: StoreError },
+    #[error(
+        "ctxscope --responses-state: the chain of {id} was captured with --capture {level}, so the store does not hold its text as sent; it is not sent upstream (send the whole input instead)"
+    )]
+    Withheld { id: String, level: ctxscope_store::CaptureLevel },
 }
 
 impl StateError {
@@ -51,6 +55,7 @@ impl StateError {
             StateError::NoStore | StateError::Store { .. } => {
                 json_error(StatusCode::SERVICE_UNAVAILABLE, "ctxscope_responses_state", &self.to_string(), None)
             }
+            StateError::Withheld { .. } => json_error(StatusCode::CONFLICT, "ctxscope_responses_state_withheld", &self.to_string(), None),
         }
     }
 }
@@ -143,6 +148,11 @@ async fn expand_request(store: Option<Store>, bytes: Bytes) -> Result<Bytes, Sta
         .unwrap_or_else(|e| Err(StoreError::NotFound(format!("lookup task failed: {e}"))))
         .map_err(|source| StateError::Store { id: id.clone(), source })?
         .ok_or_else(|| StateError::NotFound(id.clone()))?;
+    // Masked or absent text is never forwarded as if it were the conversation.
+    if context.capture != ctxscope_store::CaptureLevel::Full {
+        return Err(StateError::Withheld { id, level: context.capture });
+    }
+    let context = context.whole().map_err(|source| StateError::Store { id: id.clone(), source })?;
     let mut input = messages_to_items(&context);
     match object.remove("input") {
         Some(Value::String(text)) => input.push(json!({"type": "message", "role": "user", "content": text})),
@@ -155,10 +165,10 @@ async fn expand_request(store: Option<Store>, bytes: Bytes) -> Result<Bytes, Sta
 }
 
 /// The parent's context, waiting up to [`PARENT_WAIT`] for the capture worker to store it.
-fn wait_for_parent(store: &Store, id: &str) -> Result<Option<Vec<Value>>, StoreError> {
+fn wait_for_parent(store: &Store, id: &str) -> Result<Option<ParentContext>, StoreError> {
     let deadline = Instant::now() + PARENT_WAIT;
     loop {
-        if let Some((_, context)) = parent_context(store, id)? {
+        if let Some(context) = parent_context(store, id)? {
             return Ok(Some(context));
         }
         if Instant::now() >= deadline {

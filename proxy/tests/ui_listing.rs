@@ -32,6 +32,7 @@ fn conversation(id: u64) -> ConversationRecord {
         last_tail: None,
         branch_of: None,
         last_reply: None,
+        capture: Default::default(),
     }
 }
 

@@ -3,7 +3,7 @@
 //! so turn k is replayed on the captured history, never on replayed replies. Only chat-completions
 //! turns are replayed; the others are skipped with a note.
 
-use ctxscope_store::{ConversationDetail, Endpoint, TurnView};
+use ctxscope_store::{CaptureLevel, ConversationDetail, Endpoint, TurnView};
 use serde_json::{json, Map, Value};
 
 /// Captured parameters sent again on replay. The rest is replaced (`temperature`, `seed`,
@@ -59,6 +59,9 @@ impl Conversation {
     pub fn from_detail(detail: &ConversationDetail) -> Conversation {
         let mut turns = Vec::new();
         let mut notes = Vec::new();
+        if let Some(note) = masked_note(detail) {
+            notes.push(note);
+        }
         for view in &detail.turns {
             match turn_request(detail, view) {
                 Ok((request, note)) => {
@@ -88,10 +91,11 @@ fn turn_request(detail: &ConversationDetail, view: &TurnView) -> Result<(TurnReq
             record.endpoint.as_str()
         ));
     }
+    // A message stored without text (`--capture hashes`) reads as null: not sent as a message.
     let messages = view
         .messages
         .iter()
-        .map(|hash| detail.messages.get(hash).cloned().ok_or_else(|| missing(record.index, hash)))
+        .map(|hash| detail.messages.get(hash).filter(|m| !m.is_null()).cloned().ok_or_else(|| missing(record.index, hash)))
         .collect::<Result<Vec<Value>, String>>()?;
     let messages = if responses { responses_as_chat(record.index, messages)? } else { messages };
     if messages.is_empty() {
@@ -136,6 +140,24 @@ fn responses_as_chat(turn: u32, mut messages: Vec<Value>) -> Result<Vec<Value>, 
         }
     }
     Ok(messages)
+}
+
+/// The turns of `detail` captured without text (`--capture hashes`): none of them can be sent again,
+/// nor any turn after them (their history is text the store does not hold).
+pub fn textless_turns(detail: &ConversationDetail) -> Vec<u32> {
+    detail.turns.iter().filter(|view| view.turn.capture == CaptureLevel::Hashes).map(|view| view.turn.index).collect()
+}
+
+/// What a replay of a conversation captured with `--capture redacted` must say: it sends masked text.
+pub fn masked_note(detail: &ConversationDetail) -> Option<String> {
+    let masked =
+        detail.conversation.capture == CaptureLevel::Redacted || detail.turns.iter().any(|v| v.turn.capture == CaptureLevel::Redacted);
+    masked.then(|| {
+        format!(
+            "conversation {} was captured with --capture redacted: it is replayed with its masked text ([redacted:KIND] where secrets and personal data were), which the captured replies never saw",
+            detail.conversation.id
+        )
+    })
 }
 
 fn missing(turn: u32, hash: &str) -> String {
@@ -198,6 +220,7 @@ pub fn replay_test_conversation(id: u64, turns: u32) -> ConversationDetail {
         last_tail: None,
         branch_of: None,
         last_reply: None,
+        capture: Default::default(),
     };
     ConversationDetail { conversation, turns: views, messages, findings: Vec::new() }
 }
@@ -266,6 +289,26 @@ pub(crate) mod tests {
         let c = Conversation::from_detail(&d);
         assert_eq!(c.turns.len(), 1);
         assert!(c.notes[0].contains("web_search_call item"), "{:?}", c.notes);
+    }
+
+    #[test]
+    fn a_conversation_without_text_is_refused_and_a_masked_one_says_so() {
+        let mut d = detail(2);
+        assert!(crate::run::check_text(&d).is_ok() && masked_note(&d).is_none());
+        d.turns[1].turn.capture = CaptureLevel::Redacted;
+        d.conversation.capture = CaptureLevel::Redacted;
+        assert!(crate::run::check_text(&d).is_ok());
+        let c = Conversation::from_detail(&d);
+        assert!(c.notes[0].contains("captured with --capture redacted"), "{:?}", c.notes);
+        d.turns[1].turn.capture = CaptureLevel::Hashes;
+        d.conversation.capture = CaptureLevel::Hashes;
+        let error = crate::run::check_text(&d).unwrap_err().to_string();
+        assert!(error.contains("--capture hashes") && error.contains("[1]") && error.contains("cannot be replayed"), "{error}");
+        // A message stored without text reads as null: the turn is skipped, never sent with a null.
+        let hash = d.turns[1].messages[1].clone();
+        d.messages.insert(hash, Value::Null);
+        let c = Conversation::from_detail(&d);
+        assert!(c.turn(1).is_none() && c.notes.iter().any(|n| n.contains("turn 1 skipped")), "{:?}", c.notes);
     }
 
     #[test]

@@ -142,6 +142,10 @@ pub enum PlanError {
     Profile(String),
     #[error("the golden target `{target}` could not be started, so nothing can be compared: {error}")]
     Launch { target: String, error: String },
+    #[error(
+        "conversation {conversation} was captured with --capture hashes: no message text was stored for its turn(s) {turns:?}, so it cannot be replayed (capture with --capture full or redacted to replay)"
+    )]
+    TextWithheld { conversation: u64, turns: Vec<u32> },
 }
 
 /// Generation settings shared by every request of a run.
@@ -256,6 +260,16 @@ fn panicked(error: &tokio::task::JoinError) -> (Outcome, Vec<ProbeResult>, bool)
     (Outcome::Failed { error: format!("the replay task failed: {error}"), status: None }, Vec::new(), true)
 }
 
+/// Refuses a conversation captured without text: nothing of it can be sent again (an empty or
+/// partial replay would compare nothing).
+pub fn check_text(detail: &ctxscope_store::ConversationDetail) -> Result<(), PlanError> {
+    let turns = crate::conversation::textless_turns(detail);
+    if turns.is_empty() && detail.conversation.capture != ctxscope_store::CaptureLevel::Hashes {
+        return Ok(());
+    }
+    Err(PlanError::TextWithheld { conversation: detail.conversation.id, turns })
+}
+
 fn check_names(targets: &[TargetSpec]) -> Result<(), PlanError> {
     for (i, target) in targets.iter().enumerate() {
         if targets[..i].iter().any(|t| t.name == target.name) {
@@ -267,6 +281,7 @@ fn check_names(targets: &[TargetSpec]) -> Result<(), PlanError> {
 
 /// The replayable turns the options select; every probe must follow one of them.
 fn select_turns(plan: &Plan) -> Result<Conversation, PlanError> {
+    check_text(&plan.conversation)?;
     let mut conversation = Conversation::from_detail(&plan.conversation);
     for note in &conversation.notes {
         tracing::info!(conversation = conversation.id, "{note}");

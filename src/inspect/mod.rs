@@ -103,6 +103,13 @@ pub async fn findings(source: &dyn Records, filter: &FindingFilter, json: bool) 
 
 pub async fn export(source: &dyn Records, id: u64) -> Result<(), InspectError> {
     let bytes = source.export(id).await?;
+    // The header line names the capture level; below full, say so where a person reads it too.
+    let header = bytes.split(|&b| b == b'\n').next().and_then(|line| serde_json::from_slice::<serde_json::Value>(line).ok());
+    match header.as_ref().and_then(|h| h.get("capture")).and_then(serde_json::Value::as_str) {
+        Some("redacted") => eprintln!("conversation {id} was captured with --capture redacted: its text is masked ([redacted:KIND])"),
+        Some("hashes") => eprintln!("conversation {id} was captured with --capture hashes: the export holds no message or reply text"),
+        _ => {}
+    }
     std::io::stdout().write_all(&bytes).map_err(InspectError::Stdout)
 }
 

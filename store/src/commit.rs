@@ -15,7 +15,7 @@ use crate::codec::{self, decode, encode, id_key, pair_key, trees};
 use crate::hash::{from_hex, Hash, ZERO_HASH};
 use crate::intent::{Op, Slot};
 use crate::prefixes::recorded_lengths;
-use crate::records::{ConversationRecord, PrefixEntry, TurnRecord};
+use crate::records::{CaptureLevel, ConversationRecord, PrefixEntry, TurnRecord};
 use crate::{Store, StoreError};
 
 /// Everything one turn writes, computed by the capture and committed at once.
@@ -24,6 +24,8 @@ pub struct TurnDraft {
     /// The messages this turn adds, hash and canonical JSON: the request's past its base, then the
     /// reply (the turn's `new_messages` and `reply`, in that order). Short ones go into the turn's
     /// pack; one of [`codec::PACK_LIMIT`] bytes or more is stored once by hash (kept if already there).
+    /// Below [`CaptureLevel::Full`] (the turn's `capture`) the hash is still the message's as sent and
+    /// the JSON is what is kept of it: masked (all of it packed), or nothing (empty; no pack).
     pub messages: Vec<(Hash, Vec<u8>)>,
     /// The request's prefix chain: `chain[i]` covers messages `0..=i`. Some lengths past the turn's
     /// base get prefix entries (`prefixes`; unless an earlier turn has them); the last is its head.
@@ -205,6 +207,18 @@ fn pack(draft: &Commit<'_>, turn_key: &[u8]) -> Result<Packed, StoreError> {
         turn.new_messages.iter().copied().chain(turn.reply.as_deref().and_then(from_hex)).collect::<Vec<_>>(),
         "a draft's messages are its turn's new messages, then its reply"
     );
+    match turn.capture {
+        CaptureLevel::Full => {}
+        // No text: no pack, and every hash in the turn record (none is the hash of a stored JSON).
+        CaptureLevel::Hashes => return Ok((None, Vec::new(), codec::encode_turn(turn_key, turn)?)),
+        // Masked text is not the message its hash names: all of it in the turn's own pack (never
+        // by hash in `messages`, which holds what its key is the SHA-256 of), every hash in the record.
+        CaptureLevel::Redacted => {
+            let entries: Vec<Option<&[u8]>> = draft.messages.iter().map(|(_, json)| Some(json.as_slice())).collect();
+            let pack = (!entries.is_empty()).then(|| crate::pack::encode_pack(turn_key, &entries));
+            return Ok((pack, Vec::new(), codec::encode_turn(turn_key, turn)?));
+        }
+    }
     let mut entries = Vec::with_capacity(draft.messages.len());
     let mut large = Vec::new();
     for (hash, json) in draft.messages {
@@ -291,6 +305,7 @@ pub(crate) mod tests {
             last_tail: turn.tail.clone(),
             branch_of: None,
             last_reply: turn.reply.clone(),
+            capture: Default::default(),
         };
         TurnDraft { messages, chain, tail: Some(tail), turn, conversation }
     }
@@ -363,6 +378,58 @@ pub(crate) mod tests {
         assert_eq!(store.message_count(), before);
         assert_eq!(store.prefix(&second.chain[2]).unwrap(), None);
         assert_eq!(store.end(second.chain.last().unwrap()).unwrap(), None);
+    }
+
+    #[test]
+    fn turns_below_full_keep_the_hashes_as_sent_and_only_what_their_level_keeps() {
+        use crate::records::CaptureLevel;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        let first = draft(1, 1, &["a"], "ra", None);
+        // Turn 2, redacted: its new message and reply kept masked, under the hashes of the originals.
+        let mut second = draft(1, 2, &["a", "ra", "b me@example.com"], "rb", Some(BaseRef { turn: 1, len: 2 }));
+        second.turn.capture = CaptureLevel::Redacted;
+        second.conversation.capture = CaptureLevel::Redacted;
+        second.conversation.turns = 2;
+        second.messages[0].1 = serde_json::to_vec(&json!({"content": "b [redacted:email]", "role": "user"})).unwrap();
+        // Turn 3, hashes only: nothing of its text.
+        let mut third = draft(1, 3, &["a", "ra", "b me@example.com", "rb", "c"], "rc", Some(BaseRef { turn: 2, len: 4 }));
+        third.turn.capture = CaptureLevel::Hashes;
+        third.conversation.capture = CaptureLevel::Hashes;
+        third.conversation.turns = 3;
+        third.messages.iter_mut().for_each(|(_, json)| json.clear());
+        for d in [&first, &second, &third] {
+            store.commit_turn(d).unwrap();
+        }
+        let expect = |store: &Store| {
+            for d in [&first, &second, &third] {
+                assert_eq!(store.turn(d.turn.id).unwrap().unwrap(), d.turn, "turn {} as committed, its hashes the originals'", d.turn.id);
+            }
+            let history = store.turn_history(&third.turn).unwrap();
+            let hashes: Vec<Hash> = history.iter().map(|(h, _)| *h).collect();
+            let texts = ["a", "ra", "b me@example.com", "rb", "c"];
+            let role = |t: &str| if t.starts_with('r') { "assistant" } else { "user" };
+            let mut sent: Vec<Hash> = texts.iter().map(|t| message_hash(&json!({"role": role(t), "content": t})).0).collect();
+            sent.extend(third.turn.reply.as_deref().and_then(from_hex));
+            assert_eq!(hashes, sent, "the hashes of the messages as sent, whatever was kept");
+            let texts: Vec<Option<String>> =
+                history.iter().map(|(_, v)| v.as_ref().map(|v| v["content"].as_str().unwrap_or_default().to_string())).collect();
+            assert_eq!(texts, [Some("a".into()), Some("ra".into()), Some("b [redacted:email]".into()), Some("rb".into()), None, None]);
+            assert_eq!(store.conversation(1).unwrap().unwrap().capture, CaptureLevel::Hashes);
+            let report = store.check().unwrap();
+            assert!(report.is_clean(), "{:?}", report.problems);
+        };
+        expect(&store);
+        // sled loses turns 2 and 3 and their packs: the journal gives them back as they were.
+        store.checkpoint().unwrap();
+        for id in [2, 3] {
+            store.t().unwrap().turns.remove(id_key(id)).unwrap();
+            store.t().unwrap().packs.remove(id_key(id)).unwrap();
+        }
+        drop(store);
+        let store = unlocked(|| Store::open(dir.path(), &StoreOptions::default()));
+        assert_eq!(store.restored_on_open().0, 2);
+        expect(&store);
     }
 
     #[test]

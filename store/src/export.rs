@@ -1,7 +1,10 @@
 //! The portable form of a conversation: self-contained JSONL that `ctxscope export` writes and
 //! `ctxscope import` reads back. Line 1 is a header, then one line per message, then one per turn
 //! (with its relation: a `diverged` turn is a harness's edit), then one per finding with its evidence
-//! (the exporting store's diagnosis: kept for reading, not imported).
+//! (the exporting store's diagnosis: kept for reading, not imported). The header names the capture
+//! level (`capture`): below `full` the message lines hold masked text (`redacted`) or are left out
+//! (`hashes`: no text was stored), and such a file is refused by import, whose messages are stored by
+//! the hash of their content.
 
 use std::collections::HashSet;
 use std::io::{BufRead, Write};
@@ -26,10 +29,22 @@ pub const MAX_IMPORT_LINE: usize = 64 << 20;
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ExportLine {
-    Header { format: String, version: u32, conversation: ConversationRecord },
-    Message { hash: HashHex, message: Value },
+    Header {
+        format: String,
+        version: u32,
+        /// The conversation's capture level (exports from before the levels: full).
+        #[serde(default)]
+        capture: CaptureLevel,
+        conversation: ConversationRecord,
+    },
+    Message {
+        hash: HashHex,
+        message: Value,
+    },
     Turn(TurnView),
-    Finding { finding: FindingRecord },
+    Finding {
+        finding: FindingRecord,
+    },
 }
 
 impl Store {
@@ -42,8 +57,18 @@ impl Store {
             out.write_all(&bytes).map_err(io)?;
             out.write_all(b"\n").map_err(io)
         };
-        line(&ExportLine::Header { format: EXPORT_FORMAT.into(), version: EXPORT_VERSION, conversation: detail.conversation.clone() })?;
+        let capture = detail.conversation.capture;
+        line(&ExportLine::Header {
+            format: EXPORT_FORMAT.into(),
+            version: EXPORT_VERSION,
+            capture,
+            conversation: detail.conversation.clone(),
+        })?;
         for (hash, message) in &detail.messages {
+            // Captured without text: a message not stored is left out, not written as null.
+            if capture != CaptureLevel::Full && message.is_null() {
+                continue;
+            }
             line(&ExportLine::Message { hash: hash.clone(), message: message.clone() })?;
         }
         for turn in detail.turns {
@@ -84,12 +109,16 @@ impl Store {
                 return Err(bad("the first line must be the export header".into()));
             }
             match parsed {
-                ExportLine::Header { format, version, conversation } => {
+                ExportLine::Header { format, version, capture, conversation } => {
                     if header.is_some() {
                         return Err(bad("a second header line".into()));
                     }
                     if format != EXPORT_FORMAT || version != EXPORT_VERSION {
                         return Err(bad(format!("unsupported export {format} v{version}")));
+                    }
+                    let level = capture.max(conversation.capture);
+                    if level != CaptureLevel::Full {
+                        return Err(not_full(n + 1, level));
                     }
                     header = Some(conversation);
                 }
@@ -105,6 +134,9 @@ impl Store {
                     seen.insert(computed);
                 }
                 ExportLine::Turn(view) => {
+                    if view.turn.capture != CaptureLevel::Full {
+                        return Err(not_full(n + 1, view.turn.capture));
+                    }
                     for hash in view.messages.iter().chain(view.turn.reply.iter()) {
                         if !from_hex(hash).is_some_and(|h| seen.contains(&h)) {
                             return Err(bad(format!("turn {} references message {hash}, which no line before it holds", view.turn.id)));
@@ -157,6 +189,19 @@ impl Store {
         self.commit_import(&conversation, &records)?;
         self.flush()?;
         Ok(conversation.id)
+    }
+}
+
+/// An export captured below full: its messages are not what their hashes name, so they cannot be
+/// stored by them.
+fn not_full(line: usize, level: CaptureLevel) -> StoreError {
+    let what = match level {
+        CaptureLevel::Hashes => "no message text was stored",
+        _ => "its message text was masked",
+    };
+    StoreError::Import {
+        line,
+        detail: format!("this conversation was captured with --capture {level} ({what}): only full captures can be imported"),
     }
 }
 
@@ -216,6 +261,34 @@ mod tests {
                 }
                 Err(LineError::Io(_)) => panic!("io"),
             }
+        }
+    }
+
+    #[test]
+    fn an_export_names_its_capture_level_and_one_below_full_is_not_imported() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &crate::StoreOptions::default()).unwrap();
+        let mut turn = crate::commit::tests::draft(1, 1, &["secret question"], "secret answer", None);
+        turn.turn.capture = CaptureLevel::Hashes;
+        turn.conversation.capture = CaptureLevel::Hashes;
+        turn.messages.iter_mut().for_each(|(_, json)| json.clear());
+        store.commit_turn(&turn).unwrap();
+        let mut out = Vec::new();
+        store.export_conversation(1, &mut out).unwrap();
+        let text = String::from_utf8(out.clone()).unwrap();
+        let header: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        assert_eq!(header["capture"], "hashes");
+        assert!(text.lines().all(|l| !l.contains(r#""kind":"message""#)), "no message lines without text: {text}");
+        assert!(text.contains(r#""capture":"hashes""#) && !text.contains("secret"), "{text}");
+        let error = store.import_conversation(&mut out.as_slice()).unwrap_err().to_string();
+        assert!(error.contains("--capture hashes") && error.contains("only full captures can be imported"), "{error}");
+        // An export from before the levels reads as full.
+        let old = r#"{"kind":"header","format":"ctxscope-conversation","version":1,"conversation":{"id":1,"name":null,"created_unix_ms":1,"updated_unix_ms":1,"upstream":"u","model":null,"turns":0,"last_turn":0,"last_head":"","last_message_count":0,"last_tail":null,"branch_of":null}}"#;
+        match serde_json::from_str::<ExportLine>(old).unwrap() {
+            ExportLine::Header { capture, conversation, .. } => {
+                assert_eq!((capture, conversation.capture), (CaptureLevel::Full, CaptureLevel::Full))
+            }
+            _ => panic!("a header"),
         }
     }
 

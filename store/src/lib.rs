@@ -88,6 +88,7 @@ pub fn store_test_turn(id: u64, conversation: u64, new_messages: Vec<Hash>) -> T
         tools: None,
         responses: None,
         fingerprint: None,
+        capture: Default::default(),
     }
 }
 
@@ -132,6 +133,7 @@ pub fn store_test_draft(c: u64, id: u64, history: &[(&str, String)], reply: &str
         last_tail: turn.tail.clone(),
         branch_of: None,
         last_reply: turn.reply.clone(),
+        capture: Default::default(),
     };
     let mut messages: Vec<(Hash, Vec<u8>)> = hashed[base_len..].to_vec();
     messages.push((reply_hash, reply_bytes));

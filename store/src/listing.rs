@@ -242,6 +242,7 @@ mod tests {
             last_tail: None,
             branch_of: None,
             last_reply: None,
+            capture: Default::default(),
         }
     }
 

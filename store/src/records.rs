@@ -32,6 +32,55 @@ impl Endpoint {
     }
 }
 
+/// How much of a turn's text the capture kept (`--capture`; docs/capture.md, "Privacy levels").
+/// Ordered by what is withheld: a conversation records the most withholding level of its turns.
+/// Message hashes are always those of the messages as sent, whatever the level.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CaptureLevel {
+    /// Every message and reply as sent and received (records from before the levels read as this).
+    #[default]
+    Full,
+    /// Text kept with secrets and personal data masked (`[redacted:KIND]`).
+    Redacted,
+    /// No text at all: message hashes, sizes, counts, timings, usage, findings without excerpts.
+    Hashes,
+}
+
+impl CaptureLevel {
+    pub const ALL: [CaptureLevel; 3] = [CaptureLevel::Full, CaptureLevel::Redacted, CaptureLevel::Hashes];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CaptureLevel::Full => "full",
+            CaptureLevel::Redacted => "redacted",
+            CaptureLevel::Hashes => "hashes",
+        }
+    }
+
+    /// Whether the text was kept as it was.
+    pub fn is_full(&self) -> bool {
+        *self == CaptureLevel::Full
+    }
+}
+
+impl std::fmt::Display for CaptureLevel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for CaptureLevel {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<CaptureLevel, String> {
+        CaptureLevel::ALL
+            .into_iter()
+            .find(|level| level.as_str() == text)
+            .ok_or_else(|| format!("{text:?} is not a capture level; use full, redacted or hashes"))
+    }
+}
+
 /// Token usage as the engine reported it, normalised; `source` names the form it came in.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Usage {
@@ -149,6 +198,10 @@ pub struct TurnRecord {
     /// `Store::fingerprint`). None: not probed yet, or fingerprinting off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fingerprint: Option<HashHex>,
+    /// How much of this turn's text was kept (`--capture`); records from before the levels: full.
+    /// Below full, `new_messages` and `reply` are still the hashes of the messages as sent.
+    #[serde(default)]
+    pub capture: CaptureLevel,
 }
 
 /// What a Responses API turn adds to a chat turn (see docs/capture.md, "The Responses API").
@@ -221,6 +274,9 @@ pub struct ConversationRecord {
     /// Hash of the latest turn's reply message, when it had one.
     #[serde(default)]
     pub last_reply: Option<HashHex>,
+    /// The most withholding capture level of its turns (`--capture`); records from before: full.
+    #[serde(default)]
+    pub capture: CaptureLevel,
 }
 
 /// Index entry: the first turn whose message list had this chain hash as a prefix of `len` messages.

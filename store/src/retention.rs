@@ -99,6 +99,7 @@ mod tests {
             last_tail: None,
             branch_of: None,
             last_reply: None,
+            capture: Default::default(),
         };
         store.put_conversation(&rec).unwrap();
         let (hash, bytes) = crate::message_hash(&serde_json::json!({"role": "user", "content": format!("m{id}")}));

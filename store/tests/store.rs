@@ -123,6 +123,7 @@ fn export_import_round_trip() {
         last_tail: None,
         branch_of: None,
         last_reply: None,
+        capture: Default::default(),
     };
     store.put_conversation(&conv).unwrap();
     let mut out = Vec::new();

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ctxscope_store::{
-    chain_next, extend_chain, message_hash, to_hex, ContextLimit, ConversationRecord, Endpoint, FindingRecord, Hash, IdSpace,
+    chain_next, extend_chain, message_hash, to_hex, CaptureLevel, ContextLimit, ConversationRecord, Endpoint, FindingRecord, Hash, IdSpace,
     ResponsesInfo, RetentionPolicy, Store, StoreError, Timing, TurnDraft, TurnRecord, ZERO_HASH,
 };
 
@@ -71,6 +71,8 @@ pub struct Pipeline {
     recent_replies: thread::RecentReplies,
     /// Set after sled failed to write: when to try reopening it next, and the wait after that.
     reopen: Option<(Instant, Duration)>,
+    /// How much of each turn's text is stored (`--capture`; `privacy`).
+    capture: CaptureLevel,
     /// Each turn's prompt by part (message shapes cached across turns).
     composer: Composer,
     /// `--context-limit`: the limit every turn is measured against, whatever the engine says.
@@ -127,6 +129,7 @@ impl Pipeline {
             checkpointed: Instant::now(),
             recent_replies: Default::default(),
             reopen: None,
+            capture: CaptureLevel::Full,
             composer: Composer::default(),
             context_limit: None,
             fingerprint_limit: None,
@@ -156,6 +159,13 @@ impl Pipeline {
     /// Stamps every turn with the upstream's current engine fingerprint.
     pub fn with_fingerprints(mut self, fingerprints: crate::fingerprint::Fingerprints) -> Pipeline {
         self.fingerprints = Some(fingerprints);
+        self
+    }
+
+    /// Stores each turn's text at `level` (`--capture`): whole, masked, or not at all. Hashes,
+    /// threading and detection are the same at every level (`privacy`).
+    pub fn with_capture(mut self, level: CaptureLevel) -> Pipeline {
+        self.capture = level;
         self
     }
 
@@ -207,12 +217,16 @@ impl Pipeline {
         let chained = responses::expand(&self.store, &mut request, &mut notes)?;
         let response = self.response(exchange, request.stream, &mut notes);
 
-        if request.messages.len() != hashes.len() {
-            // A Responses chain's messages went in front of the request's own: hashed again whole.
-            hashes = request.messages.iter().map(|m| self.hashes.hash(m)).collect();
+        if let Some((at, stored)) = chained.as_ref().and_then(|c| c.spliced.as_ref()) {
+            // A Responses chain's messages went in front of the request's own, with the hashes they
+            // were stored under (of the messages as sent, whatever the capture level kept of them).
+            hashes.splice(*at..*at, stored.iter().copied());
             chain.clear();
             extend_chain(&mut chain, &hashes);
         }
+        // A chain known by its hashes only (captured with --capture hashes) is not counted: its
+        // messages stand in the request as nulls.
+        let textless = chained.as_ref().is_some_and(|c| c.textless);
         let threading = thread::Request {
             messages: &request.messages,
             hashes: &hashes,
@@ -220,6 +234,7 @@ impl Pipeline {
             model: request.model.as_deref(),
             endpoint: exchange.endpoint,
             recent: &self.recent_replies,
+            capture: self.capture,
         };
         let decision = match &chained {
             Some(Chained { parent: Some(parent), .. }) => responses::decide(&self.store, parent, &chain)?,
@@ -228,13 +243,20 @@ impl Pipeline {
         };
         let base_len = decision.base.map_or(0, |b| b.len as usize).min(hashes.len());
 
-        // Only the messages this turn adds are stored (the rest are in its base).
-        let mut new_messages: Vec<(Hash, Vec<u8>)> = request.messages[base_len..].iter().map(|m| message_hash(m)).collect();
+        // Only the messages this turn adds are stored (the rest are in its base), under the hashes
+        // of the messages as sent, as much of their text as the capture level keeps.
+        let level = self.capture;
+        let kept = |message: &serde_json::Value| match level {
+            CaptureLevel::Hashes => Vec::new(),
+            _ => crate::privacy::message_json(level, message_hash(message).1),
+        };
+        let mut new_messages: Vec<(Hash, Vec<u8>)> =
+            request.messages[base_len..].iter().zip(&hashes[base_len..]).map(|(m, hash)| (*hash, kept(m))).collect();
         let ok = exchange.status.is_some_and(|s| (200..300).contains(&s));
         let reply = match (&response.reply_message, ok) {
             (Some(message), true) => {
-                let (hash, bytes) = message_hash(message);
-                new_messages.push((hash, bytes));
+                let hash = message_hash(message).0;
+                new_messages.push((hash, kept(message)));
                 Some(hash)
             }
             _ => None,
@@ -243,10 +265,10 @@ impl Pipeline {
         let tail = reply.map(|r| chain_next(&head, &r));
         // Templates render JSON values: with a local tokenizer, every message is parsed (and copied
         // once); the upstream counter reads them only when it asks the upstream.
-        let values = if self.tokens.is_some() { message::values(&request.messages) } else { Vec::new() };
-        let mut counted = self.tokens.as_mut().and_then(|t| t.count(exchange.endpoint, &values, &chain, base_len));
+        let values = if self.tokens.is_some() && !textless { message::values(&request.messages) } else { Vec::new() };
+        let mut counted = self.tokens.as_mut().filter(|_| !textless).and_then(|t| t.count(exchange.endpoint, &values, &chain, base_len));
         let mut local_tokens = counted.as_ref().map(|c| c.local.clone());
-        if let (None, Some(counter)) = (&self.tokens, self.upstream_counter.as_mut()) {
+        if let (None, Some(counter), false) = (&self.tokens, self.upstream_counter.as_mut(), textless) {
             // Responses turns are counted as the chat they map to (their tools are not: another shape).
             let responses = exchange.endpoint == Endpoint::Responses;
             let tools_hash = request.tools.as_ref().filter(|_| !responses).map(|t| t.hash.as_str());
@@ -314,14 +336,24 @@ impl Pipeline {
                 ..c.info
             }),
             fingerprint: self.fingerprints.as_ref().and_then(|f| f.current()),
+            capture: level,
         };
         let conversation = next_conversation(decision, &turn, exchange.conversation_name.clone());
-        let draft = TurnDraft { messages: new_messages, chain, tail, turn, conversation };
+        // What is stored (and journaled, alerted, exported) is the turn at its capture level; the
+        // detectors read the turn as captured, its text in memory (`live`).
+        let (live, stored) = match crate::privacy::stored_turn(level, &turn) {
+            Some(stored) => (Some(turn), stored),
+            None => (None, turn),
+        };
+        let draft = TurnDraft { messages: new_messages, chain, tail, turn: stored, conversation };
         self.store.commit_turn(&draft)?;
         if let (Some(first), true) = (hashes.first(), ok) {
-            self.recent_replies.push(draft.turn.conversation, *first, &draft.turn.reply_text);
+            // In memory only, like every text the detectors read.
+            let reply = live.as_ref().map_or(&draft.turn.reply_text, |t| &t.reply_text);
+            self.recent_replies.push(draft.turn.conversation, *first, reply);
         }
         let TurnDraft { turn, .. } = draft;
+        let live = live.as_ref().unwrap_or(&turn);
         record_metrics(&turn);
         if let Some(pressure) = turn.composition.as_ref().and_then(|c| c.pressure()) {
             let upstream = &self.upstream;
@@ -333,11 +365,11 @@ impl Pipeline {
         }
         let started = Instant::now();
         let reply_ids = match (&self.tokens, &counted) {
-            (Some(tokens), Some(_)) => Some(tokens.encode_text(&turn.reply_text)),
+            (Some(tokens), Some(_)) => Some(tokens.encode_text(&live.reply_text)),
             _ => None,
         };
         let observation = Observation {
-            turn: &turn,
+            turn: live,
             messages: &request.messages,
             hashes: &hashes,
             prompt_ids: counted.as_ref().map(|c| c.ids.as_slice()),
@@ -358,6 +390,9 @@ impl Pipeline {
         if self.store.has_cause(&draft.cause)? {
             return Ok(None);
         }
+        let (mut summary, mut evidence) = (draft.summary, crate::detect::bound::evidence(draft.evidence));
+        // Stored, alerted and exported at the turn's capture level: masked, or without quotes.
+        crate::privacy::finding(turn.capture, &mut summary, &mut evidence);
         let finding = FindingRecord {
             id: self.store.next_id_in(IdSpace::Finding)?,
             kind: draft.kind,
@@ -368,8 +403,8 @@ impl Pipeline {
             conversation: turn.conversation,
             turn: turn.id,
             turn_index: turn.index,
-            summary: draft.summary,
-            evidence: crate::detect::bound::evidence(draft.evidence),
+            summary,
+            evidence,
             cause: draft.cause,
         };
         if !self.store.put_finding(&finding)? {
@@ -467,6 +502,7 @@ fn next_conversation(decision: Decision, turn: &TurnRecord, name: Option<String>
             if turn.model.is_some() {
                 c.model = turn.model.clone();
             }
+            c.capture = c.capture.max(turn.capture);
             c
         }
         None => ConversationRecord {
@@ -483,6 +519,7 @@ fn next_conversation(decision: Decision, turn: &TurnRecord, name: Option<String>
             last_tail: turn.tail.clone(),
             branch_of: decision.branch_of,
             last_reply: turn.reply.clone(),
+            capture: turn.capture,
         },
     };
     if conversation.name.is_none() {

@@ -2,7 +2,7 @@
 //! expanded from the store (the parent turn's messages, less its own `instructions`, and its reply),
 //! and threading such a turn to its parent exactly. A parent the proxy never saw is marked, not guessed.
 
-use ctxscope_store::{to_hex, BaseRef, BranchRef, Hash, Relation, ResponsesInfo, Store, StoreError, TurnRecord};
+use ctxscope_store::{to_hex, BaseRef, BranchRef, CaptureLevel, Hash, Relation, ResponsesInfo, Store, StoreError, TurnRecord};
 use serde_json::Value;
 
 use super::thread::Decision;
@@ -13,20 +13,45 @@ use crate::parse::ParsedRequest;
 pub struct Chained {
     pub info: ResponsesInfo,
     pub parent: Option<TurnRecord>,
+    /// Where the chain's messages went in the request, and the hashes they were stored under (those
+    /// of the messages as sent: below `--capture full` the stored text is not what they hash).
+    pub spliced: Option<(usize, Vec<Hash>)>,
+    /// Some of the chain's messages have no stored text (`--capture hashes`): they stand in the
+    /// request as `null`, known by their hashes only.
+    pub textless: bool,
+}
+
+/// What a response chained to another stands on: the turn that produced it and that turn's history
+/// (less its own instructions), each message's hash with what the store kept of it.
+pub struct ParentContext {
+    pub turn: TurnRecord,
+    pub messages: Vec<(Hash, Option<Value>)>,
+    /// The most withholding capture level of the conversation the chain's text comes from: below
+    /// full, a message's text is masked or absent.
+    pub capture: CaptureLevel,
+}
+
+impl ParentContext {
+    /// The messages as JSON, when every one was stored whole (the chain can be sent upstream).
+    pub fn whole(self) -> Result<Vec<Value>, StoreError> {
+        let turn = self.turn.id;
+        self.messages
+            .into_iter()
+            .map(|(hash, message)| message.ok_or_else(|| StoreError::NotFound(format!("message {} of turn {turn}", to_hex(&hash)))))
+            .collect()
+    }
 }
 
 /// The turn that produced `response_id` and the messages a response chained to it stands on.
-pub fn parent_context(store: &Store, response_id: &str) -> Result<Option<(TurnRecord, Vec<Value>)>, StoreError> {
+pub fn parent_context(store: &Store, response_id: &str) -> Result<Option<ParentContext>, StoreError> {
     let Some(turn) = store.turn_by_response_id(response_id)? else {
         return Ok(None);
     };
     let history = store.turn_history(&turn)?;
     let skip = usize::from(turn.responses.as_ref().is_some_and(|r| r.instructions));
-    let mut context = Vec::with_capacity(history.len());
-    for (hash, message) in history.into_iter().skip(skip) {
-        context.push(message.ok_or_else(|| StoreError::NotFound(format!("message {} of turn {}", to_hex(&hash), turn.id)))?);
-    }
-    Ok(Some((turn, context)))
+    let conversation = store.conversation(turn.conversation)?.map_or(CaptureLevel::Full, |c| c.capture);
+    let capture = conversation.max(turn.capture);
+    Ok(Some(ParentContext { messages: history.into_iter().skip(skip).collect(), turn, capture }))
 }
 
 /// Puts the chain named by `previous_response_id` ahead of the request's own input (after its
@@ -45,20 +70,27 @@ pub fn expand(store: &Store, request: &mut ParsedRequest, notes: &mut Vec<String
         ..ResponsesInfo::default()
     };
     let Some(previous) = &sent.previous_response_id else {
-        return Ok(Some(Chained { info, parent: None }));
+        return Ok(Some(Chained { info, parent: None, spliced: None, textless: false }));
     };
     match parent_context(store, previous)? {
-        Some((parent, context)) => {
+        Some(ParentContext { turn: parent, messages: context, .. }) => {
             let at = usize::from(sent.instructions).min(request.messages.len());
             info.parent_turn = Some(parent.id);
             info.chain_messages = context.len() as u32;
-            request.messages.splice(at..at, context.into_iter().map(Message::new));
-            Ok(Some(Chained { info, parent: Some(parent) }))
+            let textless = context.iter().any(|(_, message)| message.is_none());
+            if textless {
+                notes.push(format!(
+                    "the chain of previous_response_id {previous} was captured without text (--capture hashes): its messages are known by their hashes only"
+                ));
+            }
+            let hashes = context.iter().map(|(hash, _)| *hash).collect();
+            request.messages.splice(at..at, context.into_iter().map(|(_, message)| Message::new(message.unwrap_or(Value::Null))));
+            Ok(Some(Chained { info, parent: Some(parent), spliced: Some((at, hashes)), textless }))
         }
         None => {
             info.parent_unknown = true;
             notes.push(format!("previous_response_id {previous} was never captured: the context before this request's input is unknown"));
-            Ok(Some(Chained { info, parent: None }))
+            Ok(Some(Chained { info, parent: None, spliced: None, textless: false }))
         }
     }
 }

@@ -40,6 +40,8 @@ pub struct Request<'a> {
     pub endpoint: Endpoint,
     /// Recent replies, for a compaction that kept only the system prompt.
     pub recent: &'a RecentReplies,
+    /// How much text the store keeps (`--capture`): the earlier history is compared in that form.
+    pub capture: ctxscope_store::CaptureLevel,
 }
 
 /// The latest replies of recent conversations (text squeezed, bounded), newest last: a summary that
@@ -184,7 +186,7 @@ fn carries_latest_reply(store: &Store, request: &Request<'_>) -> Result<Option<D
 fn edits(store: &Store, conversation: &ConversationRecord, request: &Request<'_>) -> Result<bool, StoreError> {
     let Some(previous) = store.turn(conversation.last_turn)? else { return Ok(false) };
     let rule = reasoning_rule(request.model, request.endpoint.as_str());
-    crate::detect::with_sides(store, &previous, request.hashes, request.messages, |before, after| {
+    crate::detect::with_sides(store, &previous, request.hashes, request.messages, request.capture, |before, after| {
         history::edit_of_history(before, after, rule).is_some()
     })
 }

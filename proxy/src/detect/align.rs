@@ -215,7 +215,9 @@ fn pair_in_place(fates: &mut [Fate], previous: &[Message<'_>], request: &[Messag
         let gap: Vec<usize> = (before..after).filter(|&j| !used[j]).collect();
         // A message that carries a compaction marker is a summary, not a rewrite.
         let summary = super::markers::harness_of(request[gap.first().copied().unwrap_or(0)].value).is_some();
-        if run_end - i == 1 && gap.len() == 1 && !summary && role(&previous[i]) == role(&request[gap[0]]) {
+        // A message stored without text (`null`, `--capture hashes`) has no role to compare.
+        let same_role = || previous[i].value.is_null() || role(&previous[i]) == role(&request[gap[0]]);
+        if run_end - i == 1 && gap.len() == 1 && !summary && same_role() {
             fates[i] = Fate::Edited(gap[0]);
             used[gap[0]] = true;
         }

@@ -27,6 +27,10 @@ pub(crate) fn amnesia(cx: &Context<'_>) -> Option<Draft> {
     let replies = format!("{earlier_replies} earlier repl{}", if earlier_replies == 1 { "y" } else { "ies" });
     let summary = match found.method {
         Method::Phrase => format!("reply says \"{}\" in a conversation with {replies}", found.rule),
+        // Captured without text (`--capture hashes`): the frame, not the reply's own sentence.
+        Method::Structure if turn.capture == ctxscope_store::CaptureLevel::Hashes => {
+            format!("reply denies earlier context ({} frame) in a conversation with {replies}", found.rule)
+        }
         Method::Structure => {
             format!("reply denies earlier context (\"{}\") in a conversation with {replies}", super::history::excerpt(&found.sentence, 0))
         }

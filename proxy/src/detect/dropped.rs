@@ -4,7 +4,7 @@
 //! [`super::history`]; this names the cause, weighs the loss and estimates its tokens.
 
 use ctxscope_formats::template::reasoning_rule;
-use ctxscope_store::{FindingKind, Severity, Store, StoreError, TurnRecord};
+use ctxscope_store::{CaptureLevel, FindingKind, Severity, Store, StoreError, TurnRecord};
 use serde_json::Value;
 
 use super::history::{self, Cause, Dropped, History};
@@ -16,24 +16,43 @@ use super::{Context, Draft, Observation};
 /// capture thread's pages once the turn is done.
 pub(crate) fn compare_history(store: &Store, previous: &TurnRecord, obs: &Observation<'_>) -> Result<History, StoreError> {
     ctxscope_common::scratch::scope(|| {
-        with_sides(store, previous, obs.hashes, obs.messages, |before, after| history::compare(before, after, rule_for(obs.turn)))
+        with_sides(store, previous, obs.hashes, obs.messages, obs.turn.capture, |before, after| {
+            history::compare(before, after, rule_for(obs.turn))
+        })
     })
 }
 
 /// Runs `f` on the previous turn's history (messages and reply) and a request's messages, both as
-/// the comparison sees them (hex hashes, canonical forms).
+/// the comparison sees them (hex hashes, canonical forms). Below `--capture full` (`level`, or the
+/// level the previous turn was stored at) the store holds masked text or none: with masked text
+/// both sides are compared masked; a message stored without text that the request still carries
+/// (the same hash: the same message) is read from the request; one it does not carry stays `null`,
+/// which the comparison takes as unknown content (`history`).
 pub fn with_sides<R>(
     store: &Store,
     previous: &TurnRecord,
     hashes: &[ctxscope_store::Hash],
     messages: &[crate::parse::message::Message],
+    level: CaptureLevel,
     f: impl FnOnce(&[history::Message<'_>], &[history::Message<'_>]) -> R,
 ) -> Result<R, StoreError> {
     let history = store.turn_history(previous)?;
     let old_hex: Vec<String> = history.iter().map(|(hash, _)| ctxscope_store::to_hex(hash)).collect();
-    let old_values: Vec<Value> = history.into_iter().map(|(_, value)| value.unwrap_or(Value::Null)).collect();
+    let mut old_values: Vec<Option<Value>> = history.into_iter().map(|(_, value)| value).collect();
     let new_hex: Vec<String> = hashes.iter().map(ctxscope_store::to_hex).collect();
-    let new_values: Vec<Value> = messages.iter().map(|m| ctxscope_store::canonical_message(m)).collect();
+    let mut new_values: Vec<Value> = messages.iter().map(|m| ctxscope_store::canonical_message(m)).collect();
+    if level == CaptureLevel::Redacted || previous.capture == CaptureLevel::Redacted {
+        new_values.iter_mut().for_each(|value| {
+            crate::privacy::redact::redact_value(value);
+        });
+    }
+    if old_values.iter().any(Option::is_none) {
+        let at: std::collections::HashMap<&str, usize> = new_hex.iter().enumerate().map(|(j, hash)| (hash.as_str(), j)).collect();
+        for (hash, value) in old_hex.iter().zip(old_values.iter_mut()).filter(|(_, value)| value.is_none()) {
+            *value = at.get(hash.as_str()).map(|&j| new_values[j].clone());
+        }
+    }
+    let old_values: Vec<Value> = old_values.into_iter().map(|value| value.unwrap_or(Value::Null)).collect();
     let before: Vec<_> = old_hex.iter().zip(&old_values).map(|(hash, value)| history::Message { hash, value }).collect();
     let after: Vec<_> = new_hex.iter().zip(&new_values).map(|(hash, value)| history::Message { hash, value }).collect();
     Ok(f(&before, &after))

@@ -36,6 +36,10 @@ pub enum Change {
     ToolsReordered,
     /// The tool definitions changed.
     ToolsChanged,
+    /// A message replaced in place whose earlier text was not stored (`--capture hashes`), or whose
+    /// change lies inside masked text (`--capture redacted`): rewritten, or only a clock or an id
+    /// changed, cannot be told apart.
+    Withheld,
 }
 
 /// Where the prefix broke and how.
@@ -127,6 +131,9 @@ pub struct Edit {
     /// For reasoning: whether the model's format needs it kept there (`reasoning.json`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub required: Option<bool>,
+    /// Its text was not stored (`--capture hashes`): its role, kind and size are unknown.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub text_withheld: bool,
 }
 
 /// The message standing in for what a compaction removed.
@@ -241,6 +248,12 @@ fn compare_aligned(
     let mut edits = Vec::new();
     let mut minor = None;
     for (i, (old, fate)) in previous.iter().zip(&alignment.fates).enumerate().skip(shared) {
+        // Stored without text (`--capture hashes`) and replaced in place: whether it was rewritten or
+        // only a clock or an id changed cannot be told, so it is not taken for a loss.
+        if let (true, align::Fate::Edited(at)) = (old.value.is_null(), fate) {
+            minor = minor.or_else(|| Some(withheld(i, request[*at].value)));
+            continue;
+        }
         let Some(edit) = edit_of(i, old.value, *fate, request, rule, last_instruction) else { continue };
         // A rewrite that only changed something volatile (a clock, an id) is a prefix break, not a loss.
         if let (EditKind::Rewritten, Some(at)) = (edit.edit, edit.at) {
@@ -346,6 +359,7 @@ fn edit_of(
         chars_before,
         chars_after,
         required,
+        text_withheld: old.is_null(),
     };
     match fate {
         Fate::Kept(_) => None,
@@ -507,6 +521,11 @@ fn inserted(at: usize, request: &[Message<'_>]) -> Break {
     }
 }
 
+/// A prefix break at a message stored without text, replaced in place by `new`.
+fn withheld(message: usize, new: &Value) -> Break {
+    Break { message, char: 0, role: role(new).to_string(), change: Change::Withheld, before: String::new(), after: String::new() }
+}
+
 fn located(message: usize, old: &Value, new: &Value, change: Change) -> Break {
     let (a, b) = (text(old), text(new));
     let char = a.chars().zip(b.chars()).take_while(|(x, y)| x == y).count();
@@ -519,6 +538,10 @@ fn small_edit(old: &Value, new: &Value) -> Option<Change> {
         return None;
     }
     let (a, b) = (text(old), text(new));
+    // Compared masked (`--capture redacted`), the same text under another hash changed inside a mask.
+    if a == b && a.contains("[redacted:") {
+        return Some(Change::Withheld);
+    }
     let squeeze = |s: &str| s.split_whitespace().collect::<String>();
     if squeeze(&a) == squeeze(&b) {
         return Some(Change::Whitespace);
@@ -650,6 +673,53 @@ mod tests {
             [m("system", "S"), m("user", "Summary: u1."), m("assistant", "a1"), m("user", "u2"), m("assistant", "a2"), m("user", "u3")];
         let History::Dropped(d) = run(&previous, &rewritten) else { panic!() };
         assert_eq!(d.rewritten_messages, vec![1]);
+    }
+
+    /// As `run`, with the previous history stored without text (`--capture hashes`): a message the
+    /// request still carries is read from it (`with_sides`), the others are null.
+    fn run_textless(previous: &[Value], request: &[Value]) -> History {
+        let (mut p, r) = (conv(previous), conv(request));
+        for (hash, value) in &mut p {
+            *value = r.iter().find(|(h, _)| h == hash).map_or(Value::Null, |(_, v)| v.clone());
+        }
+        compare(&view(&p), &view(&r), ctxscope_formats::template::reasoning_rule(Some("SmolLM2"), "chat_completions"))
+    }
+
+    #[test]
+    fn history_stored_without_text_is_compared_by_hash_and_never_guessed() {
+        let previous = [m("system", "S"), m("user", "u1"), m("assistant", "a1"), m("user", "u2"), m("assistant", "a2")];
+        // Removed messages are still a loss: by position, the oldest after the kept system prompt.
+        let windowed = [m("system", "S"), m("user", "u2"), m("assistant", "a2"), m("user", "u3")];
+        let History::Dropped(d) = run_textless(&previous, &windowed) else { panic!() };
+        assert_eq!((d.removed_messages.clone(), d.cause), (vec![1, 2], Some(Cause::Windowed)));
+        assert!(d.edits.iter().all(|e| e.text_withheld && e.kind == anatomy::Kind::Other), "{:?}", d.edits);
+        // A message changed in place cannot be told rewritten from a changed clock: no loss claimed.
+        let clock = |t: &str| m("system", &format!("You are helpful. Now: {t}."));
+        let before = [clock("13:40:15"), m("user", "u1"), m("assistant", "a1")];
+        let after = [clock("13:41:02"), m("user", "u1"), m("assistant", "a1"), m("user", "u2")];
+        assert!(matches!(run_textless(&before, &after), History::PrefixBreak(Break { change: Change::Withheld, message: 0, .. })));
+        let rewritten =
+            [m("system", "S"), m("user", "Summary: u1."), m("assistant", "a1"), m("user", "u2"), m("assistant", "a2"), m("user", "u3")];
+        assert!(matches!(run_textless(&previous, &rewritten), History::PrefixBreak(Break { change: Change::Withheld, message: 1, .. })));
+        // A retry is still a retry.
+        let retry = [m("system", "S"), m("user", "u1"), m("assistant", "a1"), m("user", "u2 edited")];
+        assert_eq!(run_textless(&previous, &retry), History::Retry);
+        // Compared masked (`--capture redacted`): a change inside a masked span is no loss either.
+        let masked = |key: &str| m("system", &format!("Use key {key} for billing."));
+        let (old, new) = (masked("[redacted:openai_key]"), masked("[redacted:openai_key]"));
+        let (mut p, r) =
+            (conv(&[old, m("user", "u1"), m("assistant", "a1")]), conv(&[new, m("user", "u1"), m("assistant", "a1"), m("user", "u2")]));
+        p[0].0 = "0".repeat(64);
+        let history = compare(&view(&p), &view(&r), ctxscope_formats::template::reasoning_rule(Some("SmolLM2"), "chat_completions"));
+        assert!(matches!(history, History::PrefixBreak(Break { change: Change::Withheld, message: 0, .. })), "{history:?}");
+        // A summary recognised by its marker still names a compaction.
+        let marked = [
+            m("system", "S"),
+            m("user", "This session is being continued from a previous conversation that ran out of context. u1, a1."),
+            m("user", "u3"),
+        ];
+        let History::Dropped(d) = run_textless(&previous, &marked) else { panic!() };
+        assert_eq!(d.cause, Some(Cause::Compaction));
     }
 
     #[test]

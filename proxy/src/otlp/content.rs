@@ -11,7 +11,12 @@ use super::summary::Content;
 pub fn input_messages(endpoint: Endpoint, content: &Content) -> Option<String> {
     let body: Vec<u8> = content.request.concat();
     let request = crate::parse::request(endpoint, &body).ok()?;
-    let messages: Vec<Value> = request.messages.iter().map(|m| message(m)).collect();
+    let mut messages: Vec<Value> = request.messages.iter().map(|m| message(m)).collect();
+    if content.redact {
+        messages.iter_mut().for_each(|m| {
+            crate::privacy::redact::redact_value(m);
+        });
+    }
     serde_json::to_string(&messages).ok()
 }
 
@@ -69,7 +74,7 @@ mod tests {
             {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
             {"role": "tool", "tool_call_id": "c1", "content": "42"},
         ]});
-        let content = Content { request: vec![Bytes::from(body.to_string())], reply_text: "ok".into() };
+        let content = Content { request: vec![Bytes::from(body.to_string())], reply_text: "ok".into(), redact: false };
         let input: Value = serde_json::from_str(&input_messages(Endpoint::ChatCompletions, &content).unwrap()).unwrap();
         assert_eq!(input[0], json!({"role": "system", "parts": [{"type": "text", "content": "be brief"}]}));
         assert_eq!(input[1]["parts"], json!([{"type": "text", "content": "hi"}, {"type": "image_url"}]));
@@ -77,5 +82,13 @@ mod tests {
         assert_eq!(input[3]["parts"][0], json!({"type": "tool_call_response", "id": "c1", "response": "42"}));
         let output: Value = serde_json::from_str(&output_messages(&content, Some("stop"))).unwrap();
         assert_eq!(output, json!([{"role": "assistant", "parts": [{"type": "text", "content": "ok"}], "finish_reason": "stop"}]));
+    }
+
+    #[test]
+    fn a_redacted_turn_exports_its_messages_masked() {
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "I am a@example.com"}]});
+        let content = Content { request: vec![Bytes::from(body.to_string())], reply_text: "[redacted:email]".into(), redact: true };
+        let input = input_messages(Endpoint::ChatCompletions, &content).unwrap();
+        assert!(input.contains("I am [redacted:email]") && !input.contains("a@example.com"), "{input}");
     }
 }

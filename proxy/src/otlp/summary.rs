@@ -4,7 +4,7 @@
 //! shared frames, no copy) only with `--otlp-content`, and the response is read only for its model.
 
 use bytes::Bytes;
-use ctxscope_store::{Endpoint, FindingRecord, Relation, TurnRecord, Usage};
+use ctxscope_store::{CaptureLevel, Endpoint, FindingRecord, Relation, TurnRecord, Usage};
 use serde::Deserialize;
 
 use crate::capture::exchange::Exchange;
@@ -49,19 +49,26 @@ pub struct TurnSummary {
     pub content: Option<Content>,
 }
 
-/// Message content, carried only with `--otlp-content`.
+/// Message content, carried only with `--otlp-content` (and never for a turn captured with
+/// `--capture hashes`).
 #[derive(Debug, Clone)]
 pub struct Content {
     pub request: Vec<Bytes>,
+    /// The reply as stored (masked under `--capture redacted`).
     pub reply_text: String,
+    /// The turn was captured with `--capture redacted`: the request's messages are masked as they
+    /// are mapped (the body travels as sent).
+    pub redact: bool,
 }
 
 impl TurnSummary {
-    /// The summary of a stored turn; `content` also carries the request body and the reply.
+    /// The summary of a stored turn; `content` also carries the request body and the reply, as
+    /// much of them as the turn's capture level keeps (none at `hashes`).
     pub fn new(exchange: &Exchange, turn: &TurnRecord, findings: &[FindingRecord], content: bool) -> TurnSummary {
-        let content = content.then(|| Content {
+        let content = (content && turn.capture != CaptureLevel::Hashes).then(|| Content {
             request: exchange.request.lock().map(|c| c.chunks.clone()).unwrap_or_default(),
             reply_text: turn.reply_text.clone(),
+            redact: turn.capture == CaptureLevel::Redacted,
         });
         TurnSummary {
             turn_id: turn.id,

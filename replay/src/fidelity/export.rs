@@ -64,6 +64,7 @@ pub fn export_jsonl(conv: &SweepConversation) -> String {
             tools: None,
             responses: None,
             fingerprint: None,
+            capture: Default::default(),
         };
         turns.push(TurnView { messages: hashes[..sent].iter().map(to_hex).collect(), turn });
     }
@@ -82,8 +83,14 @@ pub fn export_jsonl(conv: &SweepConversation) -> String {
         last_tail: last.and_then(|t| t.tail.clone()),
         branch_of: None,
         last_reply: last.and_then(|t| t.reply.clone()),
+        capture: Default::default(),
     };
-    let mut lines = vec![ExportLine::Header { format: EXPORT_FORMAT.into(), version: EXPORT_VERSION, conversation: header }];
+    let mut lines = vec![ExportLine::Header {
+        format: EXPORT_FORMAT.into(),
+        version: EXPORT_VERSION,
+        capture: Default::default(),
+        conversation: header,
+    }];
     lines.extend(messages.into_iter().map(|(hash, message)| ExportLine::Message { hash, message }));
     lines.extend(turns.into_iter().map(ExportLine::Turn));
     lines.iter().map(|l| serde_json::to_string(l).unwrap_or_default() + "\n").collect()

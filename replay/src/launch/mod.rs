@@ -29,6 +29,8 @@ pub async fn replay(
     cancel: watch::Receiver<bool>,
     resume: Option<&ReplayReport>,
 ) -> Result<ReplayReport, PlanError> {
+    // A conversation captured without text is refused before any engine starts.
+    run::check_text(&plan.conversation)?;
     let all = plan.all_targets();
     if !all.iter().any(is_launch) {
         return replay_reachable(plan, endpoints, observer, cancel, resume).await;

@@ -284,7 +284,9 @@ fn unresolved_turns(s: &Scanned) -> HashMap<u64, String> {
             let packed = s.packed.get(&id);
             let held = |h: &crate::Hash| s.messages.contains(h) || packed.is_some_and(|p| p.contains(h));
             let reply = turn.reply.as_ref().map(|hex| from_hex(hex).unwrap_or_default());
-            let own = turn.new_messages.iter().chain(reply.iter()).find(|h| !held(h));
+            // A turn captured without text (`--capture hashes`) holds none of its messages by design.
+            let textless = turn.capture == crate::CaptureLevel::Hashes;
+            let own = turn.new_messages.iter().chain(reply.iter()).find(|h| !textless && !held(h));
             let verdict = match (own, turn.base) {
                 (Some(missing), _) => Some(format!("its message {} is not there", crate::to_hex(missing))),
                 (None, None) => None,
@@ -361,6 +363,7 @@ fn rebuilt(id: u64, name: Option<String>, turns: &[&TurnRecord]) -> Conversation
         last_tail: None,
         branch_of,
         last_reply: None,
+        capture: turns.iter().map(|t| t.capture).max().unwrap_or_default(),
     };
     moved_to(record, last, turns.len())
 }

@@ -237,10 +237,12 @@ impl Scanned {
             self.damage(trees::PACKS, key, detail);
             return;
         }
+        // A redacted turn's pack holds masked text: not what its hashes were taken of.
+        let masked = turn.capture != crate::CaptureLevel::Full;
         let mut held = HashSet::new();
         for (i, (hash, entry)) in hashes.iter().zip(pack.entries()).enumerate() {
             let Some(json) = entry else { continue };
-            if Sha256::digest(json).as_slice() != hash {
+            if !masked && Sha256::digest(json).as_slice() != hash {
                 self.packs.pop();
                 self.damage(trees::PACKS, key, format!("message {i} does not match its hash {}", crate::to_hex(hash)));
                 return;

@@ -217,6 +217,27 @@ impl Journal {
     }
 }
 
+/// Every record the journal in `data` holds that checks, its payload decompressed (a turn's or a
+/// finding's JSON; empty for a removal): for inspecting what the journal keeps, as recovery reads it.
+pub fn read_all(data: &Path) -> Result<Vec<(segment::Located, Vec<u8>)>, StoreError> {
+    let scan = restore::JournalScan::read(data)?;
+    let mut reader = restore::Reader::new(data);
+    let mut out = Vec::with_capacity(scan.records.len());
+    for record in &scan.records {
+        let payload = reader.payload(record)?;
+        let json = match record.kind {
+            Kind::Deleted => Vec::new(),
+            _ => lz4_flex::decompress_size_prepended(&payload).map_err(|e| StoreError::Damaged {
+                tree: "journal",
+                key: record.id.to_string(),
+                detail: format!("cannot decompress: {e}"),
+            })?,
+        };
+        out.push((*record, json));
+    }
+    Ok(out)
+}
+
 fn cut(path: &Path, len: u64) -> std::io::Result<()> {
     OpenOptions::new().write(true).open(path)?.set_len(len)
 }

@@ -126,6 +126,7 @@ fn document(
         .collect();
     json!({
         "turn": turn.id, "conversation": turn.conversation, "index": turn.index, "relation": turn.relation,
+        "capture": turn.capture, "previous_capture": previous.map(|p| p.capture),
         "previous_turn": previous.map(|p| p.id), "previous_conversation": previous.map(|p| p.conversation),
         "verdict": kind, "detail": detail, "tools": tools, "before": before, "after": after, "changes": changes,
     })

@@ -93,9 +93,7 @@ async function conversationsPage(params) {
 }
 
 // ---- one conversation ----------------------------------------------------------------------------
-function contextLimit(findings, turns) {
-  const known = [...(turns || [])].reverse().find((t) => t.composition?.limit);
-  if (known) return known.composition.limit.tokens;
+function contextLimit(findings) {
   for (const f of findings) {
     for (const [k, val] of Object.entries(f.evidence || {})) {
       if (/context_(limit|length|tokens)|max_model_len/.test(k) && typeof val === "number") return val;
@@ -121,7 +119,7 @@ function chart(turns, findings) {
     ["engine", "engine prompt tokens", (t) => t.usage?.prompt_tokens],
     ["cached", "cached tokens", (t) => t.usage?.cached_tokens],
   ];
-  const limit = contextLimit(findings, turns);
+  const limit = contextLimit(findings);
   let max = limit || 1;
   for (const t of turns) for (const [, , f] of series) max = Math.max(max, f(t) || 0);
   max = Math.ceil(max * 1.1);
@@ -252,7 +250,10 @@ function compositionChart(turns) {
       svg += `<rect data-part="${p}" x="${x0}" y="${y(acc + v)}" width="${bw}" height="${y(acc) - y(acc + v)}" fill="var(${COMP_PARTS[p][1]})"/>`;
       acc += v;
     }
-    if (near) svg += `<text class="near-mark" x="${cx(i)}" y="${y(c.total) - 4}" text-anchor="middle">!</text>`;
+    // Labels above the bar, and above the limit line when the bar reaches its band.
+    const top = near ? Math.min(y(c.total), y(lim)) : y(c.total);
+    if (near) svg += `<text class="near-mark" x="${cx(i)}" y="${top - 18}" text-anchor="middle">!</text>`;
+    if (lim) svg += `<text class="pct" x="${cx(i)}" y="${top - 4}" text-anchor="middle">${(pressure * 100).toFixed(pressure < 0.1 ? 1 : 0)}%</text>`;
     svg += (i % Math.ceil(n / 30) === 0 ? `<text x="${cx(i)}" y="${H - B + 16}" text-anchor="middle">${t.index}</text>` : "") + "</g>";
   });
   svg += "</svg>";

@@ -47,10 +47,126 @@ fn module_of(root: &Path, file: &Path) -> Module {
     parts
 }
 
-/// The source without its `#[cfg(test)]` tail and without comments.
+/// What a byte of source is part of: code, a string or char literal, or a comment.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Code,
+    Literal,
+    Comment,
+}
+
+/// Each byte's kind: comments (nested `/* */` too), strings (raw and byte ones too) and char literals,
+/// told apart from lifetimes, so that braces and `//` inside them are not taken for code.
+fn kinds(text: &str) -> Vec<Kind> {
+    let b = text.as_bytes();
+    let ident = |i: usize| b[i].is_ascii_alphanumeric() || b[i] == b'_';
+    let mut kinds = vec![Kind::Code; b.len()];
+    let mut i = 0;
+    while i < b.len() {
+        let start = i;
+        let kind = if b[i..].starts_with(b"//") {
+            i = b[i..].iter().position(|&c| c == b'\n').map_or(b.len(), |n| i + n);
+            Kind::Comment
+        } else if b[i..].starts_with(b"/*") {
+            let mut depth = 0;
+            while i < b.len() {
+                if b[i..].starts_with(b"/*") {
+                    depth += 1;
+                    i += 2;
+                } else if b[i..].starts_with(b"*/") {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    i += 1;
+                }
+            }
+            Kind::Comment
+        } else if b[i] == b'"' {
+            i += 1;
+            while i < b.len() && b[i] != b'"' {
+                i += if b[i] == b'\\' { 2 } else { 1 };
+            }
+            i = (i + 1).min(b.len());
+            Kind::Literal
+        } else if b[i] == b'r'
+            && (i == 0 || !ident(i - 1) || (matches!(b[i - 1], b'b' | b'c') && (i == 1 || !ident(i - 2))))
+            && b[i + 1..].iter().position(|&c| c != b'#').is_some_and(|n| b[i + 1 + n] == b'"')
+        {
+            // r"..", r#".."#, br"..": ends at a quote followed by as many hashes as it opened with.
+            let hashes = b[i + 1..].iter().take_while(|&&c| c == b'#').count();
+            let close: Vec<u8> = std::iter::once(b'"').chain(std::iter::repeat_n(b'#', hashes)).collect();
+            let body = i + 2 + hashes;
+            i = b[body..].windows(close.len()).position(|w| w == close).map_or(b.len(), |n| body + n + close.len());
+            Kind::Literal
+        } else if b[i] == b'\'' {
+            // A char literal ('x', '\n', '\'', '\u{..}', 'é'), else a lifetime or a label.
+            let len = text[i + 1..].chars().next().map_or(0, char::len_utf8);
+            if b.get(i + 1) == Some(&b'\\') {
+                i = b.get(i + 3..).and_then(|r| r.iter().position(|&c| c == b'\'')).map_or(b.len(), |n| i + 3 + n + 1);
+                Kind::Literal
+            } else if len > 0 && b.get(i + 1 + len) == Some(&b'\'') {
+                i += len + 2;
+                Kind::Literal
+            } else {
+                i += 1;
+                Kind::Code
+            }
+        } else {
+            i += 1;
+            Kind::Code
+        };
+        kinds[start..i.min(b.len())].fill(kind);
+    }
+    kinds
+}
+
+/// Where the item (or statement) that starts at `from` ends: at its first `;` outside brackets, or
+/// at the `}` that closes its first outermost brace (or at a bracket closing one opened before it).
+fn item_end(b: &[u8], kinds: &[Kind], from: usize) -> usize {
+    let mut depth = 0usize;
+    for i in from..b.len() {
+        if kinds[i] != Kind::Code {
+            continue;
+        }
+        match b[i] {
+            b'(' | b'[' | b'{' => depth += 1,
+            b')' | b']' | b'}' if depth == 0 => return i,
+            b')' | b']' => depth -= 1,
+            b'}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return i + 1;
+                }
+            }
+            b';' if depth == 0 => return i + 1,
+            _ => {}
+        }
+    }
+    b.len()
+}
+
+/// The source without its comments and without each `#[cfg(test)]` item (a `mod tests { .. }` or
+/// any other gated item, found by brace matching), wherever in the file it stands.
 fn code(text: &str) -> String {
-    let text = text.split("#[cfg(test)]").next().unwrap_or("");
-    text.lines().map(|line| line.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n")
+    const GATE: &str = "#[cfg(test)]";
+    let b = text.as_bytes();
+    let kinds = kinds(text);
+    let mut out = String::with_capacity(text.len());
+    let mut from = 0;
+    for (at, _) in text.match_indices(GATE) {
+        if at < from || kinds[at] != Kind::Code {
+            continue;
+        }
+        out.push_str(&text[from..at]);
+        from = item_end(b, &kinds, at + GATE.len());
+    }
+    out.push_str(&text[from..]);
+    // Comments become spaces (newlines kept), so no path runs across one.
+    let kinds = self::kinds(&out);
+    out.char_indices().map(|(i, c)| if kinds[i] == Kind::Comment && c != '\n' { ' ' } else { c }).collect()
 }
 
 /// Module paths named after `prefix` (`crate::` or `super::`): runs of `ident::ident...`.
@@ -186,4 +302,27 @@ fn the_scan_finds_a_planted_cycle() {
     let mut names: Vec<String> = found[0].iter().map(|m| m.join("::")).collect();
     names.sort();
     assert_eq!(names, ["a", "b"]);
+}
+
+#[test]
+fn the_scan_reads_on_past_an_early_test_module() {
+    let source = r##"
+use crate::a::One;
+#[cfg(test)]
+mod tests {
+    use crate::hidden::Two;
+    const BRACES: &str = "}}} // {";
+    const RAW: &str = r#"}" }"#;
+    fn f<'a>(x: &'a str) -> char { let _ = x; /* } */ '}' }
+}
+#[cfg(test)]
+fn gated() -> Vec<crate::gated::Three> { Vec::new() }
+#[cfg(test)]
+use crate::gated_use::Four;
+// crate::commented::Five
+pub fn after() -> crate::b::Six { let url = "http://x"; crate::c::seven(url) }
+"##;
+    let code = code(source);
+    let paths: Vec<String> = paths_after(&code, "crate::").map(|p| p.join("::")).collect();
+    assert_eq!(paths, ["a", "b", "c::seven"], "{code}");
 }

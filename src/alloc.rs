@@ -135,6 +135,42 @@ pub fn collect_when_idle() {
     unsafe { libmimalloc_sys::mi_collect(false) };
 }
 
+/// Hands back to the system what this thread's heap and the scratch heap hold free, at once (forced
+/// collection). For [`ctxscope_common::scratch::release`]: a capture worker going idle after a burst.
+pub fn release_now() {
+    // SAFETY: mi_collect and mi_heap_collect have no preconditions beyond a live heap; the scratch
+    // heap is never deleted once published.
+    unsafe {
+        libmimalloc_sys::mi_collect(true);
+        let heap = SCRATCH.load(Ordering::Acquire);
+        if !heap.is_null() {
+            libmimalloc_sys::mi_heap_collect(heap, true);
+        }
+    }
+    // The request bodies this burst freed belong to the runtime's workers, which take such frees
+    // back only as they next allocate or park ([`collect_when_idle`]); a worker that went idle when
+    // the traffic ended, long before capture caught up, would sleep on them. A task per worker
+    // wakes each once, to run nothing and park again.
+    if let Some(runtime) = RUNTIME.get() {
+        for _ in 0..runtime.workers {
+            runtime.handle.spawn(async {});
+        }
+    }
+}
+
+/// The async runtime whose workers [`release_now`] wakes.
+struct Runtime {
+    handle: tokio::runtime::Handle,
+    workers: usize,
+}
+
+static RUNTIME: std::sync::OnceLock<Runtime> = std::sync::OnceLock::new();
+
+/// Names the runtime (and its worker count) whose idle workers collect what other threads freed.
+pub fn watch_runtime(handle: tokio::runtime::Handle, workers: usize) {
+    let _ = RUNTIME.set(Runtime { handle, workers });
+}
+
 /// An option's value now in force.
 #[cfg(test)]
 fn option(option: libmimalloc_sys::mi_option_t) -> std::ffi::c_long {

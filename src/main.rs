@@ -501,6 +501,7 @@ fn parse_finding_kind(text: &str) -> Result<ctxscope_store::FindingKind, String>
 
 fn main() -> ExitCode {
     alloc::release_freed_memory_at_once();
+    ctxscope_common::scratch::set_release(alloc::release_now);
     let cli = Cli::parse();
     // `run` shares the terminal with the harness: only warnings, unless CTXSCOPE_LOG says more.
     init_tracing(if matches!(cli.command, Command::Run(_)) { "warn" } else { "info" });
@@ -508,6 +509,7 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail(&format!("cannot start the async runtime: {e}")),
     };
+    alloc::watch_runtime(runtime.handle().clone(), runtime.metrics().num_workers());
     if let Command::Run(args) = cli.command {
         // The child decides when to stop: signals are passed on to it, not acted on.
         return match runtime.block_on(run_child(args)) {

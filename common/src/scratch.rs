@@ -8,6 +8,24 @@
 //! kept apart, the scratch pages empty completely and go back to the system.
 
 use std::cell::Cell;
+use std::sync::OnceLock;
+
+/// What hands memory freed by finished scratch work back to the system: set by the binary that
+/// owns the allocator ([`set_release`]); unset, [`release`] does nothing.
+static RELEASE: OnceLock<fn()> = OnceLock::new();
+
+/// Registers the allocator's way of returning freed memory (once; later calls are ignored).
+pub fn set_release(release: fn()) {
+    let _ = RELEASE.set(release);
+}
+
+/// Called by a worker going idle after a burst of work: the allocator hands back what the burst
+/// freed, instead of keeping it for work that may not come.
+pub fn release() {
+    if let Some(release) = RELEASE.get() {
+        release();
+    }
+}
 
 thread_local! {
     static ACTIVE: Cell<bool> = const { Cell::new(false) };

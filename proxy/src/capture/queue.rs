@@ -75,18 +75,26 @@ pub fn spawn(mut sink: impl Sink, capacity: usize, upkeep_every: Duration) -> (C
         .name("ctxscope-capture".into())
         .spawn(move || {
             let mut next_upkeep = Instant::now() + upkeep_every;
+            // Whether exchanges were processed since the queue last ran dry.
+            let mut worked = false;
             loop {
                 let wait = next_upkeep.saturating_duration_since(Instant::now()).min(IDLE_EVERY);
                 match rx.recv_timeout(wait) {
                     Ok(exchange) => {
                         worker_depth.fetch_sub(1, Ordering::Relaxed);
                         sink.process(exchange);
+                        worked = true;
                         // The gauge follows the queue down too (0 once drained); set after the work,
                         // so that a sender's older figure cannot outlast it.
                         let depth = worker_depth.load(Ordering::Relaxed).max(0);
                         metrics::gauge!(m::CAPTURE_QUEUE_DEPTH).set(depth as f64);
                     }
-                    Err(RecvTimeoutError::Timeout) => sink.idle(),
+                    Err(RecvTimeoutError::Timeout) => {
+                        if std::mem::take(&mut worked) {
+                            ctxscope_common::scratch::release();
+                        }
+                        sink.idle();
+                    }
                     Err(RecvTimeoutError::Disconnected) => break,
                 }
                 if Instant::now() >= next_upkeep {

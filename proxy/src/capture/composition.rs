@@ -310,14 +310,23 @@ impl Composer {
     /// The composition of `request` as `count` counted it (`tokens`: the local tokenizer, which
     /// also measures reasoning and tool definitions).
     pub fn compose(&mut self, request: &Request<'_>, tokens: Option<&TokenCache>, count: Count<'_>) -> Composition {
-        if self.shapes.len() > MAX_SHAPES {
-            self.shapes = HashMap::new();
-        }
+        // Bounded at every insertion, not once per turn: one request of 100,000 messages otherwise
+        // left 100,000 shapes (about 10 MiB) held until the next turn.
         let shapes: Vec<Shape> = request
             .messages
             .iter()
             .zip(request.hashes)
-            .map(|(message, hash)| *self.shapes.entry(*hash).or_insert_with(|| shape_with(message.value(), tokens)))
+            .map(|(message, hash)| match self.shapes.get(hash) {
+                Some(shape) => *shape,
+                None => {
+                    let shape = shape_with(message.value(), tokens);
+                    if self.shapes.len() >= MAX_SHAPES {
+                        self.shapes = HashMap::new();
+                    }
+                    self.shapes.insert(*hash, shape);
+                    shape
+                }
+            })
             .collect();
         let (tools_bytes, tools_tokens) = match request.tools_hash {
             None => (0, None),
@@ -544,6 +553,18 @@ mod tests {
         let shares = apportion(1_000_003, &[3, 999, 17, 250_000, 1]);
         assert_eq!(shares.iter().sum::<u64>(), 1_000_003);
         assert!(apportion(3, &[]).is_empty());
+    }
+
+    #[test]
+    fn the_shape_cache_stays_bounded_within_one_request() {
+        let values: Vec<Value> = (0..MAX_SHAPES + 10).map(|i| json!({"role": "user", "content": format!("message {i}")})).collect();
+        let messages: Vec<Message> = values.iter().cloned().map(Message::new).collect();
+        let hashes: Vec<Hash> = values.iter().map(|v| ctxscope_store::message_hash(v).0).collect();
+        let request = Request { messages: &messages, hashes: &hashes, tools_hash: None, body: b"{}" };
+        let mut composer = Composer::default();
+        let c = composer.compose(&request, None, Count::None);
+        assert_eq!(c.total, c.parts.sum());
+        assert!(composer.shapes.len() <= MAX_SHAPES, "{} shapes held after one request", composer.shapes.len());
     }
 
     #[test]

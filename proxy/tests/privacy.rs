@@ -4,27 +4,15 @@
 //! heads and tails and raises the same findings at `full`, `redacted` and `hashes`; what differs is
 //! only what is kept of the text.
 
-use std::sync::{Arc, Mutex};
-
 use ctxscope_proxy::capture::exchange::Exchange;
 use ctxscope_proxy::capture::pipeline::Pipeline;
-use ctxscope_store::{CaptureLevel, Endpoint, FindingKind, FindingRecord, RetentionPolicy, Store, StoreOptions, TurnRecord};
+use ctxscope_store::{CaptureLevel, FindingKind, FindingRecord, RetentionPolicy, Store, StoreOptions, TurnRecord};
 use serde_json::{json, Value};
 
 mod common;
-use common::{assistant, captured, system, user};
+use common::{assistant, responses_exchange, system, user};
 
 const EMAIL: &str = "ada@example.com";
-
-fn responses_exchange(request: Value, response: Value) -> Exchange {
-    let body = Arc::new(Mutex::new(captured(serde_json::to_vec(&request).unwrap())));
-    let mut ex = Exchange::new(Endpoint::Responses, "POST", "/v1/responses", body);
-    ex.status = Some(200);
-    ex.response_content_type = Some("application/json".into());
-    ex.response = captured(serde_json::to_vec(&response).unwrap());
-    ex.frames = 1;
-    ex
-}
 
 fn chat(messages: &[Value], reply: &str) -> Exchange {
     let response = json!({"choices": [{"message": assistant(reply), "finish_reason": "stop"}],

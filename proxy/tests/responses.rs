@@ -2,15 +2,12 @@
 //! chains threaded exactly (across a store reopen), a parent never seen marked, stateless resends
 //! threaded by the prefix chain, and an engine that ignores `previous_response_id` found.
 
-use std::sync::{Arc, Mutex};
-
-use ctxscope_proxy::capture::exchange::Exchange;
 use ctxscope_proxy::capture::pipeline::Pipeline;
-use ctxscope_store::{Endpoint, FindingKind, Relation, RetentionPolicy, Store, StoreOptions, TurnRecord};
+use ctxscope_store::{FindingKind, Relation, RetentionPolicy, Store, StoreOptions, TurnRecord};
 use serde_json::{json, Value};
 
 mod common;
-use common::captured;
+use common::responses_exchange as exchange;
 
 struct Harness {
     dir: tempfile::TempDir,
@@ -74,16 +71,6 @@ impl Harness {
         }
         out
     }
-}
-
-fn exchange(request: Value, response: Value) -> Exchange {
-    let body = Arc::new(Mutex::new(captured(serde_json::to_vec(&request).unwrap())));
-    let mut ex = Exchange::new(Endpoint::Responses, "POST", "/v1/responses", body);
-    ex.status = Some(200);
-    ex.response_content_type = Some("application/json".into());
-    ex.response = captured(serde_json::to_vec(&response).unwrap());
-    ex.frames = 1;
-    ex
 }
 
 #[test]

@@ -30,6 +30,17 @@ pub fn exchange(request: Value, response: Value, name: Option<&str>) -> Exchange
     ex
 }
 
+/// A non-streamed `/v1/responses` exchange.
+pub fn responses_exchange(request: Value, response: Value) -> Exchange {
+    let body = Arc::new(Mutex::new(captured(serde_json::to_vec(&request).unwrap())));
+    let mut ex = Exchange::new(Endpoint::Responses, "POST", "/v1/responses", body);
+    ex.status = Some(200);
+    ex.response_content_type = Some("application/json".into());
+    ex.response = captured(serde_json::to_vec(&response).unwrap());
+    ex.frames = 1;
+    ex
+}
+
 pub fn user(text: &str) -> Value {
     json!({"role": "user", "content": text})
 }

@@ -22,8 +22,15 @@ pub const TAIL_LINES: usize = 20;
 /// Between readiness checks.
 const POLL: Duration = Duration::from_millis(200);
 
-/// Process groups started and not yet stopped, for [`kill_all`].
-static LIVE: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
+/// Process groups started and not yet stopped, for [`kill_all`]; `stopping` once it ran (no engine
+/// starts after that). Held across a spawn, so that an engine started as an interrupt arrives is
+/// either in the list when [`kill_all`] reads it or never started.
+static LIVE: Mutex<Live> = Mutex::new(Live { groups: BTreeSet::new(), stopping: false });
+
+struct Live {
+    groups: BTreeSet<i32>,
+    stopping: bool,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
@@ -105,12 +112,18 @@ pub async fn start(
         command.current_dir(dir);
     }
     let started = Instant::now();
-    let child = command.spawn().map_err(|source| LaunchError::Spawn { program: program.clone(), source })?;
+    let child = {
+        let mut live = LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if live.stopping {
+            let source = std::io::Error::new(std::io::ErrorKind::Interrupted, "interrupted: launched engines are being stopped");
+            return Err(LaunchError::Spawn { program, source });
+        }
+        let child = command.spawn().map_err(|source| LaunchError::Spawn { program: program.clone(), source })?;
+        live.groups.insert(child.id() as i32);
+        child
+    };
     let pid = child.id();
     let pgid = pid as i32;
-    if let Ok(mut live) = LIVE.lock() {
-        live.insert(pgid);
-    }
     let mut instance = Instance {
         child: Some(child),
         pgid,
@@ -222,17 +235,27 @@ impl Drop for Instance {
     }
 }
 
-/// KILLs every launched group still running (an interrupted command's last act).
+/// KILLs every launched group still running and waits (at most 2 s) until each leader is gone, so
+/// that none outlives the command (an interrupted command's last act; no engine starts after it).
 pub fn kill_all() {
-    let groups: Vec<i32> = LIVE.lock().map(|l| l.iter().copied().collect()).unwrap_or_default();
-    for pgid in groups {
+    let mut live = LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    live.stopping = true;
+    for &pgid in &live.groups {
         signal_group(pgid, libc::SIGKILL);
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    for &pgid in &live.groups {
+        // The leader is this process's child: reaped here, it is gone before the command exits.
+        // SAFETY: waitpid on our own child's pid with WNOHANG; the status is a local.
+        while unsafe { libc::waitpid(pgid, std::ptr::null_mut(), libc::WNOHANG) } == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }
 
 fn forget(pgid: i32) {
     if let Ok(mut live) = LIVE.lock() {
-        live.remove(&pgid);
+        live.groups.remove(&pgid);
     }
 }
 
@@ -365,7 +388,7 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
         let e = start(&p, &config, dir.path(), "stubborn", &cancel()).await.err().unwrap();
         assert!(matches!(&e, LaunchError::NotReady { .. }), "{e}");
         assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
-        assert!(LIVE.lock().unwrap().is_empty() || !LIVE.lock().unwrap().iter().any(|g| group_alive(*g)));
+        assert!(!LIVE.lock().unwrap().groups.iter().any(|g| group_alive(*g)));
     }
 
     #[tokio::test]
